@@ -1,0 +1,237 @@
+//! ProviderCredential → [`Credential`]: provider, base URL (with the private-network
+//! guard), static headers, concurrency limits, and the key from its Secret.
+//!
+//! A missing Secret or key does not reject the credential: it is kept with a Warning
+//! and no key, so routes keep their other targets and pick this one up as soon as the
+//! Secret appears.
+
+use std::collections::BTreeMap;
+
+use crate::compile::fields::{self, Checker};
+use crate::compile::{Diagnostic, Kind, SecretIndex, Severity, reason};
+use crate::config::{Credential, ObjectId, Provider, SecretKeyRef};
+use crate::credential::ProviderCredentialSpec;
+use crate::network;
+use crate::schema::{MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_NAME_LEN, MAX_URL_LEN};
+use crate::secret::Secret;
+
+/// What routes need to know about one credential.
+pub(crate) struct Outcome {
+    /// `None` when the credential was rejected.
+    pub(crate) credential: Option<Credential>,
+    pub(crate) key: Option<Secret<String>>,
+    /// Why a kept credential has no key (its Warning's text).
+    pub(crate) key_problem: Option<String>,
+    pub(crate) diagnostics: Vec<Diagnostic>,
+}
+
+impl Outcome {
+    /// The first error, quoted by routes that reference a rejected credential.
+    pub(crate) fn first_error(&self) -> Option<&Diagnostic> {
+        self.diagnostics.iter().find(|d| d.severity == Severity::Error)
+    }
+}
+
+const PROVIDERS: [(&str, Provider); 3] = [
+    ("openai", Provider::Openai),
+    ("anthropic", Provider::Anthropic),
+    ("openai-compatible", Provider::OpenaiCompatible),
+];
+
+/// Header names that carry the key: they come from the Secret, never from `headers`.
+const KEY_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "proxy-authorization"];
+/// Header names the proxy's HTTP client owns: setting them would break framing.
+const TRANSPORT_HEADERS: [&str; 7] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "upgrade",
+];
+
+pub(crate) fn compile(id: &ObjectId, spec: &ProviderCredentialSpec, secrets: &SecretIndex) -> Outcome {
+    let mut c = Checker::new(Kind::ProviderCredential, id);
+
+    let provider = fields::one_of(&mut c, "spec.provider", &spec.provider, &PROVIDERS);
+    let allow_private_network = spec.allow_private_network.unwrap_or(false);
+    let base_url = match (&spec.base_url, provider) {
+        (Some(raw), _) => base_url(&mut c, "spec.baseURL", raw, allow_private_network),
+        (None, Some(provider)) => match provider.default_base_url() {
+            Some(default) => default.to_string(),
+            None => {
+                c.invalid("spec.baseURL", format!("is required for provider {}", provider.as_str()));
+                String::new()
+            }
+        },
+        (None, None) => String::new(),
+    };
+
+    fields::string_len(&mut c, "spec.secretRef.name", &spec.secret_ref.name, 1, MAX_NAME_LEN as usize);
+    fields::string_len(&mut c, "spec.secretRef.key", &spec.secret_ref.key, 1, MAX_NAME_LEN as usize);
+
+    let headers = headers(&mut c, spec.headers.as_ref());
+
+    let max_concurrency = spec
+        .max_concurrency
+        .map(|v| fields::int_in_range(&mut c, "spec.maxConcurrency", Some(v), 1, i32::MAX, 1));
+    let max_queue = spec
+        .max_queue
+        .map(|v| fields::int_in_range(&mut c, "spec.maxQueue", Some(v), 0, i32::MAX, 0));
+    if spec.max_queue.is_some() && spec.max_concurrency.is_none() {
+        c.invalid("spec.maxQueue", "needs maxConcurrency");
+    }
+
+    let (Some(provider), false) = (provider, c.has_errors()) else {
+        return Outcome {
+            credential: None,
+            key: None,
+            key_problem: None,
+            diagnostics: c.diagnostics,
+        };
+    };
+
+    let (key, key_problem) = match resolve_key(id, spec, secrets) {
+        Ok(key) => (Some(key), None),
+        Err((field, message)) => {
+            c.warning(reason::SECRET_KEY_MISSING, field, message.clone());
+            (None, Some(message))
+        }
+    };
+
+    Outcome {
+        credential: Some(Credential {
+            id: id.clone(),
+            provider,
+            base_url,
+            headers,
+            max_concurrency,
+            max_queue,
+            allow_private_network,
+            secret_ref: SecretKeyRef {
+                name: spec.secret_ref.name.clone(),
+                key: spec.secret_ref.key.clone(),
+            },
+        }),
+        key,
+        key_problem,
+        diagnostics: c.diagnostics,
+    }
+}
+
+/// An absolute http(s) URL without credentials, query or fragment, whose host is not
+/// private unless allowed; returned without its trailing slash.
+fn base_url(c: &mut Checker, field: &str, raw: &str, allow_private_network: bool) -> String {
+    if !fields::string_len(c, field, raw, 1, MAX_URL_LEN as usize) {
+        return String::new();
+    }
+    let url = match url::Url::parse(raw) {
+        Ok(url) => url,
+        Err(err) => {
+            c.invalid(field, format!("{raw:?} is not a valid URL: {err}"));
+            return String::new();
+        }
+    };
+    if url.scheme() != "http" && url.scheme() != "https" {
+        c.invalid(field, format!("{raw:?} is not an http or https URL"));
+        return String::new();
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        c.invalid(field, "must not contain a user name or password; the key comes from the Secret");
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        c.invalid(field, "must not have a query or fragment; endpoint paths are appended to it");
+    }
+    match url.host() {
+        None => c.invalid(field, format!("{raw:?} has no host")),
+        Some(host) if !allow_private_network && network::is_private_host(&host) => c.error(
+            reason::PRIVATE_NETWORK,
+            field,
+            format!(
+                "host {host} is a loopback, private or link-local address; set spec.allowPrivateNetwork: true to allow it"
+            ),
+        ),
+        Some(_) => {}
+    }
+    url.as_str().trim_end_matches('/').to_string()
+}
+
+fn headers(c: &mut Checker, headers: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    let Some(headers) = headers else {
+        return BTreeMap::new();
+    };
+    fields::list_len(c, "spec.headers", headers.len(), 0, MAX_HEADERS as usize, "headers");
+    for (name, value) in headers {
+        let field = format!("spec.headers[{name}]");
+        let lower = name.to_ascii_lowercase();
+        if !is_header_name(name) {
+            c.invalid(&field, format!("{name:?} is not a valid HTTP header name"));
+        } else if KEY_HEADERS.contains(&lower.as_str()) {
+            c.invalid(&field, format!("{name:?} carries the key from the Secret; it cannot be a static header"));
+        } else if TRANSPORT_HEADERS.contains(&lower.as_str()) {
+            c.invalid(&field, format!("{name:?} is set by the proxy; it cannot be a static header"));
+        }
+        if value.len() > MAX_HEADER_VALUE_LEN as usize {
+            c.invalid(
+                &field,
+                format!("value is {} bytes long; the maximum is {MAX_HEADER_VALUE_LEN}", value.len()),
+            );
+        } else if !is_header_value(value) {
+            c.invalid(&field, "value is not a valid HTTP header value (visible ASCII, spaces and tabs only)");
+        }
+    }
+    headers.clone()
+}
+
+/// RFC 9110 token: the characters an HTTP field name may have.
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Visible ASCII, space and tab: what every HTTP client accepts without escaping.
+fn is_header_value(value: &str) -> bool {
+    value.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
+/// The key named by `secretRef`, or the field and message of a Warning. Surrounding
+/// whitespace is trimmed: a key written with `echo` into a file ends in a newline,
+/// which no provider accepts.
+fn resolve_key(
+    id: &ObjectId,
+    spec: &ProviderCredentialSpec,
+    secrets: &SecretIndex,
+) -> Result<Secret<String>, (&'static str, String)> {
+    let secret_ref = &spec.secret_ref;
+    let secret_id = ObjectId::new(id.namespace.clone(), secret_ref.name.clone());
+    let Some(secret) = secrets.get(&secret_id) else {
+        return Err((
+            "spec.secretRef.name",
+            format!("Secret {:?} not found in namespace {}", secret_ref.name, id.namespace),
+        ));
+    };
+    let Some(bytes) = secret.get(&secret_ref.key) else {
+        return Err((
+            "spec.secretRef.key",
+            format!("Secret {:?} has no key {:?}", secret_ref.name, secret_ref.key),
+        ));
+    };
+    let problem = |what: &str| {
+        (
+            "spec.secretRef.key",
+            format!("key {:?} of Secret {:?} {what}", secret_ref.key, secret_ref.name),
+        )
+    };
+    let text = std::str::from_utf8(bytes).map_err(|_| problem("is not UTF-8 text"))?;
+    let key = text.trim();
+    if key.is_empty() {
+        return Err(problem("is empty"));
+    }
+    if !is_header_value(key) {
+        return Err(problem("has characters an HTTP header cannot carry"));
+    }
+    Ok(Secret::new(key.to_string()))
+}

@@ -1,0 +1,290 @@
+//! LLMRoute → [`Route`]: models, strategy, targets (retry, price, credential
+//! reference), fallback, circuit breaker and budget, each field checked against the
+//! same rule as the CRD schema and CEL, with every default of `config.rs` applied.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::compile::credential::Outcome;
+use crate::compile::fields::{self, Checker};
+use crate::compile::{Diagnostic, Kind, reason};
+use crate::config::{
+    CircuitBreaker, FailureClass, Fallback, ObjectId, Price, Retry, Route, Strategy, Target,
+};
+use crate::duration::format_ms;
+use crate::route::{CircuitBreakerSpec, FallbackSpec, LLMRouteSpec, RetrySpec, TargetSpec};
+use crate::schema::{MAX_MODEL_LEN, MAX_MODELS, MAX_NAME_LEN, MAX_STATUS_CODES, MAX_TARGETS};
+
+const MODES: [(&str, Strategy); 4] = [
+    ("fallback", Strategy::Fallback),
+    ("loadbalance", Strategy::Loadbalance),
+    ("least-latency", Strategy::LeastLatency),
+    ("cost-optimized", Strategy::CostOptimized),
+];
+
+const FAILURE_CLASSES: [(&str, FailureClass); 6] = [
+    ("status5xx", FailureClass::Status5xx),
+    ("rateLimited", FailureClass::RateLimited),
+    ("timeout", FailureClass::Timeout),
+    ("connectionError", FailureClass::ConnectionError),
+    ("contextLength", FailureClass::ContextLength),
+    ("authError", FailureClass::AuthError),
+];
+
+const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+
+/// The route, or `None` when it has an error; plus its diagnostics either way.
+pub(crate) fn compile(
+    id: &ObjectId,
+    generation: i64,
+    spec: &LLMRouteSpec,
+    credentials: &BTreeMap<ObjectId, Outcome>,
+) -> (Option<Route>, Vec<Diagnostic>) {
+    let mut c = Checker::new(Kind::LLMRoute, id);
+
+    let models = models(&mut c, id, spec.models.as_deref());
+    let strategy = match spec.strategy.as_ref().and_then(|s| s.mode.as_deref()) {
+        Some(mode) => fields::one_of(&mut c, "spec.strategy.mode", mode, &MODES).unwrap_or(Strategy::Fallback),
+        None => Strategy::Fallback,
+    };
+
+    fields::list_len(&mut c, "spec.targets", spec.targets.len(), 1, MAX_TARGETS as usize, "targets");
+    let targets: Vec<Target> = spec
+        .targets
+        .iter()
+        .enumerate()
+        .map(|(i, target)| self::target(&mut c, &format!("spec.targets[{i}]"), id, target, credentials))
+        .collect();
+
+    let fallback = fallback(&mut c, spec.fallback.as_ref());
+    if fallback.on.contains(&FailureClass::AuthError) {
+        let first = spec.targets.first().map(|t| t.credential_ref.name.as_str());
+        let distinct = spec.targets.iter().any(|t| Some(t.credential_ref.name.as_str()) != first);
+        if !distinct {
+            c.invalid(
+                "spec.fallback.on",
+                "authError needs at least two targets on different credentials",
+            );
+        }
+    }
+    let circuit_breaker = circuit_breaker(&mut c, spec.circuit_breaker.as_ref());
+    let timeout_ms = fields::duration_ms(&mut c, "spec.timeout", spec.timeout.as_deref(), DEFAULT_TIMEOUT_MS, true);
+
+    let route = (!c.has_errors()).then(|| Route {
+        id: id.clone(),
+        generation,
+        models,
+        strategy,
+        targets,
+        fallback,
+        circuit_breaker,
+        timeout_ms,
+    });
+    (route, c.diagnostics)
+}
+
+/// `spec.models`, default `[metadata.name]`: 1..=32 unique names of 1..=256 characters.
+fn models(c: &mut Checker, id: &ObjectId, models: Option<&[String]>) -> Vec<String> {
+    let Some(models) = models else {
+        return vec![id.name.clone()];
+    };
+    fields::list_len(c, "spec.models", models.len(), 1, MAX_MODELS as usize, "models");
+    let mut seen = HashSet::new();
+    for (i, model) in models.iter().enumerate() {
+        let field = format!("spec.models[{i}]");
+        fields::string_len(c, &field, model, 1, MAX_MODEL_LEN as usize);
+        if !seen.insert(model.as_str()) {
+            c.invalid(&field, format!("{model:?} is listed more than once"));
+        }
+    }
+    models.to_vec()
+}
+
+fn target(
+    c: &mut Checker,
+    path: &str,
+    route: &ObjectId,
+    spec: &TargetSpec,
+    credentials: &BTreeMap<ObjectId, Outcome>,
+) -> Target {
+    let credential = ObjectId::new(route.namespace.clone(), spec.credential_ref.name.clone());
+    let name_field = format!("{path}.credentialRef.name");
+    if fields::string_len(c, &name_field, &credential.name, 1, MAX_NAME_LEN as usize) {
+        credential_ref(c, &name_field, &credential, credentials);
+    }
+    if let Some(model) = &spec.model {
+        fields::string_len(c, &format!("{path}.model"), model, 1, MAX_MODEL_LEN as usize);
+    }
+    let weight = fields::int_in_range(c, &format!("{path}.weight"), spec.weight, 1, 100, 1);
+    let timeout_ms = fields::optional_duration_ms(c, &format!("{path}.timeout"), spec.timeout.as_deref(), true);
+    let retry = retry(c, &format!("{path}.retry"), spec.retry.as_ref());
+    let price = spec.price.as_ref().map(|price| Price {
+        input_per_million: fields::decimal(c, &format!("{path}.price.inputPerMillion"), &price.input_per_million),
+        output_per_million: fields::decimal(c, &format!("{path}.price.outputPerMillion"), &price.output_per_million),
+    });
+    Target {
+        credential,
+        model: spec.model.clone(),
+        weight,
+        timeout_ms,
+        retry,
+        price,
+    }
+}
+
+/// The target's credential must exist in the route's namespace and be valid; one
+/// without a key keeps the route (the proxy skips that target) with a Warning.
+fn credential_ref(c: &mut Checker, field: &str, credential: &ObjectId, credentials: &BTreeMap<ObjectId, Outcome>) {
+    let Some(outcome) = credentials.get(credential) else {
+        c.error(
+            reason::CREDENTIAL_NOT_FOUND,
+            field,
+            format!(
+                "ProviderCredential {:?} not found in namespace {}",
+                credential.name, credential.namespace
+            ),
+        );
+        return;
+    };
+    if outcome.credential.is_none() {
+        let why = outcome
+            .first_error()
+            .map(|d| format!(": {}: {}", d.field, d.message))
+            .unwrap_or_default();
+        c.error(
+            reason::INVALID_CREDENTIAL,
+            field,
+            format!("ProviderCredential {:?} is invalid{why}", credential.name),
+        );
+    } else if let Some(problem) = &outcome.key_problem {
+        c.warning(
+            reason::SECRET_KEY_MISSING,
+            field,
+            format!(
+                "ProviderCredential {:?} has no key ({problem}); this target is skipped",
+                credential.name
+            ),
+        );
+    }
+}
+
+fn retry(c: &mut Checker, path: &str, spec: Option<&RetrySpec>) -> Retry {
+    let defaults = Retry::default();
+    let Some(spec) = spec else {
+        return defaults;
+    };
+    let attempts = fields::int_in_range(c, &format!("{path}.attempts"), spec.attempts, 1, 5, defaults.attempts);
+    let on_status_codes = spec
+        .on_status_codes
+        .as_deref()
+        .map(|codes| fields::status_codes(c, &format!("{path}.onStatusCodes"), codes, MAX_STATUS_CODES as usize));
+    let initial_field = format!("{path}.initialBackoff");
+    let max_field = format!("{path}.maxBackoff");
+    let initial = fields::optional_duration_ms(c, &initial_field, spec.initial_backoff.as_deref(), false);
+    let max = fields::optional_duration_ms(c, &max_field, spec.max_backoff.as_deref(), false);
+    let initial_backoff_ms = initial.unwrap_or(defaults.initial_backoff_ms);
+    let max_backoff_ms = max.unwrap_or(defaults.max_backoff_ms);
+    // Compared on effective values (the CEL rule does the same): initialBackoff 5s
+    // alone is refused rather than silently capped by the 2s default.
+    let initial_ok = initial.is_some() || spec.initial_backoff.is_none();
+    let max_ok = max.is_some() || spec.max_backoff.is_none();
+    if initial_ok && max_ok && max_backoff_ms < initial_backoff_ms {
+        let shown = |ms: u64, given: bool| {
+            if given {
+                format_ms(ms)
+            } else {
+                format!("{} (the default)", format_ms(ms))
+            }
+        };
+        if spec.max_backoff.is_some() {
+            c.invalid(
+                max_field,
+                format!(
+                    "{} is below initialBackoff {}",
+                    shown(max_backoff_ms, true),
+                    shown(initial_backoff_ms, spec.initial_backoff.is_some())
+                ),
+            );
+        } else {
+            c.invalid(
+                initial_field,
+                format!(
+                    "{} is above maxBackoff {}",
+                    shown(initial_backoff_ms, true),
+                    shown(max_backoff_ms, false)
+                ),
+            );
+        }
+    }
+    Retry {
+        attempts,
+        on_status_codes,
+        initial_backoff_ms,
+        max_backoff_ms,
+        honour_retry_after: spec.honour_retry_after.unwrap_or(defaults.honour_retry_after),
+    }
+}
+
+fn fallback(c: &mut Checker, spec: Option<&FallbackSpec>) -> Fallback {
+    let defaults = Fallback::default();
+    let Some(spec) = spec else {
+        return defaults;
+    };
+    let on = match &spec.on {
+        None => defaults.on,
+        Some(names) => {
+            fields::list_len(c, "spec.fallback.on", names.len(), 0, FAILURE_CLASSES.len(), "failure classes");
+            let mut on: Vec<FailureClass> = Vec::with_capacity(names.len());
+            for (i, name) in names.iter().enumerate() {
+                let class = fields::one_of(c, &format!("spec.fallback.on[{i}]"), name, &FAILURE_CLASSES);
+                // A repeated class changes nothing; keep the first.
+                if let Some(class) = class
+                    && !on.contains(&class)
+                {
+                    on.push(class);
+                }
+            }
+            on
+        }
+    };
+    let on_status_codes = spec
+        .on_status_codes
+        .as_deref()
+        .map(|codes| fields::status_codes(c, "spec.fallback.onStatusCodes", codes, MAX_STATUS_CODES as usize))
+        .unwrap_or_default();
+    let max_retry_after_ms = fields::duration_ms(
+        c,
+        "spec.fallback.maxRetryAfter",
+        spec.max_retry_after.as_deref(),
+        defaults.max_retry_after_ms,
+        false,
+    );
+    Fallback {
+        on,
+        on_status_codes,
+        max_retry_after_ms,
+    }
+}
+
+fn circuit_breaker(c: &mut Checker, spec: Option<&CircuitBreakerSpec>) -> CircuitBreaker {
+    let defaults = CircuitBreaker::default();
+    let Some(spec) = spec else {
+        return defaults;
+    };
+    CircuitBreaker {
+        consecutive_failures: fields::int_in_range(
+            c,
+            "spec.circuitBreaker.consecutiveFailures",
+            spec.consecutive_failures,
+            1,
+            1000,
+            defaults.consecutive_failures,
+        ),
+        open_for_ms: fields::duration_ms(
+            c,
+            "spec.circuitBreaker.openFor",
+            spec.open_for.as_deref(),
+            defaults.open_for_ms,
+            true,
+        ),
+    }
+}

@@ -1,0 +1,808 @@
+//! One valid sample (two credentials, their Secrets, a full route and a minimal one)
+//! compiled to the whole expected config; then one test per rule, each breaking one
+//! field of the sample and asserting the exact diagnostic.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::Deserialize;
+
+use super::*;
+use crate::config::{
+    CircuitBreaker, Credential, FailureClass, Fallback, Price, Provider, Retry, SecretKeyRef, Strategy,
+    Target,
+};
+use crate::credential::ProviderCredentialSpec;
+use crate::route::{FallbackSpec, LLMRouteSpec, RetrySpec, TargetSpec};
+
+const SAMPLE: &str = r#"
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: { name: openai-prod, namespace: team-a }
+spec:
+  provider: openai
+  secretRef: { name: openai-key, key: apiKey }
+  headers: { OpenAI-Organization: org-123 }
+  maxConcurrency: 256
+  maxQueue: 512
+---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: { name: anthropic-prod, namespace: team-a }
+spec:
+  provider: anthropic
+  baseURL: https://api.anthropic.com/v1/
+  secretRef: { name: anthropic-key, key: apiKey }
+---
+apiVersion: v1
+kind: Secret
+metadata: { name: openai-key, namespace: team-a }
+stringData: { apiKey: "sk-openai\n" }
+---
+apiVersion: v1
+kind: Secret
+metadata: { name: anthropic-key, namespace: team-a }
+data: { apiKey: c2stYW50 }
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: { name: smart, namespace: team-a, generation: 4 }
+spec:
+  models: [smart, smart-latest]
+  strategy: { mode: fallback }
+  targets:
+    - credentialRef: { name: openai-prod }
+      model: gpt-4o
+      weight: 3
+      timeout: 20s
+      retry:
+        attempts: 3
+        onStatusCodes: [503, 429, 502]
+        initialBackoff: 250ms
+        maxBackoff: 1m30s
+        honourRetryAfter: false
+      price: { inputPerMillion: "2.50", outputPerMillion: "10.00" }
+    - credentialRef: { name: anthropic-prod }
+      model: claude-sonnet-4-5
+  fallback:
+    on: [status5xx, timeout, authError]
+    onStatusCodes: [404]
+    maxRetryAfter: 10s
+  circuitBreaker: { consecutiveFailures: 3, openFor: 1m }
+  timeout: 45s
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: { name: fast, namespace: team-a }
+spec:
+  targets:
+    - credentialRef: { name: anthropic-prod }
+"#;
+
+struct Sample {
+    routes: Vec<LLMRoute>,
+    credentials: Vec<ProviderCredential>,
+    secrets: Vec<KubeSecret>,
+}
+
+impl Sample {
+    fn parse(yaml: &str) -> Self {
+        let mut sample = Sample {
+            routes: Vec::new(),
+            credentials: Vec::new(),
+            secrets: Vec::new(),
+        };
+        for document in serde_yaml_ng::Deserializer::from_str(yaml) {
+            let value = serde_yaml_ng::Value::deserialize(document).expect("sample is YAML");
+            match value["kind"].as_str() {
+                Some("LLMRoute") => sample.routes.push(serde_yaml_ng::from_value(value).expect("route")),
+                Some("ProviderCredential") => {
+                    sample.credentials.push(serde_yaml_ng::from_value(value).expect("credential"))
+                }
+                Some("Secret") => sample.secrets.push(serde_yaml_ng::from_value(value).expect("secret")),
+                other => panic!("unexpected kind {other:?}"),
+            }
+        }
+        sample
+    }
+
+    fn compile(&self) -> Compiled {
+        compile(&Inputs {
+            routes: &self.routes,
+            credentials: &self.credentials,
+            secrets: &self.secrets,
+        })
+    }
+
+    fn route(&mut self, name: &str) -> &mut LLMRouteSpec {
+        &mut self
+            .routes
+            .iter_mut()
+            .find(|r| r.metadata.name.as_deref() == Some(name))
+            .expect("route in sample")
+            .spec
+    }
+
+    fn smart(&mut self) -> &mut LLMRouteSpec {
+        self.route("smart")
+    }
+
+    fn target(&mut self, i: usize) -> &mut TargetSpec {
+        &mut self.smart().targets[i]
+    }
+
+    fn retry(&mut self, i: usize) -> &mut RetrySpec {
+        self.target(i).retry.get_or_insert_with(Default::default)
+    }
+
+    fn credential(&mut self, name: &str) -> &mut ProviderCredentialSpec {
+        &mut self
+            .credentials
+            .iter_mut()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .expect("credential in sample")
+            .spec
+    }
+}
+
+fn sample() -> Sample {
+    Sample::parse(SAMPLE)
+}
+
+fn messages(compiled: &Compiled) -> Vec<String> {
+    compiled.diagnostics.iter().map(ToString::to_string).collect()
+}
+
+fn route_ids(compiled: &Compiled) -> Vec<String> {
+    compiled.config.routes.iter().map(|r| r.id.to_string()).collect()
+}
+
+fn credential_ids(compiled: &Compiled) -> Vec<String> {
+    compiled.config.credentials.iter().map(|c| c.id.to_string()).collect()
+}
+
+/// Compiles the sample after `change` and asserts it yields exactly one diagnostic,
+/// an error whose text is `expected`, and that the broken object is left out.
+fn rejects(change: impl FnOnce(&mut Sample), expected: &str) -> Compiled {
+    let mut sample = sample();
+    change(&mut sample);
+    let compiled = sample.compile();
+    assert_eq!(messages(&compiled), vec![expected.to_string()]);
+    let diagnostic = &compiled.diagnostics[0];
+    assert_eq!(diagnostic.severity, Severity::Error);
+    let ids = match diagnostic.kind {
+        Kind::LLMRoute => route_ids(&compiled),
+        _ => credential_ids(&compiled),
+    };
+    assert!(!ids.contains(&diagnostic.object.to_string()), "{} was kept", diagnostic.object);
+    compiled
+}
+
+fn id(name: &str) -> ObjectId {
+    ObjectId::new("team-a", name)
+}
+
+#[test]
+fn sample_compiles_to_the_expected_config() {
+    let compiled = sample().compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+
+    let openai = id("openai-prod");
+    let anthropic = id("anthropic-prod");
+    let expected = CompiledConfig {
+        version: crate::config::CONFIG_VERSION,
+        routes: vec![
+            Route {
+                id: id("fast"),
+                generation: 0,
+                models: vec!["fast".into()],
+                strategy: Strategy::Fallback,
+                targets: vec![Target {
+                    credential: anthropic.clone(),
+                    model: None,
+                    weight: 1,
+                    timeout_ms: None,
+                    retry: Retry {
+                        attempts: 1,
+                        on_status_codes: None,
+                        initial_backoff_ms: 100,
+                        max_backoff_ms: 2_000,
+                        honour_retry_after: true,
+                    },
+                    price: None,
+                }],
+                fallback: Fallback {
+                    on: vec![
+                        FailureClass::Status5xx,
+                        FailureClass::RateLimited,
+                        FailureClass::Timeout,
+                        FailureClass::ConnectionError,
+                        FailureClass::ContextLength,
+                    ],
+                    on_status_codes: vec![],
+                    max_retry_after_ms: 30_000,
+                },
+                circuit_breaker: CircuitBreaker {
+                    consecutive_failures: 5,
+                    open_for_ms: 30_000,
+                },
+                timeout_ms: 60_000,
+            },
+            Route {
+                id: id("smart"),
+                generation: 4,
+                models: vec!["smart".into(), "smart-latest".into()],
+                strategy: Strategy::Fallback,
+                targets: vec![
+                    Target {
+                        credential: openai.clone(),
+                        model: Some("gpt-4o".into()),
+                        weight: 3,
+                        timeout_ms: Some(20_000),
+                        retry: Retry {
+                            attempts: 3,
+                            on_status_codes: Some(vec![429, 502, 503]),
+                            initial_backoff_ms: 250,
+                            max_backoff_ms: 90_000,
+                            honour_retry_after: false,
+                        },
+                        price: Some(Price {
+                            input_per_million: 2.5,
+                            output_per_million: 10.0,
+                        }),
+                    },
+                    Target {
+                        credential: anthropic.clone(),
+                        model: Some("claude-sonnet-4-5".into()),
+                        weight: 1,
+                        timeout_ms: None,
+                        retry: Retry::default(),
+                        price: None,
+                    },
+                ],
+                fallback: Fallback {
+                    on: vec![FailureClass::Status5xx, FailureClass::Timeout, FailureClass::AuthError],
+                    on_status_codes: vec![404],
+                    max_retry_after_ms: 10_000,
+                },
+                circuit_breaker: CircuitBreaker {
+                    consecutive_failures: 3,
+                    open_for_ms: 60_000,
+                },
+                timeout_ms: 45_000,
+            },
+        ],
+        credentials: vec![
+            Credential {
+                id: anthropic.clone(),
+                provider: Provider::Anthropic,
+                base_url: "https://api.anthropic.com/v1".into(),
+                headers: BTreeMap::new(),
+                max_concurrency: None,
+                max_queue: None,
+                allow_private_network: false,
+                secret_ref: SecretKeyRef {
+                    name: "anthropic-key".into(),
+                    key: "apiKey".into(),
+                },
+            },
+            Credential {
+                id: openai.clone(),
+                provider: Provider::Openai,
+                base_url: "https://api.openai.com/v1".into(),
+                headers: BTreeMap::from([("OpenAI-Organization".into(), "org-123".into())]),
+                max_concurrency: Some(256),
+                max_queue: Some(512),
+                allow_private_network: false,
+                secret_ref: SecretKeyRef {
+                    name: "openai-key".into(),
+                    key: "apiKey".into(),
+                },
+            },
+        ],
+    };
+    assert_eq!(compiled.config, expected);
+
+    // stringData is trimmed (a trailing newline from `echo`); data is base64.
+    let keys: Vec<(String, String)> = compiled
+        .keys
+        .0
+        .iter()
+        .map(|(id, key)| (id.to_string(), key.expose().clone()))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            ("team-a/anthropic-prod".into(), "sk-ant".into()),
+            ("team-a/openai-prod".into(), "sk-openai".into()),
+        ]
+    );
+}
+
+#[test]
+fn compiled_config_round_trips_through_json() {
+    let config = sample().compile().config;
+    let json = serde_json::to_string(&config).expect("serializes");
+    assert!(!json.contains("sk-"), "no key material in the config");
+    let back: CompiledConfig = serde_json::from_str(&json).expect("deserializes");
+    assert_eq!(back, config);
+}
+
+#[test]
+fn output_does_not_depend_on_input_order() {
+    let forward = sample().compile();
+    let mut reversed = sample();
+    reversed.routes.reverse();
+    reversed.credentials.reverse();
+    reversed.secrets.reverse();
+    assert_eq!(reversed.compile().config, forward.config);
+}
+
+#[test]
+fn attempts_above_five() {
+    rejects(
+        |s| s.retry(1).attempts = Some(7),
+        "team-a/smart: spec.targets[1].retry.attempts: 7 is above the maximum 5",
+    );
+}
+
+#[test]
+fn weight_zero() {
+    rejects(
+        |s| s.target(0).weight = Some(0),
+        "team-a/smart: spec.targets[0].weight: 0 is below the minimum 1",
+    );
+}
+
+#[test]
+fn weight_above_hundred() {
+    rejects(
+        |s| s.target(1).weight = Some(101),
+        "team-a/smart: spec.targets[1].weight: 101 is above the maximum 100",
+    );
+}
+
+#[test]
+fn bad_duration() {
+    rejects(
+        |s| s.target(0).timeout = Some("1.5s".into()),
+        "team-a/smart: spec.targets[0].timeout: \"1.5s\" is not a duration like 250ms, 10s, 1m30s or 1h",
+    );
+}
+
+#[test]
+fn zero_timeout() {
+    rejects(
+        |s| s.smart().timeout = Some("0s".into()),
+        "team-a/smart: spec.timeout: \"0s\" must be above 0",
+    );
+}
+
+#[test]
+fn max_backoff_below_initial_backoff() {
+    rejects(
+        |s| s.retry(0).max_backoff = Some("200ms".into()),
+        "team-a/smart: spec.targets[0].retry.maxBackoff: 200ms is below initialBackoff 250ms",
+    );
+}
+
+#[test]
+fn initial_backoff_above_the_default_max_backoff() {
+    rejects(
+        |s| s.retry(1).initial_backoff = Some("5s".into()),
+        "team-a/smart: spec.targets[1].retry.initialBackoff: 5s is above maxBackoff 2s (the default)",
+    );
+}
+
+#[test]
+fn duplicate_model() {
+    rejects(
+        |s| s.smart().models = Some(vec!["smart".into(), "gpt".into(), "smart".into()]),
+        "team-a/smart: spec.models[2]: \"smart\" is listed more than once",
+    );
+}
+
+#[test]
+fn auth_error_with_one_credential() {
+    rejects(
+        |s| s.target(1).credential_ref.name = "openai-prod".into(),
+        "team-a/smart: spec.fallback.on: authError needs at least two targets on different credentials",
+    );
+}
+
+#[test]
+fn nine_targets() {
+    rejects(
+        |s| {
+            let target = s.target(1).clone();
+            s.smart().targets.resize(9, target);
+        },
+        "team-a/smart: spec.targets: has 9 targets; the maximum is 8",
+    );
+}
+
+#[test]
+fn no_targets() {
+    rejects(
+        |s| s.route("fast").targets.clear(),
+        "team-a/fast: spec.targets: has no targets; at least 1 is required",
+    );
+}
+
+#[test]
+fn unknown_mode() {
+    rejects(
+        |s| s.smart().strategy = Some(crate::route::Strategy { mode: Some("fastest".into()) }),
+        "team-a/smart: spec.strategy.mode: \"fastest\" is not one of fallback, loadbalance, least-latency, cost-optimized",
+    );
+}
+
+#[test]
+fn unknown_failure_class() {
+    rejects(
+        |s| {
+            s.smart().fallback = Some(FallbackSpec {
+                on: Some(vec!["status5xx".into(), "status4xx".into()]),
+                ..Default::default()
+            })
+        },
+        "team-a/smart: spec.fallback.on[1]: \"status4xx\" is not one of status5xx, rateLimited, timeout, connectionError, contextLength, authError",
+    );
+}
+
+#[test]
+fn status_code_out_of_range() {
+    rejects(
+        |s| s.retry(0).on_status_codes = Some(vec![429, 600]),
+        "team-a/smart: spec.targets[0].retry.onStatusCodes[1]: 600 is above the maximum 599",
+    );
+}
+
+#[test]
+fn missing_credential() {
+    rejects(
+        |s| s.target(0).credential_ref.name = "openai-staging".into(),
+        "team-a/smart: spec.targets[0].credentialRef.name: ProviderCredential \"openai-staging\" not found in namespace team-a",
+    );
+}
+
+#[test]
+fn credential_of_another_namespace_is_not_found() {
+    let mut s = sample();
+    s.credentials[0].metadata.namespace = Some("team-b".into());
+    s.secrets[0].metadata.namespace = Some("team-b".into());
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-a/smart: spec.targets[0].credentialRef.name: ProviderCredential \"openai-prod\" not found in namespace team-a"]
+    );
+    assert_eq!(compiled.diagnostics[0].reason, reason::CREDENTIAL_NOT_FOUND);
+}
+
+#[test]
+fn missing_secret_key_warns_and_keeps_the_target() {
+    let mut s = sample();
+    s.secrets.retain(|secret| secret.metadata.name.as_deref() != Some("openai-key"));
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-a/smart: spec.targets[0].credentialRef.name: ProviderCredential \"openai-prod\" has no key (Secret \"openai-key\" not found in namespace team-a); this target is skipped",
+            "team-a/openai-prod: spec.secretRef.name: Secret \"openai-key\" not found in namespace team-a",
+        ]
+    );
+    assert!(compiled.diagnostics.iter().all(|d| d.severity == Severity::Warning));
+    assert!(compiled.diagnostics.iter().all(|d| d.reason == reason::SECRET_KEY_MISSING));
+    // Route and credential kept, target kept, no key.
+    assert_eq!(route_ids(&compiled), vec!["team-a/fast", "team-a/smart"]);
+    assert_eq!(credential_ids(&compiled), vec!["team-a/anthropic-prod", "team-a/openai-prod"]);
+    let smart = &compiled.config.routes[1];
+    assert_eq!(smart.targets[0].credential, id("openai-prod"));
+    assert!(compiled.keys.get(&id("openai-prod")).is_none());
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_some());
+}
+
+#[test]
+fn missing_key_in_an_existing_secret_warns() {
+    let mut s = sample();
+    s.credential("anthropic-prod").secret_ref.key = "token".into();
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled)[2],
+        "team-a/anthropic-prod: spec.secretRef.key: Secret \"anthropic-key\" has no key \"token\""
+    );
+    assert_eq!(compiled.config.routes.len(), 2);
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
+}
+
+#[test]
+fn string_data_wins_over_data() {
+    let mut s = sample();
+    let secret = &mut s.secrets[1];
+    secret.string_data = Some(BTreeMap::from([("apiKey".into(), "sk-from-string-data".into())]));
+    let compiled = s.compile();
+    assert_eq!(
+        compiled.keys.get(&id("anthropic-prod")).map(|k| k.expose().as_str()),
+        Some("sk-from-string-data")
+    );
+}
+
+#[test]
+fn openai_compatible_without_base_url() {
+    let compiled = rejects(
+        |s| {
+            s.credential("anthropic-prod").provider = "openai-compatible".into();
+            s.credential("anthropic-prod").base_url = None;
+            s.route("fast").targets[0].credential_ref.name = "openai-prod".into();
+            s.target(1).credential_ref.name = "openai-prod".into();
+            s.smart().fallback = None;
+        },
+        "team-a/anthropic-prod: spec.baseURL: is required for provider openai-compatible",
+    );
+    assert_eq!(route_ids(&compiled), vec!["team-a/fast", "team-a/smart"]);
+}
+
+#[test]
+fn route_on_a_rejected_credential_is_rejected() {
+    let mut s = sample();
+    s.credential("anthropic-prod").base_url = Some("ftp://api.anthropic.com".into());
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-a/fast: spec.targets[0].credentialRef.name: ProviderCredential \"anthropic-prod\" is invalid: spec.baseURL: \"ftp://api.anthropic.com\" is not an http or https URL",
+            "team-a/smart: spec.targets[1].credentialRef.name: ProviderCredential \"anthropic-prod\" is invalid: spec.baseURL: \"ftp://api.anthropic.com\" is not an http or https URL",
+            "team-a/anthropic-prod: spec.baseURL: \"ftp://api.anthropic.com\" is not an http or https URL",
+        ]
+    );
+    assert_eq!(compiled.diagnostics[0].reason, reason::INVALID_CREDENTIAL);
+    assert!(compiled.config.routes.is_empty());
+    assert_eq!(credential_ids(&compiled), vec!["team-a/openai-prod"]);
+}
+
+#[test]
+fn private_base_url_is_refused() {
+    let mut s = sample();
+    s.credential("anthropic-prod").base_url = Some("http://169.254.169.254/latest".into());
+    let compiled = s.compile();
+    let credential_errors: Vec<&Diagnostic> =
+        compiled.diagnostics.iter().filter(|d| d.kind == Kind::ProviderCredential).collect();
+    assert_eq!(credential_errors.len(), 1);
+    assert_eq!(
+        credential_errors[0].to_string(),
+        "team-a/anthropic-prod: spec.baseURL: host 169.254.169.254 is a loopback, private or link-local address; set spec.allowPrivateNetwork: true to allow it"
+    );
+    assert_eq!(credential_errors[0].reason, reason::PRIVATE_NETWORK);
+    assert_eq!(credential_ids(&compiled), vec!["team-a/openai-prod"]);
+}
+
+#[test]
+fn private_base_url_is_refused_for_every_private_form() {
+    for url in [
+        "http://localhost:8000/v1",
+        "http://127.0.0.1:11434/v1",
+        "http://10.1.2.3/v1",
+        "http://[::1]:8000",
+        "http://[fd12::1]/v1",
+        "http://100.64.0.7/v1",
+        "http://0.0.0.0:8000",
+    ] {
+        let mut s = sample();
+        s.credential("anthropic-prod").base_url = Some(url.into());
+        let compiled = s.compile();
+        assert!(
+            compiled.diagnostics.iter().any(|d| d.reason == reason::PRIVATE_NETWORK),
+            "{url} was not refused"
+        );
+    }
+}
+
+#[test]
+fn private_base_url_is_allowed_with_allow_private_network() {
+    let mut s = sample();
+    let credential = s.credential("anthropic-prod");
+    credential.provider = "openai-compatible".into();
+    credential.base_url = Some("http://10.0.0.5:8000/v1/".into());
+    credential.allow_private_network = Some(true);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let credential = &compiled.config.credentials[0];
+    assert_eq!(credential.base_url, "http://10.0.0.5:8000/v1");
+    assert!(credential.allow_private_network);
+}
+
+#[test]
+fn base_url_with_credentials_is_refused() {
+    rejects(
+        |s| {
+            s.credential("openai-prod").base_url = Some("https://user:pw@api.openai.com/v1".into());
+            s.smart().targets[0].credential_ref.name = "anthropic-prod".into();
+            s.smart().targets.truncate(1);
+            s.smart().fallback = None;
+        },
+        "team-a/openai-prod: spec.baseURL: must not contain a user name or password; the key comes from the Secret",
+    );
+}
+
+fn created(seconds: i64) -> Option<Time> {
+    Some(Time(
+        k8s_openapi::jiff::Timestamp::from_second(seconds).expect("valid timestamp"),
+    ))
+}
+
+#[test]
+fn model_conflict_older_route_wins() {
+    let mut s = sample();
+    // `fast` claims `smart` too, and is older: `smart` (listed first) loses.
+    s.route("fast").models = Some(vec!["fast".into(), "smart".into()]);
+    s.routes[0].metadata.creation_timestamp = created(2_000);
+    s.routes[1].metadata.creation_timestamp = created(1_000);
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-a/smart: spec.models[0]: model \"smart\" is already served by the older route team-a/fast"]
+    );
+    assert_eq!(compiled.diagnostics[0].reason, reason::MODEL_CONFLICT);
+    assert_eq!(route_ids(&compiled), vec!["team-a/fast"]);
+}
+
+#[test]
+fn model_conflict_without_timestamps_goes_by_input_order() {
+    let mut s = sample();
+    s.route("fast").models = Some(vec!["smart-latest".into()]);
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-a/fast: spec.models[0]: model \"smart-latest\" is already served by the older route team-a/smart"]
+    );
+    assert_eq!(route_ids(&compiled), vec!["team-a/smart"]);
+}
+
+#[test]
+fn model_conflict_across_namespaces() {
+    let mut s = sample();
+    let mut copy = s.routes[1].clone();
+    copy.metadata.namespace = Some("team-b".into());
+    copy.metadata.creation_timestamp = created(5);
+    copy.spec.models = Some(vec!["fast".into()]);
+    s.routes.push(copy);
+    let compiled = s.compile();
+    // team-b/fast references anthropic-prod, absent in team-b, so it is rejected
+    // before it can claim anything.
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-b/fast: spec.targets[0].credentialRef.name: ProviderCredential \"anthropic-prod\" not found in namespace team-b"]
+    );
+}
+
+#[test]
+fn bad_price() {
+    rejects(
+        |s| {
+            s.target(0).price.as_mut().expect("sample has a price").input_per_million = "2,50".into();
+        },
+        "team-a/smart: spec.targets[0].price.inputPerMillion: \"2,50\" is not a decimal number like \"2.50\"",
+    );
+}
+
+#[test]
+fn forbidden_header() {
+    rejects(
+        |s| {
+            s.credential("openai-prod")
+                .headers
+                .get_or_insert_with(Default::default)
+                .insert("Authorization".into(), "Bearer sk".into());
+            s.smart().targets[0].credential_ref.name = "anthropic-prod".into();
+            s.smart().targets.truncate(1);
+            s.smart().fallback = None;
+        },
+        "team-a/openai-prod: spec.headers[Authorization]: \"Authorization\" carries the key from the Secret; it cannot be a static header",
+    );
+}
+
+#[test]
+fn forbidden_and_invalid_headers() {
+    let mut s = sample();
+    s.credential("openai-prod").headers = Some(BTreeMap::from([
+        ("x-api-key".into(), "k".into()),
+        ("bad name".into(), "v".into()),
+        ("X-Trace".into(), "line\nbreak".into()),
+        ("Content-Length".into(), "3".into()),
+    ]));
+    let compiled = s.compile();
+    let credential: Vec<String> = compiled
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == Kind::ProviderCredential)
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        credential,
+        vec![
+            "team-a/openai-prod: spec.headers[Content-Length]: \"Content-Length\" is set by the proxy; it cannot be a static header",
+            "team-a/openai-prod: spec.headers[X-Trace]: value is not a valid HTTP header value (visible ASCII, spaces and tabs only)",
+            "team-a/openai-prod: spec.headers[bad name]: \"bad name\" is not a valid HTTP header name",
+            "team-a/openai-prod: spec.headers[x-api-key]: \"x-api-key\" carries the key from the Secret; it cannot be a static header",
+        ]
+    );
+}
+
+#[test]
+fn max_queue_needs_max_concurrency() {
+    rejects(
+        |s| {
+            s.credential("openai-prod").max_concurrency = None;
+            s.smart().targets[0].credential_ref.name = "anthropic-prod".into();
+            s.smart().targets.truncate(1);
+            s.smart().fallback = None;
+        },
+        "team-a/openai-prod: spec.maxQueue: needs maxConcurrency",
+    );
+}
+
+#[test]
+fn duplicate_objects_keep_the_first() {
+    let mut s = sample();
+    let mut copy = s.routes[1].clone();
+    copy.spec.timeout = Some("5s".into());
+    s.routes.push(copy);
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-a/fast: metadata.name: is defined more than once; the first definition is used"]
+    );
+    assert_eq!(compiled.diagnostics[0].reason, reason::DUPLICATE);
+    assert_eq!(compiled.config.routes[0].timeout_ms, 60_000);
+}
+
+#[test]
+fn namespace_defaults_to_default() {
+    let mut s = sample();
+    for route in &mut s.routes {
+        route.metadata.namespace = None;
+    }
+    for credential in &mut s.credentials {
+        credential.metadata.namespace = None;
+    }
+    for secret in &mut s.secrets {
+        secret.metadata.namespace = None;
+    }
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    assert_eq!(route_ids(&compiled), vec!["default/fast", "default/smart"]);
+    assert_eq!(compiled.config.routes[0].targets[0].credential, ObjectId::new("default", "anthropic-prod"));
+}
+
+#[test]
+fn every_problem_of_one_object_is_reported() {
+    let mut s = sample();
+    s.retry(0).attempts = Some(0);
+    s.target(1).weight = Some(500);
+    s.smart().timeout = Some("forever".into());
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-a/smart: spec.targets[0].retry.attempts: 0 is below the minimum 1",
+            "team-a/smart: spec.targets[1].weight: 500 is above the maximum 100",
+            "team-a/smart: spec.timeout: \"forever\" is not a duration like 250ms, 10s, 1m30s or 1h",
+        ]
+    );
+}
+
+#[test]
+fn defaulted_fields_left_unset_in_a_target_spec() {
+    let mut s = sample();
+    s.smart().targets.push(TargetSpec {
+        credential_ref: crate::route::CredentialRef {
+            name: "openai-prod".into(),
+        },
+        ..Default::default()
+    });
+    let compiled = s.compile();
+    let smart = &compiled.config.routes[1];
+    assert_eq!(smart.targets[2].weight, 1);
+    assert_eq!(smart.targets[2].retry, Retry::default());
+}

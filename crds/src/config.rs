@@ -1,0 +1,277 @@
+//! The compiled config: the validated, defaulted form of routes and credentials that
+//! `compile` produces, the operator writes into ConfigMaps and the proxy loads.
+//!
+//! Every default is already applied and every duration is in milliseconds, so a
+//! consumer never re-validates or re-defaults. The shape is versioned
+//! ([`CONFIG_VERSION`]): a proxy refuses a config whose version it does not know
+//! instead of guessing. No key material ever lives here; keys travel separately as
+//! [`Keys`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::secret::Secret;
+
+/// Version of the compiled config format. Bump on any incompatible change.
+pub const CONFIG_VERSION: u32 = 1;
+
+/// All routes and credentials of one source (a namespace, or a standalone manifest set).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompiledConfig {
+    pub version: u32,
+    pub routes: Vec<Route>,
+    pub credentials: Vec<Credential>,
+}
+
+impl Default for CompiledConfig {
+    fn default() -> Self {
+        Self {
+            version: CONFIG_VERSION,
+            routes: Vec::new(),
+            credentials: Vec::new(),
+        }
+    }
+}
+
+/// Names a namespaced object: `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectId {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectId {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One `LLMRoute`, validated and defaulted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Route {
+    pub id: ObjectId,
+    /// `metadata.generation` of the LLMRoute this was compiled from (0 when unknown,
+    /// e.g. a standalone manifest).
+    pub generation: i64,
+    /// Model names clients send; never empty, unique across the whole config.
+    pub models: Vec<String>,
+    pub strategy: Strategy,
+    /// 1..=8 targets, in declared order.
+    pub targets: Vec<Target>,
+    pub fallback: Fallback,
+    pub circuit_breaker: CircuitBreaker,
+    /// Budget for the whole call: every attempt, wait and fallback.
+    pub timeout_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    Fallback,
+    Loadbalance,
+    LeastLatency,
+    CostOptimized,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Target {
+    /// The ProviderCredential, always in the route's namespace.
+    pub credential: ObjectId,
+    /// Upstream model; `None` sends the name the client sent.
+    pub model: Option<String>,
+    /// 1..=100, read by `loadbalance` only.
+    pub weight: u32,
+    /// One attempt: unary = whole response, stream = until the first event.
+    /// `None` = bounded only by the route's budget.
+    pub timeout_ms: Option<u64>,
+    pub retry: Retry,
+    pub price: Option<Price>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retry {
+    /// Tries on this target, the first included: 1..=5.
+    pub attempts: u32,
+    /// Statuses retried on this target. `None` = the default set: 408, 429 and 5xx.
+    /// Transport errors are always retried.
+    pub on_status_codes: Option<Vec<u16>>,
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    pub honour_retry_after: bool,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            attempts: 1,
+            on_status_codes: None,
+            initial_backoff_ms: 100,
+            max_backoff_ms: 2_000,
+            honour_retry_after: true,
+        }
+    }
+}
+
+/// USD per million tokens, parsed from the decimal strings of the spec.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Price {
+    pub input_per_million: f64,
+    pub output_per_million: f64,
+}
+
+/// Failure classes a route may advance on (`spec.fallback.on`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FailureClass {
+    Status5xx,
+    RateLimited,
+    Timeout,
+    ConnectionError,
+    ContextLength,
+    AuthError,
+}
+
+impl FailureClass {
+    /// The name used in `fallback.on`, stats, logs and the `attempts` list.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Status5xx => "status5xx",
+            Self::RateLimited => "rateLimited",
+            Self::Timeout => "timeout",
+            Self::ConnectionError => "connectionError",
+            Self::ContextLength => "contextLength",
+            Self::AuthError => "authError",
+        }
+    }
+
+    /// `fallback.on` when the route does not say.
+    pub const DEFAULT_ON: [FailureClass; 5] = [
+        Self::Status5xx,
+        Self::RateLimited,
+        Self::Timeout,
+        Self::ConnectionError,
+        Self::ContextLength,
+    ];
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Fallback {
+    pub on: Vec<FailureClass>,
+    /// Extra statuses that advance to the next target.
+    pub on_status_codes: Vec<u16>,
+    /// A longer Retry-After abandons the target at once.
+    pub max_retry_after_ms: u64,
+}
+
+impl Default for Fallback {
+    fn default() -> Self {
+        Self {
+            on: FailureClass::DEFAULT_ON.to_vec(),
+            on_status_codes: Vec::new(),
+            max_retry_after_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CircuitBreaker {
+    pub consecutive_failures: u32,
+    pub open_for_ms: u64,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            open_for_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Provider {
+    Openai,
+    Anthropic,
+    OpenaiCompatible,
+}
+
+impl Provider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::Anthropic => "anthropic",
+            Self::OpenaiCompatible => "openai-compatible",
+        }
+    }
+
+    /// The base URL used when a credential does not set `baseURL`.
+    /// `openai-compatible` has none: it must be given.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            Self::Openai => Some("https://api.openai.com/v1"),
+            Self::Anthropic => Some("https://api.anthropic.com/v1"),
+            Self::OpenaiCompatible => None,
+        }
+    }
+}
+
+/// One `ProviderCredential`, validated and defaulted; the key itself is in [`Keys`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Credential {
+    pub id: ObjectId,
+    pub provider: Provider,
+    /// Without a trailing slash; endpoint paths (`/chat/completions`, `/messages`, ...)
+    /// are appended to it.
+    pub base_url: String,
+    /// Static headers sent with every request (no secrets).
+    pub headers: BTreeMap<String, String>,
+    pub max_concurrency: Option<u32>,
+    pub max_queue: Option<u32>,
+    pub allow_private_network: bool,
+    pub secret_ref: SecretKeyRef,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// API keys by credential. Kept apart from [`CompiledConfig`] so the config can be
+/// shown, logged and stored in a ConfigMap; `Debug` never prints a key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Keys(pub BTreeMap<ObjectId, Secret<String>>);
+
+impl Keys {
+    pub fn get(&self, credential: &ObjectId) -> Option<&Secret<String>> {
+        self.0.get(credential)
+    }
+}

@@ -1,0 +1,118 @@
+//! The `ProviderCredential` custom resource: one provider endpoint and the Secret key
+//! used to call it, shared by every route in its namespace that references it.
+//!
+//! Raw types, exactly as written in a manifest; `compile` turns them into
+//! [`crate::config::Credential`] plus the key in [`crate::config::Keys`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::schema;
+
+/// A ProviderCredential: a provider endpoint and the Secret key used to call it.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "switchback.dev",
+    version = "v1alpha1",
+    kind = "ProviderCredential",
+    plural = "providercredentials",
+    singular = "providercredential",
+    shortname = "pcred",
+    category = "switchback",
+    namespaced,
+    status = "ProviderCredentialStatus",
+    derive = "PartialEq",
+    doc = "ProviderCredential is one LLM provider endpoint and the Secret key used to call it, referenced by LLMRoutes in the same namespace.",
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider","description":"Provider API flavour"}"#,
+    printcolumn = r#"{"name":"Secret","type":"string","jsonPath":".spec.secretRef.name","description":"Secret holding the API key"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Valid and its key resolved"}"#,
+    printcolumn = r#"{"name":"Routes","type":"integer","jsonPath":".status.routes","description":"LLMRoutes that reference it"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.provider != 'openai-compatible' || has(self.baseURL)").message("baseURL is required for provider openai-compatible").field_path(".baseURL"))]
+#[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
+pub struct ProviderCredentialSpec {
+    /// Provider API flavour: openai, anthropic or openai-compatible (any server speaking
+    /// the OpenAI API: vLLM, Ollama, LiteLLM, ...). Required.
+    #[schemars(schema_with = "schema::provider")]
+    pub provider: String,
+
+    /// Provider API base URL (http or https); endpoint paths such as /chat/completions
+    /// are appended to it. Default: https://api.openai.com/v1 for openai,
+    /// https://api.anthropic.com/v1 for anthropic; required for openai-compatible. A
+    /// host that is a loopback, private, link-local or unspecified address, or
+    /// localhost, is refused unless allowPrivateNetwork is true. At most 2048 characters.
+    #[serde(
+        rename = "baseURL",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(max = 2048), regex(pattern = r"^https?://"))]
+    pub base_url: Option<String>,
+
+    /// The Secret key holding the API key, in this credential's namespace. Required.
+    pub secret_ref: SecretKeySelector,
+
+    /// Static headers sent with every request to this provider, e.g.
+    /// OpenAI-Organization. No secrets here; Authorization and x-api-key are set from
+    /// the Secret and cannot be given. At most 32. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::headers")]
+    pub headers: Option<BTreeMap<String, String>>,
+
+    /// Requests in flight to this provider per proxy replica, at least 1. Default:
+    /// unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrency: Option<i32>,
+
+    /// Requests that may wait for a slot once maxConcurrency are in flight, per proxy
+    /// replica, at least 0; a request finding the queue full fails over at once. Needs
+    /// maxConcurrency. Default: 0 (no waiting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_queue: Option<i32>,
+
+    /// Allow a baseURL whose host is a loopback, private, link-local or unspecified
+    /// address (checked on the literal host and again on every DNS answer). Default:
+    /// false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_private_network: Option<bool>,
+}
+
+/// Names one key of a Secret in the same namespace.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeySelector {
+    /// Name of the Secret. Required, 1 to 253 characters.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret's data whose value is the API key. Required, 1 to 253
+    /// characters.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Observed state of a ProviderCredential, written by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderCredentialStatus {
+    /// metadata.generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Ready (the spec is valid and the key resolved) and SecretResolved (the Secret and
+    /// key exist).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Vec<Condition>,
+
+    /// Number of LLMRoutes that reference this credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<i32>,
+}

@@ -1,0 +1,18 @@
+//! Switchback's API: the `LLMRoute` and `ProviderCredential` custom resources, their
+//! validation, and the compiled config that the operator renders and the proxy loads.
+
+pub mod compile;
+pub mod config;
+pub mod credential;
+pub mod crdgen;
+pub mod duration;
+pub mod network;
+pub mod route;
+pub mod schema;
+pub mod secret;
+
+pub use compile::{Compiled, Diagnostic, Inputs, compile, reason};
+pub use crdgen::crd_yaml;
+pub use credential::{ProviderCredential, ProviderCredentialSpec, ProviderCredentialStatus};
+pub use route::{LLMRoute, LLMRouteSpec, LLMRouteStatus};
+pub use secret::Secret;

@@ -1,0 +1,132 @@
+//! Which addresses a provider `baseURL` may not reach unless the credential sets
+//! `allowPrivateNetwork: true`: loopback, private, shared (CGNAT), link-local (cloud
+//! metadata at 169.254.169.254 included) and unspecified addresses.
+//!
+//! `compile` applies it to a literal host; the proxy applies it again to every DNS
+//! answer, because a public name can resolve to a private address.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// True when `ip` is loopback, private (RFC 1918, IPv6 ULA fc00::/7), shared address
+/// space (100.64.0.0/10), link-local (169.254.0.0/16, fe80::/10), unspecified, or an
+/// IPv4-mapped / IPv4-compatible IPv6 address of one of those.
+pub fn is_private_ip(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_private_v4(v4),
+        IpAddr::V6(v6) => is_private_v6(v6),
+    }
+}
+
+fn is_private_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, ..] = ip.octets();
+    ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        // "This network" 0.0.0.0/8: connecting to it reaches the local host on Linux.
+        || a == 0
+        // Shared address space (RFC 6598), used by CGNAT and some cluster networks.
+        || (a == 100 && (b & 0xc0) == 64)
+}
+
+fn is_private_v6(ip: Ipv6Addr) -> bool {
+    // ::ffff:10.0.0.1 and friends reach the IPv4 address: judge that instead.
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return is_private_v4(v4);
+    }
+    let segments = ip.segments();
+    // Deprecated IPv4-compatible form ::a.b.c.d (but not :: or ::1, handled below).
+    if segments[..6].iter().all(|s| *s == 0) && segments[6] != 0 {
+        let [a, b, c, d] = [
+            (segments[6] >> 8) as u8,
+            segments[6] as u8,
+            (segments[7] >> 8) as u8,
+            segments[7] as u8,
+        ];
+        return is_private_v4(Ipv4Addr::new(a, b, c, d));
+    }
+    ip.is_loopback()
+        || ip.is_unspecified()
+        // Unique local fc00::/7.
+        || (segments[0] & 0xfe00) == 0xfc00
+        // Link-local fe80::/10.
+        || (segments[0] & 0xffc0) == 0xfe80
+}
+
+/// True when a URL host names this machine or a private network: `localhost` (and
+/// `*.localhost`, which resolvers map to loopback) or a literal private address.
+/// Takes the host as the `url` crate gives it (IPv6 in brackets).
+pub fn is_private_host(host: &url::Host<&str>) -> bool {
+    match host {
+        url::Host::Domain(name) => {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            name == "localhost" || name.ends_with(".localhost")
+        }
+        url::Host::Ipv4(v4) => is_private_v4(*v4),
+        url::Host::Ipv6(v6) => is_private_v6(*v6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn private(text: &str) -> bool {
+        is_private_ip(text.parse().expect("test address parses"))
+    }
+
+    #[test]
+    fn private_addresses() {
+        for ip in [
+            "127.0.0.1",
+            "127.255.0.9",
+            "10.0.0.5",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "100.64.0.1",
+            "100.127.255.255",
+            "169.254.169.254",
+            "0.0.0.0",
+            "0.1.2.3",
+            "::1",
+            "::",
+            "fd00::1",
+            "fc00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+            "::ffff:127.0.0.1",
+            "::169.254.169.254",
+        ] {
+            assert!(private(ip), "{ip} should be private");
+        }
+    }
+
+    #[test]
+    fn public_addresses() {
+        for ip in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "172.32.0.1",
+            "100.128.0.1",
+            "100.63.255.255",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+        ] {
+            assert!(!private(ip), "{ip} should be public");
+        }
+    }
+
+    #[test]
+    fn localhost_names() {
+        for (host, expected) in [
+            ("localhost", true),
+            ("LOCALHOST.", true),
+            ("api.localhost", true),
+            ("api.openai.com", false),
+            ("localhost.example.com", false),
+        ] {
+            assert_eq!(is_private_host(&url::Host::Domain(host)), expected, "{host}");
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! The `LLMRoute` custom resource: which model names a route serves and the ordered
+//! provider targets behind them, with retries, fallback, circuit breaking and a budget.
+//!
+//! These are the raw types, exactly as written in a manifest: optional fields stay
+//! `Option` (unset is distinguishable from set), durations and prices stay strings.
+//! `compile` turns them into [`crate::config::Route`].
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::schema;
+
+/// An LLMRoute: the model names clients send and the ordered provider targets that
+/// serve them.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "switchback.dev",
+    version = "v1alpha1",
+    kind = "LLMRoute",
+    plural = "llmroutes",
+    singular = "llmroute",
+    shortname = "llmr",
+    category = "switchback",
+    namespaced,
+    status = "LLMRouteStatus",
+    derive = "PartialEq",
+    doc = "LLMRoute declares how the model names clients send are served: an ordered set of provider targets with retries, fallback, circuit breaking and a time budget.",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.strategy.mode","description":"Target ordering strategy"}"#,
+    printcolumn = r#"{"name":"Targets","type":"integer","jsonPath":".status.targetCount","description":"Targets in the programmed route"}"#,
+    printcolumn = r#"{"name":"Programmed","type":"string","jsonPath":".status.conditions[?(@.type==\"Programmed\")].status","description":"Every ready proxy replica serves the observed generation"}"#,
+    printcolumn = r#"{"name":"Open","type":"integer","jsonPath":".status.openCircuits","description":"Targets whose circuit is open on at least one replica"}"#,
+    printcolumn = r#"{"name":"Requests","type":"integer","jsonPath":".status.window.requests","description":"Requests in the last stats window"}"#,
+    printcolumn = r#"{"name":"Fallbacks","type":"integer","jsonPath":".status.window.fallbacks","description":"Requests answered by a target other than the first, last stats window"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(
+    "!has(self.fallback) || !has(self.fallback.on) || !('authError' in self.fallback.on) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
+).message("authError in fallback.on needs at least two targets on different credentials").field_path(".fallback.on"))]
+pub struct LLMRouteSpec {
+    /// Model names clients send in the request's "model" field. Each name is served by
+    /// one route only: when two routes claim a name, the older route keeps it and the
+    /// newer one is not accepted (reason ModelConflict). Default: [metadata.name].
+    /// 1 to 32 unique names, each 1 to 256 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::models")]
+    #[x_kube(validation = Rule::new("self.all(m, self.exists_one(n, n == m))").message("model names must be unique"))]
+    pub models: Option<Vec<String>>,
+
+    /// How the order of targets is chosen for each request. Default: mode fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = {}))]
+    pub strategy: Option<Strategy>,
+
+    /// Provider targets, 1 to 8. Declared order is the fallback order.
+    #[schemars(length(min = 1, max = 8))]
+    pub targets: Vec<TargetSpec>,
+
+    /// When a failed target hands the request to the next one. Default: advance on
+    /// status5xx, rateLimited, timeout, connectionError and contextLength.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<FallbackSpec>,
+
+    /// Per-target circuit breaker, counted on each proxy replica. Default:
+    /// consecutiveFailures 5, openFor 30s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerSpec>,
+
+    /// Budget for the whole call: every attempt, backoff wait and fallback. A Gateway
+    /// API duration (e.g. 250ms, 10s, 1m30s), above 0. Default: 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be above 0"))]
+    pub timeout: Option<String>,
+}
+
+/// How the order of targets is chosen.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Strategy {
+    /// fallback: declared order. loadbalance: first target drawn by weight, the rest in
+    /// declared order. least-latency: by the smoothed latency each replica measured,
+    /// unmeasured targets first. cost-optimized: cheapest price first, unpriced targets
+    /// last. Default: fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::mode")]
+    pub mode: Option<String>,
+}
+
+/// One provider target.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TargetSpec {
+    /// The ProviderCredential (in the route's namespace) whose endpoint and key this
+    /// target uses. Required.
+    pub credential_ref: CredentialRef,
+
+    /// Upstream model name sent to the provider. Default: the name the client sent.
+    /// 1 to 256 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub model: Option<String>,
+
+    /// Relative weight for mode loadbalance (ignored by the other modes). 1 to 100.
+    /// Default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: Option<i32>,
+
+    /// Time allowed for one attempt: a unary call's whole response, or a stream's first
+    /// event. A timeout advances to the next target at once. A Gateway API duration
+    /// above 0. Default: none, only the route's timeout applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be above 0"))]
+    pub timeout: Option<String>,
+
+    /// Retries on this target before advancing. Default: attempts 1 (no retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
+
+    /// USD per million tokens, read by mode cost-optimized. Default: none (sorted last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<PriceSpec>,
+}
+
+/// Names a ProviderCredential in the route's namespace.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CredentialRef {
+    /// Name of the ProviderCredential. Required, 1 to 253 characters.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Retries on one target. The wait before the Nth retry is drawn from
+/// U[0, min(maxBackoff, initialBackoff * 2^(N-1))) (full jitter); an upstream
+/// Retry-After replaces it when honourRetryAfter is true.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(
+    "duration(has(self.maxBackoff) ? self.maxBackoff : '2s') >= duration(has(self.initialBackoff) ? self.initialBackoff : '100ms')"
+).message("maxBackoff (default 2s) must be at least initialBackoff (default 100ms)").field_path(".maxBackoff"))]
+pub struct RetrySpec {
+    /// Tries on this target, the first included. 1 to 5. Default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 5))]
+    pub attempts: Option<i32>,
+
+    /// HTTP statuses retried on this target, each 100 to 599, at most 32. Transport
+    /// errors are always retried. Default: 408, 429 and every 5xx.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::status_codes")]
+    pub on_status_codes: Option<Vec<i32>>,
+
+    /// Upper bound of the wait before the first retry. A Gateway API duration.
+    /// Default: 100ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    pub initial_backoff: Option<String>,
+
+    /// Cap on the backoff wait; at least initialBackoff. A Gateway API duration.
+    /// Default: 2s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    pub max_backoff: Option<String>,
+
+    /// Wait for the upstream's Retry-After instead of the computed backoff. Default: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub honour_retry_after: Option<bool>,
+}
+
+/// Price of a target in USD per million tokens, as decimal strings (e.g. "2.50").
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PriceSpec {
+    /// USD per million input tokens, a decimal string like "2.50". Required, >= 0.
+    #[schemars(schema_with = "schema::decimal")]
+    pub input_per_million: String,
+    /// USD per million output tokens, a decimal string like "10.00". Required, >= 0.
+    #[schemars(schema_with = "schema::decimal")]
+    pub output_per_million: String,
+}
+
+/// When a failure moves the request on to the next target.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FallbackSpec {
+    /// Failure classes that advance to the next target: status5xx, rateLimited, timeout,
+    /// connectionError, contextLength, authError (401/403; needs two targets on
+    /// different credentials). Any other failure is returned to the client. An empty
+    /// list never advances. Default: all but authError.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::failure_classes")]
+    pub on: Option<Vec<String>>,
+
+    /// Extra HTTP statuses that advance to the next target, each 100 to 599, at most 32.
+    /// Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::status_codes")]
+    pub on_status_codes: Option<Vec<i32>>,
+
+    /// A 429 whose Retry-After is longer than this abandons the target at once instead
+    /// of waiting. A Gateway API duration. Default: 30s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    pub max_retry_after: Option<String>,
+}
+
+/// Per-target circuit breaker.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CircuitBreakerSpec {
+    /// Failover-eligible failures in a row that open the circuit. 1 to 1000. Default: 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub consecutive_failures: Option<i32>,
+
+    /// How long an open circuit skips the target before one half-open probe; a failed
+    /// probe reopens it for twice as long, capped at 5m. A Gateway API duration above 0.
+    /// Default: 30s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be above 0"))]
+    pub open_for: Option<String>,
+}
+
+/// Observed state of an LLMRoute, written by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LLMRouteStatus {
+    /// metadata.generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Accepted (the spec is valid and its models are not claimed by an older route),
+    /// ResolvedRefs (every credential and key was found), Programmed (every ready proxy
+    /// replica serves observedGeneration).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Vec<Condition>,
+
+    /// Number of targets in the programmed route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_count: Option<i32>,
+
+    /// Targets whose circuit is open on at least one proxy replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_circuits: Option<i32>,
+
+    /// Per-target state, in declared order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetStatus>,
+
+    /// Counters over the last stats window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowStats>,
+
+    /// Counters since the route was created, monotonic across proxy restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub totals: Option<TotalStats>,
+}
+
+/// Observed state of one target, aggregated over proxy replicas.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetStatus {
+    /// Name of the target's ProviderCredential.
+    pub credential: String,
+    /// Upstream model, when the target sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Closed, Open or HalfOpen; Open when open on any replica.
+    pub circuit: CircuitState,
+    /// Replicas on which the circuit is open.
+    #[serde(default)]
+    pub open_replicas: i32,
+    /// The most recent failed attempt on this target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<LastFailure>,
+}
+
+/// Circuit breaker state of a target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CircuitState {
+    #[default]
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+/// The most recent failed attempt on a target.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastFailure {
+    /// Upstream HTTP status; absent for transport errors and timeouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<i32>,
+    /// Failure class, e.g. status5xx, rateLimited, timeout, connectionError.
+    pub reason: String,
+    /// When it happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+}
+
+/// Counters over the last stats window.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowStats {
+    /// Length of the window in seconds.
+    pub seconds: i64,
+    /// Client requests.
+    pub requests: i64,
+    /// Upstream requests sent, retries included.
+    pub attempts: i64,
+    /// Requests answered by a target other than the first in their order.
+    pub fallbacks: i64,
+    /// Requests that got an error answer after every target was tried or skipped.
+    pub failed: i64,
+}
+
+/// Counters since the route was created, monotonic across proxy restarts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TotalStats {
+    /// Client requests.
+    pub requests: i64,
+    /// Upstream requests sent, retries included.
+    pub attempts: i64,
+    /// Requests answered by a target other than the first in their order.
+    pub fallbacks: i64,
+    /// Requests that got an error answer after every target was tried or skipped.
+    pub failed: i64,
+}

@@ -1,0 +1,112 @@
+//! Schema fragments shared by both resources: the Gateway API duration form, the
+//! decimal price form, enum lists kept as plain strings, and condition lists.
+//!
+//! Enum-like fields are `String`s in the raw types (the schema carries the `enum`) so
+//! that a standalone manifest with a bad value gets a diagnostic naming the field from
+//! `compile` instead of a serde error that takes the whole file down.
+
+use schemars::generate::SchemaGenerator;
+use schemars::{Schema, json_schema};
+
+/// Gateway API duration: up to four `<number><unit>` pairs, units `h`, `m`, `s`, `ms`.
+pub const DURATION_PATTERN: &str = "^([0-9]{1,5}(h|m|s|ms)){1,4}$";
+/// A non-negative decimal with up to 9 digits either side of the point.
+pub const DECIMAL_PATTERN: &str = r"^[0-9]{1,9}(\.[0-9]{1,9})?$";
+
+/// Upper bounds on string and list sizes. Besides rejecting nonsense, they keep the
+/// CEL rules' estimated cost within the API server's budget.
+pub const MAX_NAME_LEN: u32 = 253;
+pub const MAX_MODEL_LEN: u32 = 256;
+pub const MAX_MODELS: u32 = 32;
+pub const MAX_TARGETS: u32 = 8;
+pub const MAX_STATUS_CODES: u32 = 32;
+pub const MAX_HEADERS: u32 = 32;
+pub const MAX_HEADER_VALUE_LEN: u32 = 4096;
+pub const MAX_URL_LEN: u32 = 2048;
+
+pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
+pub const PROVIDERS: [&str; 3] = ["openai", "anthropic", "openai-compatible"];
+pub const FAILURE_CLASSES: [&str; 6] = [
+    "status5xx",
+    "rateLimited",
+    "timeout",
+    "connectionError",
+    "contextLength",
+    "authError",
+];
+
+pub(crate) fn duration(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": DURATION_PATTERN,
+    })
+}
+
+pub(crate) fn decimal(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 19,
+        "pattern": DECIMAL_PATTERN,
+    })
+}
+
+pub(crate) fn mode(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": MODES,
+        "default": "fallback",
+    })
+}
+
+pub(crate) fn provider(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": PROVIDERS,
+    })
+}
+
+pub(crate) fn failure_classes(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": FAILURE_CLASSES.len(),
+        "items": { "type": "string", "enum": FAILURE_CLASSES },
+    })
+}
+
+pub(crate) fn status_codes(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_STATUS_CODES,
+        "items": { "type": "integer", "format": "int32", "minimum": 100, "maximum": 599 },
+    })
+}
+
+pub(crate) fn models(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_MODELS,
+        "items": { "type": "string", "minLength": 1, "maxLength": MAX_MODEL_LEN },
+    })
+}
+
+pub(crate) fn headers(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": MAX_HEADERS,
+        "additionalProperties": { "type": "string", "maxLength": MAX_HEADER_VALUE_LEN },
+    })
+}
+
+/// `conditions` as a map-list keyed by `type`, so server-side apply merges them the
+/// way every built-in resource does.
+pub(crate) fn conditions(generator: &mut SchemaGenerator) -> Schema {
+    let item = generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+    })
+}

@@ -1,0 +1,156 @@
+//! The gateway's shared state: the live snapshot (swapped atomically), the upstream
+//! HTTP clients, per-target runtime state, and the report of the last config load.
+//!
+//! Constructing a `Gateway` has no side effects: no listener, no task, no global.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use switchback_crds::compile::Compiled;
+
+use crate::netguard::PublicOnly;
+use crate::snapshot::{Clients, PrepareError, Snapshot, TargetStates, prepare};
+
+/// One problem with a config, located as precisely as known.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Problem {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{file}:")?;
+            if let Some(l) = self.line {
+                write!(f, "{l}:")?;
+            }
+            f.write_str(" ")?;
+        }
+        if let Some(o) = &self.object {
+            write!(f, "{o}: ")?;
+        }
+        if let Some(fld) = &self.field {
+            write!(f, "{fld}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// What `/admin/v1/config` reports about loading.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadReport {
+    pub source: String,
+    /// Configs applied so far (1 after the first successful load).
+    pub generation: u64,
+    #[serde(serialize_with = "ser_time")]
+    pub loaded_at: Option<SystemTime>,
+    /// Problems of the config being served that did not stop it (e.g. a missing key).
+    pub warnings: Vec<Problem>,
+    /// The last config that was refused; the previous one is still served.
+    pub last_error: Option<LoadError>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadError {
+    #[serde(serialize_with = "ser_time")]
+    pub at: Option<SystemTime>,
+    pub problems: Vec<Problem>,
+}
+
+fn ser_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&humantime::format_rfc3339_millis(*t).to_string()),
+        None => s.serialize_none(),
+    }
+}
+
+pub struct Gateway {
+    live: ArcSwap<Snapshot>,
+    clients: Clients,
+    states: TargetStates,
+    epoch: tokio::time::Instant,
+    ready: AtomicBool,
+    report: Mutex<LoadReport>,
+    pub max_body_bytes: usize,
+}
+
+impl Gateway {
+    pub fn new(max_body_bytes: usize, source: String) -> Result<Self, reqwest::Error> {
+        let base = || {
+            reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .connect_timeout(Duration::from_secs(10))
+                .pool_idle_timeout(Duration::from_secs(90))
+                .no_proxy()
+        };
+        Ok(Self {
+            live: ArcSwap::from_pointee(Snapshot::default()),
+            clients: Clients {
+                public: base().dns_resolver(Arc::new(PublicOnly)).build()?,
+                private: base().build()?,
+            },
+            states: TargetStates::default(),
+            epoch: tokio::time::Instant::now(),
+            ready: AtomicBool::new(false),
+            report: Mutex::new(LoadReport {
+                source,
+                ..LoadReport::default()
+            }),
+            max_body_bytes,
+        })
+    }
+
+    /// The snapshot a request runs on from start to finish.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.live.load_full()
+    }
+
+    /// Milliseconds since the gateway started, on tokio's clock (so tests can pause it).
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Prepare then swap: a config that cannot be prepared changes nothing.
+    pub fn apply(&self, compiled: &Compiled, warnings: Vec<Problem>) -> Result<(), PrepareError> {
+        let snapshot = prepare(compiled, &self.clients, &self.states)?;
+        self.live.store(Arc::new(snapshot));
+        self.ready.store(true, Ordering::Release);
+        let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        r.generation += 1;
+        r.loaded_at = Some(SystemTime::now());
+        r.warnings = warnings;
+        r.last_error = None;
+        Ok(())
+    }
+
+    /// Record a refused config; the live one stays.
+    pub fn refuse(&self, problems: Vec<Problem>) {
+        let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        r.last_error = Some(LoadError {
+            at: Some(SystemTime::now()),
+            problems,
+        });
+    }
+
+    pub fn report(&self) -> LoadReport {
+        self.report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}

@@ -1,0 +1,138 @@
+//! Switchback's data plane: an OpenAI- and Anthropic-compatible gateway that walks
+//! each route's targets with retries, backoff, fallbacks and a time budget.
+//!
+//! [`start`] runs a proxy in-process (the binary, tests, the demo and the benchmark
+//! all use it); nothing here touches global state.
+
+pub mod attempt;
+pub mod cli;
+pub mod gateway;
+pub mod manifest;
+pub mod netguard;
+pub mod order;
+pub mod outcome;
+pub mod reload;
+pub mod rewrite;
+pub mod server;
+pub mod snapshot;
+pub mod sse;
+pub mod surface;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use gateway::{Gateway, Problem};
+
+/// Where the config comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A manifest file or folder, reloaded on change.
+    Manifests(PathBuf),
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub source: Source,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the config could not be loaded:\n{}", .0.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Config(Vec<Problem>),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot build the upstream HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("cannot watch {path}: {source}")]
+    Watch { path: PathBuf, source: notify::Error },
+}
+
+/// A running proxy. Dropping it stops serving.
+pub struct Running {
+    pub data_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub gateway: Arc<Gateway>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _watcher: reload::ManifestWatcher,
+}
+
+impl Running {
+    /// Serve until one of the listeners stops (normally never).
+    pub async fn wait(mut self) {
+        if let Some(t) = self.tasks.first_mut() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Load the config (it must load: a proxy never starts on a broken config), bind
+/// both listeners and serve.
+pub async fn start(opts: Options) -> Result<Running, StartError> {
+    let Source::Manifests(path) = &opts.source;
+    let gw = Arc::new(Gateway::new(opts.max_body_bytes, format!("manifests:{}", path.display()))?);
+    {
+        let (gw, path) = (gw.clone(), path.clone());
+        tokio::task::spawn_blocking(move || reload::load_once(&gw, &path))
+            .await
+            .map_err(|e| StartError::Config(vec![problem(e.to_string())]))?
+            .map_err(StartError::Config)?;
+    }
+    let watcher = reload::watch(gw.clone(), path.clone()).map_err(|source| StartError::Watch {
+        path: path.clone(),
+        source,
+    })?;
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Listen { addr, source })
+    };
+    let data = bind(opts.listen).await?;
+    let admin = bind(opts.admin_listen).await?;
+    let data_addr = data.local_addr().map_err(|source| StartError::Listen { addr: opts.listen, source })?;
+    let admin_addr = admin
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr: opts.admin_listen, source })?;
+    let data_app = server::data_router(gw.clone());
+    let admin_app = server::admin_router(gw.clone());
+    let tasks = vec![
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(data, data_app).await {
+                tracing::error!(error = %e, "data listener stopped");
+            }
+        }),
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin, admin_app).await {
+                tracing::error!(error = %e, "admin listener stopped");
+            }
+        }),
+    ];
+    Ok(Running {
+        data_addr,
+        admin_addr,
+        gateway: gw,
+        tasks,
+        _watcher: watcher,
+    })
+}
+
+fn problem(message: String) -> Problem {
+    Problem {
+        file: None,
+        line: None,
+        object: None,
+        field: None,
+        message,
+    }
+}

@@ -1,0 +1,282 @@
+//! What one attempt's failure means: its class, whether the same target may be tried
+//! again, and whether the chain may advance to the next target (SPEC §3's outcome
+//! table). Pure functions over compiled policy, so every row is unit-tested here.
+
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use switchback_crds::config::{FailureClass, Fallback, Retry, Target};
+
+/// Why an attempt failed (or why a target was passed over). The names are the ones
+/// in `attempts` lists, logs and stats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// 5xx, or an in-band stream error that maps to one.
+    Status5xx,
+    RateLimited,
+    /// The attempt's own timeout, or an upstream 408.
+    Timeout,
+    /// The whole call's budget ran out.
+    Budget,
+    ConnectionError,
+    ContextLength,
+    AuthError,
+    /// Any other 4xx: the caller's mistake, returned unchanged.
+    ClientError,
+    // Skipped before commitment:
+    MissingKey,
+    UnsupportedSurface,
+    Parked,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Status5xx => "status5xx",
+            Self::RateLimited => "rateLimited",
+            Self::Timeout => "timeout",
+            Self::Budget => "budgetExhausted",
+            Self::ConnectionError => "connectionError",
+            Self::ContextLength => "contextLength",
+            Self::AuthError => "authError",
+            Self::ClientError => "clientError",
+            Self::MissingKey => "missingKey",
+            Self::UnsupportedSurface => "unsupportedSurface",
+            Self::Parked => "parked",
+        }
+    }
+
+    /// The `fallback.on` class this failure belongs to, if any.
+    pub fn class(self) -> Option<FailureClass> {
+        Some(match self {
+            Self::Status5xx => FailureClass::Status5xx,
+            Self::RateLimited => FailureClass::RateLimited,
+            Self::Timeout | Self::Budget => FailureClass::Timeout,
+            Self::ConnectionError => FailureClass::ConnectionError,
+            Self::ContextLength => FailureClass::ContextLength,
+            Self::AuthError => FailureClass::AuthError,
+            _ => return None,
+        })
+    }
+
+    /// Failures whose upstream answer is handed to the client as it was when the chain
+    /// stops on them: they say something about the request, not the provider.
+    pub fn returns_upstream_answer(self) -> bool {
+        matches!(self, Self::ContextLength | Self::AuthError | Self::ClientError)
+    }
+}
+
+/// Class of an upstream HTTP answer that is not a success.
+pub fn classify_status(status: u16, body: &[u8]) -> Reason {
+    match status {
+        429 => Reason::RateLimited,
+        408 => Reason::Timeout,
+        500..=599 => Reason::Status5xx,
+        401 | 403 => Reason::AuthError,
+        400..=499 if is_context_length(body) => Reason::ContextLength,
+        _ => Reason::ClientError,
+    }
+}
+
+/// Context-window overflow, as OpenAI (`context_length_exceeded`), Anthropic
+/// ("prompt is too long") and vLLM ("maximum context length") word it.
+pub fn is_context_length(body: &[u8]) -> bool {
+    const NEEDLES: [&[u8]; 4] = [
+        b"context_length_exceeded",
+        b"prompt is too long",
+        b"maximum context length",
+        b"context length",
+    ];
+    NEEDLES.iter().any(|n| memchr::memmem::find(body, n).is_some())
+}
+
+/// Retry-After as a duration: `retry-after-ms` (OpenAI) first, then `Retry-After` in
+/// seconds or as an HTTP date.
+pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    {
+        return Some(Duration::from_millis(ms as u64));
+    }
+    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// May the same target be tried again after this failure (attempts permitting)?
+pub fn retryable(reason: Reason, status: Option<u16>, retry: &Retry) -> bool {
+    // A context-length answer is never retried, even if its status is listed.
+    if reason == Reason::ContextLength {
+        return false;
+    }
+    match (reason, status) {
+        (Reason::ConnectionError, _) => true,
+        // Attempt timeouts, context length and skips advance at once.
+        (Reason::Timeout | Reason::Budget, None) => false,
+        (_, Some(s)) => match &retry.on_status_codes {
+            Some(list) => list.contains(&s),
+            None => s == 408 || s == 429 || (500..=599).contains(&s),
+        },
+        _ => false,
+    }
+}
+
+/// May the chain move on to the next target after this failure?
+pub fn may_advance(reason: Reason, status: Option<u16>, fallback: &Fallback) -> bool {
+    if status.is_some_and(|s| fallback.on_status_codes.contains(&s)) {
+        return true;
+    }
+    match reason {
+        // Skips always advance: nothing was sent, so nothing else could answer.
+        Reason::MissingKey | Reason::UnsupportedSurface | Reason::Parked => true,
+        other => other.class().is_some_and(|c| fallback.on.contains(&c)),
+    }
+}
+
+/// Full-jitter backoff before retry number `retry` (1 = the first retry):
+/// uniform in `[0, min(maxBackoff, initialBackoff * 2^(retry-1)))`.
+pub fn backoff(retry: u32, policy: &Retry, unit: f64) -> Duration {
+    let exp = policy
+        .initial_backoff_ms
+        .saturating_mul(1u64 << (retry.saturating_sub(1)).min(20));
+    let cap = exp.min(policy.max_backoff_ms);
+    Duration::from_micros((cap as f64 * 1000.0 * unit.clamp(0.0, 1.0)) as u64)
+}
+
+/// The per-attempt deadline: the target's timeout, never past the call's budget.
+pub fn attempt_deadline(
+    now: tokio::time::Instant,
+    target: &Target,
+    budget: tokio::time::Instant,
+) -> tokio::time::Instant {
+    match target.timeout_ms {
+        Some(ms) => (now + Duration::from_millis(ms)).min(budget),
+        None => budget,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    fn retry_default() -> Retry {
+        Retry {
+            attempts: 3,
+            ..Retry::default()
+        }
+    }
+
+    #[test]
+    fn classifies_every_row_of_the_outcome_table() {
+        assert_eq!(classify_status(429, b""), Reason::RateLimited);
+        assert_eq!(classify_status(408, b""), Reason::Timeout);
+        for s in [500, 502, 503, 504, 529] {
+            assert_eq!(classify_status(s, b""), Reason::Status5xx);
+        }
+        assert_eq!(classify_status(401, b""), Reason::AuthError);
+        assert_eq!(classify_status(403, b""), Reason::AuthError);
+        assert_eq!(classify_status(404, b"{}"), Reason::ClientError);
+        assert_eq!(classify_status(422, b"{}"), Reason::ClientError);
+        let openai = br#"{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        let anthropic = br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
+        let vllm = br#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens","type":"BadRequestError","code":400}"#;
+        for body in [&openai[..], &anthropic[..], &vllm[..]] {
+            assert_eq!(classify_status(400, body), Reason::ContextLength);
+        }
+    }
+
+    #[test]
+    fn default_retry_set_is_transport_408_429_and_5xx() {
+        let r = retry_default();
+        assert!(retryable(Reason::ConnectionError, None, &r));
+        assert!(retryable(Reason::Timeout, Some(408), &r));
+        assert!(retryable(Reason::RateLimited, Some(429), &r));
+        assert!(retryable(Reason::Status5xx, Some(500), &r));
+        assert!(!retryable(Reason::Timeout, None, &r), "attempt timeouts advance at once");
+        assert!(!retryable(Reason::ContextLength, Some(400), &r));
+        assert!(!retryable(Reason::AuthError, Some(401), &r));
+        assert!(!retryable(Reason::ClientError, Some(404), &r));
+    }
+
+    #[test]
+    fn listed_statuses_replace_the_default_set() {
+        let r = Retry {
+            on_status_codes: Some(vec![503, 409]),
+            ..retry_default()
+        };
+        assert!(retryable(Reason::Status5xx, Some(503), &r));
+        assert!(!retryable(Reason::Status5xx, Some(500), &r));
+        assert!(retryable(Reason::ClientError, Some(409), &r));
+        assert!(retryable(Reason::ConnectionError, None, &r), "transport errors always retry");
+        let r = Retry {
+            on_status_codes: Some(vec![400]),
+            ..retry_default()
+        };
+        assert!(!retryable(Reason::ContextLength, Some(400), &r));
+    }
+
+    #[test]
+    fn advancing_follows_fallback_on() {
+        let f = Fallback::default();
+        for r in [
+            Reason::Status5xx,
+            Reason::RateLimited,
+            Reason::Timeout,
+            Reason::Budget,
+            Reason::ConnectionError,
+            Reason::ContextLength,
+            Reason::MissingKey,
+            Reason::Parked,
+        ] {
+            assert!(may_advance(r, None, &f), "{r:?}");
+        }
+        assert!(!may_advance(Reason::AuthError, Some(401), &f), "authError is opt-in");
+        assert!(!may_advance(Reason::ClientError, Some(400), &f));
+        let f = Fallback {
+            on: vec![FailureClass::AuthError],
+            on_status_codes: vec![404],
+            ..Fallback::default()
+        };
+        assert!(may_advance(Reason::AuthError, Some(403), &f));
+        assert!(may_advance(Reason::ClientError, Some(404), &f));
+        assert!(!may_advance(Reason::Status5xx, Some(500), &f));
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_doubling_and_capped() {
+        let r = Retry {
+            initial_backoff_ms: 100,
+            max_backoff_ms: 250,
+            ..retry_default()
+        };
+        assert_eq!(backoff(1, &r, 0.0), Duration::ZERO);
+        assert_eq!(backoff(1, &r, 0.5), Duration::from_millis(50));
+        assert_eq!(backoff(2, &r, 0.5), Duration::from_millis(100));
+        assert_eq!(backoff(3, &r, 0.5), Duration::from_millis(125), "capped at maxBackoff");
+        assert_eq!(backoff(40, &r, 0.999), Duration::from_micros(249_750));
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h, now), None);
+        h.insert("retry-after", HeaderValue::from_static("7"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(7)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(12));
+        h.insert("retry-after", HeaderValue::from_str(&later).unwrap());
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(12)));
+        h.insert("retry-after-ms", HeaderValue::from_static("1500"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(1500)));
+        h.insert("retry-after-ms", HeaderValue::from_static("soon"));
+        h.insert("retry-after", HeaderValue::from_static("garbage"));
+        assert_eq!(retry_after(&h, now), None);
+    }
+}

@@ -1,0 +1,229 @@
+//! HTTP front: the data-plane endpoints (OpenAI- and Anthropic-compatible) and the
+//! admin endpoints. Handlers pick the route by the body's `model`, hand the call to
+//! the attempt pipeline, and stamp the `x-switchback-*` and `x-request-id` headers
+//! on every response.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use crate::attempt::{self, Call};
+use crate::gateway::Gateway;
+use crate::rewrite::JsonStr;
+use crate::surface::{self, Surface, Wire};
+
+pub const X_ROUTE: HeaderName = HeaderName::from_static("x-switchback-route");
+pub const X_ATTEMPTS: HeaderName = HeaderName::from_static("x-switchback-attempts");
+pub const X_FALLBACKS: HeaderName = HeaderName::from_static("x-switchback-fallbacks");
+pub const X_TARGET: HeaderName = HeaderName::from_static("x-switchback-target");
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+pub fn data_router(gw: Arc<Gateway>) -> Router {
+    let limit = gw.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
+        .route("/v1/models", get(models))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(gw)
+}
+
+pub fn admin_router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/admin/v1/config", get(config))
+        .with_state(gw)
+}
+
+async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response<Body> {
+    handle(&gw, Surface::ChatCompletions, headers, body).await
+}
+
+async fn embeddings(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response<Body> {
+    handle(&gw, Surface::Embeddings, headers, body).await
+}
+
+async fn messages(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response<Body> {
+    handle(&gw, Surface::Messages, headers, body).await
+}
+
+/// The two fields the proxy reads from a request body; everything else is forwarded
+/// untouched.
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+async fn handle(
+    gw: &Gateway,
+    surface: Surface,
+    mut headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response<Body> {
+    let request_id = match headers.get(X_REQUEST_ID) {
+        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
+        _ => {
+            let id = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+            headers.insert(X_REQUEST_ID, id.clone());
+            id
+        }
+    };
+    let wire = surface.wire();
+    let mut response = match body {
+        Err(rejection) => {
+            let status = rejection.status();
+            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("the request body is larger than the limit of {} bytes", gw.max_body_bytes)
+            } else {
+                rejection.body_text()
+            };
+            gateway_error(wire, status, "invalid_request", &message)
+        }
+        Ok(body) => route_and_run(gw, surface, &headers, body).await,
+    };
+    response.headers_mut().insert(X_REQUEST_ID, request_id);
+    response
+}
+
+async fn route_and_run(gw: &Gateway, surface: Surface, headers: &HeaderMap, body: Bytes) -> Response<Body> {
+    let wire = surface.wire();
+    let peek: Peek<'_> = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => {
+            return gateway_error(
+                wire,
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                &format!("the request body is not valid JSON: {e}"),
+            );
+        }
+    };
+    let Some(model) = peek.model else {
+        return gateway_error(wire, StatusCode::BAD_REQUEST, "invalid_request", "the request has no \"model\"");
+    };
+    let snapshot = gw.snapshot();
+    let Some(route) = snapshot.routes.get(model.as_ref()) else {
+        return gateway_error(
+            wire,
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            &format!("no route serves the model {model:?}"),
+        );
+    };
+    let call = Call {
+        surface,
+        client_model: &model,
+        client_model_json: JsonStr::new(&model),
+        stream: surface != Surface::Embeddings && peek.stream.unwrap_or(false),
+        body: body.clone(),
+        client_headers: headers,
+    };
+    let outcome = attempt::run(gw, route, &call).await;
+    if outcome.fallbacks > 0 || outcome.target.is_none() {
+        tracing::info!(route = %route.spec.id, model = %model, attempts = outcome.attempts,
+            fallbacks = outcome.fallbacks, status = outcome.response.status().as_u16(),
+            log = ?outcome.log, "request fell back or failed");
+    }
+    let mut response = outcome.response;
+    let h = response.headers_mut();
+    h.insert(X_ROUTE, route.route_header.clone());
+    h.insert(X_ATTEMPTS, HeaderValue::from(outcome.attempts));
+    h.insert(X_FALLBACKS, HeaderValue::from(outcome.fallbacks));
+    if let Some(t) = outcome.target {
+        h.insert(X_TARGET, t);
+    }
+    response
+}
+
+fn gateway_error(wire: Wire, status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let body = surface::error_body(wire, status.as_u16(), code, message, &[]);
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(X_ATTEMPTS, HeaderValue::from(0u32));
+    r.headers_mut().insert(X_FALLBACKS, HeaderValue::from(0u32));
+    r
+}
+
+/// `GET /v1/models`: every model name a route serves, in the OpenAI list shape, or
+/// the Anthropic one when the client sends `anthropic-version`.
+async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response<Body> {
+    let snapshot = gw.snapshot();
+    let names = snapshot.route_list.iter().flat_map(|r| r.spec.models.iter());
+    let body = if headers.contains_key("anthropic-version") {
+        let data: Vec<_> = names
+            .map(|m| serde_json::json!({"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}))
+            .collect();
+        let first = data.first().map(|d| d["id"].clone());
+        let last = data.last().map(|d| d["id"].clone());
+        serde_json::json!({"data": data, "has_more": false, "first_id": first, "last_id": last})
+    } else {
+        let data: Vec<_> = names
+            .map(|m| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "switchback"}))
+            .collect();
+        serde_json::json!({"object": "list", "data": data})
+    };
+    json_response(StatusCode::OK, &body)
+}
+
+fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Body> {
+    let mut r = Response::new(Body::from(serde_json::to_vec_pretty(body).unwrap_or_default()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+async fn readyz(State(gw): State<Arc<Gateway>>) -> (StatusCode, &'static str) {
+    if gw.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no config loaded yet\n")
+    }
+}
+
+/// `GET /admin/v1/config`: the compiled config being served (no key material: keys
+/// live apart from it), which credentials have a key, and the load report.
+async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
+    let snapshot = gw.snapshot();
+    let credentials: Vec<_> = snapshot
+        .config
+        .credentials
+        .iter()
+        .map(|c| {
+            let mut v = serde_json::to_value(c).unwrap_or_default();
+            let has_key = snapshot.credentials.get(&c.id).is_some_and(|rt| rt.headers.is_some());
+            v["keyPresent"] = serde_json::Value::Bool(has_key);
+            v
+        })
+        .collect();
+    let body = serde_json::json!({
+        "ready": gw.is_ready(),
+        "load": gw.report(),
+        "routes": snapshot.config.routes,
+        "credentials": credentials,
+    });
+    json_response(StatusCode::OK, &body)
+}

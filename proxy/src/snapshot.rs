@@ -1,0 +1,260 @@
+//! The serving snapshot: a compiled config prepared for the request path (routes
+//! indexed by model name, upstream URLs and auth headers built, HTTP clients chosen)
+//! plus the per-target runtime state that outlives reloads.
+//!
+//! Preparing is fallible and happens off the request path; the result is swapped in
+//! whole (see `reload`), and each request holds the one snapshot it started with.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use switchback_crds::compile::Compiled;
+use switchback_crds::config::{CompiledConfig, Credential, ObjectId, Provider, Route, Target};
+
+use crate::rewrite::JsonStr;
+use crate::surface::Surface;
+
+/// Runtime facts about one target (credential + upstream model), shared by every
+/// route and snapshot that uses it, updated with atomics from the request path.
+#[derive(Debug, Default)]
+pub struct TargetState {
+    /// Milliseconds on the proxy clock until which the target is parked after a 429.
+    parked_until_ms: AtomicU64,
+    /// Smoothed latency in microseconds; 0 = never measured.
+    latency_ewma_us: AtomicU64,
+}
+
+impl TargetState {
+    pub fn parked_until_ms(&self) -> u64 {
+        self.parked_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Park until `until_ms`, never shortening an existing park.
+    pub fn park_until(&self, until_ms: u64) {
+        self.parked_until_ms.fetch_max(until_ms, Ordering::Relaxed);
+    }
+
+    pub fn latency_ewma_us(&self) -> u64 {
+        self.latency_ewma_us.load(Ordering::Relaxed)
+    }
+
+    /// Fold one measurement in (weight 0.2 for the new sample).
+    pub fn observe_latency(&self, sample: Duration) {
+        let sample = (sample.as_micros() as u64).max(1);
+        let _ = self
+            .latency_ewma_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 { sample } else { (old * 4 + sample) / 5 })
+            });
+    }
+}
+
+/// Identity of a target's runtime state: circuit, parking and latency belong to the
+/// pair (credential, upstream model), whichever routes use it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TargetKey {
+    pub credential: ObjectId,
+    pub model: Option<String>,
+}
+
+/// Keeps [`TargetState`]s alive across reloads; only touched while preparing.
+#[derive(Debug, Default)]
+pub struct TargetStates(Mutex<HashMap<TargetKey, Arc<TargetState>>>);
+
+impl TargetStates {
+    fn get_or_create(map: &mut HashMap<TargetKey, Arc<TargetState>>, key: TargetKey) -> Arc<TargetState> {
+        map.entry(key).or_default().clone()
+    }
+}
+
+/// The two upstream HTTP clients. Both pool connections (HTTP/1.1 keep-alive, HTTP/2
+/// by ALPN); `public` refuses to connect to names that resolve to private addresses.
+#[derive(Clone, Debug)]
+pub struct Clients {
+    pub public: reqwest::Client,
+    pub private: reqwest::Client,
+}
+
+#[derive(Debug)]
+pub struct CredentialRt {
+    pub spec: Credential,
+    /// Rendered `namespace/name`, the `x-switchback-target` value.
+    pub target_header: HeaderValue,
+    /// Upstream URL per surface (indexed by `Surface::index`).
+    pub urls: [reqwest::Url; 3],
+    /// Static headers plus the auth header; `None` when the key is missing.
+    pub headers: Option<HeaderMap>,
+    pub client: reqwest::Client,
+}
+
+#[derive(Debug)]
+pub struct TargetRt {
+    pub spec: Target,
+    pub credential: Arc<CredentialRt>,
+    pub state: Arc<TargetState>,
+    /// `namespace/name` of the credential, for attempt logs.
+    pub label: String,
+    /// The upstream model as a JSON literal, spliced into request bodies.
+    pub upstream_model_json: Option<JsonStr>,
+}
+
+#[derive(Debug)]
+pub struct RouteRt {
+    pub spec: Route,
+    pub route_header: HeaderValue,
+    pub targets: Vec<TargetRt>,
+}
+
+/// What one request sees of the config.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub config: CompiledConfig,
+    pub routes: HashMap<String, Arc<RouteRt>>,
+    /// Every route, in config order (for `/v1/models`).
+    pub route_list: Vec<Arc<RouteRt>>,
+    pub credentials: HashMap<ObjectId, Arc<CredentialRt>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("{credential}: {field}: {message}")]
+    Credential {
+        credential: ObjectId,
+        field: &'static str,
+        message: String,
+    },
+    #[error("{route}: spec.targets[{index}].credentialRef: credential {credential} is not in the config")]
+    DanglingCredential {
+        route: ObjectId,
+        index: usize,
+        credential: ObjectId,
+    },
+    #[error("model {model:?} is served by both {first} and {second}")]
+    DuplicateModel {
+        model: String,
+        first: ObjectId,
+        second: ObjectId,
+    },
+}
+
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Build the serving snapshot. Fails without side effects on the live config.
+pub fn prepare(compiled: &Compiled, clients: &Clients, states: &TargetStates) -> Result<Snapshot, PrepareError> {
+    let mut credentials = HashMap::new();
+    for c in &compiled.config.credentials {
+        credentials.insert(c.id.clone(), Arc::new(prepare_credential(c, compiled, clients)?));
+    }
+    let mut states_map = states.0.lock().unwrap_or_else(|p| p.into_inner());
+    let mut routes = HashMap::new();
+    let mut route_list = Vec::new();
+    for r in &compiled.config.routes {
+        let mut targets = Vec::with_capacity(r.targets.len());
+        for (index, t) in r.targets.iter().enumerate() {
+            let credential = credentials
+                .get(&t.credential)
+                .cloned()
+                .ok_or_else(|| PrepareError::DanglingCredential {
+                    route: r.id.clone(),
+                    index,
+                    credential: t.credential.clone(),
+                })?;
+            let key = TargetKey {
+                credential: t.credential.clone(),
+                model: t.model.clone(),
+            };
+            targets.push(TargetRt {
+                spec: t.clone(),
+                state: TargetStates::get_or_create(&mut states_map, key),
+                label: t.credential.to_string(),
+                upstream_model_json: t.model.as_deref().map(JsonStr::new),
+                credential,
+            });
+        }
+        let route = Arc::new(RouteRt {
+            route_header: header_value(&r.id.to_string()),
+            spec: r.clone(),
+            targets,
+        });
+        for m in &r.models {
+            if let Some(prev) = routes.insert(m.clone(), route.clone()) {
+                return Err(PrepareError::DuplicateModel {
+                    model: m.clone(),
+                    first: prev.spec.id.clone(),
+                    second: r.id.clone(),
+                });
+            }
+        }
+        route_list.push(route);
+    }
+    // Forget state of targets no config uses any more.
+    states_map.retain(|_, s| Arc::strong_count(s) > 1);
+    Ok(Snapshot {
+        config: compiled.config.clone(),
+        routes,
+        route_list,
+        credentials,
+    })
+}
+
+fn header_value(s: &str) -> HeaderValue {
+    // Object names are DNS labels: always valid header values.
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+fn prepare_credential(c: &Credential, compiled: &Compiled, clients: &Clients) -> Result<CredentialRt, PrepareError> {
+    let err = |field: &'static str, message: String| PrepareError::Credential {
+        credential: c.id.clone(),
+        field,
+        message,
+    };
+    let url = |s: Surface| {
+        reqwest::Url::parse(&format!("{}{}", c.base_url, s.upstream_path()))
+            .map_err(|e| err("spec.baseURL", format!("{:?} is not a valid URL: {e}", c.base_url)))
+    };
+    let urls = [
+        url(Surface::ChatCompletions)?,
+        url(Surface::Embeddings)?,
+        url(Surface::Messages)?,
+    ];
+    let headers = match compiled.keys.get(&c.id) {
+        None => None,
+        Some(key) => {
+            let mut h = HeaderMap::with_capacity(c.headers.len() + 2);
+            for (name, value) in &c.headers {
+                let n = HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| err("spec.headers", format!("{name:?} is not a valid header name")))?;
+                let v = HeaderValue::from_str(value)
+                    .map_err(|_| err("spec.headers", format!("the value of {name:?} is not a valid header value")))?;
+                h.insert(n, v);
+            }
+            let (name, value) = match c.provider {
+                Provider::Anthropic => {
+                    h.insert("anthropic-version", HeaderValue::from_static(ANTHROPIC_VERSION));
+                    ("x-api-key", key.expose().clone())
+                }
+                Provider::Openai | Provider::OpenaiCompatible => ("authorization", format!("Bearer {}", key.expose())),
+            };
+            // The message never includes the value: it is key material.
+            let mut v = HeaderValue::from_str(&value)
+                .map_err(|_| err("secretRef", "the key contains characters not allowed in a header".into()))?;
+            v.set_sensitive(true);
+            h.insert(name, v);
+            Some(h)
+        }
+    };
+    Ok(CredentialRt {
+        target_header: header_value(&c.id.to_string()),
+        urls,
+        headers,
+        client: if c.allow_private_network {
+            clients.private.clone()
+        } else {
+            clients.public.clone()
+        },
+        spec: c.clone(),
+    })
+}

@@ -1,0 +1,146 @@
+//! The client-facing APIs the proxy serves (OpenAI chat completions and embeddings,
+//! Anthropic messages): which providers can answer each, the upstream path, and the
+//! error bodies in each API's own shape.
+
+use bytes::Bytes;
+use serde::Serialize;
+use switchback_crds::config::Provider;
+
+/// The wire format a client speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    OpenAi,
+    Anthropic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Surface {
+    ChatCompletions,
+    Embeddings,
+    Messages,
+}
+
+impl Surface {
+    pub fn wire(self) -> Wire {
+        match self {
+            Self::ChatCompletions | Self::Embeddings => Wire::OpenAi,
+            Self::Messages => Wire::Anthropic,
+        }
+    }
+
+    /// Appended to the credential's base URL.
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "/chat/completions",
+            Self::Embeddings => "/embeddings",
+            Self::Messages => "/messages",
+        }
+    }
+
+    /// Whether a provider speaks this surface natively. Cross-provider translation is
+    /// not built yet: a target that cannot serve the surface is skipped.
+    pub fn served_by(self, provider: Provider) -> bool {
+        match self {
+            Self::ChatCompletions | Self::Embeddings => {
+                matches!(provider, Provider::Openai | Provider::OpenaiCompatible)
+            }
+            Self::Messages => provider == Provider::Anthropic,
+        }
+    }
+
+    pub const ALL: [Surface; 3] = [Self::ChatCompletions, Self::Embeddings, Self::Messages];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One entry of the `attempts` list added to gateway error bodies.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptView<'a> {
+    pub target: &'a str,
+    pub model: &'a str,
+    pub status: Option<u16>,
+    pub reason: &'static str,
+    pub duration_ms: u64,
+}
+
+/// An error the gateway itself answers (as opposed to an upstream response passed
+/// through), in the client's wire shape.
+pub fn error_body(wire: Wire, status: u16, code: &str, message: &str, attempts: &[AttemptView<'_>]) -> Bytes {
+    let body = match wire {
+        Wire::OpenAi => serde_json::json!({"error": {
+            "message": message,
+            "type": openai_type(status),
+            "code": code,
+            "attempts": attempts,
+        }}),
+        Wire::Anthropic => serde_json::json!({"type": "error", "error": {
+            "type": anthropic_type(status),
+            "message": message,
+            "code": code,
+            "attempts": attempts,
+        }}),
+    };
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+fn openai_type(status: u16) -> &'static str {
+    match status {
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    }
+}
+
+fn anthropic_type(status: u16) -> &'static str {
+    match status {
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        503 => "overloaded_error",
+        504 => "timeout_error",
+        _ => "api_error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_shapes_match_each_api() {
+        let a = [AttemptView {
+            target: "team-a/openai",
+            model: "gpt-4o",
+            status: Some(503),
+            reason: "status5xx",
+            duration_ms: 12,
+        }];
+        let v: serde_json::Value =
+            serde_json::from_slice(&error_body(Wire::OpenAi, 502, "all_providers_failed", "m", &a)).unwrap();
+        assert_eq!(v["error"]["code"], "all_providers_failed");
+        assert_eq!(v["error"]["type"], "server_error");
+        assert_eq!(v["error"]["message"], "m");
+        assert_eq!(v["error"]["attempts"][0]["durationMs"], 12);
+        assert_eq!(v["error"]["attempts"][0]["status"], 503);
+        let v: serde_json::Value =
+            serde_json::from_slice(&error_body(Wire::Anthropic, 404, "model_not_found", "m", &[])).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "not_found_error");
+        assert_eq!(v["error"]["code"], "model_not_found");
+    }
+
+    #[test]
+    fn surfaces_map_to_providers() {
+        assert!(Surface::ChatCompletions.served_by(Provider::OpenaiCompatible));
+        assert!(!Surface::ChatCompletions.served_by(Provider::Anthropic));
+        assert!(Surface::Messages.served_by(Provider::Anthropic));
+        assert!(!Surface::Messages.served_by(Provider::Openai));
+        for (i, s) in Surface::ALL.iter().enumerate() {
+            assert_eq!(s.index(), i);
+        }
+    }
+}

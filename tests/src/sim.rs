@@ -1,0 +1,996 @@
+//! Simulated LLM providers: in-process HTTP servers speaking the OpenAI or Anthropic
+//! wire format, scripted per request.
+//!
+//! This module owns the provider side of every Switchback test, demo and benchmark:
+//! what a provider answers (including the ways real providers fail), and a record of
+//! what it was sent. Each [`SimProvider`] binds `127.0.0.1:0`, keeps its state in
+//! its own handle (no globals, so tests run in parallel), and only ever waits with
+//! tokio timers or on futures that never complete, so it works under a paused clock
+//! (`#[tokio::test(start_paused = true)]`).
+//!
+//! Scripting: every request takes the next [`Behavior`] from a queue ([`SimProvider::push`])
+//! and falls back to a default ([`SimProvider::set_default`], initially
+//! [`Behavior::Answer`]) when the queue is empty. Requests are recorded on arrival,
+//! before their behaviour runs.
+//!
+//! Bodies follow the providers' real shapes; the pure functions that render them
+//! ([`openai_completion`], [`anthropic_message`], [`openai_stream_events`], …) are
+//! public so tests can build expected values. Identifiers and timestamps are fixed so
+//! that whole bodies can be compared.
+//!
+//! Routes: OpenAI flavor serves `POST /v1/chat/completions`, `POST /v1/embeddings`,
+//! `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`.
+//! Any other path still consumes a behaviour; answering behaviours turn into a 404 in
+//! the flavor's error shape there, failure behaviours fail as scripted.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{AbortHandle, JoinSet};
+
+/// Fixed `created` timestamp (seconds) in every OpenAI object, for comparable bodies.
+pub const CREATED: u64 = 1_700_000_000;
+/// Fixed id of every OpenAI chat completion (and of its stream chunks).
+pub const OPENAI_ID: &str = "chatcmpl-switchback-sim";
+/// Fixed id of every Anthropic message.
+pub const ANTHROPIC_ID: &str = "msg_switchback_sim";
+/// `prompt_tokens` / `input_tokens` reported in every usage block.
+pub const PROMPT_TOKENS: u64 = 10;
+/// Model ids listed by `GET /v1/models`.
+pub const SIM_MODELS: [&str; 2] = ["sim-chat", "sim-embedding"];
+/// Dimensions of every simulated embedding vector.
+pub const EMBEDDING_DIMS: usize = 8;
+/// Model echoed when the request names none (e.g. a body that is not JSON).
+pub const DEFAULT_MODEL: &str = "sim-model";
+
+/// Wire format a simulated provider speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    OpenAi,
+    Anthropic,
+}
+
+/// How a provider words a context-length overflow (the proxy must recognise all three).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContextWording {
+    /// OpenAI: `code: "context_length_exceeded"`.
+    OpenAi,
+    /// Anthropic: `"prompt is too long: … tokens > … maximum"`.
+    Anthropic,
+    /// vLLM (OpenAI-compatible): "maximum context length" in the message, no string code.
+    Vllm,
+}
+
+/// What the simulator does with one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Behavior {
+    /// 200 with a well-formed response in the flavor's shape: chat completion /
+    /// message (text [`answer_text`]), embeddings list, or models list, by path. A
+    /// request with `"stream": true` gets the same text as a stream, one word per delta.
+    /// `model` echoes the request's model.
+    Answer,
+    /// Like [`Behavior::Answer`] with the given text.
+    AnswerText(String),
+    /// 200 `text/event-stream` whose content is [`stream_pieces`]`(name, chunks)`, one
+    /// event per body chunk, `interval` between events (none before the first).
+    Stream { chunks: usize, interval: Duration },
+    /// Arbitrary status; `body` defaults to [`error_body`] for the status (JSON), a
+    /// given body is sent as is (`application/json` when it parses as JSON).
+    Status { status: u16, body: Option<String>, retry_after: Option<String> },
+    /// 429 with `retry-after: <secs>` and a rate-limit error body.
+    RateLimited { retry_after_secs: u64 },
+    /// The given 5xx (or any) status with the flavor's error body for it.
+    ServerError(u16),
+    /// Never answers. When the client goes away the handler is dropped and
+    /// [`SimProvider::cancelled`] counts it.
+    Hang,
+    /// Waits (tokio timer), then behaves.
+    Delay(Duration, Box<Behavior>),
+    /// Closes the connection without any response: a transport error for the client.
+    Reset,
+    /// 200 stream that sends its first `chunks` events, then nothing, forever, without
+    /// closing.
+    StallMidStream { chunks: usize },
+    /// 200 stream that sends its first `chunks` events, then aborts the connection.
+    BreakMidStream { chunks: usize },
+    /// 400 context-length overflow in the given provider's wording.
+    ContextLength(ContextWording),
+    /// 200 `text/event-stream` whose first (and only) event is an overload error.
+    StreamErrorFirst,
+}
+
+impl Behavior {
+    /// `Delay(after, Box::new(self))`, for readable scripts.
+    pub fn after(self, after: Duration) -> Behavior {
+        Behavior::Delay(after, Box::new(self))
+    }
+}
+
+/// One request as the simulator received it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: Method,
+    /// Path and query, as sent (e.g. `/v1/chat/completions`).
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The body parsed as JSON, when it is JSON.
+    pub json: Option<Value>,
+}
+
+impl Received {
+    /// The `model` field of the JSON body, if any.
+    pub fn model(&self) -> Option<&str> {
+        self.json.as_ref()?.get("model")?.as_str()
+    }
+
+    /// A header's value as text, if present and visible ASCII.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)?.to_str().ok()
+    }
+}
+
+/// Handle to a running simulated provider. Clones share the server; it stops when the
+/// last clone is dropped or on [`SimProvider::shutdown`].
+#[derive(Clone)]
+pub struct SimProvider {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Arc<State>,
+    addr: SocketAddr,
+    server: AbortHandle,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Aborting the accept loop drops its JoinSet, which aborts every connection.
+        self.server.abort();
+    }
+}
+
+struct State {
+    name: String,
+    flavor: Flavor,
+    queue: Mutex<VecDeque<Behavior>>,
+    default: Mutex<Behavior>,
+    received: Mutex<Vec<Received>>,
+    recording: AtomicBool,
+    // Counters live in watch channels so tests can await them instead of polling,
+    // which also keeps them deterministic under a paused clock.
+    hits: watch::Sender<usize>,
+    cancelled: watch::Sender<usize>,
+}
+
+// A poisoned lock only means another test thread panicked; the data is still usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl fmt::Debug for SimProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimProvider")
+            .field("name", &self.inner.state.name)
+            .field("flavor", &self.inner.state.flavor)
+            .field("addr", &self.inner.addr)
+            .finish()
+    }
+}
+
+impl SimProvider {
+    /// Starts a provider named `"sim"`.
+    pub async fn start(flavor: Flavor) -> SimProvider {
+        Self::start_named("sim", flavor).await
+    }
+
+    /// Starts a provider whose answers say `name` (see [`answer_text`]).
+    ///
+    /// Panics when no loopback port can be bound: this is test support.
+    pub async fn start_named(name: impl Into<String>, flavor: Flavor) -> SimProvider {
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("sim: bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("sim: local_addr");
+        let state = Arc::new(State {
+            name: name.into(),
+            flavor,
+            queue: Mutex::new(VecDeque::new()),
+            default: Mutex::new(Behavior::Answer),
+            received: Mutex::new(Vec::new()),
+            recording: AtomicBool::new(true),
+            hits: watch::Sender::new(0),
+            cancelled: watch::Sender::new(0),
+        });
+        let server = tokio::spawn(serve(listener, state.clone())).abort_handle();
+        SimProvider {
+            inner: Arc::new(Inner {
+                state,
+                addr,
+                server,
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.state.name
+    }
+
+    pub fn flavor(&self) -> Flavor {
+        self.inner.state.flavor
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// `http://127.0.0.1:PORT/v1`, the form a provider base URL takes.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.inner.addr)
+    }
+
+    /// Full URL of the flavor's generation endpoint (`/v1/chat/completions` or
+    /// `/v1/messages`).
+    pub fn endpoint(&self) -> String {
+        match self.flavor() {
+            Flavor::OpenAi => format!("{}/chat/completions", self.base_url()),
+            Flavor::Anthropic => format!("{}/messages", self.base_url()),
+        }
+    }
+
+    /// Queues a behaviour for the next request that finds the queue non-empty.
+    pub fn push(&self, b: Behavior) {
+        lock(&self.inner.state.queue).push_back(b);
+    }
+
+    /// Behaviour for requests that find the queue empty (initially [`Behavior::Answer`]).
+    pub fn set_default(&self, b: Behavior) {
+        *lock(&self.inner.state.default) = b;
+    }
+
+    /// Queued behaviours not consumed yet.
+    pub fn queued(&self) -> usize {
+        lock(&self.inner.state.queue).len()
+    }
+
+    /// Requests received so far, in arrival order (empty while recording is off).
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.inner.state.received).clone()
+    }
+
+    /// Returns and forgets the recorded requests.
+    pub fn take_received(&self) -> Vec<Received> {
+        std::mem::take(&mut *lock(&self.inner.state.received))
+    }
+
+    /// Turns request recording on or off (on by default); benchmarks turn it off so
+    /// memory stays flat. [`SimProvider::hits`] counts either way.
+    pub fn set_recording(&self, on: bool) {
+        self.inner.state.recording.store(on, Ordering::Relaxed);
+    }
+
+    /// Requests received so far.
+    pub fn hits(&self) -> usize {
+        *self.inner.state.hits.borrow()
+    }
+
+    /// Requests abandoned by the client before the simulator finished answering: the
+    /// handler was dropped (e.g. [`Behavior::Hang`], a pending [`Behavior::Delay`]) or
+    /// a stream body was dropped before its end (e.g. [`Behavior::StallMidStream`]).
+    pub fn cancelled(&self) -> usize {
+        *self.inner.state.cancelled.borrow()
+    }
+
+    /// Waits until at least `n` requests have arrived. Wrap in a timeout.
+    pub async fn wait_hits(&self, n: usize) {
+        wait_at_least(&self.inner.state.hits, n).await;
+    }
+
+    /// Waits until at least `n` requests were abandoned by their client. Wrap in a
+    /// timeout.
+    pub async fn wait_cancelled(&self, n: usize) {
+        wait_at_least(&self.inner.state.cancelled, n).await;
+    }
+
+    /// Stops serving now: open connections are dropped and new ones refused, so the
+    /// provider looks down (connection refused). Other clones see the same.
+    pub fn shutdown(&self) {
+        self.inner.server.abort();
+    }
+}
+
+async fn wait_at_least(counter: &watch::Sender<usize>, n: usize) {
+    let mut rx = counter.subscribe();
+    // The sender lives as long as `counter`, which the caller borrows: never closed.
+    let _ = rx.wait_for(|v| *v >= n).await;
+}
+
+/// Accept loop. Connections run in a JoinSet owned by this task, so aborting the task
+/// ends every connection with it.
+async fn serve(listener: TcpListener, state: Arc<State>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((tcp, _)) = accepted else {
+                    // Out of file descriptors and the like: back off rather than spin.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = tcp.set_nodelay(true);
+                let state = state.clone();
+                conns.spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    // HTTP/1.1, and h2c for prior-knowledge clients. Errors are expected
+                    // (Reset, BreakMidStream, clients going away) and carry no information.
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+            // Reap finished connections so the set does not grow over a benchmark.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Returned by the service to make hyper close the connection without a response.
+#[derive(Debug)]
+struct ResetConnection;
+
+impl fmt::Display for ResetConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("simulated connection reset")
+    }
+}
+
+impl std::error::Error for ResetConnection {}
+
+/// Counts a request as cancelled if dropped before [`CancelGuard::finish`].
+struct CancelGuard {
+    state: Option<Arc<State>>,
+}
+
+impl CancelGuard {
+    fn finish(mut self) {
+        self.state = None;
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.take() {
+            state.cancelled.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Messages,
+    Embeddings,
+    Models,
+    Unknown,
+}
+
+/// What the renderers need to know about the request.
+struct Ctx {
+    flavor: Flavor,
+    name: String,
+    endpoint: Endpoint,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+    inputs: usize,
+    request_id: String,
+}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ResetConnection> {
+    let (parts, body) = req.into_parts();
+    // The whole body is read before anything else: recording it is the point. A client
+    // that goes away mid-body never arrived.
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Err(ResetConnection),
+    };
+    let json: Option<Value> = serde_json::from_slice(&body).ok();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let flavor = state.flavor;
+    let endpoint = match (flavor, &parts.method, parts.uri.path()) {
+        (Flavor::OpenAi, &Method::POST, "/v1/chat/completions") => Endpoint::Chat,
+        (Flavor::OpenAi, &Method::POST, "/v1/embeddings") => Endpoint::Embeddings,
+        (Flavor::Anthropic, &Method::POST, "/v1/messages") => Endpoint::Messages,
+        (_, &Method::GET, "/v1/models") => Endpoint::Models,
+        _ => Endpoint::Unknown,
+    };
+    let field = |k: &str| json.as_ref().and_then(|j| j.get(k));
+    let inputs = match field("input") {
+        // A list of strings (or of token lists) is several inputs; a list of token ids
+        // is one.
+        Some(Value::Array(items)) if items.iter().all(|i| !i.is_number()) => items.len(),
+        _ => 1,
+    };
+    let mut ctx = Ctx {
+        flavor,
+        name: state.name.clone(),
+        endpoint,
+        model: field("model")
+            .and_then(Value::as_str)
+            .unwrap_or(DEFAULT_MODEL)
+            .to_owned(),
+        stream: field("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: field("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        inputs,
+        request_id: String::new(),
+    };
+
+    // Arrival: record, count, and take this request's behaviour, all before it runs.
+    let behavior = {
+        let mut queue = lock(&state.queue);
+        queue
+            .pop_front()
+            .unwrap_or_else(|| lock(&state.default).clone())
+    };
+    if state.recording.load(Ordering::Relaxed) {
+        lock(&state.received).push(Received {
+            method: parts.method,
+            path,
+            headers: parts.headers,
+            body,
+            json,
+        });
+    }
+    let mut index = 0;
+    state.hits.send_modify(|n| {
+        *n += 1;
+        index = *n;
+    });
+    ctx.request_id = format!("req_sim_{index}");
+
+    let guard = CancelGuard {
+        state: Some(state),
+    };
+    respond(&ctx, behavior, guard).await
+}
+
+async fn respond(
+    ctx: &Ctx,
+    mut behavior: Behavior,
+    guard: CancelGuard,
+) -> Result<Response<Body>, ResetConnection> {
+    while let Behavior::Delay(wait, next) = behavior {
+        tokio::time::sleep(wait).await;
+        behavior = *next;
+    }
+    let flavor = ctx.flavor;
+    let response = match behavior {
+        Behavior::Delay(..) => unreachable!("unwrapped above"),
+        Behavior::Answer => answer(ctx, &answer_text(&ctx.name), guard),
+        Behavior::AnswerText(text) => answer(ctx, &text, guard),
+        Behavior::Stream { chunks, interval } => {
+            let events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));
+            sse(ctx, events, interval, StreamEnd::Finish, guard)
+        }
+        Behavior::StallMidStream { chunks } | Behavior::BreakMidStream { chunks } => {
+            let end = if matches!(behavior, Behavior::StallMidStream { .. }) {
+                StreamEnd::Stall
+            } else {
+                StreamEnd::Break
+            };
+            // A stream with `chunks` deltas has more than `chunks` events, so cutting
+            // it at `chunks` always leaves it unfinished.
+            let mut events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));
+            events.truncate(chunks);
+            sse(ctx, events, Duration::ZERO, end, guard)
+        }
+        Behavior::StreamErrorFirst => {
+            let event = match flavor {
+                Flavor::OpenAi => openai_sse(&openai_error(
+                    "The server is overloaded. Please try again later.",
+                    "server_error",
+                    None,
+                )),
+                Flavor::Anthropic => {
+                    anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
+                }
+            };
+            sse(ctx, vec![event], Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::Status {
+            status,
+            body,
+            retry_after,
+        } => {
+            guard.finish();
+            let (body, json) = match body {
+                Some(b) => {
+                    let is_json = serde_json::from_str::<Value>(&b).is_ok();
+                    (b, is_json)
+                }
+                None => (error_body(flavor, status).to_string(), true),
+            };
+            let mut resp = plain(ctx, status, body, json);
+            if let Some(ra) = retry_after {
+                let value = HeaderValue::from_str(&ra).expect("sim: Retry-After header value");
+                resp.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            resp
+        }
+        Behavior::RateLimited { retry_after_secs } => {
+            guard.finish();
+            let mut resp = json_response(ctx, 429, &error_body(flavor, 429));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+            resp
+        }
+        Behavior::ServerError(status) => {
+            guard.finish();
+            json_response(ctx, status, &error_body(flavor, status))
+        }
+        Behavior::ContextLength(wording) => {
+            guard.finish();
+            json_response(ctx, 400, &context_length_error(wording))
+        }
+        Behavior::Hang => {
+            // No timer: under a paused clock a far-future sleep would make tokio jump
+            // the clock to it.
+            std::future::pending::<()>().await;
+            unreachable!("pending never completes")
+        }
+        Behavior::Reset => {
+            guard.finish();
+            return Err(ResetConnection);
+        }
+    };
+    Ok(response)
+}
+
+/// Answering behaviours: shape by endpoint, stream when the request asked for it.
+fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
+    let body = match ctx.endpoint {
+        Endpoint::Chat | Endpoint::Messages if ctx.stream => {
+            let events = stream_events(ctx, &split_words(text));
+            return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
+        }
+        Endpoint::Chat => openai_completion(&ctx.model, text),
+        Endpoint::Messages => anthropic_message(&ctx.model, text),
+        Endpoint::Embeddings => openai_embeddings(&ctx.model, ctx.inputs),
+        Endpoint::Models => models_list(ctx.flavor, &SIM_MODELS),
+        Endpoint::Unknown => {
+            guard.finish();
+            return json_response(ctx, 404, &error_body(ctx.flavor, 404));
+        }
+    };
+    guard.finish();
+    json_response(ctx, 200, &body)
+}
+
+fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
+    match ctx.flavor {
+        Flavor::OpenAi => openai_stream_events(&ctx.model, pieces, ctx.include_usage),
+        Flavor::Anthropic => anthropic_stream_events(&ctx.model, pieces),
+    }
+}
+
+/// Response headers real providers send that tests may look at.
+fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
+    let id_header = match ctx.flavor {
+        Flavor::OpenAi => "x-request-id",
+        Flavor::Anthropic => "request-id",
+    };
+    let status = StatusCode::from_u16(status).expect("sim: status must be in 100..=999");
+    Response::builder()
+        .status(status)
+        .header(id_header, &ctx.request_id)
+}
+
+fn json_response(ctx: &Ctx, status: u16, body: &Value) -> Response<Body> {
+    plain(ctx, status, body.to_string(), true)
+}
+
+fn plain(ctx: &Ctx, status: u16, body: String, json: bool) -> Response<Body> {
+    let content_type = if json {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    base_response(ctx, status)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from(body))
+        .expect("sim: valid response")
+}
+
+#[derive(Clone, Copy)]
+enum StreamEnd {
+    Finish,
+    Stall,
+    Break,
+}
+
+/// A 200 SSE response: one body chunk per event, `interval` between events.
+fn sse(
+    ctx: &Ctx,
+    events: Vec<String>,
+    interval: Duration,
+    end: StreamEnd,
+    guard: CancelGuard,
+) -> Response<Body> {
+    struct S {
+        events: std::vec::IntoIter<String>,
+        first: bool,
+        guard: Option<CancelGuard>,
+    }
+    let init = S {
+        events: events.into_iter(),
+        first: true,
+        guard: Some(guard),
+    };
+    let body = futures_util::stream::unfold(init, move |mut s| async move {
+        // `guard: None` marks a stream that already ended (after a Break error).
+        s.guard.as_ref()?;
+        if let Some(event) = s.events.next() {
+            if !s.first && !interval.is_zero() {
+                tokio::time::sleep(interval).await;
+            }
+            s.first = false;
+            return Some((Ok(Bytes::from(event)), s));
+        }
+        match end {
+            StreamEnd::Finish => {
+                s.guard.take().map(CancelGuard::finish);
+                None
+            }
+            StreamEnd::Stall => {
+                std::future::pending::<()>().await;
+                unreachable!("pending never completes")
+            }
+            StreamEnd::Break => {
+                s.guard.take().map(CancelGuard::finish);
+                let err = std::io::Error::other("sim: BreakMidStream");
+                Some((Err(err), s))
+            }
+        }
+    });
+    let content_type = match ctx.flavor {
+        Flavor::OpenAi => "text/event-stream; charset=utf-8",
+        Flavor::Anthropic => "text/event-stream",
+    };
+    base_response(ctx, 200)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .expect("sim: valid response")
+}
+
+// ---------------------------------------------------------------------------------
+// Pure renderers: the bodies and events the simulator sends, for building expectations.
+// ---------------------------------------------------------------------------------
+
+/// Text of [`Behavior::Answer`] from provider `name`.
+pub fn answer_text(name: &str) -> String {
+    format!("Hello from {name}.")
+}
+
+/// Content deltas of [`Behavior::Stream`] from provider `name`: `"{name}-{i} "`.
+pub fn stream_pieces(name: &str, chunks: usize) -> Vec<String> {
+    (0..chunks).map(|i| format!("{name}-{i} ")).collect()
+}
+
+/// How an answering behaviour splits its text when streamed: words, each keeping its
+/// trailing space, so the pieces concatenate back to `text`.
+pub fn split_words(text: &str) -> Vec<String> {
+    text.split_inclusive(' ').map(str::to_owned).collect()
+}
+
+fn completion_tokens(text: &str) -> u64 {
+    text.split_whitespace().count() as u64
+}
+
+/// OpenAI `chat.completion` object answering `text`.
+pub fn openai_completion(model: &str, text: &str) -> Value {
+    let out = completion_tokens(text);
+    json!({
+        "id": OPENAI_ID,
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": null},
+            "logprobs": null,
+            "finish_reason": "stop"
+        }],
+        "usage": {
+            "prompt_tokens": PROMPT_TOKENS,
+            "completion_tokens": out,
+            "total_tokens": PROMPT_TOKENS + out
+        }
+    })
+}
+
+/// OpenAI `chat.completion.chunk` with one choice.
+pub fn openai_chunk(model: &str, delta: Value, finish_reason: Option<&str>) -> Value {
+    json!({
+        "id": OPENAI_ID,
+        "object": "chat.completion.chunk",
+        "created": CREATED,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]
+    })
+}
+
+/// OpenAI stream events for `pieces`: a role chunk, one chunk per piece, a
+/// `finish_reason: "stop"` chunk, a usage chunk (`choices: []`) when `include_usage`
+/// (the request's `stream_options.include_usage`), then `data: [DONE]`.
+/// Each string is one complete SSE event (`data: …\n\n`).
+pub fn openai_stream_events(model: &str, pieces: &[String], include_usage: bool) -> Vec<String> {
+    let mut events = vec![openai_sse(&openai_chunk(
+        model,
+        json!({"role": "assistant", "content": ""}),
+        None,
+    ))];
+    for piece in pieces {
+        events.push(openai_sse(&openai_chunk(
+            model,
+            json!({"content": piece}),
+            None,
+        )));
+    }
+    events.push(openai_sse(&openai_chunk(model, json!({}), Some("stop"))));
+    if include_usage {
+        let out = completion_tokens(&pieces.concat());
+        events.push(openai_sse(&json!({
+            "id": OPENAI_ID,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": model,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": out,
+                "total_tokens": PROMPT_TOKENS + out
+            }
+        })));
+    }
+    events.push("data: [DONE]\n\n".to_owned());
+    events
+}
+
+/// One OpenAI SSE event: `data: <json>\n\n`.
+pub fn openai_sse(data: &Value) -> String {
+    format!("data: {data}\n\n")
+}
+
+/// Anthropic `message` object answering `text`.
+pub fn anthropic_message(model: &str, text: &str) -> Value {
+    json!({
+        "id": ANTHROPIC_ID,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": null,
+        "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": completion_tokens(text)}
+    })
+}
+
+/// Anthropic stream events for `pieces`: `message_start`, `content_block_start`,
+/// `ping`, one `content_block_delta` per piece, `content_block_stop`, `message_delta`,
+/// `message_stop`. Each string is one complete SSE event (`event: …\ndata: …\n\n`).
+pub fn anthropic_stream_events(model: &str, pieces: &[String]) -> Vec<String> {
+    let out = completion_tokens(&pieces.concat());
+    let mut events = vec![
+        anthropic_sse(
+            "message_start",
+            &json!({
+                "type": "message_start",
+                "message": {
+                    "id": ANTHROPIC_ID,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": null,
+                    "stop_sequence": null,
+                    "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": 1}
+                }
+            }),
+        ),
+        anthropic_sse(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        anthropic_sse("ping", &json!({"type": "ping"})),
+    ];
+    for piece in pieces {
+        events.push(anthropic_sse(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}),
+        ));
+    }
+    events.push(anthropic_sse(
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": 0}),
+    ));
+    events.push(anthropic_sse(
+        "message_delta",
+        &json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+            "usage": {"output_tokens": out}
+        }),
+    ));
+    events.push(anthropic_sse(
+        "message_stop",
+        &json!({"type": "message_stop"}),
+    ));
+    events
+}
+
+/// One Anthropic SSE event: `event: <name>\ndata: <json>\n\n`.
+pub fn anthropic_sse(event: &str, data: &Value) -> String {
+    format!("event: {event}\ndata: {data}\n\n")
+}
+
+/// OpenAI embeddings list with one deterministic vector per input.
+pub fn openai_embeddings(model: &str, inputs: usize) -> Value {
+    let data: Vec<Value> = (0..inputs)
+        .map(|i| {
+            let vector: Vec<f64> = (0..EMBEDDING_DIMS)
+                .map(|d| ((i + 1) * (d + 1)) as f64 / 100.0)
+                .collect();
+            json!({"object": "embedding", "index": i, "embedding": vector})
+        })
+        .collect();
+    json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": PROMPT_TOKENS, "total_tokens": PROMPT_TOKENS}
+    })
+}
+
+/// `GET /v1/models` list in the flavor's shape.
+pub fn models_list(flavor: Flavor, ids: &[&str]) -> Value {
+    match flavor {
+        Flavor::OpenAi => json!({
+            "object": "list",
+            "data": ids.iter().map(|id| json!({
+                "id": id, "object": "model", "created": CREATED, "owned_by": "switchback-sim"
+            })).collect::<Vec<_>>()
+        }),
+        Flavor::Anthropic => json!({
+            "data": ids.iter().map(|id| json!({
+                "type": "model", "id": id, "display_name": id,
+                "created_at": "2023-11-14T22:13:20Z"
+            })).collect::<Vec<_>>(),
+            "has_more": false,
+            "first_id": ids.first(),
+            "last_id": ids.last()
+        }),
+    }
+}
+
+/// OpenAI error body: `{"error":{"message","type","param","code"}}`.
+pub fn openai_error(message: &str, kind: &str, code: Option<&str>) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+}
+
+/// Anthropic error body: `{"type":"error","error":{"type","message"}}`.
+pub fn anthropic_error(kind: &str, message: &str) -> Value {
+    json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
+/// The error body a real provider of `flavor` sends with `status`.
+pub fn error_body(flavor: Flavor, status: u16) -> Value {
+    match flavor {
+        Flavor::OpenAi => {
+            let (message, kind, code) = match status {
+                400 => ("Invalid request (simulated).", "invalid_request_error", None),
+                401 => (
+                    "Incorrect API key provided.",
+                    "invalid_request_error",
+                    Some("invalid_api_key"),
+                ),
+                403 => (
+                    "You are not allowed to access this resource.",
+                    "invalid_request_error",
+                    None,
+                ),
+                404 => (
+                    "The model or resource does not exist.",
+                    "invalid_request_error",
+                    Some("model_not_found"),
+                ),
+                429 => (
+                    "Rate limit reached (simulated). Please try again later.",
+                    "requests",
+                    Some("rate_limit_exceeded"),
+                ),
+                503 => (
+                    "The engine is currently overloaded, please try again later.",
+                    "server_error",
+                    None,
+                ),
+                s if s >= 500 => (
+                    "The server had an error while processing your request. Sorry about that!",
+                    "server_error",
+                    None,
+                ),
+                _ => ("Request failed (simulated).", "invalid_request_error", None),
+            };
+            openai_error(message, kind, code)
+        }
+        Flavor::Anthropic => {
+            let (kind, message) = match status {
+                400 => ("invalid_request_error", "Invalid request (simulated)."),
+                401 => ("authentication_error", "invalid x-api-key"),
+                403 => (
+                    "permission_error",
+                    "Your API key does not have permission to use the specified resource.",
+                ),
+                404 => ("not_found_error", "The requested resource could not be found."),
+                413 => ("request_too_large", "Request exceeds the maximum allowed size."),
+                429 => (
+                    "rate_limit_error",
+                    "Number of requests has exceeded your rate limit (simulated).",
+                ),
+                529 => ("overloaded_error", "Overloaded"),
+                s if s >= 500 => ("api_error", "Internal server error"),
+                _ => ("invalid_request_error", "Request failed (simulated)."),
+            };
+            anthropic_error(kind, message)
+        }
+    }
+}
+
+/// 400 body of a context-length overflow in each provider's wording.
+pub fn context_length_error(wording: ContextWording) -> Value {
+    match wording {
+        ContextWording::OpenAi => json!({"error": {
+            "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded"
+        }}),
+        ContextWording::Anthropic => anthropic_error(
+            "invalid_request_error",
+            "prompt is too long: 210000 tokens > 200000 maximum",
+        ),
+        // Recent vLLM servers: OpenAI-shaped, numeric `code`, only the message says why.
+        ContextWording::Vllm => json!({"error": {
+            "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+            "type": "BadRequestError",
+            "param": null,
+            "code": 400
+        }}),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,592 @@
+//! Drives every behaviour with a plain reqwest client, over real loopback sockets.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::{Instant, timeout};
+
+use super::*;
+
+/// Generous bound for things that must happen promptly; with a paused clock it only
+/// fires when the runtime is otherwise idle, i.e. when the awaited thing never happens.
+const SOON: Duration = Duration::from_secs(30);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+async fn post(sim: &SimProvider, path: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(format!("http://{}{path}", sim.addr()))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request")
+}
+
+async fn json_of(resp: reqwest::Response) -> Value {
+    serde_json::from_slice(&resp.bytes().await.expect("body")).expect("json body")
+}
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn chat_stream(model: &str) -> Value {
+    json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn message(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn message_stream(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 64, "stream": true,
+           "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// Splits an SSE body into (event name, data) pairs.
+fn parse_sse(text: &str) -> Vec<(Option<String>, String)> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let mut event = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    event = Some(v.to_owned());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            (event, data)
+        })
+        .collect()
+}
+
+fn header<'a>(resp: &'a reqwest::Response, name: &str) -> &'a str {
+    resp.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("missing header {name}"))
+        .to_str()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn openai_answer_is_a_chat_completion_echoing_the_model() {
+    let sim = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let resp = client()
+        .post(sim.endpoint())
+        .header("authorization", "Bearer sk-test")
+        .header("x-custom", "42")
+        .header("content-type", "application/json")
+        .body(chat("gpt-4o").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "content-type"), "application/json");
+    assert_eq!(header(&resp, "x-request-id"), "req_sim_1");
+    let body = json_of(resp).await;
+    assert_eq!(body, openai_completion("gpt-4o", "Hello from primary."));
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["usage"]["total_tokens"], 13);
+
+    let got = sim.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(sim.hits(), 1);
+    assert_eq!(got[0].method, Method::POST);
+    assert_eq!(got[0].path, "/v1/chat/completions");
+    assert_eq!(got[0].header("authorization"), Some("Bearer sk-test"));
+    assert_eq!(got[0].header("x-custom"), Some("42"));
+    assert_eq!(got[0].model(), Some("gpt-4o"));
+    assert_eq!(got[0].json.as_ref(), Some(&chat("gpt-4o")));
+    assert_eq!(got[0].body, chat("gpt-4o").to_string().as_bytes());
+    assert_eq!(sim.cancelled(), 0);
+}
+
+#[tokio::test]
+async fn anthropic_answer_is_a_message() {
+    let sim = SimProvider::start_named("claude-sim", Flavor::Anthropic).await;
+    assert!(sim.base_url().starts_with("http://127.0.0.1:"));
+    assert!(sim.base_url().ends_with("/v1"));
+    let resp = post(&sim, "/v1/messages", &message("claude-sonnet-4-5")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "request-id"), "req_sim_1");
+    let body = json_of(resp).await;
+    assert_eq!(body, anthropic_message("claude-sonnet-4-5", "Hello from claude-sim."));
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["content"][0]["type"], "text");
+    assert_eq!(body["stop_reason"], "end_turn");
+}
+
+#[tokio::test]
+async fn embeddings_models_and_unknown_paths() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    let body = json_of(
+        post(
+            &sim,
+            "/v1/embeddings",
+            &json!({"model": "text-embedding-3-small", "input": ["a", "b"]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(body, openai_embeddings("text-embedding-3-small", 2));
+    assert_eq!(body["data"][1]["embedding"].as_array().unwrap().len(), EMBEDDING_DIMS);
+
+    let one = json_of(
+        post(&sim, "/v1/embeddings", &json!({"model": "e", "input": [1, 2, 3]})).await,
+    )
+    .await;
+    assert_eq!(one["data"].as_array().unwrap().len(), 1);
+
+    let resp = client()
+        .get(format!("{}/models", sim.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(json_of(resp).await, models_list(Flavor::OpenAi, &SIM_MODELS));
+
+    // Wrong surface for the flavor: 404 in the flavor's shape, and still recorded.
+    let resp = post(&sim, "/v1/messages", &message("m")).await;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(json_of(resp).await, error_body(Flavor::OpenAi, 404));
+    let paths: Vec<_> = sim.received().into_iter().map(|r| r.path).collect();
+    assert_eq!(
+        paths,
+        ["/v1/embeddings", "/v1/embeddings", "/v1/models", "/v1/messages"]
+    );
+
+    let anthropic = SimProvider::start(Flavor::Anthropic).await;
+    let resp = post(&anthropic, "/v1/chat/completions", &chat("m")).await;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(json_of(resp).await["error"]["type"], "not_found_error");
+}
+
+#[tokio::test]
+async fn answer_streams_when_the_request_asks() {
+    let sim = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let req = json!({"model": "gpt-4o", "stream": true, "stream_options": {"include_usage": true},
+                     "messages": []});
+    let resp = post(&sim, "/v1/chat/completions", &req).await;
+    assert_eq!(resp.status(), 200);
+    assert!(header(&resp, "content-type").starts_with("text/event-stream"));
+    let text = resp.text().await.unwrap();
+    let pieces = split_words("Hello from primary.");
+    assert_eq!(text, openai_stream_events("gpt-4o", &pieces, true).concat());
+
+    let events = parse_sse(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks.iter().all(|c| c["model"] == "gpt-4o"));
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, "Hello from primary.");
+    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(chunks[chunks.len() - 1]["choices"], json!([]));
+    assert_eq!(chunks[chunks.len() - 1]["usage"]["completion_tokens"], 3);
+}
+
+#[tokio::test]
+async fn anthropic_stream_has_the_real_event_sequence() {
+    let sim = SimProvider::start_named("b", Flavor::Anthropic).await;
+    sim.push(Behavior::Stream {
+        chunks: 2,
+        interval: Duration::ZERO,
+    });
+    let resp = post(&sim, "/v1/messages", &message_stream("claude-x")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "content-type"), "text/event-stream");
+    let text = resp.text().await.unwrap();
+    let events = parse_sse(&text);
+    let names: Vec<_> = events.iter().map(|(e, _)| e.clone().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    for (name, data) in &events {
+        let data: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(&data["type"], name.as_deref().unwrap());
+    }
+    let start: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(start["message"]["model"], "claude-x");
+    let text: String = events
+        .iter()
+        .filter(|(e, _)| e.as_deref() == Some("content_block_delta"))
+        .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap()["delta"]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(text, stream_pieces("b", 2).concat());
+
+    // Answer on a streaming request streams the answer text.
+    let text = post(&sim, "/v1/messages", &message_stream("claude-x"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        text,
+        anthropic_stream_events("claude-x", &split_words("Hello from b.")).concat()
+    );
+}
+
+/// Each event arrives as its own chunk, `interval` apart: nothing is buffered.
+#[tokio::test(start_paused = true)]
+async fn stream_events_arrive_incrementally() {
+    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        let sim = SimProvider::start_named("p", flavor).await;
+        let interval = Duration::from_secs(1);
+        sim.push(Behavior::Stream {
+            chunks: 3,
+            interval,
+        });
+        let body = match flavor {
+            Flavor::OpenAi => chat_stream("m"),
+            Flavor::Anthropic => message_stream("m"),
+        };
+        let start = Instant::now();
+        let mut resp = client()
+            .post(sim.endpoint())
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let mut arrivals = Vec::new();
+        while let Some(chunk) = resp.chunk().await.unwrap() {
+            arrivals.push((start.elapsed(), chunk));
+        }
+        let expected = match flavor {
+            Flavor::OpenAi => openai_stream_events("m", &stream_pieces("p", 3), false),
+            Flavor::Anthropic => anthropic_stream_events("m", &stream_pieces("p", 3)),
+        };
+        assert_eq!(arrivals.len(), expected.len(), "{flavor:?}: one chunk per event");
+        for (k, ((at, chunk), event)) in arrivals.iter().zip(&expected).enumerate() {
+            assert_eq!(chunk, event.as_bytes(), "{flavor:?} event {k}");
+            // Event k cannot be sent before k intervals passed; the clock is paused,
+            // so it arrives exactly then.
+            assert_eq!(*at, interval * k as u32, "{flavor:?} event {k}");
+        }
+        assert_eq!(sim.cancelled(), 0);
+    }
+}
+
+#[tokio::test]
+async fn error_statuses_have_flavor_shaped_bodies() {
+    let oa = SimProvider::start(Flavor::OpenAi).await;
+    oa.push(Behavior::RateLimited {
+        retry_after_secs: 7,
+    });
+    oa.push(Behavior::ServerError(503));
+    oa.push(Behavior::Status {
+        status: 418,
+        body: Some("teapot".into()),
+        retry_after: Some("3".into()),
+    });
+    oa.push(Behavior::Status {
+        status: 401,
+        body: None,
+        retry_after: None,
+    });
+
+    let resp = post(&oa, "/v1/chat/completions", &chat("m")).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(header(&resp, "retry-after"), "7");
+    let body = json_of(resp).await;
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(body, error_body(Flavor::OpenAi, 429));
+
+    let resp = post(&oa, "/v1/chat/completions", &chat("m")).await;
+    assert_eq!(resp.status(), 503);
+    assert_eq!(json_of(resp).await["error"]["type"], "server_error");
+
+    let resp = post(&oa, "/v1/chat/completions", &chat("m")).await;
+    assert_eq!(resp.status(), 418);
+    assert_eq!(header(&resp, "retry-after"), "3");
+    assert!(header(&resp, "content-type").starts_with("text/plain"));
+    assert_eq!(resp.text().await.unwrap(), "teapot");
+
+    let resp = post(&oa, "/v1/chat/completions", &chat("m")).await;
+    assert_eq!(resp.status(), 401);
+    assert_eq!(json_of(resp).await["error"]["code"], "invalid_api_key");
+
+    let an = SimProvider::start(Flavor::Anthropic).await;
+    an.push(Behavior::ServerError(529));
+    an.push(Behavior::RateLimited {
+        retry_after_secs: 1,
+    });
+    let resp = post(&an, "/v1/messages", &message("m")).await;
+    assert_eq!(resp.status(), 529);
+    assert_eq!(
+        json_of(resp).await,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    );
+    let resp = post(&an, "/v1/messages", &message("m")).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(header(&resp, "retry-after"), "1");
+    assert_eq!(json_of(resp).await["error"]["type"], "rate_limit_error");
+}
+
+#[tokio::test]
+async fn context_length_wordings() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    for wording in [
+        ContextWording::OpenAi,
+        ContextWording::Anthropic,
+        ContextWording::Vllm,
+    ] {
+        sim.push(Behavior::ContextLength(wording));
+        let resp = post(&sim, "/v1/chat/completions", &chat("m")).await;
+        assert_eq!(resp.status(), 400);
+        let body = json_of(resp).await;
+        assert_eq!(body, context_length_error(wording));
+        match wording {
+            ContextWording::OpenAi => {
+                assert_eq!(body["error"]["code"], "context_length_exceeded")
+            }
+            ContextWording::Anthropic => assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("prompt is too long")
+            ),
+            ContextWording::Vllm => {
+                assert!(!body["error"]["code"].is_string());
+                assert!(
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("maximum context length")
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn stream_error_first() {
+    let an = SimProvider::start(Flavor::Anthropic).await;
+    an.push(Behavior::StreamErrorFirst);
+    let resp = post(&an, "/v1/messages", &message_stream("m")).await;
+    assert_eq!(resp.status(), 200);
+    let events = parse_sse(&resp.text().await.unwrap());
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0.as_deref(), Some("error"));
+    let data: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(data["type"], "error");
+    assert_eq!(data["error"]["type"], "overloaded_error");
+
+    let oa = SimProvider::start(Flavor::OpenAi).await;
+    oa.push(Behavior::StreamErrorFirst);
+    let resp = post(&oa, "/v1/chat/completions", &chat_stream("m")).await;
+    assert_eq!(resp.status(), 200);
+    let events = parse_sse(&resp.text().await.unwrap());
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0, None);
+    let data: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(data["error"]["type"], "server_error");
+}
+
+#[tokio::test]
+async fn reset_is_a_transport_error_not_a_status() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.push(Behavior::Reset);
+    let client = client();
+    let err = client
+        .post(sim.endpoint())
+        .body(chat("m").to_string())
+        .send()
+        .await
+        .expect_err("a reset must not produce a response");
+    assert!(err.is_request() || err.is_connect(), "{err:?}");
+    assert!(err.status().is_none());
+    assert!(!err.is_timeout());
+    // Recorded on arrival, and the next request (new connection) is answered.
+    assert_eq!(sim.hits(), 1);
+    assert_eq!(sim.received()[0].model(), Some("m"));
+    let resp = client
+        .post(sim.endpoint())
+        .body(chat("m").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(sim.cancelled(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hang_is_cancelled_when_the_client_goes_away() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.push(Behavior::Hang);
+    let url = sim.endpoint();
+    let request = tokio::spawn(async move {
+        client().post(url).body(chat("m").to_string()).send().await
+    });
+    timeout(SOON, sim.wait_hits(1)).await.expect("request arrives");
+    // Hanging is not answering: the clock can run on and nothing comes back.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(!request.is_finished());
+    assert_eq!(sim.cancelled(), 0);
+    request.abort();
+    timeout(SOON, sim.wait_cancelled(1))
+        .await
+        .expect("handler dropped after the client went away");
+    assert_eq!(sim.cancelled(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_then_behave() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.push(Behavior::ServerError(502).after(Duration::from_secs(5)));
+    let start = Instant::now();
+    let resp = post(&sim, "/v1/chat/completions", &chat("m")).await;
+    assert_eq!(resp.status(), 502);
+    assert!(start.elapsed() >= Duration::from_secs(5));
+    // Recorded on arrival, before the delay ran out.
+    sim.push(Behavior::Delay(Duration::from_secs(60), Box::new(Behavior::Answer)));
+    let url = sim.endpoint();
+    let request = tokio::spawn(async move {
+        client().post(url).body(chat("late").to_string()).send().await
+    });
+    timeout(SOON, sim.wait_hits(2)).await.unwrap();
+    assert_eq!(sim.received()[1].model(), Some("late"));
+    request.abort();
+    timeout(SOON, sim.wait_cancelled(1)).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn stall_mid_stream_sends_some_events_then_nothing() {
+    let sim = SimProvider::start(Flavor::Anthropic).await;
+    sim.push(Behavior::StallMidStream { chunks: 2 });
+    let mut resp = post(&sim, "/v1/messages", &message_stream("m")).await;
+    assert_eq!(resp.status(), 200);
+    let expected = anthropic_stream_events("m", &stream_pieces("sim", 2));
+    for event in &expected[..2] {
+        let chunk = resp.chunk().await.unwrap().expect("an event");
+        assert_eq!(chunk, event.as_bytes());
+    }
+    // No end, no error: the stream just stops. (Timeout under a paused clock: fires
+    // only once everything is idle.)
+    assert!(timeout(Duration::from_secs(600), resp.chunk()).await.is_err());
+    assert_eq!(sim.cancelled(), 0);
+    drop(resp);
+    timeout(SOON, sim.wait_cancelled(1))
+        .await
+        .expect("stream body dropped after the client went away");
+}
+
+#[tokio::test]
+async fn break_mid_stream_is_a_body_error() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.push(Behavior::BreakMidStream { chunks: 3 });
+    let mut resp = post(&sim, "/v1/chat/completions", &chat_stream("m")).await;
+    assert_eq!(resp.status(), 200);
+    let expected = openai_stream_events("m", &stream_pieces("sim", 3), false);
+    let mut got = Vec::new();
+    let err = loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => got.push(chunk),
+            Ok(None) => panic!("stream ended cleanly after {} chunks", got.len()),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(got.len(), 3);
+    for (chunk, event) in got.iter().zip(&expected) {
+        assert_eq!(chunk, event.as_bytes());
+    }
+    assert!(err.is_body() || err.is_decode() || err.is_request(), "{err:?}");
+    assert_eq!(sim.cancelled(), 0);
+}
+
+#[tokio::test]
+async fn queue_then_default() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.push(Behavior::ServerError(500));
+    sim.push(Behavior::ServerError(502));
+    sim.set_default(Behavior::AnswerText("fallback text".into()));
+    assert_eq!(sim.queued(), 2);
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(post(&sim, "/v1/chat/completions", &chat("m")).await.status());
+    }
+    assert_eq!(statuses, [500, 502, 200, 200]);
+    assert_eq!(sim.queued(), 0);
+    let body = json_of(post(&sim, "/v1/chat/completions", &chat("m")).await).await;
+    assert_eq!(body, openai_completion("m", "fallback text"));
+    assert_eq!(sim.hits(), 5);
+}
+
+#[tokio::test]
+async fn recording_can_be_turned_off_and_drained() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    post(&sim, "/v1/chat/completions", &chat("a")).await;
+    assert_eq!(sim.take_received().len(), 1);
+    assert!(sim.received().is_empty());
+    sim.set_recording(false);
+    post(&sim, "/v1/chat/completions", &chat("b")).await;
+    assert!(sim.received().is_empty());
+    assert_eq!(sim.hits(), 2);
+}
+
+#[tokio::test]
+async fn shutdown_and_last_drop_stop_the_server() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    let url = sim.endpoint();
+    let clone = sim.clone();
+    drop(sim);
+    // A clone keeps it alive.
+    assert_eq!(
+        client().post(&url).body(chat("m").to_string()).send().await.unwrap().status(),
+        200
+    );
+    clone.shutdown();
+    tokio::task::yield_now().await;
+    let err = client()
+        .post(&url)
+        .body(chat("m").to_string())
+        .send()
+        .await
+        .expect_err("shut down");
+    assert!(err.is_connect(), "{err:?}");
+
+    let other = SimProvider::start(Flavor::Anthropic).await;
+    let url = other.endpoint();
+    drop(other);
+    tokio::task::yield_now().await;
+    let err = client()
+        .post(&url)
+        .body(message("m").to_string())
+        .send()
+        .await
+        .expect_err("dropped");
+    assert!(err.is_connect(), "{err:?}");
+}
+
+#[tokio::test]
+async fn providers_are_independent() {
+    let a = SimProvider::start_named("a", Flavor::OpenAi).await;
+    let b = SimProvider::start_named("b", Flavor::OpenAi).await;
+    a.push(Behavior::ServerError(500));
+    assert_eq!(post(&b, "/v1/chat/completions", &chat("m")).await.status(), 200);
+    assert_eq!(post(&a, "/v1/chat/completions", &chat("m")).await.status(), 500);
+    assert_eq!((a.hits(), b.hits()), (1, 1));
+    assert_ne!(a.addr(), b.addr());
+}
