@@ -110,8 +110,12 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
     // lack a key.
     let mut credentials: BTreeMap<ObjectId, credential::Outcome> = BTreeMap::new();
     for raw in inputs.credentials {
-        let Some(id) = object_id(Kind::ProviderCredential, &raw.metadata, &credentials, &mut diagnostics)
-        else {
+        let Some(id) = object_id(
+            Kind::ProviderCredential,
+            &raw.metadata,
+            &credentials,
+            &mut diagnostics,
+        ) else {
             continue;
         };
         let outcome = credential::compile(&id, &raw.spec, &secrets);
@@ -122,7 +126,12 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
     let mut candidates: Vec<Candidate> = Vec::new();
     let mut seen_routes: BTreeMap<ObjectId, ()> = BTreeMap::new();
     for (index, raw) in inputs.routes.iter().enumerate() {
-        let Some(id) = object_id(Kind::LLMRoute, &raw.metadata, &seen_routes, &mut diagnostics) else {
+        let Some(id) = object_id(
+            Kind::LLMRoute,
+            &raw.metadata,
+            &seen_routes,
+            &mut diagnostics,
+        ) else {
             continue;
         };
         seen_routes.insert(id.clone(), ());
@@ -178,13 +187,20 @@ fn object_id<V>(
     seen: &BTreeMap<ObjectId, V>,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<ObjectId> {
-    let namespace = meta.namespace.as_deref().filter(|ns| !ns.is_empty()).unwrap_or(DEFAULT_NAMESPACE);
+    let namespace = meta
+        .namespace
+        .as_deref()
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or(DEFAULT_NAMESPACE);
     let name = meta.name.as_deref().unwrap_or_default();
     let id = ObjectId::new(namespace, name);
     let problem = if name.is_empty() {
         Some((reason::INVALID_SPEC, "is required"))
     } else if seen.contains_key(&id) {
-        Some((reason::DUPLICATE, "is defined more than once; the first definition is used"))
+        Some((
+            reason::DUPLICATE,
+            "is defined more than once; the first definition is used",
+        ))
     } else {
         None
     };
@@ -239,7 +255,10 @@ struct Candidate {
 /// Gives each model name to the oldest route claiming it and rejects the newer ones.
 /// Age is `metadata.creationTimestamp`; routes without one count as newer than any
 /// that has one, and ties go to the earlier position in `Inputs.routes`.
-fn resolve_model_conflicts(mut candidates: Vec<Candidate>, diagnostics: &mut Vec<Diagnostic>) -> Vec<Route> {
+fn resolve_model_conflicts(
+    mut candidates: Vec<Candidate>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Vec<Route> {
     candidates.sort_by(|a, b| {
         let age = |c: &Candidate| (c.created.is_none(), c.created.clone(), c.index);
         age(a).cmp(&age(b))
@@ -265,7 +284,9 @@ fn resolve_model_conflicts(mut candidates: Vec<Candidate>, diagnostics: &mut Vec
                     } else {
                         format!("spec.models[{i}]")
                     },
-                    message: format!("model {model:?} is already served by the older route {owner}"),
+                    message: format!(
+                        "model {model:?} is already served by the older route {owner}"
+                    ),
                 })
             })
             .collect();

@@ -47,3 +47,274 @@ fn document<T: serde::Serialize>(crd: &T) -> String {
     let body = serde_yaml_ng::to_string(crd).expect("a CRD serializes to YAML");
     format!("---\n{body}")
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    #[test]
+    fn checked_in_files_are_current() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for (name, expected) in crd_files() {
+            let path = dir.join(&name);
+            let actual = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                actual == expected,
+                "crds/{name} is stale or missing: the Rust types generate a different CRD.\n\
+                 Regenerate from the workspace root with:\n\n    {REGENERATE}\n"
+            );
+        }
+    }
+
+    #[test]
+    fn crd_yaml_is_the_files_in_order() {
+        let files = crd_files();
+        let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "llmroutes.switchback.dev.yaml",
+                "providercredentials.switchback.dev.yaml"
+            ]
+        );
+        assert_eq!(crd_yaml(), format!("{}{}", files[0].1, files[1].1));
+        for (_, yaml) in &files {
+            assert!(yaml.starts_with("---\n"));
+            assert_eq!(yaml.matches("\n---\n").count(), 0, "one document per file");
+        }
+    }
+
+    fn crd<T: CustomResourceExt>() -> Value {
+        serde_json::to_value(T::crd()).expect("CRD is JSON")
+    }
+
+    fn spec_schema(crd: &Value) -> &Value {
+        &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    }
+
+    fn rules(schema: &Value) -> Vec<&str> {
+        schema["x-kubernetes-validations"]
+            .as_array()
+            .map(|rules| rules.iter().filter_map(|r| r["rule"].as_str()).collect())
+            .unwrap_or_default()
+    }
+
+    fn columns(crd: &Value) -> Vec<(String, String)> {
+        crd["spec"]["versions"][0]["additionalPrinterColumns"]
+            .as_array()
+            .expect("printer columns")
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap_or_default().to_uppercase(),
+                    c["jsonPath"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn range(schema: &Value) -> (Value, Value) {
+        (schema["minimum"].clone(), schema["maximum"].clone())
+    }
+
+    const DURATION: &str = "^([0-9]{1,5}(h|m|s|ms)){1,4}$";
+
+    #[test]
+    fn llmroute_schema() {
+        let crd = crd::<LLMRoute>();
+        assert_eq!(crd["metadata"]["name"], "llmroutes.switchback.dev");
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        assert_eq!(crd["spec"]["names"]["shortNames"], json!(["llmr"]));
+        assert_eq!(crd["spec"]["versions"][0]["name"], "v1alpha1");
+        assert_eq!(
+            crd["spec"]["versions"][0]["subresources"],
+            json!({ "status": {} })
+        );
+        assert_eq!(
+            columns(&crd),
+            [
+                ("MODE", ".spec.strategy.mode"),
+                ("TARGETS", ".status.targetCount"),
+                (
+                    "PROGRAMMED",
+                    ".status.conditions[?(@.type==\"Programmed\")].status"
+                ),
+                ("OPEN", ".status.openCircuits"),
+                ("REQUESTS", ".status.window.requests"),
+                ("FALLBACKS", ".status.window.fallbacks"),
+                ("AGE", ".metadata.creationTimestamp"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+
+        let spec = spec_schema(&crd);
+        assert_eq!(spec["required"], json!(["targets"]));
+        let p = &spec["properties"];
+        assert_eq!(
+            (&p["targets"]["minItems"], &p["targets"]["maxItems"]),
+            (&json!(1), &json!(8))
+        );
+        assert_eq!(p["models"]["maxItems"], json!(32));
+        assert_eq!(
+            rules(&p["models"]),
+            ["self.all(m, self.exists_one(n, n == m))"]
+        );
+        assert_eq!(
+            p["strategy"]["properties"]["mode"]["enum"],
+            json!(["fallback", "loadbalance", "least-latency", "cost-optimized"])
+        );
+        assert_eq!(p["timeout"]["pattern"], DURATION);
+        assert_eq!(rules(&p["timeout"]), ["duration(self) > duration('0s')"]);
+
+        let target = &p["targets"]["items"];
+        assert_eq!(target["required"], json!(["credentialRef"]));
+        let t = &target["properties"];
+        assert_eq!(range(&t["weight"]), (json!(1.0), json!(100.0)));
+        assert_eq!(t["timeout"]["pattern"], DURATION);
+        assert_eq!(
+            t["price"]["properties"]["inputPerMillion"]["pattern"],
+            r"^[0-9]{1,9}(\.[0-9]{1,9})?$"
+        );
+        assert_eq!(
+            t["price"]["required"],
+            json!(["inputPerMillion", "outputPerMillion"])
+        );
+        let retry = &t["retry"];
+        assert_eq!(
+            range(&retry["properties"]["attempts"]),
+            (json!(1.0), json!(5.0))
+        );
+        assert_eq!(
+            range(&retry["properties"]["onStatusCodes"]["items"]),
+            (json!(100.0), json!(599.0))
+        );
+        assert_eq!(retry["properties"]["initialBackoff"]["pattern"], DURATION);
+        assert_eq!(retry["properties"]["maxBackoff"]["pattern"], DURATION);
+        assert_eq!(
+            rules(retry),
+            [
+                "duration(has(self.maxBackoff) ? self.maxBackoff : '2s') >= duration(has(self.initialBackoff) ? self.initialBackoff : '100ms')"
+            ]
+        );
+
+        let fallback = &p["fallback"]["properties"];
+        assert_eq!(
+            fallback["on"]["items"]["enum"],
+            json!([
+                "status5xx",
+                "rateLimited",
+                "timeout",
+                "connectionError",
+                "contextLength",
+                "authError"
+            ])
+        );
+        assert_eq!(
+            range(&fallback["onStatusCodes"]["items"]),
+            (json!(100.0), json!(599.0))
+        );
+        assert_eq!(fallback["maxRetryAfter"]["pattern"], DURATION);
+        let breaker = &p["circuitBreaker"]["properties"];
+        assert_eq!(
+            range(&breaker["consecutiveFailures"]),
+            (json!(1.0), json!(1000.0))
+        );
+        assert_eq!(breaker["openFor"]["pattern"], DURATION);
+
+        assert_eq!(
+            rules(spec),
+            [
+                "!has(self.fallback) || !has(self.fallback.on) || !('authError' in self.fallback.on) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
+            ]
+        );
+
+        let status =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        assert_eq!(
+            status["properties"]["conditions"]["x-kubernetes-list-type"],
+            "map"
+        );
+        assert_eq!(
+            status["properties"]["targets"]["items"]["properties"]["circuit"]["enum"],
+            json!(["Closed", "Open", "HalfOpen"])
+        );
+    }
+
+    #[test]
+    fn provider_credential_schema() {
+        let crd = crd::<ProviderCredential>();
+        assert_eq!(
+            crd["metadata"]["name"],
+            "providercredentials.switchback.dev"
+        );
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        assert_eq!(crd["spec"]["names"]["shortNames"], json!(["pcred"]));
+        assert_eq!(
+            crd["spec"]["versions"][0]["subresources"],
+            json!({ "status": {} })
+        );
+        assert_eq!(
+            columns(&crd),
+            [
+                ("PROVIDER", ".spec.provider"),
+                ("SECRET", ".spec.secretRef.name"),
+                ("READY", ".status.conditions[?(@.type==\"Ready\")].status"),
+                ("ROUTES", ".status.routes"),
+                ("AGE", ".metadata.creationTimestamp"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+        let spec = spec_schema(&crd);
+        assert_eq!(spec["required"], json!(["provider", "secretRef"]));
+        let p = &spec["properties"];
+        assert_eq!(
+            p["provider"]["enum"],
+            json!(["openai", "anthropic", "openai-compatible"])
+        );
+        assert_eq!(p["baseURL"]["pattern"], "^https?://");
+        assert_eq!(p["secretRef"]["required"], json!(["key", "name"]));
+        assert_eq!(p["maxConcurrency"]["minimum"], json!(1.0));
+        assert_eq!(p["maxQueue"]["minimum"], json!(0.0));
+        assert_eq!(p["headers"]["maxProperties"], json!(32));
+        assert_eq!(p["allowPrivateNetwork"]["type"], "boolean");
+        assert_eq!(
+            rules(spec),
+            [
+                "self.provider != 'openai-compatible' || has(self.baseURL)",
+                "!has(self.maxQueue) || has(self.maxConcurrency)",
+            ]
+        );
+    }
+
+    #[test]
+    fn every_spec_field_has_a_description() {
+        fn walk(path: &str, schema: &Value, missing: &mut Vec<String>) {
+            if let Some(properties) = schema["properties"].as_object() {
+                for (name, property) in properties {
+                    let path = format!("{path}.{name}");
+                    if property["description"].as_str().is_none_or(str::is_empty) {
+                        missing.push(path.clone());
+                    }
+                    walk(&path, property, missing);
+                }
+            }
+            if schema["items"].is_object() {
+                walk(&format!("{path}[]"), &schema["items"], missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(
+            "llmroute.spec",
+            spec_schema(&crd::<LLMRoute>()),
+            &mut missing,
+        );
+        walk(
+            "providercredential.spec",
+            spec_schema(&crd::<ProviderCredential>()),
+            &mut missing,
+        );
+        assert_eq!(missing, Vec::<String>::new());
+    }
+}

@@ -47,11 +47,7 @@ pub struct ProviderCredentialSpec {
     /// https://api.anthropic.com/v1 for anthropic; required for openai-compatible. A
     /// host that is a loopback, private, link-local or unspecified address, or
     /// localhost, is refused unless allowPrivateNetwork is true. At most 2048 characters.
-    #[serde(
-        rename = "baseURL",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "baseURL", default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048), regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,
 
@@ -115,4 +111,49 @@ pub struct ProviderCredentialStatus {
     /// Number of LLMRoutes that reference this credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<i32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CREDENTIAL: &str = r#"
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: { name: openai-prod, namespace: team-a }
+spec:
+  provider: openai
+  baseURL: https://api.openai.com/v1
+  secretRef: { name: openai-key, key: apiKey }
+  headers: { OpenAI-Organization: org-123 }
+  maxConcurrency: 256
+  maxQueue: 512
+  allowPrivateNetwork: false
+"#;
+
+    #[test]
+    fn the_spec_example_parses() {
+        let credential: ProviderCredential = serde_yaml_ng::from_str(CREDENTIAL).expect("parses");
+        assert_eq!(
+            credential.spec.base_url.as_deref(),
+            Some("https://api.openai.com/v1")
+        );
+        assert_eq!(credential.spec.secret_ref.key, "apiKey");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        for (typo, fixed) in [
+            ("baseURL", "baseUrl"),
+            (
+                "secretRef: { name: openai-key, key: apiKey }",
+                "secretRef: { name: openai-key, keys: apiKey }",
+            ),
+            ("maxQueue", "maxQueued"),
+        ] {
+            let yaml = CREDENTIAL.replacen(typo, fixed, 1);
+            let err = serde_yaml_ng::from_str::<ProviderCredential>(&yaml).expect_err(fixed);
+            assert!(err.to_string().contains("unknown field"), "{fixed}: {err}");
+        }
+    }
 }

@@ -90,8 +90,19 @@ mod tests {
     #[test]
     fn refuses_everything_else() {
         for text in [
-            "", "1", "s", "1.5s", "-1s", "1d", "100000ms", "1h1m1s1ms1h", " 1s", "1s ", "1us",
-            "1M", "1ns",
+            "",
+            "1",
+            "s",
+            "1.5s",
+            "-1s",
+            "1d",
+            "100000ms",
+            "1h1m1s1ms1h",
+            " 1s",
+            "1s ",
+            "1us",
+            "1M",
+            "1ns",
         ] {
             assert_eq!(parse_ms(text), None, "{text:?}");
         }

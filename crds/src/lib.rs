@@ -3,13 +3,16 @@
 
 pub mod compile;
 pub mod config;
-pub mod credential;
 pub mod crdgen;
+pub mod credential;
 pub mod duration;
 pub mod network;
 pub mod route;
 pub mod schema;
 pub mod secret;
+
+#[cfg(test)]
+mod cel_parity;
 
 pub use compile::{Compiled, Diagnostic, Inputs, compile, reason};
 pub use crdgen::crd_yaml;

@@ -126,7 +126,11 @@ mod tests {
             ("api.openai.com", false),
             ("localhost.example.com", false),
         ] {
-            assert_eq!(is_private_host(&url::Host::Domain(host)), expected, "{host}");
+            assert_eq!(
+                is_private_host(&url::Host::Domain(host)),
+                expected,
+                "{host}"
+            );
         }
     }
 }

@@ -334,3 +334,101 @@ pub struct TotalStats {
     /// Requests that got an error answer after every target was tried or skipped.
     pub failed: i64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTE: &str = r#"
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: { name: smart, namespace: team-a }
+spec:
+  models: [smart]
+  strategy: { mode: fallback }
+  targets:
+    - credentialRef: { name: openai-prod }
+      model: gpt-4o
+      weight: 1
+      timeout: 20s
+      retry: { attempts: 3, onStatusCodes: [429, 502, 503], initialBackoff: 100ms, maxBackoff: 2s, honourRetryAfter: true }
+      price: { inputPerMillion: "2.50", outputPerMillion: "10.00" }
+    - credentialRef: { name: anthropic-prod }
+      model: claude-sonnet-4-5
+  fallback:
+    on: [status5xx, rateLimited, timeout, connectionError, contextLength]
+    onStatusCodes: []
+    maxRetryAfter: 30s
+  circuitBreaker: { consecutiveFailures: 5, openFor: 30s }
+  timeout: 60s
+"#;
+
+    #[test]
+    fn the_spec_example_parses() {
+        let route: LLMRoute = serde_yaml_ng::from_str(ROUTE).expect("spec example parses");
+        assert_eq!(route.spec.targets.len(), 2);
+        assert_eq!(
+            route.spec.targets[0]
+                .retry
+                .as_ref()
+                .and_then(|r| r.attempts),
+            Some(3)
+        );
+        assert_eq!(
+            route
+                .spec
+                .circuit_breaker
+                .as_ref()
+                .and_then(|c| c.open_for.as_deref()),
+            Some("30s")
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_at_every_level() {
+        for (typo, fixed) in [
+            ("  timeout: 60s", "  timeOut: 60s"),
+            (
+                "strategy: { mode: fallback }",
+                "strategy: { mod: fallback }",
+            ),
+            (
+                "credentialRef: { name: anthropic-prod }",
+                "credentialRef: { nam: anthropic-prod }",
+            ),
+            ("      model: gpt-4o", "      modle: gpt-4o"),
+            ("honourRetryAfter: true", "honorRetryAfter: true"),
+            ("inputPerMillion", "inputPerMilion"),
+            ("    maxRetryAfter: 30s", "    maxRetryAfer: 30s"),
+            ("consecutiveFailures", "consecutiveFailure"),
+        ] {
+            let yaml = ROUTE.replacen(typo, fixed, 1);
+            assert_ne!(yaml, ROUTE, "{typo} not found");
+            let err = serde_yaml_ng::from_str::<LLMRoute>(&yaml).expect_err(fixed);
+            assert!(err.to_string().contains("unknown field"), "{fixed}: {err}");
+        }
+    }
+
+    #[test]
+    fn status_round_trips() {
+        let status: LLMRouteStatus = serde_yaml_ng::from_str(
+            r#"
+observedGeneration: 4
+targets:
+  - credential: openai-prod
+    model: gpt-4o
+    circuit: HalfOpen
+    openReplicas: 1
+    lastFailure: { status: 503, reason: status5xx, at: "2026-01-02T03:04:05Z" }
+window: { seconds: 300, requests: 1200, attempts: 1260, fallbacks: 31, failed: 2 }
+totals: { requests: 98000, attempts: 101200, fallbacks: 2100, failed: 40 }
+"#,
+        )
+        .expect("status parses");
+        assert_eq!(status.targets[0].circuit, CircuitState::HalfOpen);
+        let back: LLMRouteStatus =
+            serde_json::from_value(serde_json::to_value(&status).expect("to json"))
+                .expect("from json");
+        assert_eq!(back, status);
+    }
+}

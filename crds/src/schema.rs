@@ -102,7 +102,8 @@ pub(crate) fn headers(_: &mut SchemaGenerator) -> Schema {
 /// `conditions` as a map-list keyed by `type`, so server-side apply merges them the
 /// way every built-in resource does.
 pub(crate) fn conditions(generator: &mut SchemaGenerator) -> Schema {
-    let item = generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
+    let item =
+        generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
     json_schema!({
         "type": "array",
         "items": item,

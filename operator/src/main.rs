@@ -29,17 +29,19 @@ fn main() -> ExitCode {
             print!("{}", switchback_crds::crd_yaml());
             ExitCode::SUCCESS
         }
-        Command::Crds { write: Some(dir) } => match switchback_crds::crdgen::write_crd_files(&dir) {
-            Ok(paths) => {
-                for path in paths {
-                    eprintln!("wrote {}", path.display());
+        Command::Crds { write: Some(dir) } => {
+            match switchback_crds::crdgen::write_crd_files(&dir) {
+                Ok(paths) => {
+                    for path in paths {
+                        eprintln!("wrote {}", path.display());
+                    }
+                    ExitCode::SUCCESS
                 }
-                ExitCode::SUCCESS
+                Err(err) => {
+                    eprintln!("error: writing CRDs into {}: {err}", dir.display());
+                    ExitCode::FAILURE
+                }
             }
-            Err(err) => {
-                eprintln!("error: writing CRDs into {}: {err}", dir.display());
-                ExitCode::FAILURE
-            }
-        },
+        }
     }
 }

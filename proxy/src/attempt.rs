@@ -26,7 +26,12 @@ use crate::surface::{self, AttemptView, Surface, Wire};
 
 /// Client headers passed on to providers. Everything else (notably `authorization`
 /// and `x-api-key`) stays with the gateway.
-const FORWARDED: [&str; 4] = ["x-request-id", "anthropic-version", "anthropic-beta", "openai-beta"];
+const FORWARDED: [&str; 4] = [
+    "x-request-id",
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+];
 
 /// Error bodies bigger than this are cut: they are read only to classify and relay.
 const MAX_ERROR_BODY: usize = 1 << 20;
@@ -177,7 +182,15 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
             sleep_until(resume).await;
         };
         if !may_advance(failure.reason, failure.status, &route.spec.fallback) {
-            return finish_failed(route, call, failure, sent, pos as u32, log, shortest_retry_after);
+            return finish_failed(
+                route,
+                call,
+                failure,
+                sent,
+                pos as u32,
+                log,
+                shortest_retry_after,
+            );
         }
         last_real = Some(failure);
         if Instant::now() >= budget {
@@ -244,7 +257,10 @@ async fn attempt(
             headers.insert(name, v.clone());
         }
     }
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     let request = cred
         .client
         .post(cred.urls[call.surface.index()].clone())
@@ -317,7 +333,11 @@ async fn attempt(
         } else {
             None
         },
-        answer: Some(UpstreamAnswer { status, headers, body }),
+        answer: Some(UpstreamAnswer {
+            status,
+            headers,
+            body,
+        }),
     })
 }
 
@@ -359,8 +379,15 @@ fn relay_headers(from: &HeaderMap) -> HeaderMap {
     for (name, value) in from {
         if matches!(
             name.as_str(),
-            "connection" | "keep-alive" | "transfer-encoding" | "content-length" | "upgrade" | "proxy-connection"
-                | "te" | "trailer" | "x-request-id"
+            "connection"
+                | "keep-alive"
+                | "transfer-encoding"
+                | "content-length"
+                | "upgrade"
+                | "proxy-connection"
+                | "te"
+                | "trailer"
+                | "x-request-id"
         ) {
             continue;
         }
@@ -427,12 +454,18 @@ fn commit_stream(
                     Ok(Some(Err(e))) => {
                         st.done = true;
                         tracing::debug!(error = %e, "upstream stream failed after commit");
-                        let ev = sse::failure_event(st.wire, "the upstream stream failed after it had started");
+                        let ev = sse::failure_event(
+                            st.wire,
+                            "the upstream stream failed after it had started",
+                        );
                         return Some((Ok(ev), st));
                     }
                     Err(_) => {
                         st.done = true;
-                        let ev = sse::failure_event(st.wire, "the upstream stream stalled after it had started");
+                        let ev = sse::failure_event(
+                            st.wire,
+                            "the upstream stream stalled after it had started",
+                        );
                         return Some((Ok(ev), st));
                     }
                 }
@@ -456,7 +489,12 @@ fn finish_failed(
     if failure.reason.returns_upstream_answer()
         && let Some(a) = failure.answer
     {
-        let last_target = log.last().map(|l| route.targets[l.target as usize].credential.target_header.clone());
+        let last_target = log.last().map(|l| {
+            route.targets[l.target as usize]
+                .credential
+                .target_header
+                .clone()
+        });
         return Outcome {
             response: relay(a.status, &a.headers, Body::from(a.body)),
             attempts: sent,
@@ -510,15 +548,18 @@ fn finish_failed(
     let body = surface::error_body(wire, status.as_u16(), code, message, &views);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     if status == StatusCode::TOO_MANY_REQUESTS
         && let Some(ra) = shortest_retry_after
     {
         // Round up: a client that waits the whole seconds given must not be early.
         let secs = ra.as_millis().div_ceil(1000) as u64;
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     Outcome {
         response,

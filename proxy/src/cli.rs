@@ -21,7 +21,13 @@ pub struct Cli {
     /// Standalone mode: a manifest file or a folder of them (LLMRoute, ProviderCredential,
     /// and Secret with `data` or `stringData`). Reloaded when it changes; an edit that does
     /// not load keeps the last good config and reports the error with file and line.
-    #[arg(long, env = "SWITCHBACK_MANIFESTS", value_name = "PATH", conflicts_with = "namespace", required_unless_present = "namespace")]
+    #[arg(
+        long,
+        env = "SWITCHBACK_MANIFESTS",
+        value_name = "PATH",
+        conflicts_with = "namespace",
+        required_unless_present = "namespace"
+    )]
     pub manifests: Option<PathBuf>,
 
     /// Cluster mode: watch the ConfigMaps and Secrets labelled `switchback.dev/config` in
@@ -30,11 +36,21 @@ pub struct Cli {
     pub namespace: Option<String>,
 
     /// Address of the data port (the OpenAI/Anthropic-compatible API).
-    #[arg(long, env = "SWITCHBACK_LISTEN", value_name = "ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        env = "SWITCHBACK_LISTEN",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
     pub listen: SocketAddr,
 
     /// Address of the admin port (/healthz, /readyz, /admin/v1/config).
-    #[arg(long, env = "SWITCHBACK_ADMIN_LISTEN", value_name = "ADDR", default_value = "0.0.0.0:9090")]
+    #[arg(
+        long,
+        env = "SWITCHBACK_ADMIN_LISTEN",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:9090"
+    )]
     pub admin_listen: SocketAddr,
 
     /// Largest request body accepted, in bytes; larger ones get 413.
@@ -64,6 +80,9 @@ mod tests {
         let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
         assert_eq!(cli.listen.to_string(), "0.0.0.0:8080");
         assert_eq!(cli.admin_listen.to_string(), "0.0.0.0:9090");
-        assert!(Cli::try_parse_from(["switchback-proxy", "--manifests", "x", "--namespace", "n"]).is_err());
+        assert!(
+            Cli::try_parse_from(["switchback-proxy", "--manifests", "x", "--namespace", "n"])
+                .is_err()
+        );
     }
 }

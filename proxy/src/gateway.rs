@@ -151,6 +151,9 @@ impl Gateway {
     }
 
     pub fn report(&self) -> LoadReport {
-        self.report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }

@@ -44,11 +44,17 @@ pub enum StartError {
     #[error("the config could not be loaded:\n{}", .0.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
     Config(Vec<Problem>),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot build the upstream HTTP client: {0}")]
     Client(#[from] reqwest::Error),
     #[error("cannot watch {path}: {source}")]
-    Watch { path: PathBuf, source: notify::Error },
+    Watch {
+        path: PathBuf,
+        source: notify::Error,
+    },
 }
 
 /// A running proxy. Dropping it stops serving.
@@ -81,7 +87,10 @@ impl Drop for Running {
 /// both listeners and serve.
 pub async fn start(opts: Options) -> Result<Running, StartError> {
     let Source::Manifests(path) = &opts.source;
-    let gw = Arc::new(Gateway::new(opts.max_body_bytes, format!("manifests:{}", path.display()))?);
+    let gw = Arc::new(Gateway::new(
+        opts.max_body_bytes,
+        format!("manifests:{}", path.display()),
+    )?);
     {
         let (gw, path) = (gw.clone(), path.clone());
         tokio::task::spawn_blocking(move || reload::load_once(&gw, &path))
@@ -100,10 +109,14 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     };
     let data = bind(opts.listen).await?;
     let admin = bind(opts.admin_listen).await?;
-    let data_addr = data.local_addr().map_err(|source| StartError::Listen { addr: opts.listen, source })?;
-    let admin_addr = admin
-        .local_addr()
-        .map_err(|source| StartError::Listen { addr: opts.admin_listen, source })?;
+    let data_addr = data.local_addr().map_err(|source| StartError::Listen {
+        addr: opts.listen,
+        source,
+    })?;
+    let admin_addr = admin.local_addr().map_err(|source| StartError::Listen {
+        addr: opts.admin_listen,
+        source,
+    })?;
     let data_app = server::data_router(gw.clone());
     let admin_app = server::admin_router(gw.clone());
     let tasks = vec![

@@ -121,7 +121,11 @@ pub fn load(path: &Path) -> Result<ManifestSet, Vec<ManifestError>> {
             }),
         }
     }
-    if errors.is_empty() { Ok(set) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(set)
+    } else {
+        Err(errors)
+    }
 }
 
 /// The YAML documents of a file with the 1-based line each starts on.
@@ -157,7 +161,10 @@ pub fn load_text(file: &Path, text: &str, set: &mut ManifestSet, errors: &mut Ve
         let value: serde_yaml_ng::Value = match serde_yaml_ng::from_str(&doc) {
             Ok(v) => v,
             Err(e) => {
-                errors.push(at(e.location().map(|l| l.line()), strip_location(&e.to_string())));
+                errors.push(at(
+                    e.location().map(|l| l.line()),
+                    strip_location(&e.to_string()),
+                ));
                 continue;
             }
         };
@@ -179,7 +186,10 @@ pub fn load_text(file: &Path, text: &str, set: &mut ManifestSet, errors: &mut Ve
             (API_VERSION, "ProviderCredential") => KindKey::Credential,
             ("v1", "Secret") => KindKey::Secret,
             (v, k @ ("LLMRoute" | "ProviderCredential")) => {
-                errors.push(at(None, format!("{k} {id}: apiVersion {v:?} is not {API_VERSION:?}")));
+                errors.push(at(
+                    None,
+                    format!("{k} {id}: apiVersion {v:?} is not {API_VERSION:?}"),
+                ));
                 continue;
             }
             (_, "") => {
@@ -187,7 +197,8 @@ pub fn load_text(file: &Path, text: &str, set: &mut ManifestSet, errors: &mut Ve
                 continue;
             }
             (v, k) => {
-                set.skipped.push(format!("{}:{start}: {v}/{k} {id}", file.display()));
+                set.skipped
+                    .push(format!("{}:{start}: {v}/{k} {id}", file.display()));
                 continue;
             }
         };
@@ -235,7 +246,10 @@ fn typed<T: DeserializeOwned>(doc: &str) -> Result<T, (Option<usize>, String)> {
         let line = inner.location().map(|l| l.line());
         let msg = strip_location(&inner.to_string());
         // The message may already start with the path (serde_yaml_ng adds it).
-        let msg = msg.strip_prefix(&format!("{path}: ")).unwrap_or(&msg).to_string();
+        let msg = msg
+            .strip_prefix(&format!("{path}: "))
+            .unwrap_or(&msg)
+            .to_string();
         let message = if path == "." || path.is_empty() {
             msg
         } else {
@@ -259,7 +273,10 @@ mod tests {
     #[test]
     fn splits_documents_and_remembers_lines() {
         let docs = documents("# c\n---\na: 1\n---\n# only a comment\n---\nb: 2\nc: 3\n");
-        assert_eq!(docs, vec![(3, "a: 1\n".to_string()), (7, "b: 2\nc: 3\n".to_string())]);
+        assert_eq!(
+            docs,
+            vec![(3, "a: 1\n".to_string()), (7, "b: 2\nc: 3\n".to_string())]
+        );
     }
 
     #[test]
@@ -273,8 +290,16 @@ mod tests {
         // The parser notices the unclosed sequence at the end of the document.
         assert!(matches!(errors[0].line, Some(5 | 6)), "{errors:?}");
         let mut errors = Vec::new();
-        load_text(Path::new("m.yaml"), "metadata: {name: a}\n", &mut set, &mut errors);
-        assert_eq!(errors[0].to_string(), "m.yaml:1: the document has no `kind`");
+        load_text(
+            Path::new("m.yaml"),
+            "metadata: {name: a}\n",
+            &mut set,
+            &mut errors,
+        );
+        assert_eq!(
+            errors[0].to_string(),
+            "m.yaml:1: the document has no `kind`"
+        );
     }
 
     #[test]
@@ -300,8 +325,16 @@ mod tests {
         let mut set = ManifestSet::default();
         let mut errors = Vec::new();
         let s = "apiVersion: v1\nkind: Secret\nmetadata: {name: k}\nstringData: {a: b}\n";
-        load_text(Path::new("m.yaml"), &format!("{s}---\n{s}"), &mut set, &mut errors);
+        load_text(
+            Path::new("m.yaml"),
+            &format!("{s}---\n{s}"),
+            &mut set,
+            &mut errors,
+        );
         assert_eq!(errors.len(), 1);
-        assert_eq!(errors[0].to_string(), "m.yaml:6: Secret default/k is also declared at m.yaml:1");
+        assert_eq!(
+            errors[0].to_string(),
+            "m.yaml:6: Secret default/k is also declared at m.yaml:1"
+        );
     }
 }

@@ -13,7 +13,9 @@ use switchback_crds::network::is_private_ip;
 pub struct PublicOnly;
 
 #[derive(Debug, thiserror::Error)]
-#[error("{host} resolves only to private, loopback or link-local addresses; set allowPrivateNetwork: true on the credential to allow it")]
+#[error(
+    "{host} resolves only to private, loopback or link-local addresses; set allowPrivateNetwork: true on the credential to allow it"
+)]
 pub struct PrivateAddress {
     host: String,
 }
@@ -27,7 +29,9 @@ impl Resolve for PublicOnly {
                 .filter(|a| !is_private_ip(a.ip()))
                 .collect();
             if addrs.is_empty() {
-                return Err(Box::new(PrivateAddress { host }) as Box<dyn std::error::Error + Send + Sync>);
+                return Err(
+                    Box::new(PrivateAddress { host }) as Box<dyn std::error::Error + Send + Sync>
+                );
             }
             Ok(Box::new(addrs.into_iter()) as Addrs)
         })

@@ -76,7 +76,8 @@ mod tests {
 
     use reqwest::header::HeaderValue;
     use switchback_crds::config::{
-        CircuitBreaker, Credential, Fallback, ObjectId, Price, Provider, Retry, Route, SecretKeyRef, Target,
+        CircuitBreaker, Credential, Fallback, ObjectId, Price, Provider, Retry, Route,
+        SecretKeyRef, Target,
     };
 
     use super::*;
@@ -98,7 +99,11 @@ mod tests {
                 },
             },
             target_header: HeaderValue::from_static("ns/c"),
-            urls: ["http://x/a".parse().unwrap(), "http://x/b".parse().unwrap(), "http://x/c".parse().unwrap()],
+            urls: [
+                "http://x/a".parse().unwrap(),
+                "http://x/b".parse().unwrap(),
+                "http://x/c".parse().unwrap(),
+            ],
             headers: None,
             client: reqwest::Client::new(),
         });
@@ -157,10 +162,16 @@ mod tests {
     #[test]
     fn least_latency_tries_unmeasured_first_then_fastest() {
         let r = route(Strategy::LeastLatency, vec![(1, None); 3]);
-        r.targets[0].state.observe_latency(Duration::from_millis(30));
-        r.targets[2].state.observe_latency(Duration::from_millis(10));
+        r.targets[0]
+            .state
+            .observe_latency(Duration::from_millis(30));
+        r.targets[2]
+            .state
+            .observe_latency(Duration::from_millis(10));
         assert_eq!(order(&r, 0.0).as_slice(), &[1, 2, 0]);
-        r.targets[1].state.observe_latency(Duration::from_millis(20));
+        r.targets[1]
+            .state
+            .observe_latency(Duration::from_millis(20));
         assert_eq!(order(&r, 0.0).as_slice(), &[2, 1, 0]);
     }
 

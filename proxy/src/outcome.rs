@@ -62,7 +62,10 @@ impl Reason {
     /// Failures whose upstream answer is handed to the client as it was when the chain
     /// stops on them: they say something about the request, not the provider.
     pub fn returns_upstream_answer(self) -> bool {
-        matches!(self, Self::ContextLength | Self::AuthError | Self::ClientError)
+        matches!(
+            self,
+            Self::ContextLength | Self::AuthError | Self::ClientError
+        )
     }
 }
 
@@ -87,7 +90,9 @@ pub fn is_context_length(body: &[u8]) -> bool {
         b"maximum context length",
         b"context length",
     ];
-    NEEDLES.iter().any(|n| memchr::memmem::find(body, n).is_some())
+    NEEDLES
+        .iter()
+        .any(|n| memchr::memmem::find(body, n).is_some())
 }
 
 /// Retry-After as a duration: `retry-after-ms` (OpenAI) first, then `Retry-After` in
@@ -101,7 +106,11 @@ pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Du
     {
         return Some(Duration::from_millis(ms as u64));
     }
-    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let v = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     if let Ok(secs) = v.parse::<u64>() {
         return Some(Duration::from_secs(secs));
     }
@@ -199,7 +208,10 @@ mod tests {
         assert!(retryable(Reason::Timeout, Some(408), &r));
         assert!(retryable(Reason::RateLimited, Some(429), &r));
         assert!(retryable(Reason::Status5xx, Some(500), &r));
-        assert!(!retryable(Reason::Timeout, None, &r), "attempt timeouts advance at once");
+        assert!(
+            !retryable(Reason::Timeout, None, &r),
+            "attempt timeouts advance at once"
+        );
         assert!(!retryable(Reason::ContextLength, Some(400), &r));
         assert!(!retryable(Reason::AuthError, Some(401), &r));
         assert!(!retryable(Reason::ClientError, Some(404), &r));
@@ -214,7 +226,10 @@ mod tests {
         assert!(retryable(Reason::Status5xx, Some(503), &r));
         assert!(!retryable(Reason::Status5xx, Some(500), &r));
         assert!(retryable(Reason::ClientError, Some(409), &r));
-        assert!(retryable(Reason::ConnectionError, None, &r), "transport errors always retry");
+        assert!(
+            retryable(Reason::ConnectionError, None, &r),
+            "transport errors always retry"
+        );
         let r = Retry {
             on_status_codes: Some(vec![400]),
             ..retry_default()
@@ -237,7 +252,10 @@ mod tests {
         ] {
             assert!(may_advance(r, None, &f), "{r:?}");
         }
-        assert!(!may_advance(Reason::AuthError, Some(401), &f), "authError is opt-in");
+        assert!(
+            !may_advance(Reason::AuthError, Some(401), &f),
+            "authError is opt-in"
+        );
         assert!(!may_advance(Reason::ClientError, Some(400), &f));
         let f = Fallback {
             on: vec![FailureClass::AuthError],
@@ -259,7 +277,11 @@ mod tests {
         assert_eq!(backoff(1, &r, 0.0), Duration::ZERO);
         assert_eq!(backoff(1, &r, 0.5), Duration::from_millis(50));
         assert_eq!(backoff(2, &r, 0.5), Duration::from_millis(100));
-        assert_eq!(backoff(3, &r, 0.5), Duration::from_millis(125), "capped at maxBackoff");
+        assert_eq!(
+            backoff(3, &r, 0.5),
+            Duration::from_millis(125),
+            "capped at maxBackoff"
+        );
         assert_eq!(backoff(40, &r, 0.999), Duration::from_micros(249_750));
     }
 

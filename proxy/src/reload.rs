@@ -95,7 +95,9 @@ pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
 /// Reload, logging and recording a refusal. Used by the watcher.
 pub fn reload(gw: &Gateway, path: &Path) {
     match load_once(gw, path) {
-        Ok(()) => tracing::info!(path = %path.display(), generation = gw.report().generation, "config reloaded"),
+        Ok(()) => {
+            tracing::info!(path = %path.display(), generation = gw.report().generation, "config reloaded")
+        }
         Err(problems) => {
             for p in &problems {
                 tracing::error!(problem = %p, "config refused; still serving the last good config");
@@ -130,14 +132,20 @@ pub fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher>
     let (watched, mode) = if path.is_dir() {
         (path.clone(), RecursiveMode::Recursive)
     } else {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         (parent.to_path_buf(), RecursiveMode::NonRecursive)
     };
     watcher.watch(&watched, mode)?;
     let task = tokio::spawn(async move {
         let mut last = fingerprint(&path);
         while rx.recv().await.is_some() {
-            while tokio::time::timeout(DEBOUNCE, rx.recv()).await.is_ok_and(|m| m.is_some()) {}
+            while tokio::time::timeout(DEBOUNCE, rx.recv())
+                .await
+                .is_ok_and(|m| m.is_some())
+            {}
             let now = fingerprint(&path);
             if now == last {
                 continue; // touched, not changed

@@ -44,7 +44,11 @@ pub fn admin_router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
-async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response<Body> {
+async fn chat(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response<Body> {
     handle(&gw, Surface::ChatCompletions, headers, body).await
 }
 
@@ -94,7 +98,10 @@ async fn handle(
         Err(rejection) => {
             let status = rejection.status();
             let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                format!("the request body is larger than the limit of {} bytes", gw.max_body_bytes)
+                format!(
+                    "the request body is larger than the limit of {} bytes",
+                    gw.max_body_bytes
+                )
             } else {
                 rejection.body_text()
             };
@@ -106,7 +113,12 @@ async fn handle(
     response
 }
 
-async fn route_and_run(gw: &Gateway, surface: Surface, headers: &HeaderMap, body: Bytes) -> Response<Body> {
+async fn route_and_run(
+    gw: &Gateway,
+    surface: Surface,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
     let wire = surface.wire();
     let peek: Peek<'_> = match serde_json::from_slice(&body) {
         Ok(p) => p,
@@ -120,7 +132,12 @@ async fn route_and_run(gw: &Gateway, surface: Surface, headers: &HeaderMap, body
         }
     };
     let Some(model) = peek.model else {
-        return gateway_error(wire, StatusCode::BAD_REQUEST, "invalid_request", "the request has no \"model\"");
+        return gateway_error(
+            wire,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the request has no \"model\"",
+        );
     };
     let snapshot = gw.snapshot();
     let Some(route) = snapshot.routes.get(model.as_ref()) else {
@@ -160,8 +177,10 @@ fn gateway_error(wire: Wire, status: StatusCode, code: &str, message: &str) -> R
     let body = surface::error_body(wire, status.as_u16(), code, message, &[]);
     let mut r = Response::new(Body::from(body));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r.headers_mut().insert(X_ATTEMPTS, HeaderValue::from(0u32));
     r.headers_mut().insert(X_FALLBACKS, HeaderValue::from(0u32));
     r
@@ -171,7 +190,10 @@ fn gateway_error(wire: Wire, status: StatusCode, code: &str, message: &str) -> R
 /// the Anthropic one when the client sends `anthropic-version`.
 async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response<Body> {
     let snapshot = gw.snapshot();
-    let names = snapshot.route_list.iter().flat_map(|r| r.spec.models.iter());
+    let names = snapshot
+        .route_list
+        .iter()
+        .flat_map(|r| r.spec.models.iter());
     let body = if headers.contains_key("anthropic-version") {
         let data: Vec<_> = names
             .map(|m| serde_json::json!({"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}))
@@ -189,10 +211,14 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response<
 }
 
 fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Body> {
-    let mut r = Response::new(Body::from(serde_json::to_vec_pretty(body).unwrap_or_default()));
+    let mut r = Response::new(Body::from(
+        serde_json::to_vec_pretty(body).unwrap_or_default(),
+    ));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -214,7 +240,10 @@ async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
         .iter()
         .map(|c| {
             let mut v = serde_json::to_value(c).unwrap_or_default();
-            let has_key = snapshot.credentials.get(&c.id).is_some_and(|rt| rt.headers.is_some());
+            let has_key = snapshot
+                .credentials
+                .get(&c.id)
+                .is_some_and(|rt| rt.headers.is_some());
             v["keyPresent"] = serde_json::Value::Bool(has_key);
             v
         })

@@ -47,7 +47,11 @@ impl TargetState {
         let _ = self
             .latency_ewma_us
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                Some(if old == 0 { sample } else { (old * 4 + sample) / 5 })
+                Some(if old == 0 {
+                    sample
+                } else {
+                    (old * 4 + sample) / 5
+                })
             });
     }
 }
@@ -65,7 +69,10 @@ pub struct TargetKey {
 pub struct TargetStates(Mutex<HashMap<TargetKey, Arc<TargetState>>>);
 
 impl TargetStates {
-    fn get_or_create(map: &mut HashMap<TargetKey, Arc<TargetState>>, key: TargetKey) -> Arc<TargetState> {
+    fn get_or_create(
+        map: &mut HashMap<TargetKey, Arc<TargetState>>,
+        key: TargetKey,
+    ) -> Arc<TargetState> {
         map.entry(key).or_default().clone()
     }
 }
@@ -126,7 +133,9 @@ pub enum PrepareError {
         field: &'static str,
         message: String,
     },
-    #[error("{route}: spec.targets[{index}].credentialRef: credential {credential} is not in the config")]
+    #[error(
+        "{route}: spec.targets[{index}].credentialRef: credential {credential} is not in the config"
+    )]
     DanglingCredential {
         route: ObjectId,
         index: usize,
@@ -143,10 +152,17 @@ pub enum PrepareError {
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Build the serving snapshot. Fails without side effects on the live config.
-pub fn prepare(compiled: &Compiled, clients: &Clients, states: &TargetStates) -> Result<Snapshot, PrepareError> {
+pub fn prepare(
+    compiled: &Compiled,
+    clients: &Clients,
+    states: &TargetStates,
+) -> Result<Snapshot, PrepareError> {
     let mut credentials = HashMap::new();
     for c in &compiled.config.credentials {
-        credentials.insert(c.id.clone(), Arc::new(prepare_credential(c, compiled, clients)?));
+        credentials.insert(
+            c.id.clone(),
+            Arc::new(prepare_credential(c, compiled, clients)?),
+        );
     }
     let mut states_map = states.0.lock().unwrap_or_else(|p| p.into_inner());
     let mut routes = HashMap::new();
@@ -154,14 +170,13 @@ pub fn prepare(compiled: &Compiled, clients: &Clients, states: &TargetStates) ->
     for r in &compiled.config.routes {
         let mut targets = Vec::with_capacity(r.targets.len());
         for (index, t) in r.targets.iter().enumerate() {
-            let credential = credentials
-                .get(&t.credential)
-                .cloned()
-                .ok_or_else(|| PrepareError::DanglingCredential {
+            let credential = credentials.get(&t.credential).cloned().ok_or_else(|| {
+                PrepareError::DanglingCredential {
                     route: r.id.clone(),
                     index,
                     credential: t.credential.clone(),
-                })?;
+                }
+            })?;
             let key = TargetKey {
                 credential: t.credential.clone(),
                 model: t.model.clone(),
@@ -205,15 +220,23 @@ fn header_value(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
-fn prepare_credential(c: &Credential, compiled: &Compiled, clients: &Clients) -> Result<CredentialRt, PrepareError> {
+fn prepare_credential(
+    c: &Credential,
+    compiled: &Compiled,
+    clients: &Clients,
+) -> Result<CredentialRt, PrepareError> {
     let err = |field: &'static str, message: String| PrepareError::Credential {
         credential: c.id.clone(),
         field,
         message,
     };
     let url = |s: Surface| {
-        reqwest::Url::parse(&format!("{}{}", c.base_url, s.upstream_path()))
-            .map_err(|e| err("spec.baseURL", format!("{:?} is not a valid URL: {e}", c.base_url)))
+        reqwest::Url::parse(&format!("{}{}", c.base_url, s.upstream_path())).map_err(|e| {
+            err(
+                "spec.baseURL",
+                format!("{:?} is not a valid URL: {e}", c.base_url),
+            )
+        })
     };
     let urls = [
         url(Surface::ChatCompletions)?,
@@ -225,22 +248,39 @@ fn prepare_credential(c: &Credential, compiled: &Compiled, clients: &Clients) ->
         Some(key) => {
             let mut h = HeaderMap::with_capacity(c.headers.len() + 2);
             for (name, value) in &c.headers {
-                let n = HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| err("spec.headers", format!("{name:?} is not a valid header name")))?;
-                let v = HeaderValue::from_str(value)
-                    .map_err(|_| err("spec.headers", format!("the value of {name:?} is not a valid header value")))?;
+                let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                    err(
+                        "spec.headers",
+                        format!("{name:?} is not a valid header name"),
+                    )
+                })?;
+                let v = HeaderValue::from_str(value).map_err(|_| {
+                    err(
+                        "spec.headers",
+                        format!("the value of {name:?} is not a valid header value"),
+                    )
+                })?;
                 h.insert(n, v);
             }
             let (name, value) = match c.provider {
                 Provider::Anthropic => {
-                    h.insert("anthropic-version", HeaderValue::from_static(ANTHROPIC_VERSION));
+                    h.insert(
+                        "anthropic-version",
+                        HeaderValue::from_static(ANTHROPIC_VERSION),
+                    );
                     ("x-api-key", key.expose().clone())
                 }
-                Provider::Openai | Provider::OpenaiCompatible => ("authorization", format!("Bearer {}", key.expose())),
+                Provider::Openai | Provider::OpenaiCompatible => {
+                    ("authorization", format!("Bearer {}", key.expose()))
+                }
             };
             // The message never includes the value: it is key material.
-            let mut v = HeaderValue::from_str(&value)
-                .map_err(|_| err("secretRef", "the key contains characters not allowed in a header".into()))?;
+            let mut v = HeaderValue::from_str(&value).map_err(|_| {
+                err(
+                    "secretRef",
+                    "the key contains characters not allowed in a header".into(),
+                )
+            })?;
             v.set_sensitive(true);
             h.insert(name, v);
             Some(h)

@@ -145,7 +145,10 @@ pub fn error_event(event: &[u8]) -> Option<StreamError> {
 
 fn status_for(kind: Option<&str>, code: Option<&serde_json::Value>) -> u16 {
     let code_str = code.and_then(|c| c.as_str());
-    if let Some(n) = code.and_then(|c| c.as_u64()).filter(|n| (400..600).contains(n)) {
+    if let Some(n) = code
+        .and_then(|c| c.as_u64())
+        .filter(|n| (400..600).contains(n))
+    {
         return n as u16;
     }
     match kind.or(code_str) {
@@ -196,7 +199,8 @@ mod tests {
 
     #[test]
     fn frames_events_split_at_every_byte() {
-        let stream = b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\nevent: ping\ndata: {}\n\ndata: [DONE]\n\n";
+        let stream =
+            b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\nevent: ping\ndata: {}\n\ndata: [DONE]\n\n";
         let whole = all_events(&[stream]);
         assert_eq!(whole.len(), 4);
         assert_eq!(&whole[1][..], b"data: {\"b\":2}\r\n\r\n");
@@ -212,7 +216,10 @@ mod tests {
     fn keeps_an_unterminated_tail() {
         assert_eq!(
             all_events(&[b"data: 1\n\ndata: 2"]),
-            vec![Bytes::from_static(b"data: 1\n\n"), Bytes::from_static(b"data: 2")]
+            vec![
+                Bytes::from_static(b"data: 1\n\n"),
+                Bytes::from_static(b"data: 2")
+            ]
         );
     }
 
@@ -237,8 +244,16 @@ mod tests {
 
     #[test]
     fn ordinary_events_are_not_errors() {
-        assert!(error_event(b"data: {\"choices\":[{\"delta\":{\"content\":\"\\\"error\\\"\"}}]}\n\n").is_none());
-        assert!(error_event(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n").is_none());
+        assert!(
+            error_event(b"data: {\"choices\":[{\"delta\":{\"content\":\"\\\"error\\\"\"}}]}\n\n")
+                .is_none()
+        );
+        assert!(
+            error_event(
+                b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n"
+            )
+            .is_none()
+        );
         assert!(error_event(b"data: [DONE]\n\n").is_none());
         assert!(error_event(b": keep-alive\n\n").is_none());
     }

@@ -68,7 +68,13 @@ pub struct AttemptView<'a> {
 
 /// An error the gateway itself answers (as opposed to an upstream response passed
 /// through), in the client's wire shape.
-pub fn error_body(wire: Wire, status: u16, code: &str, message: &str, attempts: &[AttemptView<'_>]) -> Bytes {
+pub fn error_body(
+    wire: Wire,
+    status: u16,
+    code: &str,
+    message: &str,
+    attempts: &[AttemptView<'_>],
+) -> Bytes {
     let body = match wire {
         Wire::OpenAi => serde_json::json!({"error": {
             "message": message,
@@ -119,15 +125,27 @@ mod tests {
             reason: "status5xx",
             duration_ms: 12,
         }];
-        let v: serde_json::Value =
-            serde_json::from_slice(&error_body(Wire::OpenAi, 502, "all_providers_failed", "m", &a)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&error_body(
+            Wire::OpenAi,
+            502,
+            "all_providers_failed",
+            "m",
+            &a,
+        ))
+        .unwrap();
         assert_eq!(v["error"]["code"], "all_providers_failed");
         assert_eq!(v["error"]["type"], "server_error");
         assert_eq!(v["error"]["message"], "m");
         assert_eq!(v["error"]["attempts"][0]["durationMs"], 12);
         assert_eq!(v["error"]["attempts"][0]["status"], 503);
-        let v: serde_json::Value =
-            serde_json::from_slice(&error_body(Wire::Anthropic, 404, "model_not_found", "m", &[])).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&error_body(
+            Wire::Anthropic,
+            404,
+            "model_not_found",
+            "m",
+            &[],
+        ))
+        .unwrap();
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["type"], "not_found_error");
         assert_eq!(v["error"]["code"], "model_not_found");

@@ -4,4 +4,5 @@
 //! integration tests, demos and benchmarks share one set of simulated providers (and,
 //! later, one harness that starts the proxy against them).
 
+pub mod harness;
 pub mod sim;

@@ -90,7 +90,11 @@ pub enum Behavior {
     Stream { chunks: usize, interval: Duration },
     /// Arbitrary status; `body` defaults to [`error_body`] for the status (JSON), a
     /// given body is sent as is (`application/json` when it parses as JSON).
-    Status { status: u16, body: Option<String>, retry_after: Option<String> },
+    Status {
+        status: u16,
+        body: Option<String>,
+        retry_after: Option<String>,
+    },
     /// 429 with `retry-after: <secs>` and a rate-limit error body.
     RateLimited { retry_after_secs: u64 },
     /// The given 5xx (or any) status with the flavor's error body for it.
@@ -471,9 +475,7 @@ async fn handle(
     });
     ctx.request_id = format!("req_sim_{index}");
 
-    let guard = CancelGuard {
-        state: Some(state),
-    };
+    let guard = CancelGuard { state: Some(state) };
     respond(&ctx, behavior, guard).await
 }
 
@@ -669,6 +671,9 @@ fn sse(
                 unreachable!("pending never completes")
             }
             StreamEnd::Break => {
+                // Give hyper one Pending so it flushes the head and the events sent so
+                // far; an error in the same poll would discard them unsent.
+                tokio::task::yield_now().await;
                 s.guard.take().map(CancelGuard::finish);
                 let err = std::io::Error::other("sim: BreakMidStream");
                 Some((Err(err), s))
@@ -911,7 +916,11 @@ pub fn error_body(flavor: Flavor, status: u16) -> Value {
     match flavor {
         Flavor::OpenAi => {
             let (message, kind, code) = match status {
-                400 => ("Invalid request (simulated).", "invalid_request_error", None),
+                400 => (
+                    "Invalid request (simulated).",
+                    "invalid_request_error",
+                    None,
+                ),
                 401 => (
                     "Incorrect API key provided.",
                     "invalid_request_error",
@@ -954,8 +963,14 @@ pub fn error_body(flavor: Flavor, status: u16) -> Value {
                     "permission_error",
                     "Your API key does not have permission to use the specified resource.",
                 ),
-                404 => ("not_found_error", "The requested resource could not be found."),
-                413 => ("request_too_large", "Request exceeds the maximum allowed size."),
+                404 => (
+                    "not_found_error",
+                    "The requested resource could not be found.",
+                ),
+                413 => (
+                    "request_too_large",
+                    "Request exceeds the maximum allowed size.",
+                ),
                 429 => (
                     "rate_limit_error",
                     "Number of requests has exceeded your rate limit (simulated).",

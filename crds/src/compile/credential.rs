@@ -28,7 +28,9 @@ pub(crate) struct Outcome {
 impl Outcome {
     /// The first error, quoted by routes that reference a rejected credential.
     pub(crate) fn first_error(&self) -> Option<&Diagnostic> {
-        self.diagnostics.iter().find(|d| d.severity == Severity::Error)
+        self.diagnostics
+            .iter()
+            .find(|d| d.severity == Severity::Error)
     }
 }
 
@@ -39,7 +41,12 @@ const PROVIDERS: [(&str, Provider); 3] = [
 ];
 
 /// Header names that carry the key: they come from the Secret, never from `headers`.
-const KEY_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "proxy-authorization"];
+const KEY_HEADERS: [&str; 4] = [
+    "authorization",
+    "x-api-key",
+    "api-key",
+    "proxy-authorization",
+];
 /// Header names the proxy's HTTP client owns: setting them would break framing.
 const TRANSPORT_HEADERS: [&str; 7] = [
     "host",
@@ -51,7 +58,11 @@ const TRANSPORT_HEADERS: [&str; 7] = [
     "upgrade",
 ];
 
-pub(crate) fn compile(id: &ObjectId, spec: &ProviderCredentialSpec, secrets: &SecretIndex) -> Outcome {
+pub(crate) fn compile(
+    id: &ObjectId,
+    spec: &ProviderCredentialSpec,
+    secrets: &SecretIndex,
+) -> Outcome {
     let mut c = Checker::new(Kind::ProviderCredential, id);
 
     let provider = fields::one_of(&mut c, "spec.provider", &spec.provider, &PROVIDERS);
@@ -61,15 +72,30 @@ pub(crate) fn compile(id: &ObjectId, spec: &ProviderCredentialSpec, secrets: &Se
         (None, Some(provider)) => match provider.default_base_url() {
             Some(default) => default.to_string(),
             None => {
-                c.invalid("spec.baseURL", format!("is required for provider {}", provider.as_str()));
+                c.invalid(
+                    "spec.baseURL",
+                    format!("is required for provider {}", provider.as_str()),
+                );
                 String::new()
             }
         },
         (None, None) => String::new(),
     };
 
-    fields::string_len(&mut c, "spec.secretRef.name", &spec.secret_ref.name, 1, MAX_NAME_LEN as usize);
-    fields::string_len(&mut c, "spec.secretRef.key", &spec.secret_ref.key, 1, MAX_NAME_LEN as usize);
+    fields::string_len(
+        &mut c,
+        "spec.secretRef.name",
+        &spec.secret_ref.name,
+        1,
+        MAX_NAME_LEN as usize,
+    );
+    fields::string_len(
+        &mut c,
+        "spec.secretRef.key",
+        &spec.secret_ref.key,
+        1,
+        MAX_NAME_LEN as usize,
+    );
 
     let headers = headers(&mut c, spec.headers.as_ref());
 
@@ -138,10 +164,16 @@ fn base_url(c: &mut Checker, field: &str, raw: &str, allow_private_network: bool
         return String::new();
     }
     if !url.username().is_empty() || url.password().is_some() {
-        c.invalid(field, "must not contain a user name or password; the key comes from the Secret");
+        c.invalid(
+            field,
+            "must not contain a user name or password; the key comes from the Secret",
+        );
     }
     if url.query().is_some() || url.fragment().is_some() {
-        c.invalid(field, "must not have a query or fragment; endpoint paths are appended to it");
+        c.invalid(
+            field,
+            "must not have a query or fragment; endpoint paths are appended to it",
+        );
     }
     match url.host() {
         None => c.invalid(field, format!("{raw:?} has no host")),
@@ -157,28 +189,50 @@ fn base_url(c: &mut Checker, field: &str, raw: &str, allow_private_network: bool
     url.as_str().trim_end_matches('/').to_string()
 }
 
-fn headers(c: &mut Checker, headers: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
+fn headers(
+    c: &mut Checker,
+    headers: Option<&BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
     let Some(headers) = headers else {
         return BTreeMap::new();
     };
-    fields::list_len(c, "spec.headers", headers.len(), 0, MAX_HEADERS as usize, "headers");
+    fields::list_len(
+        c,
+        "spec.headers",
+        headers.len(),
+        0,
+        MAX_HEADERS as usize,
+        "headers",
+    );
     for (name, value) in headers {
         let field = format!("spec.headers[{name}]");
         let lower = name.to_ascii_lowercase();
         if !is_header_name(name) {
             c.invalid(&field, format!("{name:?} is not a valid HTTP header name"));
         } else if KEY_HEADERS.contains(&lower.as_str()) {
-            c.invalid(&field, format!("{name:?} carries the key from the Secret; it cannot be a static header"));
+            c.invalid(
+                &field,
+                format!("{name:?} carries the key from the Secret; it cannot be a static header"),
+            );
         } else if TRANSPORT_HEADERS.contains(&lower.as_str()) {
-            c.invalid(&field, format!("{name:?} is set by the proxy; it cannot be a static header"));
+            c.invalid(
+                &field,
+                format!("{name:?} is set by the proxy; it cannot be a static header"),
+            );
         }
         if value.len() > MAX_HEADER_VALUE_LEN as usize {
             c.invalid(
                 &field,
-                format!("value is {} bytes long; the maximum is {MAX_HEADER_VALUE_LEN}", value.len()),
+                format!(
+                    "value is {} bytes long; the maximum is {MAX_HEADER_VALUE_LEN}",
+                    value.len()
+                ),
             );
         } else if !is_header_value(value) {
-            c.invalid(&field, "value is not a valid HTTP header value (visible ASCII, spaces and tabs only)");
+            c.invalid(
+                &field,
+                "value is not a valid HTTP header value (visible ASCII, spaces and tabs only)",
+            );
         }
     }
     headers.clone()
@@ -194,7 +248,9 @@ fn is_header_name(name: &str) -> bool {
 
 /// Visible ASCII, space and tab: what every HTTP client accepts without escaping.
 fn is_header_value(value: &str) -> bool {
-    value.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
 }
 
 /// The key named by `secretRef`, or the field and message of a Warning. Surrounding
@@ -210,19 +266,28 @@ fn resolve_key(
     let Some(secret) = secrets.get(&secret_id) else {
         return Err((
             "spec.secretRef.name",
-            format!("Secret {:?} not found in namespace {}", secret_ref.name, id.namespace),
+            format!(
+                "Secret {:?} not found in namespace {}",
+                secret_ref.name, id.namespace
+            ),
         ));
     };
     let Some(bytes) = secret.get(&secret_ref.key) else {
         return Err((
             "spec.secretRef.key",
-            format!("Secret {:?} has no key {:?}", secret_ref.name, secret_ref.key),
+            format!(
+                "Secret {:?} has no key {:?}",
+                secret_ref.name, secret_ref.key
+            ),
         ));
     };
     let problem = |what: &str| {
         (
             "spec.secretRef.key",
-            format!("key {:?} of Secret {:?} {what}", secret_ref.key, secret_ref.name),
+            format!(
+                "key {:?} of Secret {:?} {what}",
+                secret_ref.key, secret_ref.name
+            ),
         )
     };
     let text = std::str::from_utf8(bytes).map_err(|_| problem("is not UTF-8 text"))?;

@@ -23,11 +23,21 @@ impl Checker {
         }
     }
 
-    pub(crate) fn error(&mut self, reason: &'static str, field: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn error(
+        &mut self,
+        reason: &'static str,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) {
         self.push(Severity::Error, reason, field.into(), message.into());
     }
 
-    pub(crate) fn warning(&mut self, reason: &'static str, field: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn warning(
+        &mut self,
+        reason: &'static str,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) {
         self.push(Severity::Warning, reason, field.into(), message.into());
     }
 
@@ -37,7 +47,9 @@ impl Checker {
     }
 
     pub(crate) fn has_errors(&self) -> bool {
-        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
+        self.diagnostics
+            .iter()
+            .any(|d| d.severity == Severity::Error)
     }
 
     fn push(&mut self, severity: Severity, reason: &'static str, field: String, message: String) {
@@ -53,7 +65,14 @@ impl Checker {
 }
 
 /// An integer within `min..=max` (schema `minimum`/`maximum`), or `default` when unset.
-pub(crate) fn int_in_range(c: &mut Checker, field: &str, value: Option<i32>, min: i32, max: i32, default: u32) -> u32 {
+pub(crate) fn int_in_range(
+    c: &mut Checker,
+    field: &str,
+    value: Option<i32>,
+    min: i32,
+    max: i32,
+    default: u32,
+) -> u32 {
     let Some(value) = value else {
         return default;
     };
@@ -71,11 +90,22 @@ pub(crate) fn int_in_range(c: &mut Checker, field: &str, value: Option<i32>, min
 
 /// A Gateway API duration in milliseconds, or `default_ms` when unset. `positive`
 /// adds the CEL rule `duration(self) > duration('0s')`.
-pub(crate) fn duration_ms(c: &mut Checker, field: &str, value: Option<&str>, default_ms: u64, positive: bool) -> u64 {
+pub(crate) fn duration_ms(
+    c: &mut Checker,
+    field: &str,
+    value: Option<&str>,
+    default_ms: u64,
+    positive: bool,
+) -> u64 {
     optional_duration_ms(c, field, value, positive).unwrap_or(default_ms)
 }
 
-pub(crate) fn optional_duration_ms(c: &mut Checker, field: &str, value: Option<&str>, positive: bool) -> Option<u64> {
+pub(crate) fn optional_duration_ms(
+    c: &mut Checker,
+    field: &str,
+    value: Option<&str>,
+    positive: bool,
+) -> Option<u64> {
     let text = value?;
     match duration::parse_ms(text) {
         None => {
@@ -94,18 +124,33 @@ pub(crate) fn optional_duration_ms(c: &mut Checker, field: &str, value: Option<&
 }
 
 /// One of a fixed set of names (schema `enum`).
-pub(crate) fn one_of<T: Copy>(c: &mut Checker, field: &str, value: &str, choices: &[(&str, T)]) -> Option<T> {
+pub(crate) fn one_of<T: Copy>(
+    c: &mut Checker,
+    field: &str,
+    value: &str,
+    choices: &[(&str, T)],
+) -> Option<T> {
     if let Some((_, parsed)) = choices.iter().find(|(name, _)| *name == value) {
         return Some(*parsed);
     }
     let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
-    c.invalid(field, format!("{value:?} is not one of {}", names.join(", ")));
+    c.invalid(
+        field,
+        format!("{value:?} is not one of {}", names.join(", ")),
+    );
     None
 }
 
 /// A list's length within `min..=max` (schema `minItems`/`maxItems`); `noun` is what
 /// the list holds, plural.
-pub(crate) fn list_len(c: &mut Checker, field: &str, len: usize, min: usize, max: usize, noun: &str) -> bool {
+pub(crate) fn list_len(
+    c: &mut Checker,
+    field: &str,
+    len: usize,
+    min: usize,
+    max: usize,
+    noun: &str,
+) -> bool {
     if len < min {
         let message = if len == 0 {
             format!("has no {noun}; at least {min} is required")
@@ -123,14 +168,23 @@ pub(crate) fn list_len(c: &mut Checker, field: &str, len: usize, min: usize, max
 }
 
 /// A string's length in characters within `min..=max` (schema `minLength`/`maxLength`).
-pub(crate) fn string_len(c: &mut Checker, field: &str, value: &str, min: usize, max: usize) -> bool {
+pub(crate) fn string_len(
+    c: &mut Checker,
+    field: &str,
+    value: &str,
+    min: usize,
+    max: usize,
+) -> bool {
     let len = value.chars().count();
     if len < min {
         c.invalid(field, "must not be empty");
         return false;
     }
     if len > max {
-        c.invalid(field, format!("is {len} characters long; the maximum is {max}"));
+        c.invalid(
+            field,
+            format!("is {len} characters long; the maximum is {max}"),
+        );
         return false;
     }
     true
@@ -167,6 +221,9 @@ pub(crate) fn decimal(c: &mut Checker, field: &str, value: &str) -> f64 {
             return number;
         }
     }
-    c.invalid(field, format!("{value:?} is not a decimal number like \"2.50\""));
+    c.invalid(
+        field,
+        format!("{value:?} is not a decimal number like \"2.50\""),
+    );
     0.0
 }

@@ -43,22 +43,42 @@ pub(crate) fn compile(
 
     let models = models(&mut c, id, spec.models.as_deref());
     let strategy = match spec.strategy.as_ref().and_then(|s| s.mode.as_deref()) {
-        Some(mode) => fields::one_of(&mut c, "spec.strategy.mode", mode, &MODES).unwrap_or(Strategy::Fallback),
+        Some(mode) => {
+            fields::one_of(&mut c, "spec.strategy.mode", mode, &MODES).unwrap_or(Strategy::Fallback)
+        }
         None => Strategy::Fallback,
     };
 
-    fields::list_len(&mut c, "spec.targets", spec.targets.len(), 1, MAX_TARGETS as usize, "targets");
+    fields::list_len(
+        &mut c,
+        "spec.targets",
+        spec.targets.len(),
+        1,
+        MAX_TARGETS as usize,
+        "targets",
+    );
     let targets: Vec<Target> = spec
         .targets
         .iter()
         .enumerate()
-        .map(|(i, target)| self::target(&mut c, &format!("spec.targets[{i}]"), id, target, credentials))
+        .map(|(i, target)| {
+            self::target(
+                &mut c,
+                &format!("spec.targets[{i}]"),
+                id,
+                target,
+                credentials,
+            )
+        })
         .collect();
 
     let fallback = fallback(&mut c, spec.fallback.as_ref());
     if fallback.on.contains(&FailureClass::AuthError) {
         let first = spec.targets.first().map(|t| t.credential_ref.name.as_str());
-        let distinct = spec.targets.iter().any(|t| Some(t.credential_ref.name.as_str()) != first);
+        let distinct = spec
+            .targets
+            .iter()
+            .any(|t| Some(t.credential_ref.name.as_str()) != first);
         if !distinct {
             c.invalid(
                 "spec.fallback.on",
@@ -67,7 +87,13 @@ pub(crate) fn compile(
         }
     }
     let circuit_breaker = circuit_breaker(&mut c, spec.circuit_breaker.as_ref());
-    let timeout_ms = fields::duration_ms(&mut c, "spec.timeout", spec.timeout.as_deref(), DEFAULT_TIMEOUT_MS, true);
+    let timeout_ms = fields::duration_ms(
+        &mut c,
+        "spec.timeout",
+        spec.timeout.as_deref(),
+        DEFAULT_TIMEOUT_MS,
+        true,
+    );
 
     let route = (!c.has_errors()).then(|| Route {
         id: id.clone(),
@@ -87,7 +113,14 @@ fn models(c: &mut Checker, id: &ObjectId, models: Option<&[String]>) -> Vec<Stri
     let Some(models) = models else {
         return vec![id.name.clone()];
     };
-    fields::list_len(c, "spec.models", models.len(), 1, MAX_MODELS as usize, "models");
+    fields::list_len(
+        c,
+        "spec.models",
+        models.len(),
+        1,
+        MAX_MODELS as usize,
+        "models",
+    );
     let mut seen = HashSet::new();
     for (i, model) in models.iter().enumerate() {
         let field = format!("spec.models[{i}]");
@@ -112,14 +145,29 @@ fn target(
         credential_ref(c, &name_field, &credential, credentials);
     }
     if let Some(model) = &spec.model {
-        fields::string_len(c, &format!("{path}.model"), model, 1, MAX_MODEL_LEN as usize);
+        fields::string_len(
+            c,
+            &format!("{path}.model"),
+            model,
+            1,
+            MAX_MODEL_LEN as usize,
+        );
     }
     let weight = fields::int_in_range(c, &format!("{path}.weight"), spec.weight, 1, 100, 1);
-    let timeout_ms = fields::optional_duration_ms(c, &format!("{path}.timeout"), spec.timeout.as_deref(), true);
+    let timeout_ms =
+        fields::optional_duration_ms(c, &format!("{path}.timeout"), spec.timeout.as_deref(), true);
     let retry = retry(c, &format!("{path}.retry"), spec.retry.as_ref());
     let price = spec.price.as_ref().map(|price| Price {
-        input_per_million: fields::decimal(c, &format!("{path}.price.inputPerMillion"), &price.input_per_million),
-        output_per_million: fields::decimal(c, &format!("{path}.price.outputPerMillion"), &price.output_per_million),
+        input_per_million: fields::decimal(
+            c,
+            &format!("{path}.price.inputPerMillion"),
+            &price.input_per_million,
+        ),
+        output_per_million: fields::decimal(
+            c,
+            &format!("{path}.price.outputPerMillion"),
+            &price.output_per_million,
+        ),
     });
     Target {
         credential,
@@ -133,7 +181,12 @@ fn target(
 
 /// The target's credential must exist in the route's namespace and be valid; one
 /// without a key keeps the route (the proxy skips that target) with a Warning.
-fn credential_ref(c: &mut Checker, field: &str, credential: &ObjectId, credentials: &BTreeMap<ObjectId, Outcome>) {
+fn credential_ref(
+    c: &mut Checker,
+    field: &str,
+    credential: &ObjectId,
+    credentials: &BTreeMap<ObjectId, Outcome>,
+) {
     let Some(outcome) = credentials.get(credential) else {
         c.error(
             reason::CREDENTIAL_NOT_FOUND,
@@ -172,14 +225,26 @@ fn retry(c: &mut Checker, path: &str, spec: Option<&RetrySpec>) -> Retry {
     let Some(spec) = spec else {
         return defaults;
     };
-    let attempts = fields::int_in_range(c, &format!("{path}.attempts"), spec.attempts, 1, 5, defaults.attempts);
-    let on_status_codes = spec
-        .on_status_codes
-        .as_deref()
-        .map(|codes| fields::status_codes(c, &format!("{path}.onStatusCodes"), codes, MAX_STATUS_CODES as usize));
+    let attempts = fields::int_in_range(
+        c,
+        &format!("{path}.attempts"),
+        spec.attempts,
+        1,
+        5,
+        defaults.attempts,
+    );
+    let on_status_codes = spec.on_status_codes.as_deref().map(|codes| {
+        fields::status_codes(
+            c,
+            &format!("{path}.onStatusCodes"),
+            codes,
+            MAX_STATUS_CODES as usize,
+        )
+    });
     let initial_field = format!("{path}.initialBackoff");
     let max_field = format!("{path}.maxBackoff");
-    let initial = fields::optional_duration_ms(c, &initial_field, spec.initial_backoff.as_deref(), false);
+    let initial =
+        fields::optional_duration_ms(c, &initial_field, spec.initial_backoff.as_deref(), false);
     let max = fields::optional_duration_ms(c, &max_field, spec.max_backoff.as_deref(), false);
     let initial_backoff_ms = initial.unwrap_or(defaults.initial_backoff_ms);
     let max_backoff_ms = max.unwrap_or(defaults.max_backoff_ms);
@@ -220,7 +285,9 @@ fn retry(c: &mut Checker, path: &str, spec: Option<&RetrySpec>) -> Retry {
         on_status_codes,
         initial_backoff_ms,
         max_backoff_ms,
-        honour_retry_after: spec.honour_retry_after.unwrap_or(defaults.honour_retry_after),
+        honour_retry_after: spec
+            .honour_retry_after
+            .unwrap_or(defaults.honour_retry_after),
     }
 }
 
@@ -232,10 +299,18 @@ fn fallback(c: &mut Checker, spec: Option<&FallbackSpec>) -> Fallback {
     let on = match &spec.on {
         None => defaults.on,
         Some(names) => {
-            fields::list_len(c, "spec.fallback.on", names.len(), 0, FAILURE_CLASSES.len(), "failure classes");
+            fields::list_len(
+                c,
+                "spec.fallback.on",
+                names.len(),
+                0,
+                FAILURE_CLASSES.len(),
+                "failure classes",
+            );
             let mut on: Vec<FailureClass> = Vec::with_capacity(names.len());
             for (i, name) in names.iter().enumerate() {
-                let class = fields::one_of(c, &format!("spec.fallback.on[{i}]"), name, &FAILURE_CLASSES);
+                let class =
+                    fields::one_of(c, &format!("spec.fallback.on[{i}]"), name, &FAILURE_CLASSES);
                 // A repeated class changes nothing; keep the first.
                 if let Some(class) = class
                     && !on.contains(&class)
@@ -249,7 +324,14 @@ fn fallback(c: &mut Checker, spec: Option<&FallbackSpec>) -> Fallback {
     let on_status_codes = spec
         .on_status_codes
         .as_deref()
-        .map(|codes| fields::status_codes(c, "spec.fallback.onStatusCodes", codes, MAX_STATUS_CODES as usize))
+        .map(|codes| {
+            fields::status_codes(
+                c,
+                "spec.fallback.onStatusCodes",
+                codes,
+                MAX_STATUS_CODES as usize,
+            )
+        })
         .unwrap_or_default();
     let max_retry_after_ms = fields::duration_ms(
         c,

@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use super::*;
 use crate::config::{
-    CircuitBreaker, Credential, FailureClass, Fallback, Price, Provider, Retry, SecretKeyRef, Strategy,
-    Target,
+    CircuitBreaker, Credential, FailureClass, Fallback, Price, Provider, Retry, SecretKeyRef,
+    Strategy, Target,
 };
 use crate::credential::ProviderCredentialSpec;
 use crate::route::{FallbackSpec, LLMRouteSpec, RetrySpec, TargetSpec};
@@ -96,11 +96,15 @@ impl Sample {
         for document in serde_yaml_ng::Deserializer::from_str(yaml) {
             let value = serde_yaml_ng::Value::deserialize(document).expect("sample is YAML");
             match value["kind"].as_str() {
-                Some("LLMRoute") => sample.routes.push(serde_yaml_ng::from_value(value).expect("route")),
-                Some("ProviderCredential") => {
-                    sample.credentials.push(serde_yaml_ng::from_value(value).expect("credential"))
-                }
-                Some("Secret") => sample.secrets.push(serde_yaml_ng::from_value(value).expect("secret")),
+                Some("LLMRoute") => sample
+                    .routes
+                    .push(serde_yaml_ng::from_value(value).expect("route")),
+                Some("ProviderCredential") => sample
+                    .credentials
+                    .push(serde_yaml_ng::from_value(value).expect("credential")),
+                Some("Secret") => sample
+                    .secrets
+                    .push(serde_yaml_ng::from_value(value).expect("secret")),
                 other => panic!("unexpected kind {other:?}"),
             }
         }
@@ -151,15 +155,29 @@ fn sample() -> Sample {
 }
 
 fn messages(compiled: &Compiled) -> Vec<String> {
-    compiled.diagnostics.iter().map(ToString::to_string).collect()
+    compiled
+        .diagnostics
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 fn route_ids(compiled: &Compiled) -> Vec<String> {
-    compiled.config.routes.iter().map(|r| r.id.to_string()).collect()
+    compiled
+        .config
+        .routes
+        .iter()
+        .map(|r| r.id.to_string())
+        .collect()
 }
 
 fn credential_ids(compiled: &Compiled) -> Vec<String> {
-    compiled.config.credentials.iter().map(|c| c.id.to_string()).collect()
+    compiled
+        .config
+        .credentials
+        .iter()
+        .map(|c| c.id.to_string())
+        .collect()
 }
 
 /// Compiles the sample after `change` and asserts it yields exactly one diagnostic,
@@ -175,7 +193,11 @@ fn rejects(change: impl FnOnce(&mut Sample), expected: &str) -> Compiled {
         Kind::LLMRoute => route_ids(&compiled),
         _ => credential_ids(&compiled),
     };
-    assert!(!ids.contains(&diagnostic.object.to_string()), "{} was kept", diagnostic.object);
+    assert!(
+        !ids.contains(&diagnostic.object.to_string()),
+        "{} was kept",
+        diagnostic.object
+    );
     compiled
 }
 
@@ -262,7 +284,11 @@ fn sample_compiles_to_the_expected_config() {
                     },
                 ],
                 fallback: Fallback {
-                    on: vec![FailureClass::Status5xx, FailureClass::Timeout, FailureClass::AuthError],
+                    on: vec![
+                        FailureClass::Status5xx,
+                        FailureClass::Timeout,
+                        FailureClass::AuthError,
+                    ],
                     on_status_codes: vec![404],
                     max_retry_after_ms: 10_000,
                 },
@@ -433,7 +459,11 @@ fn no_targets() {
 #[test]
 fn unknown_mode() {
     rejects(
-        |s| s.smart().strategy = Some(crate::route::Strategy { mode: Some("fastest".into()) }),
+        |s| {
+            s.smart().strategy = Some(crate::route::Strategy {
+                mode: Some("fastest".into()),
+            })
+        },
         "team-a/smart: spec.strategy.mode: \"fastest\" is not one of fallback, loadbalance, least-latency, cost-optimized",
     );
 }
@@ -475,7 +505,9 @@ fn credential_of_another_namespace_is_not_found() {
     let compiled = s.compile();
     assert_eq!(
         messages(&compiled),
-        vec!["team-a/smart: spec.targets[0].credentialRef.name: ProviderCredential \"openai-prod\" not found in namespace team-a"]
+        vec![
+            "team-a/smart: spec.targets[0].credentialRef.name: ProviderCredential \"openai-prod\" not found in namespace team-a"
+        ]
     );
     assert_eq!(compiled.diagnostics[0].reason, reason::CREDENTIAL_NOT_FOUND);
 }
@@ -483,7 +515,8 @@ fn credential_of_another_namespace_is_not_found() {
 #[test]
 fn missing_secret_key_warns_and_keeps_the_target() {
     let mut s = sample();
-    s.secrets.retain(|secret| secret.metadata.name.as_deref() != Some("openai-key"));
+    s.secrets
+        .retain(|secret| secret.metadata.name.as_deref() != Some("openai-key"));
     let compiled = s.compile();
     assert_eq!(
         messages(&compiled),
@@ -492,11 +525,24 @@ fn missing_secret_key_warns_and_keeps_the_target() {
             "team-a/openai-prod: spec.secretRef.name: Secret \"openai-key\" not found in namespace team-a",
         ]
     );
-    assert!(compiled.diagnostics.iter().all(|d| d.severity == Severity::Warning));
-    assert!(compiled.diagnostics.iter().all(|d| d.reason == reason::SECRET_KEY_MISSING));
+    assert!(
+        compiled
+            .diagnostics
+            .iter()
+            .all(|d| d.severity == Severity::Warning)
+    );
+    assert!(
+        compiled
+            .diagnostics
+            .iter()
+            .all(|d| d.reason == reason::SECRET_KEY_MISSING)
+    );
     // Route and credential kept, target kept, no key.
     assert_eq!(route_ids(&compiled), vec!["team-a/fast", "team-a/smart"]);
-    assert_eq!(credential_ids(&compiled), vec!["team-a/anthropic-prod", "team-a/openai-prod"]);
+    assert_eq!(
+        credential_ids(&compiled),
+        vec!["team-a/anthropic-prod", "team-a/openai-prod"]
+    );
     let smart = &compiled.config.routes[1];
     assert_eq!(smart.targets[0].credential, id("openai-prod"));
     assert!(compiled.keys.get(&id("openai-prod")).is_none());
@@ -520,10 +566,16 @@ fn missing_key_in_an_existing_secret_warns() {
 fn string_data_wins_over_data() {
     let mut s = sample();
     let secret = &mut s.secrets[1];
-    secret.string_data = Some(BTreeMap::from([("apiKey".into(), "sk-from-string-data".into())]));
+    secret.string_data = Some(BTreeMap::from([(
+        "apiKey".into(),
+        "sk-from-string-data".into(),
+    )]));
     let compiled = s.compile();
     assert_eq!(
-        compiled.keys.get(&id("anthropic-prod")).map(|k| k.expose().as_str()),
+        compiled
+            .keys
+            .get(&id("anthropic-prod"))
+            .map(|k| k.expose().as_str()),
         Some("sk-from-string-data")
     );
 }
@@ -566,8 +618,11 @@ fn private_base_url_is_refused() {
     let mut s = sample();
     s.credential("anthropic-prod").base_url = Some("http://169.254.169.254/latest".into());
     let compiled = s.compile();
-    let credential_errors: Vec<&Diagnostic> =
-        compiled.diagnostics.iter().filter(|d| d.kind == Kind::ProviderCredential).collect();
+    let credential_errors: Vec<&Diagnostic> = compiled
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == Kind::ProviderCredential)
+        .collect();
     assert_eq!(credential_errors.len(), 1);
     assert_eq!(
         credential_errors[0].to_string(),
@@ -592,7 +647,10 @@ fn private_base_url_is_refused_for_every_private_form() {
         s.credential("anthropic-prod").base_url = Some(url.into());
         let compiled = s.compile();
         assert!(
-            compiled.diagnostics.iter().any(|d| d.reason == reason::PRIVATE_NETWORK),
+            compiled
+                .diagnostics
+                .iter()
+                .any(|d| d.reason == reason::PRIVATE_NETWORK),
             "{url} was not refused"
         );
     }
@@ -641,7 +699,9 @@ fn model_conflict_older_route_wins() {
     let compiled = s.compile();
     assert_eq!(
         messages(&compiled),
-        vec!["team-a/smart: spec.models[0]: model \"smart\" is already served by the older route team-a/fast"]
+        vec![
+            "team-a/smart: spec.models[0]: model \"smart\" is already served by the older route team-a/fast"
+        ]
     );
     assert_eq!(compiled.diagnostics[0].reason, reason::MODEL_CONFLICT);
     assert_eq!(route_ids(&compiled), vec!["team-a/fast"]);
@@ -654,7 +714,9 @@ fn model_conflict_without_timestamps_goes_by_input_order() {
     let compiled = s.compile();
     assert_eq!(
         messages(&compiled),
-        vec!["team-a/fast: spec.models[0]: model \"smart-latest\" is already served by the older route team-a/smart"]
+        vec![
+            "team-a/fast: spec.models[0]: model \"smart-latest\" is already served by the older route team-a/smart"
+        ]
     );
     assert_eq!(route_ids(&compiled), vec!["team-a/smart"]);
 }
@@ -672,7 +734,9 @@ fn model_conflict_across_namespaces() {
     // before it can claim anything.
     assert_eq!(
         messages(&compiled),
-        vec!["team-b/fast: spec.targets[0].credentialRef.name: ProviderCredential \"anthropic-prod\" not found in namespace team-b"]
+        vec![
+            "team-b/fast: spec.targets[0].credentialRef.name: ProviderCredential \"anthropic-prod\" not found in namespace team-b"
+        ]
     );
 }
 
@@ -680,7 +744,11 @@ fn model_conflict_across_namespaces() {
 fn bad_price() {
     rejects(
         |s| {
-            s.target(0).price.as_mut().expect("sample has a price").input_per_million = "2,50".into();
+            s.target(0)
+                .price
+                .as_mut()
+                .expect("sample has a price")
+                .input_per_million = "2,50".into();
         },
         "team-a/smart: spec.targets[0].price.inputPerMillion: \"2,50\" is not a decimal number like \"2.50\"",
     );
@@ -772,7 +840,10 @@ fn namespace_defaults_to_default() {
     let compiled = s.compile();
     assert_eq!(messages(&compiled), Vec::<String>::new());
     assert_eq!(route_ids(&compiled), vec!["default/fast", "default/smart"]);
-    assert_eq!(compiled.config.routes[0].targets[0].credential, ObjectId::new("default", "anthropic-prod"));
+    assert_eq!(
+        compiled.config.routes[0].targets[0].credential,
+        ObjectId::new("default", "anthropic-prod")
+    );
 }
 
 #[test]

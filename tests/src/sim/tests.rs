@@ -117,7 +117,10 @@ async fn anthropic_answer_is_a_message() {
     assert_eq!(resp.status(), 200);
     assert_eq!(header(&resp, "request-id"), "req_sim_1");
     let body = json_of(resp).await;
-    assert_eq!(body, anthropic_message("claude-sonnet-4-5", "Hello from claude-sim."));
+    assert_eq!(
+        body,
+        anthropic_message("claude-sonnet-4-5", "Hello from claude-sim.")
+    );
     assert_eq!(body["type"], "message");
     assert_eq!(body["content"][0]["type"], "text");
     assert_eq!(body["stop_reason"], "end_turn");
@@ -136,10 +139,18 @@ async fn embeddings_models_and_unknown_paths() {
     )
     .await;
     assert_eq!(body, openai_embeddings("text-embedding-3-small", 2));
-    assert_eq!(body["data"][1]["embedding"].as_array().unwrap().len(), EMBEDDING_DIMS);
+    assert_eq!(
+        body["data"][1]["embedding"].as_array().unwrap().len(),
+        EMBEDDING_DIMS
+    );
 
     let one = json_of(
-        post(&sim, "/v1/embeddings", &json!({"model": "e", "input": [1, 2, 3]})).await,
+        post(
+            &sim,
+            "/v1/embeddings",
+            &json!({"model": "e", "input": [1, 2, 3]}),
+        )
+        .await,
     )
     .await;
     assert_eq!(one["data"].as_array().unwrap().len(), 1);
@@ -150,7 +161,10 @@ async fn embeddings_models_and_unknown_paths() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    assert_eq!(json_of(resp).await, models_list(Flavor::OpenAi, &SIM_MODELS));
+    assert_eq!(
+        json_of(resp).await,
+        models_list(Flavor::OpenAi, &SIM_MODELS)
+    );
 
     // Wrong surface for the flavor: 404 in the flavor's shape, and still recorded.
     let resp = post(&sim, "/v1/messages", &message("m")).await;
@@ -159,7 +173,12 @@ async fn embeddings_models_and_unknown_paths() {
     let paths: Vec<_> = sim.received().into_iter().map(|r| r.path).collect();
     assert_eq!(
         paths,
-        ["/v1/embeddings", "/v1/embeddings", "/v1/models", "/v1/messages"]
+        [
+            "/v1/embeddings",
+            "/v1/embeddings",
+            "/v1/models",
+            "/v1/messages"
+        ]
     );
 
     let anthropic = SimProvider::start(Flavor::Anthropic).await;
@@ -186,14 +205,21 @@ async fn answer_streams_when_the_request_asks() {
         .iter()
         .map(|(_, d)| serde_json::from_str(d).unwrap())
         .collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
     assert!(chunks.iter().all(|c| c["model"] == "gpt-4o"));
     let content: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(content, "Hello from primary.");
-    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "stop"
+    );
     assert_eq!(chunks[chunks.len() - 1]["choices"], json!([]));
     assert_eq!(chunks[chunks.len() - 1]["usage"]["completion_tokens"], 3);
 }
@@ -233,7 +259,12 @@ async fn anthropic_stream_has_the_real_event_sequence() {
     let text: String = events
         .iter()
         .filter(|(e, _)| e.as_deref() == Some("content_block_delta"))
-        .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap()["delta"]["text"].as_str().unwrap().to_owned())
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["delta"]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(text, stream_pieces("b", 2).concat());
 
@@ -278,7 +309,11 @@ async fn stream_events_arrive_incrementally() {
             Flavor::OpenAi => openai_stream_events("m", &stream_pieces("p", 3), false),
             Flavor::Anthropic => anthropic_stream_events("m", &stream_pieces("p", 3)),
         };
-        assert_eq!(arrivals.len(), expected.len(), "{flavor:?}: one chunk per event");
+        assert_eq!(
+            arrivals.len(),
+            expected.len(),
+            "{flavor:?}: one chunk per event"
+        );
         for (k, ((at, chunk), event)) in arrivals.iter().zip(&expected).enumerate() {
             assert_eq!(chunk, event.as_bytes(), "{flavor:?} event {k}");
             // Event k cannot be sent before k intervals passed; the clock is paused,
@@ -437,10 +472,11 @@ async fn hang_is_cancelled_when_the_client_goes_away() {
     let sim = SimProvider::start(Flavor::OpenAi).await;
     sim.push(Behavior::Hang);
     let url = sim.endpoint();
-    let request = tokio::spawn(async move {
-        client().post(url).body(chat("m").to_string()).send().await
-    });
-    timeout(SOON, sim.wait_hits(1)).await.expect("request arrives");
+    let request =
+        tokio::spawn(async move { client().post(url).body(chat("m").to_string()).send().await });
+    timeout(SOON, sim.wait_hits(1))
+        .await
+        .expect("request arrives");
     // Hanging is not answering: the clock can run on and nothing comes back.
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(!request.is_finished());
@@ -461,10 +497,17 @@ async fn delay_then_behave() {
     assert_eq!(resp.status(), 502);
     assert!(start.elapsed() >= Duration::from_secs(5));
     // Recorded on arrival, before the delay ran out.
-    sim.push(Behavior::Delay(Duration::from_secs(60), Box::new(Behavior::Answer)));
+    sim.push(Behavior::Delay(
+        Duration::from_secs(60),
+        Box::new(Behavior::Answer),
+    ));
     let url = sim.endpoint();
     let request = tokio::spawn(async move {
-        client().post(url).body(chat("late").to_string()).send().await
+        client()
+            .post(url)
+            .body(chat("late").to_string())
+            .send()
+            .await
     });
     timeout(SOON, sim.wait_hits(2)).await.unwrap();
     assert_eq!(sim.received()[1].model(), Some("late"));
@@ -485,7 +528,11 @@ async fn stall_mid_stream_sends_some_events_then_nothing() {
     }
     // No end, no error: the stream just stops. (Timeout under a paused clock: fires
     // only once everything is idle.)
-    assert!(timeout(Duration::from_secs(600), resp.chunk()).await.is_err());
+    assert!(
+        timeout(Duration::from_secs(600), resp.chunk())
+            .await
+            .is_err()
+    );
     assert_eq!(sim.cancelled(), 0);
     drop(resp);
     timeout(SOON, sim.wait_cancelled(1))
@@ -512,7 +559,10 @@ async fn break_mid_stream_is_a_body_error() {
     for (chunk, event) in got.iter().zip(&expected) {
         assert_eq!(chunk, event.as_bytes());
     }
-    assert!(err.is_body() || err.is_decode() || err.is_request(), "{err:?}");
+    assert!(
+        err.is_body() || err.is_decode() || err.is_request(),
+        "{err:?}"
+    );
     assert_eq!(sim.cancelled(), 0);
 }
 
@@ -525,7 +575,11 @@ async fn queue_then_default() {
     assert_eq!(sim.queued(), 2);
     let mut statuses = Vec::new();
     for _ in 0..4 {
-        statuses.push(post(&sim, "/v1/chat/completions", &chat("m")).await.status());
+        statuses.push(
+            post(&sim, "/v1/chat/completions", &chat("m"))
+                .await
+                .status(),
+        );
     }
     assert_eq!(statuses, [500, 502, 200, 200]);
     assert_eq!(sim.queued(), 0);
@@ -554,7 +608,13 @@ async fn shutdown_and_last_drop_stop_the_server() {
     drop(sim);
     // A clone keeps it alive.
     assert_eq!(
-        client().post(&url).body(chat("m").to_string()).send().await.unwrap().status(),
+        client()
+            .post(&url)
+            .body(chat("m").to_string())
+            .send()
+            .await
+            .unwrap()
+            .status(),
         200
     );
     clone.shutdown();
@@ -585,8 +645,14 @@ async fn providers_are_independent() {
     let a = SimProvider::start_named("a", Flavor::OpenAi).await;
     let b = SimProvider::start_named("b", Flavor::OpenAi).await;
     a.push(Behavior::ServerError(500));
-    assert_eq!(post(&b, "/v1/chat/completions", &chat("m")).await.status(), 200);
-    assert_eq!(post(&a, "/v1/chat/completions", &chat("m")).await.status(), 500);
+    assert_eq!(
+        post(&b, "/v1/chat/completions", &chat("m")).await.status(),
+        200
+    );
+    assert_eq!(
+        post(&a, "/v1/chat/completions", &chat("m")).await.status(),
+        500
+    );
     assert_eq!((a.hits(), b.hits()), (1, 1));
     assert_ne!(a.addr(), b.addr());
 }

@@ -1,0 +1,228 @@
+//! The CRD's CEL rules, evaluated client-side by kube's CEL engine, agree with
+//! `compile` on the cross-field rules: each case is refused by both or by neither.
+//! Also proves every rule parses and type-checks against the generated schema.
+
+use kube::core::cel::validate_cel;
+
+use crate::compile::{Inputs, compile};
+use crate::{LLMRoute, ProviderCredential};
+
+const ROUTE: &str = r#"
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: { name: smart, namespace: team-a }
+spec:
+  models: [smart, smart-latest]
+  targets:
+    - credentialRef: { name: openai-prod }
+      timeout: 20s
+      retry: { attempts: 3, initialBackoff: 100ms, maxBackoff: 1m30s }
+    - credentialRef: { name: anthropic-prod }
+  fallback: { on: [status5xx, authError], maxRetryAfter: 30s }
+  circuitBreaker: { openFor: 30s }
+  timeout: 60s
+"#;
+
+const CREDENTIAL: &str = r#"
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: { name: NAME, namespace: team-a }
+spec:
+  provider: openai
+  secretRef: { name: key, key: apiKey }
+"#;
+
+fn credentials() -> Vec<ProviderCredential> {
+    ["openai-prod", "anthropic-prod"]
+        .into_iter()
+        .map(|name| {
+            serde_yaml_ng::from_str(&CREDENTIAL.replace("NAME", name)).expect("credential parses")
+        })
+        .collect()
+}
+
+/// (CEL accepts, compile accepts) for the route after `change`.
+fn route_verdicts(change: impl FnOnce(&mut serde_yaml_ng::Value)) -> (bool, bool) {
+    let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(ROUTE).expect("route is YAML");
+    change(&mut value["spec"]);
+    let route: LLMRoute = serde_yaml_ng::from_value(value).expect("route parses");
+    let cel = validate_cel(&route);
+    let compiled = compile(&Inputs {
+        routes: std::slice::from_ref(&route),
+        credentials: &credentials(),
+        secrets: &[],
+    });
+    (cel.is_ok(), compiled.config.routes.len() == 1)
+}
+
+fn credential_verdicts(change: impl FnOnce(&mut serde_yaml_ng::Value)) -> (bool, bool) {
+    let mut value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&CREDENTIAL.replace("NAME", "c")).expect("credential is YAML");
+    change(&mut value["spec"]);
+    let credential: ProviderCredential =
+        serde_yaml_ng::from_value(value).expect("credential parses");
+    let cel = validate_cel(&credential);
+    let compiled = compile(&Inputs {
+        routes: &[],
+        credentials: std::slice::from_ref(&credential),
+        secrets: &[],
+    });
+    (cel.is_ok(), compiled.config.credentials.len() == 1)
+}
+
+/// A named change to a spec and whether the result must be accepted.
+type Case = (
+    &'static str,
+    Box<dyn FnOnce(&mut serde_yaml_ng::Value)>,
+    bool,
+);
+
+fn set(spec: &mut serde_yaml_ng::Value, path: &[&str], yaml: &str) {
+    let mut node = spec;
+    for key in path {
+        node = &mut node[*key];
+    }
+    *node = serde_yaml_ng::from_str(yaml).expect("replacement is YAML");
+}
+
+#[test]
+fn the_sample_passes_both() {
+    assert_eq!(route_verdicts(|_| {}), (true, true));
+    assert_eq!(credential_verdicts(|_| {}), (true, true));
+}
+
+#[test]
+fn route_rules_agree() {
+    let cases: Vec<Case> = vec![
+        (
+            "maxBackoff below initialBackoff",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, retry: {initialBackoff: 1s, maxBackoff: 500ms}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            false,
+        ),
+        (
+            "initialBackoff above the default maxBackoff",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, retry: {initialBackoff: 5s}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            false,
+        ),
+        (
+            "maxBackoff below the default initialBackoff",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, retry: {maxBackoff: 50ms}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            false,
+        ),
+        (
+            "equal backoffs",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, retry: {initialBackoff: 1m, maxBackoff: 60s}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            true,
+        ),
+        (
+            "duplicate model",
+            Box::new(|s| set(s, &["models"], "[a, b, a]")),
+            false,
+        ),
+        (
+            "authError with one credential",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}}, {credentialRef: {name: openai-prod}}]",
+                )
+            }),
+            false,
+        ),
+        (
+            "authError with a single target",
+            Box::new(|s| set(s, &["targets"], "[{credentialRef: {name: openai-prod}}]")),
+            false,
+        ),
+        (
+            "one credential without authError",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}}, {credentialRef: {name: openai-prod}}]",
+                );
+                set(s, &["fallback", "on"], "[status5xx]");
+            }),
+            true,
+        ),
+        (
+            "zero route timeout",
+            Box::new(|s| set(s, &["timeout"], "0s")),
+            false,
+        ),
+        (
+            "zero openFor",
+            Box::new(|s| set(s, &["circuitBreaker", "openFor"], "0ms")),
+            false,
+        ),
+        (
+            "zero maxRetryAfter is allowed",
+            Box::new(|s| set(s, &["fallback", "maxRetryAfter"], "0s")),
+            true,
+        ),
+    ];
+    for (name, change, accepted) in cases {
+        assert_eq!(route_verdicts(change), (accepted, accepted), "{name}");
+    }
+}
+
+#[test]
+fn credential_rules_agree() {
+    let cases: Vec<Case> = vec![
+        (
+            "openai-compatible without baseURL",
+            Box::new(|s| set(s, &["provider"], "openai-compatible")),
+            false,
+        ),
+        (
+            "openai-compatible with baseURL",
+            Box::new(|s| {
+                set(s, &["provider"], "openai-compatible");
+                set(s, &["baseURL"], "https://llm.example.com/v1");
+            }),
+            true,
+        ),
+        (
+            "maxQueue without maxConcurrency",
+            Box::new(|s| set(s, &["maxQueue"], "10")),
+            false,
+        ),
+        (
+            "maxQueue with maxConcurrency",
+            Box::new(|s| {
+                set(s, &["maxQueue"], "10");
+                set(s, &["maxConcurrency"], "4");
+            }),
+            true,
+        ),
+    ];
+    for (name, change, accepted) in cases {
+        assert_eq!(credential_verdicts(change), (accepted, accepted), "{name}");
+    }
+}

@@ -1,0 +1,150 @@
+//! Running a real proxy in-process against simulated providers: write manifests to
+//! a temporary folder, start `switchback_proxy::start` on loopback ports, and talk to
+//! it with a plain HTTP client. Used by the integration tests, the demo and the
+//! benchmark.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+use switchback_proxy::{Options, Running, Source};
+
+/// The namespace every harness manifest lives in.
+pub const NS: &str = "team-a";
+
+/// A `ProviderCredential` plus the `Secret` holding its key, allowed to reach
+/// loopback (simulated providers live there).
+pub fn credential(name: &str, provider: &str, base_url: &str, key: &str) -> String {
+    format!(
+        "---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: {{ name: {name}, namespace: {NS} }}
+spec:
+  provider: {provider}
+  baseURL: {base_url}
+  secretRef: {{ name: {name}-key, key: apiKey }}
+  allowPrivateNetwork: true
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: {name}-key, namespace: {NS} }}
+stringData: {{ apiKey: {key} }}
+"
+    )
+}
+
+/// An `LLMRoute` whose `spec` body (indented two spaces, without `spec:`) is given.
+pub fn route(name: &str, spec: &str) -> String {
+    format!(
+        "---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: {{ name: {name}, namespace: {NS} }}
+spec:
+{spec}"
+    )
+}
+
+/// A proxy serving the manifests in its own temporary folder.
+pub struct TestProxy {
+    pub running: Running,
+    pub dir: tempfile::TempDir,
+    pub manifest: PathBuf,
+    pub http: reqwest::Client,
+}
+
+impl TestProxy {
+    /// Start on `127.0.0.1:0` with the default body limit. Panics with the load errors
+    /// if the manifests do not load.
+    pub async fn start(manifests: &str) -> TestProxy {
+        Self::try_start(manifests, 32 * 1024 * 1024)
+            .await
+            .unwrap_or_else(|e| panic!("proxy did not start: {e}"))
+    }
+
+    pub async fn try_start(
+        manifests: &str,
+        max_body_bytes: usize,
+    ) -> Result<TestProxy, switchback_proxy::StartError> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let manifest = dir.path().join("switchback.yaml");
+        std::fs::write(&manifest, manifests).expect("write manifests");
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let running = switchback_proxy::start(Options {
+            source: Source::Manifests(manifest.clone()),
+            listen: loopback,
+            admin_listen: loopback,
+            max_body_bytes,
+        })
+        .await?;
+        Ok(TestProxy {
+            running,
+            dir,
+            manifest,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.running.data_addr)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.running.admin_addr)
+    }
+
+    /// Replace the manifests on disk (the watcher picks the change up).
+    pub fn rewrite(&self, manifests: &str) {
+        std::fs::write(&self.manifest, manifests).expect("write manifests");
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("proxy answers")
+    }
+
+    /// `POST /v1/chat/completions` with one user message.
+    pub async fn chat(&self, model: &str, stream: bool) -> reqwest::Response {
+        self.post("/v1/chat/completions", &chat_body(model, stream))
+            .await
+    }
+
+    /// `POST /v1/messages` with one user message.
+    pub async fn messages(&self, model: &str, stream: bool) -> reqwest::Response {
+        self.post("/v1/messages", &messages_body(model, stream))
+            .await
+    }
+
+    pub async fn admin_config(&self) -> Value {
+        self.http
+            .get(self.admin_url("/admin/v1/config"))
+            .send()
+            .await
+            .expect("admin answers")
+            .json()
+            .await
+            .expect("admin config is JSON")
+    }
+}
+
+pub fn chat_body(model: &str, stream: bool) -> Value {
+    json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hello"}]})
+}
+
+pub fn messages_body(model: &str, stream: bool) -> Value {
+    json!({"model": model, "stream": stream, "max_tokens": 64,
+           "messages": [{"role": "user", "content": "hello"}]})
+}
+
+/// A response header as a string ("" when absent).
+pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
