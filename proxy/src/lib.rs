@@ -91,6 +91,10 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         opts.max_body_bytes,
         format!("manifests:{}", path.display()),
     )?);
+    let watcher = reload::watch(gw.clone(), path.clone()).map_err(|source| StartError::Watch {
+        path: path.clone(),
+        source,
+    })?;
     {
         let (gw, path) = (gw.clone(), path.clone());
         tokio::task::spawn_blocking(move || reload::load_once(&gw, &path))
@@ -98,10 +102,6 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
             .map_err(|e| StartError::Config(vec![problem(e.to_string())]))?
             .map_err(StartError::Config)?;
     }
-    let watcher = reload::watch(gw.clone(), path.clone()).map_err(|source| StartError::Watch {
-        path: path.clone(),
-        source,
-    })?;
     let bind = |addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
             .await

@@ -119,6 +119,7 @@ impl Drop for ManifestWatcher {
     }
 }
 
+/// Start watching. Call before the first load: nothing written after this call is missed.
 pub fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -139,8 +140,10 @@ pub fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher>
         (parent.to_path_buf(), RecursiveMode::NonRecursive)
     };
     watcher.watch(&watched, mode)?;
+    // Taken now, before the caller's first load, so that an edit racing that load
+    // still differs from it and is picked up.
+    let mut last = fingerprint(&path);
     let task = tokio::spawn(async move {
-        let mut last = fingerprint(&path);
         while rx.recv().await.is_some() {
             while tokio::time::timeout(DEBOUNCE, rx.recv())
                 .await

@@ -1,0 +1,171 @@
+//! Standalone reloads: a good edit is served, in-flight requests finish on the config
+//! they started with, a bad edit keeps the last good config and reports file, line
+//! and field, and a rotated Secret's new key is used. Real clock: these wait on the
+//! file watcher.
+
+use std::time::Duration;
+
+use switchback_tests::harness::{TestProxy, credential, header, route};
+use switchback_tests::sim::{Behavior, Flavor, SimProvider};
+
+async fn two() -> (SimProvider, SimProvider) {
+    (
+        SimProvider::start_named("primary", Flavor::OpenAi).await,
+        SimProvider::start_named("backup", Flavor::OpenAi).await,
+    )
+}
+
+fn manifests(primary: &SimProvider, backup: &SimProvider, first: &str, key: &str, extra: &str) -> String {
+    format!(
+        "{}{}{}",
+        credential("primary", "openai", &primary.base_url(), key),
+        credential("backup", "openai", &backup.base_url(), "sk-backup"),
+        route(
+            "smart",
+            &format!("  targets:\n    - credentialRef: {{ name: {first} }}\n{extra}")
+        )
+    )
+}
+
+/// Poll until `check` holds, for at most 5 s (the watcher debounces for 150 ms).
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+async fn target_of(proxy: &TestProxy) -> String {
+    let r = proxy.chat("smart", false).await;
+    header(&r, "x-switchback-target").to_string()
+}
+
+#[tokio::test]
+async fn a_good_edit_is_served_and_in_flight_requests_finish_on_their_config() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-1", "")).await;
+    assert_eq!(target_of(&proxy).await, "team-a/primary");
+    assert_eq!(proxy.admin_config().await["load"]["generation"], 1);
+
+    primary.push(Behavior::Answer.after(Duration::from_millis(1500)));
+    let slow = {
+        let http = proxy.http.clone();
+        let url = proxy.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&switchback_tests::harness::chat_body("smart", false))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    primary.wait_hits(2).await;
+    proxy.rewrite(&manifests(&primary, &backup, "backup", "sk-1", ""));
+    eventually("the edit is served", || async { target_of(&proxy).await == "team-a/backup" }).await;
+    assert_eq!(proxy.admin_config().await["load"]["generation"], 2);
+    let r = slow.await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/primary", "finished on the config it started with");
+}
+
+#[tokio::test]
+async fn a_bad_edit_keeps_the_last_good_config_and_says_where() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-1", "")).await;
+    let bad = manifests(&primary, &backup, "backup", "sk-1", "      retry: { attempts: 7 }\n");
+    proxy.rewrite(&bad);
+    eventually("the refusal is reported", || async {
+        !proxy.admin_config().await["load"]["lastError"].is_null()
+    })
+    .await;
+    let config = proxy.admin_config().await;
+    let problem = &config["load"]["lastError"]["problems"][0];
+    assert_eq!(problem["file"], proxy.manifest.display().to_string());
+    let route_line = bad.lines().position(|l| l == "kind: LLMRoute").unwrap(); // 0-based line of `kind`
+    assert_eq!(problem["line"], route_line, "the route document starts the line before `kind`");
+    assert_eq!(problem["object"], "team-a/smart");
+    assert_eq!(problem["field"], "spec.targets[0].retry.attempts");
+    assert!(problem["message"].as_str().unwrap().contains("7"), "{problem}");
+    assert_eq!(config["load"]["generation"], 1);
+    assert_eq!(config["routes"][0]["targets"][0]["credential"]["name"], "primary");
+    assert_eq!(target_of(&proxy).await, "team-a/primary", "the last good config is still served");
+
+    // A YAML typo in a field name is refused the same way, naming the field.
+    let typo = manifests(&primary, &backup, "backup", "sk-1", "      retyr: { attempts: 2 }\n");
+    proxy.rewrite(&typo);
+    eventually("the typo is reported", || async {
+        proxy.admin_config().await["load"]["lastError"]["problems"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("retyr"))
+    })
+    .await;
+    let problem = proxy.admin_config().await["load"]["lastError"]["problems"][0].clone();
+    assert!(problem["message"].as_str().unwrap().contains("spec.targets[0]"), "{problem}");
+    assert_eq!(target_of(&proxy).await, "team-a/primary");
+
+    // Fixing it clears the error.
+    proxy.rewrite(&manifests(&primary, &backup, "backup", "sk-1", ""));
+    eventually("the fix is served", || async { target_of(&proxy).await == "team-a/backup" }).await;
+    assert!(proxy.admin_config().await["load"]["lastError"].is_null());
+}
+
+#[tokio::test]
+async fn a_rotated_secret_is_used_for_the_next_request() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-old", "")).await;
+    proxy.chat("smart", false).await;
+    assert_eq!(primary.received()[0].header("authorization"), Some("Bearer sk-old"));
+    proxy.rewrite(&manifests(&primary, &backup, "primary", "sk-new", ""));
+    eventually("the new key is used", || async {
+        proxy.chat("smart", false).await;
+        primary.received().last().unwrap().header("authorization") == Some("Bearer sk-new")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_admin_config_never_shows_key_material() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-very-secret", "")).await;
+    let text = proxy
+        .http
+        .get(proxy.admin_url("/admin/v1/config"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("sk-very-secret"), "{text}");
+    assert!(text.contains("\"keyPresent\": true"), "{text}");
+}
+
+#[tokio::test]
+async fn a_broken_config_at_startup_is_refused_with_file_line_and_field() {
+    let (primary, backup) = two().await;
+    let bad = manifests(&primary, &backup, "primary", "sk-1", "      weight: 0\n");
+    let err = match TestProxy::try_start(&bad, 1024).await {
+        Ok(_) => panic!("a broken config must not start"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("switchback.yaml:"), "{err}");
+    assert!(err.contains("team-a/smart: spec.targets[0].weight:"), "{err}");
+}
+
+#[tokio::test]
+async fn admin_health_and_readiness() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-1", "")).await;
+    for path in ["/healthz", "/readyz"] {
+        let r = proxy.http.get(proxy.admin_url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+}
