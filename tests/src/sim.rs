@@ -663,7 +663,9 @@ fn sse(
         }
         match end {
             StreamEnd::Finish => {
-                s.guard.take().map(CancelGuard::finish);
+                if let Some(guard) = s.guard.take() {
+                    guard.finish();
+                }
                 None
             }
             StreamEnd::Stall => {
@@ -674,7 +676,9 @@ fn sse(
                 // Give hyper one Pending so it flushes the head and the events sent so
                 // far; an error in the same poll would discard them unsent.
                 tokio::task::yield_now().await;
-                s.guard.take().map(CancelGuard::finish);
+                if let Some(guard) = s.guard.take() {
+                    guard.finish();
+                }
                 let err = std::io::Error::other("sim: BreakMidStream");
                 Some((Err(err), s))
             }

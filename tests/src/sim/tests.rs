@@ -451,7 +451,9 @@ async fn reset_is_a_transport_error_not_a_status() {
         .send()
         .await
         .expect_err("a reset must not produce a response");
-    assert!(err.is_request() || err.is_connect(), "{err:?}");
+    // The connection was made and the request sent; no response head came back
+    // (hyper: IncompleteMessage).
+    assert!(err.is_request(), "{err:?}");
     assert!(err.status().is_none());
     assert!(!err.is_timeout());
     // Recorded on arrival, and the next request (new connection) is answered.
@@ -559,10 +561,9 @@ async fn break_mid_stream_is_a_body_error() {
     for (chunk, event) in got.iter().zip(&expected) {
         assert_eq!(chunk, event.as_bytes());
     }
-    assert!(
-        err.is_body() || err.is_decode() || err.is_request(),
-        "{err:?}"
-    );
+    // reqwest 0.13 reports a body cut short (chunked framing ends at EOF) as a decode
+    // error; either way it is not a status.
+    assert!(err.is_body() || err.is_decode(), "{err:?}");
     assert_eq!(sim.cancelled(), 0);
 }
 
