@@ -26,7 +26,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -115,6 +115,10 @@ pub enum Behavior {
     ContextLength(ContextWording),
     /// 200 `text/event-stream` whose first (and only) event is an overload error.
     StreamErrorFirst,
+    /// Each request takes the next behaviour of the list, round and round: a default
+    /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
+    /// request. An empty list answers.
+    Cycle(Vec<Behavior>),
 }
 
 impl Behavior {
@@ -175,6 +179,8 @@ struct State {
     default: Mutex<Behavior>,
     received: Mutex<Vec<Received>>,
     recording: AtomicBool,
+    /// Position in a [`Behavior::Cycle`].
+    cycle: AtomicUsize,
     // Counters live in watch channels so tests can await them instead of polling,
     // which also keeps them deterministic under a paused clock.
     hits: watch::Sender<usize>,
@@ -217,6 +223,7 @@ impl SimProvider {
             default: Mutex::new(Behavior::Answer),
             received: Mutex::new(Vec::new()),
             recording: AtomicBool::new(true),
+            cycle: AtomicUsize::new(0),
             hits: watch::Sender::new(0),
             cancelled: watch::Sender::new(0),
         });
@@ -459,6 +466,12 @@ async fn handle(
             .pop_front()
             .unwrap_or_else(|| lock(&state.default).clone())
     };
+    let behavior = match behavior {
+        Behavior::Cycle(list) if !list.is_empty() => {
+            list[state.cycle.fetch_add(1, Ordering::Relaxed) % list.len()].clone()
+        }
+        other => other,
+    };
     if state.recording.load(Ordering::Relaxed) {
         lock(&state.received).push(Received {
             method: parts.method,
@@ -491,7 +504,7 @@ async fn respond(
     let flavor = ctx.flavor;
     let response = match behavior {
         Behavior::Delay(..) => unreachable!("unwrapped above"),
-        Behavior::Answer => answer(ctx, &answer_text(&ctx.name), guard),
+        Behavior::Answer | Behavior::Cycle(_) => answer(ctx, &answer_text(&ctx.name), guard),
         Behavior::AnswerText(text) => answer(ctx, &text, guard),
         Behavior::Stream { chunks, interval } => {
             let events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));

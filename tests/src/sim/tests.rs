@@ -657,3 +657,23 @@ async fn providers_are_independent() {
     assert_eq!((a.hits(), b.hits()), (1, 1));
     assert_ne!(a.addr(), b.addr());
 }
+
+#[tokio::test]
+async fn a_cycle_takes_turns_and_the_queue_still_comes_first() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.set_default(Behavior::Cycle(vec![
+        Behavior::ServerError(503),
+        Behavior::Answer,
+    ]));
+    sim.push(Behavior::ServerError(500));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(
+            post(&sim, "/v1/chat/completions", &chat("m"))
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [500, 503, 200, 503, 200]);
+}
