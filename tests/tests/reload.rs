@@ -15,7 +15,13 @@ async fn two() -> (SimProvider, SimProvider) {
     )
 }
 
-fn manifests(primary: &SimProvider, backup: &SimProvider, first: &str, key: &str, extra: &str) -> String {
+fn manifests(
+    primary: &SimProvider,
+    backup: &SimProvider,
+    first: &str,
+    key: &str,
+    extra: &str,
+) -> String {
     format!(
         "{}{}{}",
         credential("primary", "openai", &primary.base_url(), key),
@@ -69,18 +75,31 @@ async fn a_good_edit_is_served_and_in_flight_requests_finish_on_their_config() {
     };
     primary.wait_hits(2).await;
     proxy.rewrite(&manifests(&primary, &backup, "backup", "sk-1", ""));
-    eventually("the edit is served", || async { target_of(&proxy).await == "team-a/backup" }).await;
+    eventually("the edit is served", || async {
+        target_of(&proxy).await == "team-a/backup"
+    })
+    .await;
     assert_eq!(proxy.admin_config().await["load"]["generation"], 2);
     let r = slow.await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(header(&r, "x-switchback-target"), "team-a/primary", "finished on the config it started with");
+    assert_eq!(
+        header(&r, "x-switchback-target"),
+        "team-a/primary",
+        "finished on the config it started with"
+    );
 }
 
 #[tokio::test]
 async fn a_bad_edit_keeps_the_last_good_config_and_says_where() {
     let (primary, backup) = two().await;
     let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-1", "")).await;
-    let bad = manifests(&primary, &backup, "backup", "sk-1", "      retry: { attempts: 7 }\n");
+    let bad = manifests(
+        &primary,
+        &backup,
+        "backup",
+        "sk-1",
+        "      retry: { attempts: 7 }\n",
+    );
     proxy.rewrite(&bad);
     eventually("the refusal is reported", || async {
         !proxy.admin_config().await["load"]["lastError"].is_null()
@@ -90,16 +109,35 @@ async fn a_bad_edit_keeps_the_last_good_config_and_says_where() {
     let problem = &config["load"]["lastError"]["problems"][0];
     assert_eq!(problem["file"], proxy.manifest.display().to_string());
     let route_line = bad.lines().position(|l| l == "kind: LLMRoute").unwrap(); // 0-based line of `kind`
-    assert_eq!(problem["line"], route_line, "the route document starts the line before `kind`");
+    assert_eq!(
+        problem["line"], route_line,
+        "the route document starts the line before `kind`"
+    );
     assert_eq!(problem["object"], "team-a/smart");
     assert_eq!(problem["field"], "spec.targets[0].retry.attempts");
-    assert!(problem["message"].as_str().unwrap().contains("7"), "{problem}");
+    assert!(
+        problem["message"].as_str().unwrap().contains("7"),
+        "{problem}"
+    );
     assert_eq!(config["load"]["generation"], 1);
-    assert_eq!(config["routes"][0]["targets"][0]["credential"]["name"], "primary");
-    assert_eq!(target_of(&proxy).await, "team-a/primary", "the last good config is still served");
+    assert_eq!(
+        config["routes"][0]["targets"][0]["credential"]["name"],
+        "primary"
+    );
+    assert_eq!(
+        target_of(&proxy).await,
+        "team-a/primary",
+        "the last good config is still served"
+    );
 
     // A YAML typo in a field name is refused the same way, naming the field.
-    let typo = manifests(&primary, &backup, "backup", "sk-1", "      retyr: { attempts: 2 }\n");
+    let typo = manifests(
+        &primary,
+        &backup,
+        "backup",
+        "sk-1",
+        "      retyr: { attempts: 2 }\n",
+    );
     proxy.rewrite(&typo);
     eventually("the typo is reported", || async {
         proxy.admin_config().await["load"]["lastError"]["problems"][0]["message"]
@@ -108,12 +146,21 @@ async fn a_bad_edit_keeps_the_last_good_config_and_says_where() {
     })
     .await;
     let problem = proxy.admin_config().await["load"]["lastError"]["problems"][0].clone();
-    assert!(problem["message"].as_str().unwrap().contains("spec.targets[0]"), "{problem}");
+    assert!(
+        problem["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.targets[0]"),
+        "{problem}"
+    );
     assert_eq!(target_of(&proxy).await, "team-a/primary");
 
     // Fixing it clears the error.
     proxy.rewrite(&manifests(&primary, &backup, "backup", "sk-1", ""));
-    eventually("the fix is served", || async { target_of(&proxy).await == "team-a/backup" }).await;
+    eventually("the fix is served", || async {
+        target_of(&proxy).await == "team-a/backup"
+    })
+    .await;
     assert!(proxy.admin_config().await["load"]["lastError"].is_null());
 }
 
@@ -122,7 +169,10 @@ async fn a_rotated_secret_is_used_for_the_next_request() {
     let (primary, backup) = two().await;
     let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-old", "")).await;
     proxy.chat("smart", false).await;
-    assert_eq!(primary.received()[0].header("authorization"), Some("Bearer sk-old"));
+    assert_eq!(
+        primary.received()[0].header("authorization"),
+        Some("Bearer sk-old")
+    );
     proxy.rewrite(&manifests(&primary, &backup, "primary", "sk-new", ""));
     eventually("the new key is used", || async {
         proxy.chat("smart", false).await;
@@ -134,7 +184,14 @@ async fn a_rotated_secret_is_used_for_the_next_request() {
 #[tokio::test]
 async fn the_admin_config_never_shows_key_material() {
     let (primary, backup) = two().await;
-    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-very-secret", "")).await;
+    let proxy = TestProxy::start(&manifests(
+        &primary,
+        &backup,
+        "primary",
+        "sk-very-secret",
+        "",
+    ))
+    .await;
     let text = proxy
         .http
         .get(proxy.admin_url("/admin/v1/config"))
@@ -157,7 +214,10 @@ async fn a_broken_config_at_startup_is_refused_with_file_line_and_field() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("switchback.yaml:"), "{err}");
-    assert!(err.contains("team-a/smart: spec.targets[0].weight:"), "{err}");
+    assert!(
+        err.contains("team-a/smart: spec.targets[0].weight:"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
