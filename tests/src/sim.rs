@@ -138,6 +138,10 @@ pub struct Received {
     pub body: Bytes,
     /// The body parsed as JSON, when it is JSON.
     pub json: Option<Value>,
+    /// The client's address: requests on one reused connection share it.
+    pub peer: SocketAddr,
+    /// `HTTP/1.1` or `HTTP/2.0`.
+    pub version: axum::http::Version,
 }
 
 impl Received {
@@ -337,7 +341,7 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else {
+                let Ok((tcp, peer)) = accepted else {
                     // Out of file descriptors and the like: back off rather than spin.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
@@ -345,7 +349,7 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
                 let _ = tcp.set_nodelay(true);
                 let state = state.clone();
                 conns.spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    let svc = hyper::service::service_fn(move |req| handle(state.clone(), peer, req));
                     // HTTP/1.1, and h2c for prior-knowledge clients. Errors are expected
                     // (Reset, BreakMidStream, clients going away) and carry no information.
                     let _ = auto::Builder::new(TokioExecutor::new())
@@ -413,6 +417,7 @@ struct Ctx {
 
 async fn handle(
     state: Arc<State>,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ResetConnection> {
     let (parts, body) = req.into_parts();
@@ -474,6 +479,8 @@ async fn handle(
     };
     if state.recording.load(Ordering::Relaxed) {
         lock(&state.received).push(Received {
+            peer,
+            version: parts.version,
             method: parts.method,
             path,
             headers: parts.headers,

@@ -689,3 +689,18 @@ async fn loadbalance_spreads_first_picks_by_weight() {
     );
     assert_eq!(primary.hits() + backup.hits(), 200);
 }
+
+#[tokio::test]
+async fn upstream_connections_are_pooled_and_reused() {
+    let (primary, _backup, proxy) = setup(TWO_TARGETS).await;
+    for _ in 0..5 {
+        assert_eq!(proxy.chat("smart", false).await.status(), 200);
+    }
+    let peers: std::collections::BTreeSet<_> = primary.received().iter().map(|r| r.peer).collect();
+    assert_eq!(
+        peers.len(),
+        1,
+        "five sequential requests share one keep-alive connection: {peers:?}"
+    );
+    assert_eq!(primary.received()[0].version, reqwest::Version::HTTP_11);
+}
