@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""Compatibility of a running Switchback proxy with the official Python SDKs.
+
+Drives the `openai` and `anthropic` packages against the proxy and checks that what
+they parse (bodies, streams, errors, headers) is what SPEC §3 promises. Run by
+tests/tests/sdk.rs, which starts simulated providers and the proxy with matching
+routes; it can also be pointed at any proxy serving routes of the same shape.
+
+Inputs (environment):
+  SWITCHBACK_URL                 http://127.0.0.1:PORT (required)
+  SWITCHBACK_API_KEY             key the clients send (never reaches a provider)
+  SWITCHBACK_OPENAI_MODEL        chat route answering normally
+  SWITCHBACK_OPENAI_TARGET       its credential as `namespace/name` (x-switchback-target)
+  SWITCHBACK_OPENAI_TEXT         its answer text
+  SWITCHBACK_OPENAI_STREAM_MODEL chat route answering streams
+  SWITCHBACK_OPENAI_STREAM_TEXT  the concatenated stream text
+  SWITCHBACK_FALLBACK_MODEL      chat route whose first target fails with 503
+  SWITCHBACK_FALLBACK_TARGET     the credential that answers it
+  SWITCHBACK_FALLBACK_TEXT       the backup's answer text
+  SWITCHBACK_FAILING_MODEL       chat route whose targets all fail with 5xx
+  SWITCHBACK_FAILING_TARGETS     how many attempts its error lists at least (default 1)
+  SWITCHBACK_EMBEDDING_MODEL     embeddings route
+  SWITCHBACK_ANTHROPIC_MODEL     messages route answering normally
+  SWITCHBACK_ANTHROPIC_TEXT      its answer text
+  SWITCHBACK_ANTHROPIC_STREAM_MODEL  messages route answering streams
+  SWITCHBACK_ANTHROPIC_STREAM_TEXT   the concatenated stream text
+  SWITCHBACK_ANTHROPIC_FAILING_MODEL messages route whose targets all fail with 5xx
+  SWITCHBACK_OPENAI_BREAK_MODEL  chat route whose stream breaks after a few events
+  SWITCHBACK_OPENAI_BREAK_TEXT   the text delivered before the break
+  SWITCHBACK_ANTHROPIC_BREAK_MODEL   messages route whose stream breaks after a few events
+  SWITCHBACK_ANTHROPIC_BREAK_TEXT    the text delivered before the break
+  SWITCHBACK_ANTHROPIC_OVERLOADED_MODEL  messages route whose first target streams an
+                                 overloaded error event first, the second answers
+  SWITCHBACK_ANTHROPIC_OVERLOADED_TEXT   the second target's stream text
+  SWITCHBACK_UNKNOWN_MODEL       a name no route serves
+  SWITCHBACK_SDK_CASES           comma-separated case names to run (default: all)
+
+Optional *_TEXT / *_TARGET values are only checked when set. Prints one line per case
+and `N passed, N failed` last; exits 1 when any case failed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+import anthropic
+import openai
+
+URL = os.environ.get("SWITCHBACK_URL", "").rstrip("/")
+API_KEY = os.environ.get("SWITCHBACK_API_KEY", "sk-switchback-sdk-client")
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+OPENAI_MODEL = env("SWITCHBACK_OPENAI_MODEL", "sdk-chat")
+OPENAI_TARGET = env("SWITCHBACK_OPENAI_TARGET")
+OPENAI_TEXT = env("SWITCHBACK_OPENAI_TEXT")
+OPENAI_STREAM_MODEL = env("SWITCHBACK_OPENAI_STREAM_MODEL", "sdk-chat-stream")
+OPENAI_STREAM_TEXT = env("SWITCHBACK_OPENAI_STREAM_TEXT")
+FALLBACK_MODEL = env("SWITCHBACK_FALLBACK_MODEL", "sdk-fallback")
+FALLBACK_TARGET = env("SWITCHBACK_FALLBACK_TARGET")
+FALLBACK_TEXT = env("SWITCHBACK_FALLBACK_TEXT")
+FAILING_MODEL = env("SWITCHBACK_FAILING_MODEL", "sdk-failing")
+FAILING_TARGETS = int(env("SWITCHBACK_FAILING_TARGETS", "1") or "1")
+EMBEDDING_MODEL = env("SWITCHBACK_EMBEDDING_MODEL", "sdk-embedding")
+ANTHROPIC_MODEL = env("SWITCHBACK_ANTHROPIC_MODEL", "sdk-claude")
+ANTHROPIC_TEXT = env("SWITCHBACK_ANTHROPIC_TEXT")
+ANTHROPIC_STREAM_MODEL = env("SWITCHBACK_ANTHROPIC_STREAM_MODEL", "sdk-claude-stream")
+ANTHROPIC_STREAM_TEXT = env("SWITCHBACK_ANTHROPIC_STREAM_TEXT")
+ANTHROPIC_FAILING_MODEL = env("SWITCHBACK_ANTHROPIC_FAILING_MODEL", "sdk-claude-failing")
+OPENAI_BREAK_MODEL = env("SWITCHBACK_OPENAI_BREAK_MODEL", "sdk-chat-break")
+OPENAI_BREAK_TEXT = env("SWITCHBACK_OPENAI_BREAK_TEXT")
+ANTHROPIC_BREAK_MODEL = env("SWITCHBACK_ANTHROPIC_BREAK_MODEL", "sdk-claude-break")
+ANTHROPIC_BREAK_TEXT = env("SWITCHBACK_ANTHROPIC_BREAK_TEXT")
+ANTHROPIC_OVERLOADED_MODEL = env("SWITCHBACK_ANTHROPIC_OVERLOADED_MODEL", "sdk-claude-overloaded")
+ANTHROPIC_OVERLOADED_TEXT = env("SWITCHBACK_ANTHROPIC_OVERLOADED_TEXT")
+UNKNOWN_MODEL = env("SWITCHBACK_UNKNOWN_MODEL", "sdk-no-such-model")
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise CheckFailed(what)
+
+
+def eq(got: Any, want: Any, what: str) -> None:
+    if got != want:
+        raise CheckFailed(f"{what}: got {got!r}, want {want!r}")
+
+
+def openai_client() -> openai.OpenAI:
+    # Retries off: the proxy's retries and fallbacks are under test, not the SDK's.
+    return openai.OpenAI(
+        api_key=API_KEY, base_url=f"{URL}/v1", max_retries=0, timeout=30.0
+    )
+
+
+def anthropic_client() -> anthropic.Anthropic:
+    # The Anthropic SDK appends /v1/... itself.
+    return anthropic.Anthropic(api_key=API_KEY, base_url=URL, max_retries=0, timeout=30.0)
+
+
+def error_object(e: Any) -> dict:
+    """The `error` object of a gateway error response, read from the raw body."""
+    try:
+        body = e.response.json()
+    except Exception as parse_error:  # noqa: BLE001
+        raise CheckFailed(
+            f"error response is not JSON ({parse_error}): {e.response.text!r}"
+        ) from None
+    check(isinstance(body, dict), f"error body is an object: {body!r}")
+    err = body.get("error")
+    check(isinstance(err, dict), f"error body has an `error` object: {body!r}")
+    return err
+
+
+def check_attempts(err: dict, at_least: int) -> None:
+    attempts = err.get("attempts")
+    check(isinstance(attempts, list), f"`attempts` is a list: {err!r}")
+    check(
+        len(attempts) >= at_least,
+        f"`attempts` lists at least {at_least} attempt(s): {attempts!r}",
+    )
+    for a in attempts:
+        for key in ("target", "model", "status", "reason", "durationMs"):
+            check(key in a, f"attempt has `{key}`: {a!r}")
+        check(
+            isinstance(a["status"], int) and a["status"] >= 500,
+            f"attempt status is the upstream 5xx: {a!r}",
+        )
+
+
+# ---------------------------------------------------------------------------------
+# OpenAI
+# ---------------------------------------------------------------------------------
+
+
+def openai_unary() -> str:
+    raw = openai_client().chat.completions.with_raw_response.create(
+        model=OPENAI_MODEL, messages=MESSAGES
+    )
+    eq(raw.status_code, 200, "status")
+    target = raw.headers.get("x-switchback-target")
+    check(bool(target), f"x-switchback-target is set: {dict(raw.headers)!r}")
+    if OPENAI_TARGET:
+        eq(target, OPENAI_TARGET, "x-switchback-target")
+    eq(raw.headers.get("x-switchback-attempts"), "1", "x-switchback-attempts")
+    eq(raw.headers.get("x-switchback-fallbacks"), "0", "x-switchback-fallbacks")
+    completion = raw.parse()
+    eq(completion.model, OPENAI_MODEL, "completion.model")
+    eq(completion.object, "chat.completion", "completion.object")
+    text = completion.choices[0].message.content
+    check(bool(text), "the completion has content")
+    if OPENAI_TEXT:
+        eq(text, OPENAI_TEXT, "content")
+    eq(completion.choices[0].finish_reason, "stop", "finish_reason")
+    check(completion.usage is not None, "usage is parsed")
+    # The SDK exposes x-request-id as `_request_id`; the proxy always sets one.
+    request_id = raw.headers.get("x-request-id")
+    check(bool(request_id), "x-request-id is set")
+    eq(completion._request_id, request_id, "completion._request_id")
+    return f"{text!r} via {target}"
+
+
+def openai_stream() -> str:
+    raw = openai_client().chat.completions.with_raw_response.create(
+        model=OPENAI_STREAM_MODEL,
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    eq(raw.status_code, 200, "status")
+    check(
+        raw.headers.get("content-type", "").startswith("text/event-stream"),
+        f"content-type is text/event-stream: {raw.headers.get('content-type')!r}",
+    )
+    check(bool(raw.headers.get("x-switchback-target")), "x-switchback-target is set")
+    pieces: list[str] = []
+    chunks = 0
+    finish = None
+    usage = None
+    for chunk in raw.parse():
+        chunks += 1
+        eq(chunk.model, OPENAI_STREAM_MODEL, f"chunk {chunks} model")
+        eq(chunk.object, "chat.completion.chunk", f"chunk {chunks} object")
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+            if choice.finish_reason:
+                finish = choice.finish_reason
+        if chunk.usage is not None:
+            usage = chunk.usage
+    text = "".join(pieces)
+    check(chunks >= 3, f"several chunks arrive: {chunks}")
+    check(bool(text), "the stream has content")
+    if OPENAI_STREAM_TEXT:
+        eq(text, OPENAI_STREAM_TEXT, "assembled stream text")
+    eq(finish, "stop", "finish_reason")
+    check(usage is not None, "include_usage gives a usage chunk")
+    return f"{chunks} chunks, {text!r}"
+
+
+def openai_fallback() -> str:
+    raw = openai_client().chat.completions.with_raw_response.create(
+        model=FALLBACK_MODEL, messages=MESSAGES
+    )
+    eq(raw.status_code, 200, "status")
+    eq(raw.headers.get("x-switchback-fallbacks"), "1", "x-switchback-fallbacks")
+    target = raw.headers.get("x-switchback-target")
+    if FALLBACK_TARGET:
+        eq(target, FALLBACK_TARGET, "x-switchback-target")
+    completion = raw.parse()
+    eq(completion.model, FALLBACK_MODEL, "completion.model")
+    if FALLBACK_TEXT:
+        eq(completion.choices[0].message.content, FALLBACK_TEXT, "content")
+    return f"answered by {target} after {raw.headers.get('x-switchback-attempts')} attempts"
+
+
+def openai_stream_interrupted() -> str:
+    # After the first event is out the proxy cannot fall back; it ends the stream with
+    # an error event, which the SDK raises as APIError mid-iteration.
+    stream = openai_client().chat.completions.create(
+        model=OPENAI_BREAK_MODEL, messages=MESSAGES, stream=True
+    )
+    pieces: list[str] = []
+    try:
+        for chunk in stream:
+            eq(chunk.model, OPENAI_BREAK_MODEL, "chunk model")
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    pieces.append(choice.delta.content)
+    except openai.APIError as e:
+        check(
+            not isinstance(e, openai.APIStatusError),
+            f"an in-stream error is a plain APIError: {type(e).__name__}",
+        )
+        check(isinstance(e.body, dict), f"e.body is the error object: {e.body!r}")
+        eq(e.code, "stream_interrupted", "e.code")
+        check(bool(e.message), "the error has a message")
+        text = "".join(pieces)
+        check(bool(text), "some text arrived before the break")
+        if OPENAI_BREAK_TEXT:
+            eq(text, OPENAI_BREAK_TEXT, "text before the break")
+        return f"{type(e).__name__} {e.code} after {text!r}"
+    raise CheckFailed(f"the stream ended without an error after {''.join(pieces)!r}")
+
+
+def openai_all_failed() -> str:
+    try:
+        openai_client().chat.completions.create(model=FAILING_MODEL, messages=MESSAGES)
+    except openai.APIStatusError as e:
+        check(
+            isinstance(e, openai.InternalServerError),
+            f"a 5xx raises InternalServerError, got {type(e).__name__}",
+        )
+        eq(e.status_code, 502, "status_code")
+        # The SDK hands over the `error` object as `body` and lifts `code`/`type`.
+        check(isinstance(e.body, dict), f"e.body is the parsed error object: {e.body!r}")
+        eq(e.body.get("code"), "all_providers_failed", "e.body['code']")
+        eq(e.code, "all_providers_failed", "e.code")
+        eq(e.type, "server_error", "e.type")
+        check(bool(e.body.get("message")), "the error has a message")
+        check_attempts(e.body, FAILING_TARGETS)
+        err = error_object(e)
+        eq(err.get("code"), "all_providers_failed", "response.json()['error']['code']")
+        check_attempts(err, FAILING_TARGETS)
+        check(e.request_id is not None, "x-request-id reaches e.request_id")
+        return f"{type(e).__name__} {e.status_code} {e.code}, {len(err['attempts'])} attempts"
+    raise CheckFailed("no exception raised for a route whose targets all fail")
+
+
+def openai_unknown_model() -> str:
+    try:
+        openai_client().chat.completions.create(model=UNKNOWN_MODEL, messages=MESSAGES)
+    except openai.APIStatusError as e:
+        check(
+            isinstance(e, openai.NotFoundError),
+            f"a 404 raises NotFoundError, got {type(e).__name__} {e.status_code}",
+        )
+        eq(e.status_code, 404, "status_code")
+        eq(e.code, "model_not_found", "e.code")
+        eq(error_object(e).get("code"), "model_not_found", "response code")
+        return f"{type(e).__name__} {e.code}"
+    raise CheckFailed("no exception raised for an unknown model")
+
+
+def openai_embeddings() -> str:
+    raw = openai_client().embeddings.with_raw_response.create(
+        model=EMBEDDING_MODEL, input=["one", "two"]
+    )
+    eq(raw.status_code, 200, "status")
+    check(bool(raw.headers.get("x-switchback-target")), "x-switchback-target is set")
+    result = raw.parse()
+    eq(result.model, EMBEDDING_MODEL, "embeddings model")
+    eq(len(result.data), 2, "one embedding per input")
+    eq([d.index for d in result.data], [0, 1], "indices")
+    dims = {len(d.embedding) for d in result.data}
+    check(len(dims) == 1 and dims.pop() > 0, "embeddings are non-empty floats")
+    check(all(isinstance(x, float) for x in result.data[0].embedding), "floats")
+    return f"{len(result.data)} vectors of {len(result.data[0].embedding)}"
+
+
+def openai_models() -> str:
+    page = openai_client().models.list()
+    ids = [m.id for m in page]
+    for want in (OPENAI_MODEL, OPENAI_STREAM_MODEL, FALLBACK_MODEL, EMBEDDING_MODEL, ANTHROPIC_MODEL):
+        check(want in ids, f"{want!r} is listed: {ids!r}")
+    check(UNKNOWN_MODEL not in ids, "the unknown model is not listed")
+    check(all(m.object == "model" for m in page.data), "every entry is a model object")
+    return f"{len(ids)} models"
+
+
+# ---------------------------------------------------------------------------------
+# Anthropic
+# ---------------------------------------------------------------------------------
+
+
+def anthropic_unary() -> str:
+    raw = anthropic_client().messages.with_raw_response.create(
+        model=ANTHROPIC_MODEL, max_tokens=64, messages=MESSAGES
+    )
+    eq(raw.status_code, 200, "status")
+    check(bool(raw.headers.get("x-switchback-target")), "x-switchback-target is set")
+    message = raw.parse()
+    eq(message.model, ANTHROPIC_MODEL, "message.model")
+    eq(message.type, "message", "message.type")
+    eq(message.role, "assistant", "message.role")
+    check(len(message.content) >= 1, "the message has content blocks")
+    eq(message.content[0].type, "text", "first block type")
+    text = message.content[0].text
+    check(bool(text), "the text block is not empty")
+    if ANTHROPIC_TEXT:
+        eq(text, ANTHROPIC_TEXT, "text")
+    eq(message.stop_reason, "end_turn", "stop_reason")
+    check(message.usage.input_tokens > 0, "usage is parsed")
+    return repr(text)
+
+
+def anthropic_stream() -> str:
+    with anthropic_client().messages.stream(
+        model=ANTHROPIC_STREAM_MODEL, max_tokens=64, messages=MESSAGES
+    ) as stream:
+        eq(stream.response.status_code, 200, "status")
+        check(
+            bool(stream.response.headers.get("x-switchback-target")),
+            "x-switchback-target is set",
+        )
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    check(bool(text), "the stream has text")
+    if ANTHROPIC_STREAM_TEXT:
+        eq(text, ANTHROPIC_STREAM_TEXT, "assembled text_stream")
+    eq(final.model, ANTHROPIC_STREAM_MODEL, "final message model")
+    eq(final.content[0].text, text, "final message text")
+    eq(final.stop_reason, "end_turn", "final stop_reason")
+    return f"{text!r}"
+
+
+def anthropic_stream_overloaded_first() -> str:
+    # Anthropic-style overload: 200 then `event: error` first. The proxy holds the first
+    # event back, sees the error and falls back; the SDK sees one clean stream.
+    with anthropic_client().messages.stream(
+        model=ANTHROPIC_OVERLOADED_MODEL, max_tokens=64, messages=MESSAGES
+    ) as stream:
+        eq(stream.response.status_code, 200, "status")
+        eq(stream.response.headers.get("x-switchback-fallbacks"), "1", "x-switchback-fallbacks")
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    if ANTHROPIC_OVERLOADED_TEXT:
+        eq(text, ANTHROPIC_OVERLOADED_TEXT, "assembled text_stream")
+    eq(final.model, ANTHROPIC_OVERLOADED_MODEL, "final message model")
+    return f"fell back, {text!r}"
+
+
+def anthropic_stream_interrupted() -> str:
+    pieces: list[str] = []
+    try:
+        with anthropic_client().messages.stream(
+            model=ANTHROPIC_BREAK_MODEL, max_tokens=64, messages=MESSAGES
+        ) as stream:
+            for piece in stream.text_stream:
+                pieces.append(piece)
+    except anthropic.APIStatusError as e:
+        # Raised from an `event: error` inside a 200 stream, not from an HTTP status.
+        eq(e.status_code, 200, "status of the stream the error arrived in")
+        body = e.body
+        check(isinstance(body, dict), f"e.body is the parsed error event: {body!r}")
+        eq(body.get("type"), "error", "event body type")
+        check(
+            isinstance(body.get("error"), dict) and bool(body["error"].get("type")),
+            f"event body has error.type: {body!r}",
+        )
+        text = "".join(pieces)
+        check(bool(text), "some text arrived before the break")
+        if ANTHROPIC_BREAK_TEXT:
+            eq(text, ANTHROPIC_BREAK_TEXT, "text before the break")
+        return f"{type(e).__name__} {body['error']['type']} after {text!r}"
+    raise CheckFailed(f"the stream ended without an error after {''.join(pieces)!r}")
+
+
+def anthropic_unknown_model() -> str:
+    try:
+        anthropic_client().messages.create(
+            model=UNKNOWN_MODEL, max_tokens=64, messages=MESSAGES
+        )
+    except anthropic.APIStatusError as e:
+        check(
+            isinstance(e, anthropic.NotFoundError),
+            f"a 404 raises NotFoundError, got {type(e).__name__} {e.status_code}",
+        )
+        eq(e.status_code, 404, "status_code")
+        body = e.response.json()
+        eq(body.get("type"), "error", "body type")
+        eq(body["error"].get("type"), "not_found_error", "error.type")
+        eq(body["error"].get("code"), "model_not_found", "error.code")
+        return f"{type(e).__name__} {body['error']['type']}"
+    raise CheckFailed("no exception raised for an unknown model")
+
+
+def anthropic_all_failed() -> str:
+    try:
+        anthropic_client().messages.create(
+            model=ANTHROPIC_FAILING_MODEL, max_tokens=64, messages=MESSAGES
+        )
+    except anthropic.APIStatusError as e:
+        check(e.status_code in (502, 503), f"status is 502 or 503: {e.status_code}")
+        check(
+            isinstance(e, anthropic.InternalServerError),
+            f"a 5xx raises an InternalServerError subclass, got {type(e).__name__}",
+        )
+        body = e.response.json()
+        eq(body.get("type"), "error", "body type")
+        err = body.get("error")
+        check(isinstance(err, dict), f"body has an `error` object: {body!r}")
+        check(bool(err.get("type")) and bool(err.get("message")), f"error type and message: {err!r}")
+        check(
+            err.get("code") in ("all_providers_failed", "no_available_target"),
+            f"error.code: {err.get('code')!r}",
+        )
+        check_attempts(err, 1)
+        # The SDK keeps the parsed body as `e.body` too.
+        check(isinstance(e.body, dict), f"e.body is parsed: {e.body!r}")
+        return f"{type(e).__name__} {e.status_code} {err['code']}"
+    raise CheckFailed("no exception raised for a route whose targets all fail")
+
+
+def anthropic_stream_all_failed() -> str:
+    # A stream that fails before its first event is an ordinary error response.
+    try:
+        with anthropic_client().messages.stream(
+            model=ANTHROPIC_FAILING_MODEL, max_tokens=64, messages=MESSAGES
+        ) as stream:
+            "".join(stream.text_stream)
+    except anthropic.APIStatusError as e:
+        check(e.status_code in (502, 503), f"status is 502 or 503: {e.status_code}")
+        return f"{type(e).__name__} {e.status_code}"
+    raise CheckFailed("no exception raised for a failing stream")
+
+
+def anthropic_models() -> str:
+    ids = [m.id for m in anthropic_client().models.list()]
+    for want in (ANTHROPIC_MODEL, ANTHROPIC_STREAM_MODEL, OPENAI_MODEL):
+        check(want in ids, f"{want!r} is listed: {ids!r}")
+    return f"{len(ids)} models"
+
+
+CASES: list[tuple[str, Callable[[], str]]] = [
+    ("openai unary chat completion", openai_unary),
+    ("openai streaming chat completion", openai_stream),
+    ("openai stream interrupted after commit", openai_stream_interrupted),
+    ("openai fallback after a 503", openai_fallback),
+    ("openai all targets failing -> 502", openai_all_failed),
+    ("openai unknown model -> 404", openai_unknown_model),
+    ("openai embeddings", openai_embeddings),
+    ("openai models.list", openai_models),
+    ("anthropic unary messages.create", anthropic_unary),
+    ("anthropic messages.stream", anthropic_stream),
+    ("anthropic stream, overloaded first event -> fallback", anthropic_stream_overloaded_first),
+    ("anthropic stream interrupted after commit", anthropic_stream_interrupted),
+    ("anthropic unknown model -> 404", anthropic_unknown_model),
+    ("anthropic all targets failing", anthropic_all_failed),
+    ("anthropic stream, all targets failing", anthropic_stream_all_failed),
+    ("anthropic models.list", anthropic_models),
+]
+
+
+def main() -> int:
+    if not URL:
+        print("SWITCHBACK_URL is not set (e.g. http://127.0.0.1:8080)", file=sys.stderr)
+        return 2
+    print(f"openai {openai.__version__}, anthropic {anthropic.__version__}, proxy {URL}")
+    only = set(filter(None, os.environ.get("SWITCHBACK_SDK_CASES", "").split(",")))
+    passed = failed = 0
+    for name, case in CASES:
+        if only and name not in only:
+            continue
+        try:
+            detail = case()
+        except CheckFailed as e:
+            failed += 1
+            print(f"FAIL {name}: {e}")
+        except Exception as e:  # noqa: BLE001  (an SDK exception is a failure too)
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+            response = getattr(e, "response", None)
+            if response is not None:
+                print(f"     response {response.status_code} {dict(response.headers)!r}")
+                try:
+                    print(f"     body {response.text!r}")
+                except Exception:  # noqa: BLE001  (a streamed body may be unread)
+                    pass
+            traceback.print_exc(file=sys.stderr)
+        else:
+            passed += 1
+            print(f"ok   {name}: {detail}")
+        sys.stdout.flush()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
