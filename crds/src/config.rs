@@ -37,7 +37,7 @@ impl Default for CompiledConfig {
 }
 
 /// Names a namespaced object: `namespace/name`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ObjectId {
     pub namespace: String,

@@ -10,6 +10,7 @@ pub mod network;
 pub mod route;
 pub mod schema;
 pub mod secret;
+pub mod stats;
 
 #[cfg(test)]
 mod cel_parity;

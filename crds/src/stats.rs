@@ -1,0 +1,111 @@
+//! The `/admin/v1/stats` document: what one proxy replica reports about the routes it
+//! serves, and what the operator scrapes and aggregates into status (SPEC §5).
+//!
+//! Counters are cumulative since the replica started (`instanceId`, `startedAt`); the
+//! operator turns them into deltas per instance, so a restart (new instance id, counters
+//! from zero) never makes totals go backwards. Field names are stable: add fields,
+//! never rename them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ObjectId;
+
+/// Bump on an incompatible change of this document.
+pub const STATS_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatsReport {
+    pub version: u32,
+    /// Random per process start.
+    pub instance_id: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// Configs applied since start.
+    pub config_generation: u64,
+    /// The last config this replica refused (it keeps serving the previous one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
+    pub routes: Vec<RouteStats>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteStats {
+    pub route: ObjectId,
+    /// The LLMRoute generation this replica serves now.
+    pub generation: i64,
+    /// Client requests routed here.
+    pub requests: u64,
+    /// Upstream requests sent.
+    pub attempts: u64,
+    /// Requests answered by a target other than the first in their order.
+    pub fallbacks: u64,
+    /// Requests answered with an error (gateway error or relayed upstream error).
+    pub failed: u64,
+    pub targets: Vec<TargetStats>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetStats {
+    pub credential: ObjectId,
+    /// Upstream model; `None` = the name the client sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Requests that reached this target (tried or skipped).
+    pub requests: u64,
+    /// Upstream requests sent to it.
+    pub attempts: u64,
+    /// Attempts beyond the first on one request.
+    pub retries: u64,
+    /// Requests it answered.
+    pub successes: u64,
+    /// Failed attempts and skips, by reason (`status5xx`, `rateLimited`, `timeout`,
+    /// `connectionError`, `contextLength`, `authError`, `clientError`,
+    /// `budgetExhausted`, `missingKey`, `unsupportedSurface`, `parked`,
+    /// `circuitOpen`, `queueFull`).
+    pub failures: BTreeMap<String, u64>,
+    /// Requests that moved on from this target to a later one.
+    pub fallbacks_away: u64,
+    pub circuit: CircuitState,
+    /// RFC 3339: when the circuit entered its current state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_since: Option<String>,
+    /// RFC 3339, while the target is parked after a 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked_until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<LastFailure>,
+    pub latency: Latency,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CircuitState {
+    #[default]
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastFailure {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    pub reason: String,
+    /// RFC 3339.
+    pub at: String,
+}
+
+/// Milliseconds: time to the full answer (unary) or to the first event (streams).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Latency {
+    /// Exponentially weighted moving average; `None` until measured.
+    pub smoothed_ms: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
