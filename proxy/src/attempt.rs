@@ -8,20 +8,25 @@
 //! so nothing more is sent upstream.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, stream};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
+use crate::circuit::{Admit, Probe, Transition};
 use crate::gateway::Gateway;
+use crate::limit::Refused;
 use crate::order::order;
 use crate::outcome::{self, Reason, attempt_deadline, classify_status, may_advance, retryable};
 use crate::rewrite::{JsonStr, replace_model};
 use crate::snapshot::{RouteRt, TargetRt};
 use crate::sse::{self, Framer};
+use crate::stats::{self, RouteTargetCounters};
 use crate::surface::{self, AttemptView, Surface, Wire};
 
 /// Client headers passed on to providers. Everything else (notably `authorization`
@@ -66,6 +71,8 @@ pub struct Outcome {
     pub fallbacks: u32,
     /// The credential that answered, if one did.
     pub target: Option<HeaderValue>,
+    /// Index of the target that answered (in the route's declared order), if one did.
+    pub answered_by: Option<u8>,
     pub log: Vec<AttemptLog>,
 }
 
@@ -95,62 +102,189 @@ impl Failure {
 }
 
 enum Attempted {
-    Committed(Response<Body>),
+    /// The response, and whether it is a stream.
+    Committed(Response<Body>, bool),
     Failed(Failure),
 }
 
 pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
     let started = Instant::now();
-    let budget = started + Duration::from_millis(route.spec.timeout_ms);
+    stats::inc(&route.counters.requests);
+    let mut walk = Walk {
+        gw,
+        route,
+        call,
+        budget: started + Duration::from_millis(route.spec.timeout_ms),
+        log: Vec::new(),
+        sent: 0,
+        waited: Duration::ZERO,
+        shortest_retry_after: None,
+    };
     let order = order(route, rand::random::<f64>());
-    let mut log = Vec::new();
-    let mut sent = 0u32;
+    let order = order.as_slice();
     let mut last_real: Option<Failure> = None;
-    let mut shortest_retry_after: Option<Duration> = None;
     let mut position = 0u32;
+    let (mut skipped, mut skipped_open) = (0usize, 0usize);
 
-    for (pos, &i) in order.as_slice().iter().enumerate() {
-        position = pos as u32;
-        let t = &route.targets[i as usize];
-        if let Some(reason) = skip_reason(gw, t, call.surface) {
-            log.push(AttemptLog {
-                target: i,
-                status: None,
-                reason,
-                duration: Duration::ZERO,
-                retry_after: None,
-            });
-            continue;
+    let outcome = 'walk: {
+        for (pos, &i) in order.iter().enumerate() {
+            position = pos as u32;
+            let t = &route.targets[i as usize];
+            let failure = match walk.target(i, false).await {
+                Tried::Answered(response) => break 'walk walk.answered(response, pos as u32, i),
+                Tried::Skipped(reason) => {
+                    skipped += 1;
+                    skipped_open += usize::from(reason == Reason::CircuitOpen);
+                    if pos + 1 < order.len() {
+                        t.counters.fallbacks_away.inc(reason);
+                    }
+                    continue;
+                }
+                Tried::Failed(f) => f,
+            };
+            if !may_advance(failure.reason, failure.status, &route.spec.fallback) {
+                break 'walk walk.failed(failure, pos as u32);
+            }
+            if pos + 1 < order.len() {
+                t.counters.fallbacks_away.inc(failure.reason);
+            }
+            last_real = Some(failure);
+            if Instant::now() >= walk.budget {
+                break;
+            }
         }
+        // Every target skipped because its circuit is open: try one anyway, so a
+        // recovered provider is found even when no probe is due; its failure is 503.
+        if walk.sent == 0 && skipped > 0 && skipped_open == skipped {
+            let first = order[0];
+            break 'walk match walk.target(first, true).await {
+                Tried::Answered(response) => walk.answered(response, 0, first),
+                Tried::Failed(_) | Tried::Skipped(_) => {
+                    walk.failed(Failure::bare(Reason::CircuitOpen), position)
+                }
+            };
+        }
+        let last = last_real.unwrap_or_else(|| walk.all_skipped());
+        walk.failed(last, position)
+    };
+    let total = started.elapsed();
+    route.counters.duration.observe(total);
+    route
+        .counters
+        .overhead
+        .observe(total.saturating_sub(walk.waited));
+    outcome
+}
+
+/// One request's walk along its route's targets.
+struct Walk<'a, 'c> {
+    gw: &'a Gateway,
+    route: &'a RouteRt,
+    call: &'a Call<'c>,
+    budget: Instant,
+    log: Vec<AttemptLog>,
+    /// Upstream requests sent.
+    sent: u32,
+    /// Time spent waiting on providers, backoff and queues: everything that is not
+    /// the gateway's own work.
+    waited: Duration,
+    shortest_retry_after: Option<Duration>,
+}
+
+enum Tried {
+    Answered(Response<Body>),
+    Skipped(Reason),
+    Failed(Failure),
+}
+
+impl Walk<'_, '_> {
+    fn skip(&mut self, i: u8, reason: Reason) -> Tried {
+        self.route.targets[i as usize].counters.failures.inc(reason);
+        self.log.push(AttemptLog {
+            target: i,
+            status: None,
+            reason,
+            duration: Duration::ZERO,
+            retry_after: None,
+        });
+        Tried::Skipped(reason)
+    }
+
+    /// Try target `i` with its retries. `forced` ignores an open circuit.
+    async fn target(&mut self, i: u8, forced: bool) -> Tried {
+        let (gw, route, call) = (self.gw, self.route, self.call);
+        let t = &route.targets[i as usize];
+        stats::inc(&t.counters.requests);
+        if let Some(reason) = skip_reason(gw, t, call.surface) {
+            return self.skip(i, reason);
+        }
+        let breaker = &t.state.breaker;
+        let mut probe = match breaker.admit(Instant::now()) {
+            Admit::Yes => None,
+            Admit::Probe => Some(Probe::new(breaker)),
+            Admit::No if forced => None,
+            Admit::No => return self.skip(i, Reason::CircuitOpen),
+        };
         let body = match &t.upstream_model_json {
             Some(m) => replace_model(&call.body, m).unwrap_or_else(|| call.body.clone()),
             None => call.body.clone(),
         };
+        let cb = &route.spec.circuit_breaker;
         let mut tries = 0u32;
-        let failure = loop {
+        loop {
             tries += 1;
-            let now = Instant::now();
-            if now >= budget {
-                break Failure::bare(Reason::Budget);
+            if Instant::now() >= self.budget {
+                return Tried::Failed(Failure::bare(Reason::Budget));
             }
-            sent += 1;
-            let deadline = attempt_deadline(now, &t.spec, budget);
-            let result = attempt(t, call, body.clone(), deadline, budget, route).await;
+            let permit = match &t.credential.limiter {
+                None => None,
+                Some(l) => {
+                    let queued = Instant::now();
+                    let got = l.acquire(self.budget).await;
+                    self.waited += queued.elapsed();
+                    match got {
+                        Ok(p) => Some(p),
+                        // A full queue moves on at once, without spending a retry.
+                        Err(Refused::QueueFull) => return self.skip(i, Reason::QueueFull),
+                        Err(Refused::Deadline) => {
+                            return Tried::Failed(Failure::bare(Reason::Budget));
+                        }
+                    }
+                }
+            };
+            let now = Instant::now();
+            self.sent += 1;
+            stats::inc(&route.counters.attempts);
+            stats::inc(&t.counters.attempts);
+            if tries > 1 {
+                stats::inc(&t.counters.retries);
+            }
+            let deadline = attempt_deadline(now, &t.spec, self.budget);
+            let result = attempt(t, call, body.clone(), deadline, self.budget, route, permit).await;
             let elapsed = now.elapsed();
+            self.waited += elapsed;
+            t.counters.attempt_duration.observe(elapsed);
             let f = match result {
-                Attempted::Committed(response) => {
+                Attempted::Committed(response, streamed) => {
+                    if breaker.success(probe.is_some()) == Transition::Closed {
+                        tracing::info!(target_credential = %t.label, model = ?t.spec.model, "circuit closed");
+                    }
+                    if let Some(p) = probe.take() {
+                        p.done();
+                    }
                     t.state.observe_latency(elapsed);
-                    return Outcome {
-                        response,
-                        attempts: sent,
-                        fallbacks: pos as u32,
-                        target: Some(t.credential.target_header.clone()),
-                        log,
-                    };
+                    t.state.latency.observe(elapsed);
+                    if streamed {
+                        t.counters.ttfb.observe(elapsed);
+                    }
+                    stats::inc(&t.counters.successes);
+                    return Tried::Answered(response);
                 }
                 Attempted::Failed(f) => f,
             };
-            log.push(AttemptLog {
+            t.counters.failures.inc(f.reason);
+            t.state.record_failure(f.status, f.reason);
+            self.log.push(AttemptLog {
                 target: i,
                 status: f.status,
                 reason: f.reason,
@@ -159,66 +293,107 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
             });
             tracing::debug!(route = %route.spec.id, target = %t.label, status = ?f.status,
                 reason = f.reason.as_str(), try_no = tries, "attempt failed");
+            if f.reason.trips_breaker(f.status) {
+                let open_for = Duration::from_millis(cb.open_for_ms);
+                let tr = breaker.failure(
+                    Instant::now(),
+                    cb.consecutive_failures,
+                    open_for,
+                    probe.is_some(),
+                );
+                if let Some(p) = probe.take() {
+                    p.done();
+                }
+                if matches!(tr, Transition::Opened | Transition::Reopened) {
+                    tracing::warn!(target_credential = %t.label, model = ?t.spec.model, reason = f.reason.as_str(),
+                        "circuit opened");
+                    return Tried::Failed(f); // an open circuit advances at once
+                }
+            } else {
+                // Says nothing about the provider's health: let another request probe.
+                drop(probe.take());
+            }
             if f.reason == Reason::RateLimited
                 && let Some(ra) = f.retry_after
             {
                 t.state.park_until(gw.now_ms() + ra.as_millis() as u64);
-                shortest_retry_after = Some(shortest_retry_after.map_or(ra, |s| s.min(ra)));
+                self.shortest_retry_after =
+                    Some(self.shortest_retry_after.map_or(ra, |s| s.min(ra)));
                 if ra.as_millis() as u64 > route.spec.fallback.max_retry_after_ms {
-                    break f; // abandon this target at once
+                    return Tried::Failed(f); // abandon this target at once
                 }
             }
             if tries >= t.spec.retry.attempts || !retryable(f.reason, f.status, &t.spec.retry) {
-                break f;
+                return Tried::Failed(f);
             }
             let wait = match f.retry_after {
                 Some(ra) if t.spec.retry.honour_retry_after => ra,
                 _ => outcome::backoff(tries, &t.spec.retry, rand::random::<f64>()),
             };
             let resume = Instant::now() + wait;
-            if resume >= budget {
-                break f; // the wait does not fit the budget: let the next target try
+            if resume >= self.budget {
+                return Tried::Failed(f); // the wait does not fit the budget: let the next target try
             }
             sleep_until(resume).await;
-        };
-        if !may_advance(failure.reason, failure.status, &route.spec.fallback) {
-            return finish_failed(
-                route,
-                call,
-                failure,
-                sent,
-                pos as u32,
-                log,
-                shortest_retry_after,
-            );
-        }
-        last_real = Some(failure);
-        if Instant::now() >= budget {
-            break;
+            self.waited += wait;
         }
     }
 
-    let last = last_real.unwrap_or_else(|| {
-        let all_parked = !log.is_empty() && log.iter().all(|l| l.reason == Reason::Parked);
-        if all_parked {
-            let now = gw.now_ms();
-            let soonest = route
-                .targets
-                .iter()
-                .map(|t| t.state.parked_until_ms().saturating_sub(now))
-                .min()
-                .unwrap_or(0);
-            shortest_retry_after = Some(Duration::from_millis(soonest));
-            Failure::bare(Reason::Parked)
-        } else {
-            Failure::bare(Reason::MissingKey)
+    fn answered(&mut self, response: Response<Body>, pos: u32, i: u8) -> Outcome {
+        if pos > 0 {
+            stats::inc(&self.route.counters.fallbacks);
         }
-    });
-    finish_failed(route, call, last, sent, position, log, shortest_retry_after)
+        Outcome {
+            response,
+            attempts: self.sent,
+            fallbacks: pos,
+            target: Some(
+                self.route.targets[i as usize]
+                    .credential
+                    .target_header
+                    .clone(),
+            ),
+            answered_by: Some(i),
+            log: std::mem::take(&mut self.log),
+        }
+    }
+
+    fn failed(&mut self, failure: Failure, fallbacks: u32) -> Outcome {
+        stats::inc(&self.route.counters.failed);
+        finish_failed(
+            self.route,
+            self.call,
+            failure,
+            self.sent,
+            fallbacks,
+            std::mem::take(&mut self.log),
+            self.shortest_retry_after,
+        )
+    }
+
+    /// Nothing was sent: every target was skipped. Parked everywhere answers 429 with
+    /// the soonest end of a park.
+    fn all_skipped(&mut self) -> Failure {
+        let all_parked =
+            !self.log.is_empty() && self.log.iter().all(|l| l.reason == Reason::Parked);
+        if !all_parked {
+            return Failure::bare(Reason::MissingKey);
+        }
+        let now = self.gw.now_ms();
+        let soonest = self
+            .route
+            .targets
+            .iter()
+            .map(|t| t.state.parked_until_ms().saturating_sub(now))
+            .min()
+            .unwrap_or(0);
+        self.shortest_retry_after = Some(Duration::from_millis(soonest));
+        Failure::bare(Reason::Parked)
+    }
 }
 
-/// A target passed over before anything is sent to it. Circuit breakers and
-/// concurrency queues add their reasons here.
+/// A target passed over before anything is sent to it, for a reason known without
+/// asking anyone. (Open circuits and full queues are checked as the target is tried.)
 fn skip_reason(gw: &Gateway, t: &TargetRt, surface: Surface) -> Option<Reason> {
     if !surface.served_by(t.credential.spec.provider) {
         return Some(Reason::UnsupportedSurface);
@@ -239,6 +414,7 @@ async fn attempt(
     deadline: Instant,
     budget: Instant,
     route: &RouteRt,
+    permit: Option<OwnedSemaphorePermit>,
 ) -> Attempted {
     let timed_out = || {
         Attempted::Failed(Failure::bare(if Instant::now() >= budget {
@@ -296,16 +472,24 @@ async fn attempt(
                             answer: None,
                         })
                     }
-                    _ => Attempted::Committed(commit_stream(
-                        status,
-                        &headers,
-                        first,
-                        upstream,
-                        framer,
-                        call.client_model_json.clone(),
-                        call.surface.wire(),
-                        idle,
-                    )),
+                    _ => Attempted::Committed(
+                        commit_stream(
+                            status,
+                            &headers,
+                            first,
+                            Committed {
+                                upstream,
+                                framer,
+                                model: call.client_model_json.clone(),
+                                wire: call.surface.wire(),
+                                idle,
+                                counters: t.counters.clone(),
+                                _permit: permit,
+                                done: false,
+                            },
+                        ),
+                        true,
+                    ),
                 },
             };
         }
@@ -313,8 +497,11 @@ async fn attempt(
             Err(_) => timed_out(),
             Ok(Err(_)) => Attempted::Failed(Failure::bare(Reason::ConnectionError)),
             Ok(Ok(bytes)) => {
+                if let Some(u) = stats::usage(&bytes) {
+                    t.counters.add_usage(u);
+                }
                 let bytes = replace_model(&bytes, &call.client_model_json).unwrap_or(bytes);
-                Attempted::Committed(relay(status, &headers, Body::from(bytes)))
+                Attempted::Committed(relay(status, &headers, Body::from(bytes)), false)
             }
         };
     }
@@ -403,75 +590,75 @@ fn relay(status: StatusCode, headers: &HeaderMap, body: Body) -> Response<Body> 
     r
 }
 
-/// After commit: forward each event as soon as it is complete, with `model` set to
-/// the client's name. A failure ends the stream with an error event; a stall longer
-/// than the idle limit counts as a failure.
-#[allow(clippy::too_many_arguments)]
-fn commit_stream(
-    status: StatusCode,
-    headers: &HeaderMap,
-    first: Bytes,
+/// A committed stream: what the body needs to forward the rest.
+struct Committed {
     upstream: Upstream,
     framer: Framer,
     model: JsonStr,
     wire: Wire,
     idle: Duration,
-) -> Response<Body> {
-    let first = replace_model(&first, &model).unwrap_or(first);
-    struct State {
-        upstream: Upstream,
-        framer: Framer,
-        model: JsonStr,
-        wire: Wire,
-        idle: Duration,
-        done: bool,
+    counters: Arc<RouteTargetCounters>,
+    /// The concurrency slot, held until the stream ends.
+    _permit: Option<OwnedSemaphorePermit>,
+    done: bool,
+}
+
+impl Committed {
+    /// One event on its way to the client: usage counted, `model` set to the client's.
+    fn forward(&self, ev: Bytes) -> Bytes {
+        if let Some(u) = stats::usage(&ev) {
+            self.counters.add_usage(u);
+        }
+        replace_model(&ev, &self.model).unwrap_or(ev)
     }
-    let rest = stream::unfold(
-        State {
-            upstream,
-            framer,
-            model,
-            wire,
-            idle,
-            done: false,
-        },
-        |mut st| async move {
-            loop {
-                if let Some(ev) = st.framer.next_event() {
-                    let ev = replace_model(&ev, &st.model).unwrap_or(ev);
-                    return Some((Ok::<_, Infallible>(ev), st));
+}
+
+/// After commit: forward each event as soon as it is complete, with `model` set to
+/// the client's name. A failure ends the stream with an error event; a stall longer
+/// than the idle limit counts as a failure.
+fn commit_stream(
+    status: StatusCode,
+    headers: &HeaderMap,
+    first: Bytes,
+    state: Committed,
+) -> Response<Body> {
+    let first = state.forward(first);
+    let rest = stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(ev) = st.framer.next_event() {
+                let ev = st.forward(ev);
+                return Some((Ok::<_, Infallible>(ev), st));
+            }
+            if st.done {
+                return None;
+            }
+            match timeout(st.idle, st.upstream.next()).await {
+                Ok(Some(Ok(chunk))) => st.framer.push(&chunk),
+                Ok(None) => {
+                    st.done = true;
+                    let tail = st.framer.take_rest()?;
+                    return Some((Ok(tail), st));
                 }
-                if st.done {
-                    return None;
+                Ok(Some(Err(e))) => {
+                    st.done = true;
+                    tracing::debug!(error = %e, "upstream stream failed after commit");
+                    let ev = sse::failure_event(
+                        st.wire,
+                        "the upstream stream failed after it had started",
+                    );
+                    return Some((Ok(ev), st));
                 }
-                match timeout(st.idle, st.upstream.next()).await {
-                    Ok(Some(Ok(chunk))) => st.framer.push(&chunk),
-                    Ok(None) => {
-                        st.done = true;
-                        let tail = st.framer.take_rest()?;
-                        return Some((Ok(tail), st));
-                    }
-                    Ok(Some(Err(e))) => {
-                        st.done = true;
-                        tracing::debug!(error = %e, "upstream stream failed after commit");
-                        let ev = sse::failure_event(
-                            st.wire,
-                            "the upstream stream failed after it had started",
-                        );
-                        return Some((Ok(ev), st));
-                    }
-                    Err(_) => {
-                        st.done = true;
-                        let ev = sse::failure_event(
-                            st.wire,
-                            "the upstream stream stalled after it had started",
-                        );
-                        return Some((Ok(ev), st));
-                    }
+                Err(_) => {
+                    st.done = true;
+                    let ev = sse::failure_event(
+                        st.wire,
+                        "the upstream stream stalled after it had started",
+                    );
+                    return Some((Ok(ev), st));
                 }
             }
-        },
-    );
+        }
+    });
     let body = stream::once(async move { Ok::<_, Infallible>(first) }).chain(rest);
     relay(status, headers, Body::from_stream(body))
 }
@@ -500,6 +687,7 @@ fn finish_failed(
             attempts: sent,
             fallbacks,
             target: last_target,
+            answered_by: None,
             log,
         };
     }
@@ -519,9 +707,13 @@ fn finish_failed(
             "all_providers_failed",
             "every target that was tried failed",
         ),
-        // Every target skipped (missing keys, surfaces it cannot serve), or a 4xx
+        // Every target skipped (missing keys, surfaces it cannot serve, open circuits,
+        // full queues), or a 4xx
         // class that came without an answer to relay (an in-band stream error).
-        Reason::MissingKey | Reason::UnsupportedSurface => (
+        Reason::MissingKey
+        | Reason::UnsupportedSurface
+        | Reason::CircuitOpen
+        | Reason::QueueFull => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no_available_target",
             "no target of this route can take the request",
@@ -566,6 +758,7 @@ fn finish_failed(
         attempts: sent,
         fallbacks,
         target: None,
+        answered_by: None,
         log,
     }
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
 use crate::netguard::PublicOnly;
-use crate::snapshot::{Clients, PrepareError, Snapshot, TargetStates, prepare};
+use crate::snapshot::{Carried, Clients, PrepareError, Snapshot, prepare};
 
 /// One problem with a config, located as precisely as known.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -81,11 +81,16 @@ fn ser_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok,
 pub struct Gateway {
     live: ArcSwap<Snapshot>,
     clients: Clients,
-    states: TargetStates,
+    carried: Carried,
     epoch: tokio::time::Instant,
     ready: AtomicBool,
     report: Mutex<LoadReport>,
     pub max_body_bytes: usize,
+    /// Random per process: lets the operator tell a restarted replica from a live one.
+    pub instance_id: String,
+    pub started_at: SystemTime,
+    pub reloads_applied: std::sync::atomic::AtomicU64,
+    pub reloads_refused: std::sync::atomic::AtomicU64,
 }
 
 impl Gateway {
@@ -103,7 +108,7 @@ impl Gateway {
                 public: base().dns_resolver(Arc::new(PublicOnly)).build()?,
                 private: base().build()?,
             },
-            states: TargetStates::default(),
+            carried: Carried::default(),
             epoch: tokio::time::Instant::now(),
             ready: AtomicBool::new(false),
             report: Mutex::new(LoadReport {
@@ -111,6 +116,10 @@ impl Gateway {
                 ..LoadReport::default()
             }),
             max_body_bytes,
+            instance_id: uuid::Uuid::new_v4().to_string(),
+            started_at: SystemTime::now(),
+            reloads_applied: Default::default(),
+            reloads_refused: Default::default(),
         })
     }
 
@@ -130,9 +139,10 @@ impl Gateway {
 
     /// Prepare then swap: a config that cannot be prepared changes nothing.
     pub fn apply(&self, compiled: &Compiled, warnings: Vec<Problem>) -> Result<(), PrepareError> {
-        let snapshot = prepare(compiled, &self.clients, &self.states)?;
+        let snapshot = prepare(compiled, &self.clients, &self.carried)?;
         self.live.store(Arc::new(snapshot));
         self.ready.store(true, Ordering::Release);
+        self.reloads_applied.fetch_add(1, Ordering::Relaxed);
         let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
         r.generation += 1;
         r.loaded_at = Some(SystemTime::now());
@@ -143,6 +153,7 @@ impl Gateway {
 
     /// Record a refused config; the live one stays.
     pub fn refuse(&self, problems: Vec<Problem>) {
+        self.reloads_refused.fetch_add(1, Ordering::Relaxed);
         let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
         r.last_error = Some(LoadError {
             at: Some(SystemTime::now()),

@@ -5,9 +5,12 @@
 //! all use it); nothing here touches global state.
 
 pub mod attempt;
+pub mod circuit;
 pub mod cli;
 pub mod gateway;
+pub mod limit;
 pub mod manifest;
+pub mod metrics;
 pub mod netguard;
 pub mod order;
 pub mod outcome;
@@ -16,6 +19,7 @@ pub mod rewrite;
 pub mod server;
 pub mod snapshot;
 pub mod sse;
+pub mod stats;
 pub mod surface;
 
 use std::net::SocketAddr;

@@ -10,12 +10,14 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter =
         EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Log lines are written by a background thread: a slow stdout never blocks a request.
+    let (writer, _flush_on_exit) = tracing_appender::non_blocking(std::io::stdout());
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
     match cli.log_format {
-        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
-        LogFormat::Json => tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init(),
+        LogFormat::Text => fmt.init(),
+        LogFormat::Json => fmt.json().flatten_event(true).init(),
     }
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),

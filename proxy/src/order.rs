@@ -106,6 +106,7 @@ mod tests {
             ],
             headers: None,
             client: reqwest::Client::new(),
+            limiter: None,
         });
         RouteRt {
             spec: Route {
@@ -119,6 +120,7 @@ mod tests {
                 timeout_ms: 1000,
             },
             route_header: HeaderValue::from_static("ns/r"),
+            counters: Default::default(),
             targets: targets
                 .into_iter()
                 .map(|(weight, price)| TargetRt {
@@ -135,6 +137,7 @@ mod tests {
                     },
                     credential: cred.clone(),
                     state: Arc::new(TargetState::default()),
+                    counters: Default::default(),
                     label: "ns/c".into(),
                     upstream_model_json: None,
                 })

@@ -27,9 +27,55 @@ pub enum Reason {
     MissingKey,
     UnsupportedSurface,
     Parked,
+    CircuitOpen,
+    QueueFull,
 }
 
 impl Reason {
+    pub const COUNT: usize = 13;
+    pub const ALL: [Reason; Self::COUNT] = [
+        Self::Status5xx,
+        Self::RateLimited,
+        Self::Timeout,
+        Self::Budget,
+        Self::ConnectionError,
+        Self::ContextLength,
+        Self::AuthError,
+        Self::ClientError,
+        Self::MissingKey,
+        Self::UnsupportedSurface,
+        Self::Parked,
+        Self::CircuitOpen,
+        Self::QueueFull,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Failures that count towards opening the circuit: the provider looks unhealthy.
+    /// Not 4xx (the request's fault), not context length, not 429 (parking handles
+    /// it), not the call's own budget running out.
+    pub fn trips_breaker(self, status: Option<u16>) -> bool {
+        match self {
+            Self::Status5xx | Self::ConnectionError => true,
+            Self::Timeout => status.is_none(), // the attempt timed out; 408 is an answer
+            _ => false,
+        }
+    }
+
+    /// Whether the target was passed over without a request being sent.
+    pub fn is_skip(self) -> bool {
+        matches!(
+            self,
+            Self::MissingKey
+                | Self::UnsupportedSurface
+                | Self::Parked
+                | Self::CircuitOpen
+                | Self::QueueFull
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Status5xx => "status5xx",
@@ -43,6 +89,8 @@ impl Reason {
             Self::MissingKey => "missingKey",
             Self::UnsupportedSurface => "unsupportedSurface",
             Self::Parked => "parked",
+            Self::CircuitOpen => "circuitOpen",
+            Self::QueueFull => "queueFull",
         }
     }
 
@@ -143,7 +191,7 @@ pub fn may_advance(reason: Reason, status: Option<u16>, fallback: &Fallback) -> 
     }
     match reason {
         // Skips always advance: nothing was sent, so nothing else could answer.
-        Reason::MissingKey | Reason::UnsupportedSurface | Reason::Parked => true,
+        r if r.is_skip() => true,
         other => other.class().is_some_and(|c| fallback.on.contains(&c)),
     }
 }
@@ -198,6 +246,30 @@ mod tests {
         let vllm = br#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens","type":"BadRequestError","code":400}"#;
         for body in [&openai[..], &anthropic[..], &vllm[..]] {
             assert_eq!(classify_status(400, body), Reason::ContextLength);
+        }
+    }
+
+    #[test]
+    fn reason_indexes_are_dense_and_ordered() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn only_provider_health_failures_trip_the_breaker() {
+        assert!(Reason::Status5xx.trips_breaker(Some(503)));
+        assert!(Reason::ConnectionError.trips_breaker(None));
+        assert!(Reason::Timeout.trips_breaker(None));
+        assert!(!Reason::Timeout.trips_breaker(Some(408)));
+        for r in [
+            Reason::RateLimited,
+            Reason::ContextLength,
+            Reason::AuthError,
+            Reason::ClientError,
+            Reason::Budget,
+        ] {
+            assert!(!r.trips_breaker(Some(400)), "{r:?}");
         }
     }
 

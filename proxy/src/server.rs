@@ -16,7 +16,9 @@ use serde::Deserialize;
 
 use crate::attempt::{self, Call};
 use crate::gateway::Gateway;
+use crate::metrics;
 use crate::rewrite::JsonStr;
+use crate::snapshot::RouteRt;
 use crate::surface::{self, Surface, Wire};
 
 pub const X_ROUTE: HeaderName = HeaderName::from_static("x-switchback-route");
@@ -37,11 +39,32 @@ pub fn data_router(gw: Arc<Gateway>) -> Router {
 }
 
 pub fn admin_router(gw: Arc<Gateway>) -> Router {
+    let registry = Arc::new(metrics::registry(gw.clone()));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/admin/v1/config", get(config))
+        .route("/admin/v1/stats", get(stats_doc))
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        metrics::render(&registry),
+                    )
+                }
+            }),
+        )
         .with_state(gw)
+}
+
+async fn stats_doc(State(gw): State<Arc<Gateway>>) -> Response<Body> {
+    json_response(StatusCode::OK, &crate::stats::report(&gw))
 }
 
 async fn chat(
@@ -156,12 +179,9 @@ async fn route_and_run(
         body: body.clone(),
         client_headers: headers,
     };
+    let started = tokio::time::Instant::now();
     let outcome = attempt::run(gw, route, &call).await;
-    if outcome.fallbacks > 0 || outcome.target.is_none() {
-        tracing::info!(route = %route.spec.id, model = %model, attempts = outcome.attempts,
-            fallbacks = outcome.fallbacks, status = outcome.response.status().as_u16(),
-            log = ?outcome.log, "request fell back or failed");
-    }
+    log_request(route, &model, &outcome, started.elapsed());
     let mut response = outcome.response;
     let h = response.headers_mut();
     h.insert(X_ROUTE, route.route_header.clone());
@@ -171,6 +191,70 @@ async fn route_and_run(
         h.insert(X_TARGET, t);
     }
     response
+}
+
+/// One structured line per request: the route, who answered, the fallback provider
+/// and model when it was not the first target, and the attempt log.
+fn log_request(
+    route: &RouteRt,
+    model: &str,
+    outcome: &attempt::Outcome,
+    took: std::time::Duration,
+) {
+    if !tracing::enabled!(target: "switchback::request", tracing::Level::INFO) {
+        return;
+    }
+    let answered = outcome.answered_by.map(|i| &route.targets[i as usize]);
+    let fell_back = outcome.fallbacks > 0 && answered.is_some();
+    let fallback_provider = answered.filter(|_| fell_back).map(|t| t.label.as_str());
+    let fallback_model = answered
+        .filter(|_| fell_back)
+        .map(|t| t.spec.model.as_deref().unwrap_or(model));
+    tracing::info!(
+        target: "switchback::request",
+        route = %route.spec.id,
+        model,
+        status = outcome.response.status().as_u16(),
+        served_by = answered.map(|t| t.label.as_str()),
+        fallback_provider,
+        fallback_model,
+        attempts = outcome.attempts,
+        fallbacks = outcome.fallbacks,
+        duration_ms = took.as_millis() as u64,
+        attempt_log = %AttemptLogView { route, log: &outcome.log },
+        "request"
+    );
+}
+
+/// The attempt log as compact JSON: `[{"target","status","reason","durationMs","retryAfterMs"}]`.
+struct AttemptLogView<'a> {
+    route: &'a RouteRt,
+    log: &'a [attempt::AttemptLog],
+}
+
+impl std::fmt::Display for AttemptLogView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[")?;
+        for (n, l) in self.log.iter().enumerate() {
+            let t = &self.route.targets[l.target as usize];
+            if n > 0 {
+                f.write_str(",")?;
+            }
+            write!(
+                f,
+                r#"{{"target":"{}","status":{},"reason":"{}","durationMs":{}"#,
+                t.label,
+                l.status.map_or("null".to_string(), |s| s.to_string()),
+                l.reason.as_str(),
+                l.duration.as_millis()
+            )?;
+            if let Some(ra) = l.retry_after {
+                write!(f, r#","retryAfterMs":{}"#, ra.as_millis())?;
+            }
+            f.write_str("}")?;
+        }
+        f.write_str("]")
+    }
 }
 
 fn gateway_error(wire: Wire, status: StatusCode, code: &str, message: &str) -> Response<Body> {

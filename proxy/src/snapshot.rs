@@ -8,23 +8,40 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use switchback_crds::compile::Compiled;
 use switchback_crds::config::{CompiledConfig, Credential, ObjectId, Provider, Route, Target};
 
+use crate::circuit::Breaker;
+use crate::limit::Limiter;
+use crate::outcome::Reason;
 use crate::rewrite::JsonStr;
+use crate::stats::{Histogram, RouteCounters, RouteTargetCounters};
 use crate::surface::Surface;
 
 /// Runtime facts about one target (credential + upstream model), shared by every
-/// route and snapshot that uses it, updated with atomics from the request path.
+/// route and snapshot that uses it, updated from the request path without holding a
+/// lock across an await.
 #[derive(Debug, Default)]
 pub struct TargetState {
     /// Milliseconds on the proxy clock until which the target is parked after a 429.
     parked_until_ms: AtomicU64,
     /// Smoothed latency in microseconds; 0 = never measured.
     latency_ewma_us: AtomicU64,
+    pub breaker: Breaker,
+    /// Latency of answered attempts (full answer, or first event for streams).
+    pub latency: Histogram,
+    last_failure: Mutex<Option<FailureRecord>>,
+}
+
+/// The last failure of a target, for stats.
+#[derive(Debug, Clone, Copy)]
+pub struct FailureRecord {
+    pub status: Option<u16>,
+    pub reason: Reason,
+    pub at: SystemTime,
 }
 
 impl TargetState {
@@ -39,6 +56,19 @@ impl TargetState {
 
     pub fn latency_ewma_us(&self) -> u64 {
         self.latency_ewma_us.load(Ordering::Relaxed)
+    }
+
+    pub fn record_failure(&self, status: Option<u16>, reason: Reason) {
+        let rec = FailureRecord {
+            status,
+            reason,
+            at: SystemTime::now(),
+        };
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(rec);
+    }
+
+    pub fn last_failure(&self) -> Option<FailureRecord> {
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Fold one measurement in (weight 0.2 for the new sample).
@@ -64,17 +94,28 @@ pub struct TargetKey {
     pub model: Option<String>,
 }
 
-/// Keeps [`TargetState`]s alive across reloads; only touched while preparing.
+/// Everything that outlives a reload: target state, counters, concurrency limiters.
+/// Only touched while preparing a snapshot; the request path holds `Arc`s.
 #[derive(Debug, Default)]
-pub struct TargetStates(Mutex<HashMap<TargetKey, Arc<TargetState>>>);
+pub struct Carried(Mutex<CarriedMaps>);
 
-impl TargetStates {
-    fn get_or_create(
-        map: &mut HashMap<TargetKey, Arc<TargetState>>,
-        key: TargetKey,
-    ) -> Arc<TargetState> {
-        map.entry(key).or_default().clone()
-    }
+#[derive(Debug, Default)]
+struct CarriedMaps {
+    targets: HashMap<TargetKey, Arc<TargetState>>,
+    routes: HashMap<ObjectId, Arc<RouteCounters>>,
+    route_targets: HashMap<(ObjectId, TargetKey), Arc<RouteTargetCounters>>,
+    /// Keyed by the limits too: changing them starts a fresh limiter.
+    limiters: HashMap<(ObjectId, u32, u32), Arc<Limiter>>,
+}
+
+fn carried<K: std::hash::Hash + Eq, V: Default>(map: &mut HashMap<K, Arc<V>>, key: K) -> Arc<V> {
+    map.entry(key).or_default().clone()
+}
+
+/// Drop what no live object uses any more (the previous snapshot may still hold some
+/// until its last request ends; they go at the next reload).
+fn prune<K, V>(map: &mut HashMap<K, Arc<V>>) {
+    map.retain(|_, v| Arc::strong_count(v) > 1);
 }
 
 /// The two upstream HTTP clients. Both pool connections (HTTP/1.1 keep-alive, HTTP/2
@@ -95,6 +136,8 @@ pub struct CredentialRt {
     /// Static headers plus the auth header; `None` when the key is missing.
     pub headers: Option<HeaderMap>,
     pub client: reqwest::Client,
+    /// `maxConcurrency` / `maxQueue`, when set.
+    pub limiter: Option<Arc<Limiter>>,
 }
 
 #[derive(Debug)]
@@ -102,6 +145,7 @@ pub struct TargetRt {
     pub spec: Target,
     pub credential: Arc<CredentialRt>,
     pub state: Arc<TargetState>,
+    pub counters: Arc<RouteTargetCounters>,
     /// `namespace/name` of the credential, for attempt logs.
     pub label: String,
     /// The upstream model as a JSON literal, spliced into request bodies.
@@ -113,6 +157,7 @@ pub struct RouteRt {
     pub spec: Route,
     pub route_header: HeaderValue,
     pub targets: Vec<TargetRt>,
+    pub counters: Arc<RouteCounters>,
 }
 
 /// What one request sees of the config.
@@ -155,16 +200,24 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub fn prepare(
     compiled: &Compiled,
     clients: &Clients,
-    states: &TargetStates,
+    carried_state: &Carried,
 ) -> Result<Snapshot, PrepareError> {
+    let mut maps = carried_state.0.lock().unwrap_or_else(|p| p.into_inner());
     let mut credentials = HashMap::new();
     for c in &compiled.config.credentials {
+        let limiter = c.max_concurrency.map(|max| {
+            let queue = c.max_queue.unwrap_or(0);
+            let key = (c.id.clone(), max, queue);
+            maps.limiters
+                .entry(key)
+                .or_insert_with(|| Arc::new(Limiter::new(max, queue)))
+                .clone()
+        });
         credentials.insert(
             c.id.clone(),
-            Arc::new(prepare_credential(c, compiled, clients)?),
+            Arc::new(prepare_credential(c, compiled, clients, limiter)?),
         );
     }
-    let mut states_map = states.0.lock().unwrap_or_else(|p| p.into_inner());
     let mut routes = HashMap::new();
     let mut route_list = Vec::new();
     for r in &compiled.config.routes {
@@ -183,13 +236,15 @@ pub fn prepare(
             };
             targets.push(TargetRt {
                 spec: t.clone(),
-                state: TargetStates::get_or_create(&mut states_map, key),
+                counters: carried(&mut maps.route_targets, (r.id.clone(), key.clone())),
+                state: carried(&mut maps.targets, key),
                 label: t.credential.to_string(),
                 upstream_model_json: t.model.as_deref().map(JsonStr::new),
                 credential,
             });
         }
         let route = Arc::new(RouteRt {
+            counters: carried(&mut maps.routes, r.id.clone()),
             route_header: header_value(&r.id.to_string()),
             spec: r.clone(),
             targets,
@@ -205,8 +260,10 @@ pub fn prepare(
         }
         route_list.push(route);
     }
-    // Forget state of targets no config uses any more.
-    states_map.retain(|_, s| Arc::strong_count(s) > 1);
+    prune(&mut maps.targets);
+    prune(&mut maps.routes);
+    prune(&mut maps.route_targets);
+    prune(&mut maps.limiters);
     Ok(Snapshot {
         config: compiled.config.clone(),
         routes,
@@ -224,6 +281,7 @@ fn prepare_credential(
     c: &Credential,
     compiled: &Compiled,
     clients: &Clients,
+    limiter: Option<Arc<Limiter>>,
 ) -> Result<CredentialRt, PrepareError> {
     let err = |field: &'static str, message: String| PrepareError::Credential {
         credential: c.id.clone(),
@@ -287,6 +345,7 @@ fn prepare_credential(
         }
     };
     Ok(CredentialRt {
+        limiter,
         target_header: header_value(&c.id.to_string()),
         urls,
         headers,

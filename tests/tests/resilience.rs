@@ -1,0 +1,314 @@
+//! Resilience state end to end: circuit breakers (open, half-open probe, close,
+//! doubling), the all-open rule, concurrency queues, least-latency ordering, and the
+//! stats and metrics a scripted run leaves behind. Paused clock throughout.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use switchback_tests::harness::{TestProxy, credential, header, route};
+use switchback_tests::sim::{Behavior, Flavor, SimProvider};
+
+async fn setup_with(extra_cred: &str, spec: &str) -> (SimProvider, SimProvider, TestProxy) {
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let primary_cred = credential("primary", "openai", &primary.base_url(), "sk-primary")
+        .replace("  allowPrivateNetwork: true\n", &format!("  allowPrivateNetwork: true\n{extra_cred}"));
+    let manifests = format!(
+        "{primary_cred}{}{}",
+        credential("backup", "openai", &backup.base_url(), "sk-backup"),
+        route("smart", spec)
+    );
+    (primary, backup, TestProxy::start(&manifests).await)
+}
+
+const BREAKER: &str = "  circuitBreaker: { consecutiveFailures: 2, openFor: 10s }
+  targets:
+    - credentialRef: { name: primary }
+    - credentialRef: { name: backup }
+";
+
+async fn stats(proxy: &TestProxy) -> Value {
+    proxy
+        .http
+        .get(proxy.admin_url("/admin/v1/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn circuit(proxy: &TestProxy) -> String {
+    stats(proxy).await["routes"][0]["targets"][0]["circuit"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn served_by(proxy: &TestProxy) -> String {
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(r.status(), 200);
+    header(&r, "x-switchback-target").to_string()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_circuit_opens_probes_once_and_closes() {
+    let (primary, backup, proxy) = setup_with("", BREAKER).await;
+    primary.set_default(Behavior::ServerError(503));
+    assert_eq!(served_by(&proxy).await, "team-a/backup");
+    assert_eq!(circuit(&proxy).await, "Closed");
+    assert_eq!(served_by(&proxy).await, "team-a/backup");
+    assert_eq!(circuit(&proxy).await, "Open", "two failures in a row open it");
+    assert_eq!(primary.hits(), 2);
+
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/backup");
+    assert_eq!(header(&r, "x-switchback-attempts"), "1", "the open target is skipped, not tried");
+    assert_eq!(header(&r, "x-switchback-fallbacks"), "1");
+    assert_eq!(primary.hits(), 2);
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(circuit(&proxy).await, "HalfOpen");
+    primary.set_default(Behavior::Answer);
+    assert_eq!(served_by(&proxy).await, "team-a/primary", "the probe goes through and succeeds");
+    assert_eq!(circuit(&proxy).await, "Closed");
+    assert_eq!(served_by(&proxy).await, "team-a/primary");
+    assert_eq!(backup.hits(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_probe_reopens_for_twice_as_long() {
+    let (primary, _backup, proxy) = setup_with("", BREAKER).await;
+    primary.set_default(Behavior::ServerError(503));
+    served_by(&proxy).await;
+    served_by(&proxy).await;
+    assert_eq!(primary.hits(), 2);
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    served_by(&proxy).await; // the probe fails
+    assert_eq!(primary.hits(), 3);
+    assert_eq!(circuit(&proxy).await, "Open");
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    served_by(&proxy).await;
+    assert_eq!(primary.hits(), 3, "reopened for 20s, not 10s");
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    served_by(&proxy).await; // second probe, after 20s
+    assert_eq!(primary.hits(), 4);
+
+    tokio::time::sleep(Duration::from_secs(39)).await;
+    served_by(&proxy).await;
+    assert_eq!(primary.hits(), 4, "then 40s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    served_by(&proxy).await;
+    assert_eq!(primary.hits(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_circuit_is_open_one_target_is_still_tried() {
+    let spec = "  circuitBreaker: { consecutiveFailures: 1, openFor: 60s }
+  targets:
+    - credentialRef: { name: primary }
+";
+    let (primary, _backup, proxy) = setup_with("", spec).await;
+    primary.set_default(Behavior::ServerError(500));
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(circuit(&proxy).await, "Open");
+
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(r.status(), 503, "its failure answers 503");
+    assert_eq!(header(&r, "x-switchback-attempts"), "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_available_target");
+    assert_eq!(primary.hits(), 2);
+
+    primary.set_default(Behavior::Answer);
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(r.status(), 200, "a recovered provider is found without waiting for openFor");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_fails_over_at_once_without_spending_a_retry() {
+    let spec = "  targets:
+    - credentialRef: { name: primary }
+      retry: { attempts: 3 }
+    - credentialRef: { name: backup }
+";
+    let (primary, backup, proxy) = setup_with("  maxConcurrency: 1\n", spec).await;
+    primary.push(Behavior::Answer.after(Duration::from_secs(5)));
+    let slow = {
+        let (http, url) = (proxy.http.clone(), proxy.url("/v1/chat/completions"));
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&switchback_tests::harness::chat_body("smart", false))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    primary.wait_hits(1).await;
+    let started = tokio::time::Instant::now();
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/backup");
+    assert_eq!(header(&r, "x-switchback-attempts"), "1");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(primary.hits(), 1);
+    assert_eq!(header(&slow.await.unwrap(), "x-switchback-target"), "team-a/primary");
+    assert_eq!(backup.hits(), 1);
+    let s = stats(&proxy).await;
+    assert_eq!(s["routes"][0]["targets"][0]["failures"]["queueFull"], 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_waits_for_a_slot_within_its_budget() {
+    let spec = "  timeout: 3s
+  targets:
+    - credentialRef: { name: primary }
+";
+    let (primary, _backup, proxy) = setup_with("  maxConcurrency: 1\n  maxQueue: 1\n", spec).await;
+    primary.push(Behavior::Answer.after(Duration::from_secs(1)));
+    primary.push(Behavior::Answer.after(Duration::from_secs(10)));
+    let send = || {
+        let (http, url) = (proxy.http.clone(), proxy.url("/v1/chat/completions"));
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&switchback_tests::harness::chat_body("smart", false))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    let first = send();
+    primary.wait_hits(1).await;
+    let second = send(); // queued behind the first, gets the slot after 1s
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let third = proxy.chat("smart", false).await; // queue full: nothing else to try
+    assert_eq!(third.status(), 503);
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(second.await.unwrap(), 504, "its upstream call outlives the budget");
+    assert_eq!(primary.hits(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn least_latency_prefers_the_faster_target_and_shifts_when_it_slows() {
+    let spec = "  strategy: { mode: least-latency }
+  targets:
+    - credentialRef: { name: primary }
+    - credentialRef: { name: backup }
+";
+    let (primary, backup, proxy) = setup_with("", spec).await;
+    primary.set_default(Behavior::Answer.after(Duration::from_millis(100)));
+    backup.set_default(Behavior::Answer.after(Duration::from_millis(300)));
+    assert_eq!(served_by(&proxy).await, "team-a/primary", "unmeasured targets first, declared order");
+    assert_eq!(served_by(&proxy).await, "team-a/backup", "the other one is still unmeasured");
+    for _ in 0..5 {
+        assert_eq!(served_by(&proxy).await, "team-a/primary");
+    }
+    primary.set_default(Behavior::Answer.after(Duration::from_secs(2)));
+    let mut shifted_after = None;
+    for n in 1..=10 {
+        if served_by(&proxy).await == "team-a/backup" {
+            shifted_after = Some(n);
+            break;
+        }
+    }
+    let n = shifted_after.expect("traffic moves to the faster backup");
+    assert!(n <= 2, "one slow answer is enough to prefer the backup: {n}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limits_do_not_make_a_target_look_fast() {
+    let spec = "  strategy: { mode: least-latency }
+  targets:
+    - credentialRef: { name: primary }
+    - credentialRef: { name: backup }
+";
+    let (primary, backup, proxy) = setup_with("", spec).await;
+    primary.set_default(Behavior::Answer.after(Duration::from_millis(500)));
+    backup.set_default(Behavior::Answer.after(Duration::from_millis(100)));
+    served_by(&proxy).await;
+    served_by(&proxy).await;
+    let before = stats(&proxy).await["routes"][0]["targets"][1]["latency"]["smoothedMs"].clone();
+    backup.push(Behavior::RateLimited { retry_after_secs: 0 });
+    backup.push(Behavior::RateLimited { retry_after_secs: 0 });
+    proxy.chat("smart", false).await;
+    let after = stats(&proxy).await["routes"][0]["targets"][1]["latency"]["smoothedMs"].clone();
+    assert_eq!(before, after, "instant 429s are not latency samples");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stats_and_metrics_after_a_scripted_run() {
+    let spec = "  targets:
+    - credentialRef: { name: primary }
+      model: up-primary
+      retry: { attempts: 2, initialBackoff: 10ms }
+    - credentialRef: { name: backup }
+      model: up-backup
+";
+    let (primary, _backup, proxy) = setup_with("", spec).await;
+    // 1: answered by primary. 2: primary 503 twice, backup answers. 3: 400 relayed.
+    proxy.chat("smart", false).await;
+    primary.push(Behavior::ServerError(503));
+    primary.push(Behavior::ServerError(503));
+    proxy.chat("smart", false).await;
+    primary.push(Behavior::Status {
+        status: 400,
+        body: None,
+        retry_after: None,
+    });
+    assert_eq!(proxy.chat("smart", false).await.status(), 400);
+
+    let s = stats(&proxy).await;
+    assert_eq!(s["version"], 1);
+    assert_eq!(s["instanceId"].as_str().unwrap().len(), 36);
+    assert!(s["startedAt"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(s["configGeneration"], 1);
+    let r = &s["routes"][0];
+    assert_eq!(r["route"]["name"], "smart");
+    assert_eq!((r["requests"].as_u64(), r["attempts"].as_u64()), (Some(3), Some(5)));
+    assert_eq!((r["fallbacks"].as_u64(), r["failed"].as_u64()), (Some(1), Some(1)));
+    let p = &r["targets"][0];
+    assert_eq!(p["model"], "up-primary");
+    assert_eq!((p["requests"].as_u64(), p["attempts"].as_u64()), (Some(3), Some(4)));
+    assert_eq!((p["retries"].as_u64(), p["successes"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(p["failures"]["status5xx"], 2);
+    assert_eq!(p["failures"]["clientError"], 1);
+    assert_eq!(p["fallbacksAway"], 1);
+    assert_eq!(p["lastFailure"]["status"], 400);
+    assert_eq!(p["lastFailure"]["reason"], "clientError");
+    assert_eq!(p["circuit"], "Closed");
+    assert!(p["latency"]["p50Ms"].is_number());
+    let b = &r["targets"][1];
+    assert_eq!((b["requests"].as_u64(), b["successes"].as_u64()), (Some(1), Some(1)));
+
+    let metrics = proxy
+        .http
+        .get(proxy.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"switchback_requests_total{route="team-a/smart",outcome="answered"} 2"#,
+        r#"switchback_requests_total{route="team-a/smart",outcome="failed"} 1"#,
+        r#"switchback_fallbacks_total{route="team-a/smart"} 1"#,
+        r#"switchback_attempts_total{route="team-a/smart",target="team-a/primary",model="up-primary",result="status5xx"} 2"#,
+        r#"switchback_attempts_total{route="team-a/smart",target="team-a/backup",model="up-backup",result="success"} 1"#,
+        r#"switchback_fallbacks_away_total{route="team-a/smart",target="team-a/primary",model="up-primary",reason="status5xx"} 1"#,
+        r#"switchback_tokens_total{route="team-a/smart",target="team-a/primary",model="up-primary",direction="input"} 10"#,
+        r#"switchback_circuit_state{target="team-a/primary",model="up-primary",state="closed"} 1"#,
+        r#"switchback_request_duration_seconds_count{route="team-a/smart"} 3"#,
+        r#"switchback_gateway_overhead_seconds_count{route="team-a/smart"} 3"#,
+        r#"switchback_config_generation 1"#,
+        r#"switchback_config_reloads_total{result="applied"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line}\n{metrics}");
+    }
+}
