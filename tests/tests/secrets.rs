@@ -1,0 +1,162 @@
+//! No key material in any output: logs (JSON, debug level), the admin endpoints,
+//! metrics, response headers and bodies, across a run that succeeds, falls back,
+//! fails, streams and reloads. Also checks the per-request log line's fields.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use switchback_tests::harness::{TestProxy, credential, route};
+use switchback_tests::sim::{Behavior, Flavor, SimProvider};
+use tracing_subscriber::fmt::MakeWriter;
+
+const KEYS: [&str; 2] = ["sk-live-PRIMARY-7f3a9c", "sk-live-BACKUP-41d2e8"];
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+fn record(seen: &mut String, r: &reqwest::Response) {
+    for (k, v) in r.headers() {
+        seen.push_str(&format!("{k}: {v:?}\n"));
+    }
+}
+
+async fn text(proxy: &TestProxy, url: String) -> String {
+    proxy
+        .http
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn keys_never_leave_through_any_output() {
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(logs.clone())
+        .finish();
+    // A current-thread runtime: every task of the in-process proxy logs through it.
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let manifests = format!(
+        "{}{}{}",
+        credential("primary", "openai", &primary.base_url(), KEYS[0]),
+        credential("backup", "openai", &backup.base_url(), KEYS[1]),
+        route(
+            "smart",
+            "  targets:\n    - credentialRef: { name: primary }\n      model: up-primary\n    - credentialRef: { name: backup }\n"
+        ),
+    );
+    let proxy = TestProxy::start(&manifests).await;
+    let mut seen = String::new();
+
+    // Answered, fell back, failed everywhere, relayed 401, streamed, broke mid-stream.
+    let script = [
+        vec![],
+        vec![Behavior::ServerError(503)],
+        vec![Behavior::Reset],
+        vec![Behavior::Status {
+            status: 401,
+            body: None,
+            retry_after: None,
+        }],
+    ];
+    for (n, pushes) in script.into_iter().enumerate() {
+        for b in pushes {
+            primary.push(b);
+        }
+        if n == 2 {
+            backup.push(Behavior::ServerError(500));
+        }
+        let r = proxy.chat("smart", false).await;
+        record(&mut seen, &r);
+        seen.push_str(&r.text().await.unwrap());
+    }
+    primary.push(Behavior::BreakMidStream { chunks: 2 });
+    let r = proxy.chat("smart", true).await;
+    record(&mut seen, &r);
+    seen.push_str(&r.text().await.unwrap());
+    let r = proxy.chat("smart", true).await;
+    seen.push_str(&r.text().await.unwrap());
+
+    // A refused reload reports problems; a good one rotates nothing into view.
+    proxy.rewrite(&manifests.replace("up-primary", "up-primary\n      weight: 0"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while proxy.admin_config().await["load"]["lastError"].is_null() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reload refusal not reported"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for path in [
+        "/admin/v1/config",
+        "/admin/v1/stats",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+    ] {
+        seen.push_str(&text(&proxy, proxy.admin_url(path)).await);
+    }
+    seen.push_str(&text(&proxy, proxy.url("/v1/models")).await);
+    drop(proxy);
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.lines().count() > 5, "logs were captured: {logs}");
+    for key in KEYS {
+        assert!(!logs.contains(key), "a key leaked into the logs:\n{logs}");
+        assert!(
+            !seen.contains(key),
+            "a key leaked into an answer or admin output:\n{seen}"
+        );
+    }
+    // Providers did get the keys: the test would be vacuous otherwise.
+    assert!(
+        primary
+            .received()
+            .iter()
+            .all(|r| r.header("authorization") == Some(&format!("Bearer {}", KEYS[0])))
+    );
+
+    // The per-request line: JSON, with who served and the fallback fields.
+    let fell_back = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["message"] == "request" && v["fallbacks"] == 1 && v["status"] == 200)
+        .unwrap_or_else(|| panic!("no request line for the fallback:\n{logs}"));
+    assert_eq!(fell_back["route"], "team-a/smart");
+    assert_eq!(fell_back["served_by"], "team-a/backup");
+    assert_eq!(fell_back["fallback_provider"], "team-a/backup");
+    assert_eq!(fell_back["fallback_model"], "smart");
+    let attempts: serde_json::Value =
+        serde_json::from_str(fell_back["attempt_log"].as_str().unwrap()).unwrap();
+    assert_eq!(attempts[0]["target"], "team-a/primary");
+    assert_eq!(attempts[0]["status"], 503);
+    assert_eq!(attempts[0]["reason"], "status5xx");
+}
