@@ -28,6 +28,10 @@ use crate::snapshot::{RouteRt, TargetRt};
 use crate::sse::{self, Framer};
 use crate::stats::{self, RouteTargetCounters};
 use crate::surface::{self, AttemptView, Surface, Wire};
+use crate::telemetry::TRACE_TARGET;
+use switchback_crds::config::Provider;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 /// Client headers passed on to providers. Everything else (notably `authorization`
 /// and `x-api-key`) stays with the gateway.
@@ -260,7 +264,18 @@ impl Walk<'_, '_> {
                 stats::inc(&t.counters.retries);
             }
             let deadline = attempt_deadline(now, &t.spec, self.budget);
-            let result = attempt(t, call, body.clone(), deadline, self.budget, route, permit).await;
+            let span = attempt_span(t, call, tries);
+            let result = attempt(t, call, body.clone(), deadline, self.budget, route, permit)
+                .instrument(span.clone())
+                .await;
+            match &result {
+                Attempted::Committed(r, _) => {
+                    span.record("http.response.status_code", r.status().as_u16())
+                }
+                Attempted::Failed(f) => span
+                    .record("http.response.status_code", f.status)
+                    .record("error.type", f.reason.as_str()),
+            };
             let elapsed = now.elapsed();
             self.waited += elapsed;
             t.counters.attempt_duration.observe(elapsed);
@@ -392,6 +407,33 @@ impl Walk<'_, '_> {
     }
 }
 
+/// The trace span of one upstream attempt (disabled, and free, unless traces are on).
+fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
+    let model = t.spec.model.as_deref().unwrap_or(call.client_model);
+    let op = call.surface.operation();
+    let provider = match t.credential.spec.provider {
+        Provider::Anthropic => "anthropic",
+        Provider::Openai | Provider::OpenaiCompatible => "openai",
+    };
+    tracing::info_span!(
+        target: TRACE_TARGET,
+        "attempt",
+        otel.name = %format_args!("{op} {model}"),
+        otel.kind = "client",
+        gen_ai.operation.name = op,
+        gen_ai.provider.name = provider,
+        gen_ai.system = provider,
+        gen_ai.request.model = model,
+        server.address = t.credential.urls[call.surface.index()].host_str().unwrap_or(""),
+        switchback.target = %t.label,
+        switchback.try = try_no,
+        http.response.status_code = Empty,
+        error.type = Empty,
+        gen_ai.usage.input_tokens = Empty,
+        gen_ai.usage.output_tokens = Empty,
+    )
+}
+
 /// A target passed over before anything is sent to it, for a reason known without
 /// asking anyone. (Open circuits and full queues are checked as the target is tried.)
 fn skip_reason(gw: &Gateway, t: &TargetRt, surface: Surface) -> Option<Reason> {
@@ -499,6 +541,9 @@ async fn attempt(
             Ok(Ok(bytes)) => {
                 if let Some(u) = stats::usage(&bytes) {
                     t.counters.add_usage(u);
+                    tracing::Span::current()
+                        .record("gen_ai.usage.input_tokens", u.input_tokens)
+                        .record("gen_ai.usage.output_tokens", u.output_tokens);
                 }
                 let bytes = replace_model(&bytes, &call.client_model_json).unwrap_or(bytes);
                 Attempted::Committed(relay(status, &headers, Body::from(bytes)), false)

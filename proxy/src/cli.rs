@@ -57,6 +57,12 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_MAX_BODY_BYTES", value_name = "BYTES", default_value_t = 32 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// OpenTelemetry: send traces over OTLP/HTTP to this collector base URL (spans are
+    /// posted to URL/v1/traces): one span per request, one per upstream attempt, with
+    /// GenAI semantic-convention attributes. Off when unset.
+    #[arg(long, env = "SWITCHBACK_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -21,6 +21,7 @@ pub mod snapshot;
 pub mod sse;
 pub mod stats;
 pub mod surface;
+pub mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,24 +1,19 @@
 //! `switchback-proxy`: parse flags, set up logging, run the gateway.
 
 use clap::Parser;
-use switchback_proxy::cli::{Cli, LogFormat};
-use switchback_proxy::{Options, Source, start};
-use tracing_subscriber::EnvFilter;
+use switchback_proxy::cli::Cli;
+use switchback_proxy::{Options, Source, start, telemetry};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter =
-        EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    // Log lines are written by a background thread: a slow stdout never blocks a request.
-    let (writer, _flush_on_exit) = tracing_appender::non_blocking(std::io::stdout());
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer);
-    match cli.log_format {
-        LogFormat::Text => fmt.init(),
-        LogFormat::Json => fmt.json().flatten_event(true).init(),
-    }
+    let _telemetry = match telemetry::init(cli.log_format, cli.otlp_endpoint.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),
         (None, Some(ns)) => {

@@ -20,6 +20,9 @@ use crate::metrics;
 use crate::rewrite::JsonStr;
 use crate::snapshot::RouteRt;
 use crate::surface::{self, Surface, Wire};
+use crate::telemetry::TRACE_TARGET;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 pub const X_ROUTE: HeaderName = HeaderName::from_static("x-switchback-route");
 pub const X_ATTEMPTS: HeaderName = HeaderName::from_static("x-switchback-attempts");
@@ -180,7 +183,28 @@ async fn route_and_run(
         client_headers: headers,
     };
     let started = tokio::time::Instant::now();
-    let outcome = attempt::run(gw, route, &call).await;
+    let op = surface.operation();
+    let span = tracing::info_span!(
+        target: TRACE_TARGET,
+        "request",
+        otel.name = %format_args!("{op} {model}"),
+        otel.kind = "server",
+        gen_ai.operation.name = op,
+        gen_ai.request.model = %model,
+        switchback.route = %route.spec.id,
+        switchback.attempts = Empty,
+        switchback.fallbacks = Empty,
+        http.response.status_code = Empty,
+    );
+    let outcome = attempt::run(gw, route, &call)
+        .instrument(span.clone())
+        .await;
+    span.record(
+        "http.response.status_code",
+        outcome.response.status().as_u16(),
+    );
+    span.record("switchback.attempts", outcome.attempts);
+    span.record("switchback.fallbacks", outcome.fallbacks);
     log_request(route, &model, &outcome, started.elapsed());
     let mut response = outcome.response;
     let h = response.headers_mut();

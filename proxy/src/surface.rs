@@ -28,6 +28,14 @@ impl Surface {
         }
     }
 
+    /// `gen_ai.operation.name` in traces.
+    pub fn operation(self) -> &'static str {
+        match self {
+            Self::ChatCompletions | Self::Messages => "chat",
+            Self::Embeddings => "embeddings",
+        }
+    }
+
     /// Appended to the credential's base URL.
     pub fn upstream_path(self) -> &'static str {
         match self {
