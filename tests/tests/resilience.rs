@@ -11,8 +11,10 @@ use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 async fn setup_with(extra_cred: &str, spec: &str) -> (SimProvider, SimProvider, TestProxy) {
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
-    let primary_cred = credential("primary", "openai", &primary.base_url(), "sk-primary")
-        .replace("  allowPrivateNetwork: true\n", &format!("  allowPrivateNetwork: true\n{extra_cred}"));
+    let primary_cred = credential("primary", "openai", &primary.base_url(), "sk-primary").replace(
+        "  allowPrivateNetwork: true\n",
+        &format!("  allowPrivateNetwork: true\n{extra_cred}"),
+    );
     let manifests = format!(
         "{primary_cred}{}{}",
         credential("backup", "openai", &backup.base_url(), "sk-backup"),
@@ -59,19 +61,31 @@ async fn the_circuit_opens_probes_once_and_closes() {
     assert_eq!(served_by(&proxy).await, "team-a/backup");
     assert_eq!(circuit(&proxy).await, "Closed");
     assert_eq!(served_by(&proxy).await, "team-a/backup");
-    assert_eq!(circuit(&proxy).await, "Open", "two failures in a row open it");
+    assert_eq!(
+        circuit(&proxy).await,
+        "Open",
+        "two failures in a row open it"
+    );
     assert_eq!(primary.hits(), 2);
 
     let r = proxy.chat("smart", false).await;
     assert_eq!(header(&r, "x-switchback-target"), "team-a/backup");
-    assert_eq!(header(&r, "x-switchback-attempts"), "1", "the open target is skipped, not tried");
+    assert_eq!(
+        header(&r, "x-switchback-attempts"),
+        "1",
+        "the open target is skipped, not tried"
+    );
     assert_eq!(header(&r, "x-switchback-fallbacks"), "1");
     assert_eq!(primary.hits(), 2);
 
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(circuit(&proxy).await, "HalfOpen");
     primary.set_default(Behavior::Answer);
-    assert_eq!(served_by(&proxy).await, "team-a/primary", "the probe goes through and succeeds");
+    assert_eq!(
+        served_by(&proxy).await,
+        "team-a/primary",
+        "the probe goes through and succeeds"
+    );
     assert_eq!(circuit(&proxy).await, "Closed");
     assert_eq!(served_by(&proxy).await, "team-a/primary");
     assert_eq!(backup.hits(), 3);
@@ -127,7 +141,11 @@ async fn when_every_circuit_is_open_one_target_is_still_tried() {
 
     primary.set_default(Behavior::Answer);
     let r = proxy.chat("smart", false).await;
-    assert_eq!(r.status(), 200, "a recovered provider is found without waiting for openFor");
+    assert_eq!(
+        r.status(),
+        200,
+        "a recovered provider is found without waiting for openFor"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -156,7 +174,10 @@ async fn a_full_queue_fails_over_at_once_without_spending_a_retry() {
     assert_eq!(header(&r, "x-switchback-attempts"), "1");
     assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(primary.hits(), 1);
-    assert_eq!(header(&slow.await.unwrap(), "x-switchback-target"), "team-a/primary");
+    assert_eq!(
+        header(&slow.await.unwrap(), "x-switchback-target"),
+        "team-a/primary"
+    );
     assert_eq!(backup.hits(), 1);
     let s = stats(&proxy).await;
     assert_eq!(s["routes"][0]["targets"][0]["failures"]["queueFull"], 1);
@@ -190,7 +211,11 @@ async fn a_queued_request_waits_for_a_slot_within_its_budget() {
     let third = proxy.chat("smart", false).await; // queue full: nothing else to try
     assert_eq!(third.status(), 503);
     assert_eq!(first.await.unwrap(), 200);
-    assert_eq!(second.await.unwrap(), 504, "its upstream call outlives the budget");
+    assert_eq!(
+        second.await.unwrap(),
+        504,
+        "its upstream call outlives the budget"
+    );
     assert_eq!(primary.hits(), 2);
 }
 
@@ -204,8 +229,16 @@ async fn least_latency_prefers_the_faster_target_and_shifts_when_it_slows() {
     let (primary, backup, proxy) = setup_with("", spec).await;
     primary.set_default(Behavior::Answer.after(Duration::from_millis(100)));
     backup.set_default(Behavior::Answer.after(Duration::from_millis(300)));
-    assert_eq!(served_by(&proxy).await, "team-a/primary", "unmeasured targets first, declared order");
-    assert_eq!(served_by(&proxy).await, "team-a/backup", "the other one is still unmeasured");
+    assert_eq!(
+        served_by(&proxy).await,
+        "team-a/primary",
+        "unmeasured targets first, declared order"
+    );
+    assert_eq!(
+        served_by(&proxy).await,
+        "team-a/backup",
+        "the other one is still unmeasured"
+    );
     for _ in 0..5 {
         assert_eq!(served_by(&proxy).await, "team-a/primary");
     }
@@ -218,7 +251,10 @@ async fn least_latency_prefers_the_faster_target_and_shifts_when_it_slows() {
         }
     }
     let n = shifted_after.expect("traffic moves to the faster backup");
-    assert!(n <= 2, "one slow answer is enough to prefer the backup: {n}");
+    assert!(
+        n <= 2,
+        "one slow answer is enough to prefer the backup: {n}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -234,8 +270,12 @@ async fn rate_limits_do_not_make_a_target_look_fast() {
     served_by(&proxy).await;
     served_by(&proxy).await;
     let before = stats(&proxy).await["routes"][0]["targets"][1]["latency"]["smoothedMs"].clone();
-    backup.push(Behavior::RateLimited { retry_after_secs: 0 });
-    backup.push(Behavior::RateLimited { retry_after_secs: 0 });
+    backup.push(Behavior::RateLimited {
+        retry_after_secs: 0,
+    });
+    backup.push(Behavior::RateLimited {
+        retry_after_secs: 0,
+    });
     proxy.chat("smart", false).await;
     let after = stats(&proxy).await["routes"][0]["targets"][1]["latency"]["smoothedMs"].clone();
     assert_eq!(before, after, "instant 429s are not latency samples");
@@ -270,12 +310,24 @@ async fn stats_and_metrics_after_a_scripted_run() {
     assert_eq!(s["configGeneration"], 1);
     let r = &s["routes"][0];
     assert_eq!(r["route"]["name"], "smart");
-    assert_eq!((r["requests"].as_u64(), r["attempts"].as_u64()), (Some(3), Some(5)));
-    assert_eq!((r["fallbacks"].as_u64(), r["failed"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (r["requests"].as_u64(), r["attempts"].as_u64()),
+        (Some(3), Some(5))
+    );
+    assert_eq!(
+        (r["fallbacks"].as_u64(), r["failed"].as_u64()),
+        (Some(1), Some(1))
+    );
     let p = &r["targets"][0];
     assert_eq!(p["model"], "up-primary");
-    assert_eq!((p["requests"].as_u64(), p["attempts"].as_u64()), (Some(3), Some(4)));
-    assert_eq!((p["retries"].as_u64(), p["successes"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (p["requests"].as_u64(), p["attempts"].as_u64()),
+        (Some(3), Some(4))
+    );
+    assert_eq!(
+        (p["retries"].as_u64(), p["successes"].as_u64()),
+        (Some(1), Some(1))
+    );
     assert_eq!(p["failures"]["status5xx"], 2);
     assert_eq!(p["failures"]["clientError"], 1);
     assert_eq!(p["fallbacksAway"], 1);
@@ -284,7 +336,10 @@ async fn stats_and_metrics_after_a_scripted_run() {
     assert_eq!(p["circuit"], "Closed");
     assert!(p["latency"]["p50Ms"].is_number());
     let b = &r["targets"][1];
-    assert_eq!((b["requests"].as_u64(), b["successes"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (b["requests"].as_u64(), b["successes"].as_u64()),
+        (Some(1), Some(1))
+    );
 
     let metrics = proxy
         .http
