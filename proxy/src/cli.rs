@@ -12,7 +12,7 @@ use clap::{Parser, ValueEnum};
     version,
     about = "OpenAI- and Anthropic-compatible LLM gateway with retries, fallbacks and time budgets",
     long_about = "Serves POST /v1/chat/completions, /v1/embeddings, /v1/messages and GET /v1/models on the data \
-port, and /healthz, /readyz, /admin/v1/config on the admin port.\n\nRun standalone with --manifests (the same \
+port, and /healthz, /readyz, /admin/v1/config, /admin/v1/stats, /metrics on the admin port.\n\nRun standalone with --manifests (the same \
 LLMRoute, ProviderCredential and Secret manifests you would kubectl apply), or in a cluster with --namespace.\n\n\
 New here? `cargo run -p switchback-tests --example demo` starts simulated providers next to a proxy and shows \
 a fallback happen."
@@ -44,7 +44,7 @@ pub struct Cli {
     )]
     pub listen: SocketAddr,
 
-    /// Address of the admin port (/healthz, /readyz, /admin/v1/config).
+    /// Address of the admin port (/healthz, /readyz, /admin/v1/config, /admin/v1/stats, /metrics).
     #[arg(
         long,
         env = "SWITCHBACK_ADMIN_LISTEN",
