@@ -114,6 +114,16 @@ impl TestProxy {
             .await
     }
 
+    /// Send a chat completion in the background (for requests that must be in flight
+    /// while the test does something else).
+    pub fn spawn_chat(&self, model: &str) -> tokio::task::JoinHandle<reqwest::Response> {
+        let request = self
+            .http
+            .post(self.url("/v1/chat/completions"))
+            .json(&chat_body(model, false));
+        tokio::spawn(async move { request.send().await.expect("proxy answers") })
+    }
+
     /// `POST /v1/messages` with one user message.
     pub async fn messages(&self, model: &str, stream: bool) -> reqwest::Response {
         self.post("/v1/messages", &messages_body(model, stream))

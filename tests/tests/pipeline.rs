@@ -620,10 +620,7 @@ async fn a_client_that_goes_away_stops_all_upstream_work() {
 ";
     let (primary, backup, proxy) = setup(spec).await;
     primary.set_default(Behavior::Hang);
-    let url = proxy.url("/v1/chat/completions");
-    let http = proxy.http.clone();
-    let request =
-        tokio::spawn(async move { http.post(url).json(&chat_body("smart", false)).send().await });
+    let request = proxy.spawn_chat("smart");
     primary.wait_hits(1).await;
     request.abort();
     tokio::time::timeout(Duration::from_secs(5), primary.wait_cancelled(1))

@@ -62,17 +62,7 @@ async fn a_good_edit_is_served_and_in_flight_requests_finish_on_their_config() {
     assert_eq!(proxy.admin_config().await["load"]["generation"], 1);
 
     primary.push(Behavior::Answer.after(Duration::from_millis(1500)));
-    let slow = {
-        let http = proxy.http.clone();
-        let url = proxy.url("/v1/chat/completions");
-        tokio::spawn(async move {
-            http.post(url)
-                .json(&switchback_tests::harness::chat_body("smart", false))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
+    let slow = proxy.spawn_chat("smart");
     primary.wait_hits(2).await;
     proxy.rewrite(&manifests(&primary, &backup, "backup", "sk-1", ""));
     eventually("the edit is served", || async {

@@ -157,16 +157,7 @@ async fn a_full_queue_fails_over_at_once_without_spending_a_retry() {
 ";
     let (primary, backup, proxy) = setup_with("  maxConcurrency: 1\n", spec).await;
     primary.push(Behavior::Answer.after(Duration::from_secs(5)));
-    let slow = {
-        let (http, url) = (proxy.http.clone(), proxy.url("/v1/chat/completions"));
-        tokio::spawn(async move {
-            http.post(url)
-                .json(&switchback_tests::harness::chat_body("smart", false))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
+    let slow = proxy.spawn_chat("smart");
     primary.wait_hits(1).await;
     let started = tokio::time::Instant::now();
     let r = proxy.chat("smart", false).await;
@@ -192,27 +183,15 @@ async fn a_queued_request_waits_for_a_slot_within_its_budget() {
     let (primary, _backup, proxy) = setup_with("  maxConcurrency: 1\n  maxQueue: 1\n", spec).await;
     primary.push(Behavior::Answer.after(Duration::from_secs(1)));
     primary.push(Behavior::Answer.after(Duration::from_secs(10)));
-    let send = || {
-        let (http, url) = (proxy.http.clone(), proxy.url("/v1/chat/completions"));
-        tokio::spawn(async move {
-            http.post(url)
-                .json(&switchback_tests::harness::chat_body("smart", false))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        })
-    };
-    let first = send();
+    let first = proxy.spawn_chat("smart");
     primary.wait_hits(1).await;
-    let second = send(); // queued behind the first, gets the slot after 1s
+    let second = proxy.spawn_chat("smart"); // queued behind the first, gets the slot after 1s
     tokio::time::sleep(Duration::from_millis(100)).await;
     let third = proxy.chat("smart", false).await; // queue full: nothing else to try
     assert_eq!(third.status(), 503);
-    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(first.await.unwrap().status(), 200);
     assert_eq!(
-        second.await.unwrap(),
+        second.await.unwrap().status(),
         504,
         "its upstream call outlives the budget"
     );
