@@ -22,6 +22,7 @@ pub mod sse;
 pub mod stats;
 pub mod surface;
 pub mod telemetry;
+pub mod translate;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

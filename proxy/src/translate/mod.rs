@@ -1,0 +1,418 @@
+//! OpenAI chat completions <-> Anthropic messages translation: requests, unary
+//! responses, error bodies and streams, so a route can answer an OpenAI-SDK client
+//! from an Anthropic target and an Anthropic-SDK client from an OpenAI (or
+//! OpenAI-compatible) target.
+//!
+//! Pure functions and one stream state machine: nothing here does I/O, reads the
+//! clock (except `created` stamps) or knows about routes. The pipeline only needs to
+//! know the [`Direction`] of a (client surface, target provider) pair.
+//!
+//! # Interface
+//!
+//! | call | input | output |
+//! |---|---|---|
+//! | [`Direction::for_target`] | client surface, target provider | `Some(direction)` when translation is needed and possible |
+//! | [`request`] | the client's body | the upstream's body, `model` set to the target's model |
+//! | [`include_usage`] | the client's body | whether an OpenAI client asked for the stream's usage chunk |
+//! | [`response`] | a 2xx unary upstream body | the client's body, `model` = the client's name |
+//! | [`error`] | a non-2xx upstream status and body | the client's error body (same status) |
+//! | [`StreamTranslator::event`] | ONE complete upstream SSE event (as `sse::Framer` yields it) | zero or more complete client SSE events, appended |
+//! | [`StreamTranslator::finish`] | end of the upstream stream | what the client still needs (or an error event if the upstream stopped short) |
+//!
+//! A [`TranslateError`] from [`request`] is a 400 that names the parameter the target
+//! cannot honour; from [`response`] it is a 502 (the upstream answered something that
+//! cannot be expressed to the client). [`TranslateError::body`] renders it in the
+//! client's error shape.
+//!
+//! # Requests: chat completions → messages ([`Direction::OpenAiToAnthropic`])
+//!
+//! * `system` and `developer` messages, wherever they appear, are hoisted into
+//!   `system` (one message: a string; several: one text block each, in order), as
+//!   Anthropic supports a single leading system prompt.
+//! * `user` / `assistant` turns become messages; consecutive turns of the same role
+//!   (including `tool` messages, which become user turns) are merged into one, as
+//!   Anthropic requires alternation. A turn that is a single text block is sent as a
+//!   plain string.
+//! * Content parts: `text`; `image_url` with an `http(s)` URL → image source `url`,
+//!   with a `data:<type>;base64,` URL → image source `base64` (`detail` is dropped:
+//!   Anthropic has no such knob); `file` with PDF `file_data` → a `document` block.
+//!   `input_audio`, `file_id` and other part types → 400.
+//! * Assistant `tool_calls` → `tool_use` blocks (arguments JSON string → object; an
+//!   empty string is `{}`, anything else that is not a JSON object → 400); `refusal`
+//!   parts → text. `tool` messages → `tool_result` blocks.
+//! * `tools[].function` → `{name, description, input_schema}` (no `parameters` →
+//!   an empty object schema); `tool_choice` `auto`/`none`/`required`/named function →
+//!   `auto`/`none`/`any`/`tool`; `parallel_tool_calls: false` →
+//!   `disable_parallel_tool_use: true`.
+//! * `max_completion_tokens`, else `max_tokens`, else [`Defaults::max_tokens`]
+//!   (4096 by default) → `max_tokens`, which Anthropic requires.
+//! * `stop` (string or array) → `stop_sequences`; `stream` is kept;
+//!   `stream_options.include_usage` is honoured by [`StreamTranslator`] (Anthropic
+//!   always reports usage).
+//!
+//! # Requests: messages → chat completions ([`Direction::AnthropicToOpenAi`])
+//!
+//! * `system` (string or text blocks) → a leading `system` message.
+//! * `tool_result` blocks → `tool` messages (placed before the rest of the user
+//!   turn, which becomes a `user` message if anything is left); `tool_use` blocks →
+//!   `tool_calls` (input object → JSON string); `image` blocks → `image_url` parts
+//!   (base64 → data URL); base64 PDF `document` blocks → `file` parts; `thinking` /
+//!   `redacted_thinking` blocks in history are dropped (chat completions cannot take
+//!   them back and they do not change the conversation's text).
+//! * `tools` → function tools; `tool_choice` `auto`/`any`/`tool`/`none` →
+//!   `auto`/`required`/named function/`none`; `disable_parallel_tool_use: true` →
+//!   `parallel_tool_calls: false`.
+//! * `max_tokens` → `max_tokens` (or `max_completion_tokens` when
+//!   [`Defaults::openai_max_completion_tokens`] is set: OpenAI's reasoning models
+//!   reject `max_tokens`, many OpenAI-compatible servers only read `max_tokens`).
+//! * `stop_sequences` → `stop`; `metadata.user_id` → `user`; `stream: true` also
+//!   sets `stream_options.include_usage` so the final `message_delta` can carry usage.
+//!
+//! # Parameters the other side cannot honour
+//!
+//! Every top-level field is accounted for: an unknown field is a 400 naming it,
+//! never silently dropped. A field that is `null` counts as absent.
+//!
+//! | client field | target | decision | why |
+//! |---|---|---|---|
+//! | `n` > 1 | Anthropic | 400 | one answer per request; `n: 1` is accepted |
+//! | `logprobs: true`, `top_logprobs` > 0 | Anthropic | 400 | no log probabilities; `false` / `0` accepted |
+//! | `presence_penalty`, `frequency_penalty` ≠ 0 | Anthropic | 400 | changes sampling, no equivalent; `0` accepted |
+//! | `logit_bias` non-empty | Anthropic | 400 | no equivalent; `{}` accepted |
+//! | `temperature` > 1 | Anthropic | 400 | Anthropic's range is 0–1; clamping would silently change sampling |
+//! | `response_format` `json_object` / `json_schema` | Anthropic | 400 | no guaranteed JSON mode; `{"type":"text"}` accepted |
+//! | `audio`, `modalities` with `audio` | Anthropic | 400 | text only; `["text"]` accepted |
+//! | `web_search_options` | Anthropic | 400 | OpenAI's hosted search |
+//! | `functions`, `function_call` | Anthropic | 400 | deprecated; use `tools` / `tool_choice` |
+//! | `tool_choice` `allowed_tools` / custom, custom tools | Anthropic | 400 | no equivalent |
+//! | `seed` | Anthropic | dropped | OpenAI documents it as best effort, determinism is not guaranteed |
+//! | `user`, `safety_identifier` | Anthropic | → `metadata.user_id` | same purpose |
+//! | `metadata`, `store` | Anthropic | dropped | only used by OpenAI's stored completions; the answer is unchanged |
+//! | `service_tier`, `prompt_cache_key`, `prediction` | Anthropic | dropped | scheduling, caching and latency hints; the answer is unchanged |
+//! | `reasoning_effort`, `verbosity` | Anthropic | dropped | hints to OpenAI's reasoning models; the answer's shape is unchanged (Anthropic's own OpenAI layer ignores them too) |
+//! | `tools[].function.strict` | Anthropic | dropped | schema adherence is not enforced (as in Anthropic's own OpenAI layer) |
+//! | `messages[].name` | Anthropic | dropped | no per-participant names |
+//! | `image_url.detail` | Anthropic | dropped | a resolution hint |
+//! | `top_k` | OpenAI | 400 | no equivalent in chat completions |
+//! | `thinking` enabled | OpenAI | 400 | chat completions returns no thinking blocks; `{"type":"disabled"}` accepted |
+//! | `container`, `mcp_servers`, `context_management`, server tools (`tools[].type` other than `custom`) | OpenAI | 400 | Anthropic-hosted features |
+//! | `service_tier` | OpenAI | dropped | scheduling hint |
+//! | `cache_control` (anywhere), `citations` in history | OpenAI | dropped | prompt caching is a cost optimisation; the answer is unchanged |
+//! | `tool_result.is_error` | OpenAI | dropped | tool messages have no error flag; the result's text still says what failed |
+//! | images inside `tool_result` | OpenAI | 400 | tool messages carry text only |
+//!
+//! # Responses
+//!
+//! Text blocks are concatenated (as their stream deltas would be); `tool_use` ↔
+//! `tool_calls` (object ↔ JSON string); stop reasons `end_turn`/`stop_sequence` →
+//! `stop`, `max_tokens`/`model_context_window_exceeded` → `length`, `tool_use` →
+//! `tool_calls`, `refusal` → `content_filter` (and back: `stop` → `end_turn`,
+//! `length` → `max_tokens`, `tool_calls`/`function_call` → `tool_use`,
+//! `content_filter` → `refusal`). OpenAI's `stop` cannot say which stop sequence
+//! matched, so it always becomes `end_turn` with `stop_sequence: null`. Usage:
+//! `prompt_tokens` = `input_tokens` + cache reads + cache writes (OpenAI counts cached
+//! tokens in the prompt), `prompt_tokens_details.cached_tokens` = cache reads, and
+//! back. Ids: `msg_X` ↔ `chatcmpl-X`; tool call ids are kept as they are (they must
+//! round-trip through the client's next request). `model` is always the client's name.
+//!
+//! # Errors
+//!
+//! The upstream's message is kept word for word (context-length wording survives);
+//! the error type follows the upstream's type or, failing that, the status. An
+//! Anthropic "prompt is too long" becomes OpenAI code `context_length_exceeded`; an
+//! OpenAI context-length error gets the message prefix "prompt is too long: " for
+//! Anthropic clients, which look for that wording.
+//!
+//! # Streams
+//!
+//! Each upstream event produces its client events at once. The one exception: an
+//! OpenAI stream reports usage in a chunk *after* the one carrying `finish_reason`,
+//! while Anthropic's `message_delta` carries the stop reason and usage together, so
+//! that `message_delta` is written when the usage chunk (or `[DONE]`) arrives: one
+//! event later, no content held back. Anthropic's `message_start` needs input tokens
+//! that OpenAI only reports at the end: it says 0, and the final `message_delta`
+//! carries the real `input_tokens` (the Anthropic SDKs take them from there).
+
+mod errors;
+mod request;
+mod response;
+mod stream;
+mod vocab;
+
+use bytes::Bytes;
+use switchback_crds::config::Provider;
+
+use crate::surface::{Surface, Wire};
+
+pub use stream::StreamTranslator;
+
+/// Which way a request is translated: client wire → upstream wire. Responses,
+/// errors and streams of the same exchange flow back with the same value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// An OpenAI chat completions client answered by an Anthropic messages target.
+    OpenAiToAnthropic,
+    /// An Anthropic messages client answered by an OpenAI chat completions target.
+    AnthropicToOpenAi,
+}
+
+impl Direction {
+    /// The translation a target needs for this surface: `None` when the provider
+    /// speaks the surface natively, or when no translation exists (embeddings on an
+    /// Anthropic target).
+    pub fn for_target(surface: Surface, provider: Provider) -> Option<Self> {
+        match (surface, provider) {
+            (Surface::ChatCompletions, Provider::Anthropic) => Some(Self::OpenAiToAnthropic),
+            (Surface::Messages, Provider::Openai | Provider::OpenaiCompatible) => {
+                Some(Self::AnthropicToOpenAi)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn client_wire(self) -> Wire {
+        match self {
+            Self::OpenAiToAnthropic => Wire::OpenAi,
+            Self::AnthropicToOpenAi => Wire::Anthropic,
+        }
+    }
+
+    pub fn upstream_wire(self) -> Wire {
+        match self {
+            Self::OpenAiToAnthropic => Wire::Anthropic,
+            Self::AnthropicToOpenAi => Wire::OpenAi,
+        }
+    }
+
+    /// The API called upstream (its URL is `credential.urls[surface.index()]`).
+    pub fn upstream_surface(self) -> Surface {
+        match self {
+            Self::OpenAiToAnthropic => Surface::Messages,
+            Self::AnthropicToOpenAi => Surface::ChatCompletions,
+        }
+    }
+}
+
+/// Per-route (or per-credential) choices the wire formats leave open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    /// `max_tokens` sent to an Anthropic target when the OpenAI client set no limit
+    /// (Anthropic requires one). Default 4096.
+    pub max_tokens: u32,
+    /// Send an Anthropic client's `max_tokens` to an OpenAI target as
+    /// `max_completion_tokens` (required by OpenAI's reasoning models) instead of
+    /// `max_tokens` (what OpenAI-compatible servers read). Default false; set it for
+    /// `provider: openai` targets.
+    pub openai_max_completion_tokens: bool,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            max_tokens: 4096,
+            openai_max_completion_tokens: false,
+        }
+    }
+}
+
+/// A request the target cannot serve (400), or an upstream answer that cannot be
+/// expressed to the client (502).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TranslateError {
+    status: u16,
+    param: Option<String>,
+    message: String,
+}
+
+impl TranslateError {
+    pub(crate) fn unsupported(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            param: Some(param.into()),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn invalid(param: Option<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            param,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn upstream(message: impl Into<String>) -> Self {
+        Self {
+            status: 502,
+            param: None,
+            message: message.into(),
+        }
+    }
+
+    /// 400 for a request, 502 for an upstream answer.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The client parameter at fault (a path such as `messages[2].content[0].type`).
+    pub fn param(&self) -> Option<&str> {
+        self.param.as_deref()
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// A short machine-readable code for error bodies and logs.
+    pub fn code(&self) -> &'static str {
+        if self.status >= 500 {
+            "untranslatable_response"
+        } else {
+            "unsupported_parameter"
+        }
+    }
+
+    /// The error in the client's shape (OpenAI's carries `param`).
+    pub fn body(&self, client: Wire) -> Bytes {
+        let body = match client {
+            Wire::OpenAi => serde_json::json!({"error": {
+                "message": self.message,
+                "type": if self.status >= 500 { "server_error" } else { "invalid_request_error" },
+                "param": self.param,
+                "code": self.code(),
+            }}),
+            Wire::Anthropic => serde_json::json!({"type": "error", "error": {
+                "type": if self.status >= 500 { "api_error" } else { "invalid_request_error" },
+                "message": self.message,
+            }}),
+        };
+        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    }
+}
+
+/// The client's request body (its wire format) → the upstream's, with `model` set to
+/// `upstream_model`.
+pub fn request(
+    direction: Direction,
+    body: &[u8],
+    upstream_model: &str,
+    defaults: &Defaults,
+) -> Result<Bytes, TranslateError> {
+    let v = match direction {
+        Direction::OpenAiToAnthropic => request::chat_to_messages(body, upstream_model, defaults)?,
+        Direction::AnthropicToOpenAi => request::messages_to_chat(body, upstream_model, defaults)?,
+    };
+    Ok(Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+}
+
+/// Whether a chat completions body asked for the stream's usage chunk
+/// (`stream_options.include_usage`). Anthropic clients always get usage.
+pub fn include_usage(client_body: &[u8]) -> bool {
+    request::include_usage(client_body)
+}
+
+/// A 2xx unary upstream body → the client's, `model` = `client_model`.
+pub fn response(
+    direction: Direction,
+    upstream_body: &[u8],
+    client_model: &str,
+) -> Result<Bytes, TranslateError> {
+    response_at(direction, upstream_body, client_model, vocab::now())
+}
+
+/// [`response`] with a fixed `created` stamp (OpenAI clients), for reproducible output.
+pub fn response_at(
+    direction: Direction,
+    upstream_body: &[u8],
+    client_model: &str,
+    created: u64,
+) -> Result<Bytes, TranslateError> {
+    let v = match direction {
+        Direction::OpenAiToAnthropic => {
+            response::messages_to_chat(upstream_body, client_model, created)?
+        }
+        Direction::AnthropicToOpenAi => response::chat_to_messages(upstream_body, client_model)?,
+    };
+    Ok(Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+}
+
+/// A non-2xx upstream body → the client's error shape, message kept. The status is
+/// unchanged (the caller keeps the upstream's).
+pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> Bytes {
+    let v = errors::translate(direction, status, upstream_error_body);
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vocab::{anthropic_id, finish_reason, openai_id, parse_data_url, stop_reason};
+    use super::*;
+
+    fn chat(body: serde_json::Value) -> serde_json::Value {
+        let out = request(
+            Direction::OpenAiToAnthropic,
+            body.to_string().as_bytes(),
+            "claude",
+            &Defaults::default(),
+        )
+        .unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn ids_and_reasons_round_trip() {
+        assert_eq!(openai_id("msg_01X"), "chatcmpl-01X");
+        assert_eq!(anthropic_id(&openai_id("msg_01X")), "msg_01X");
+        for r in ["end_turn", "max_tokens", "tool_use", "refusal"] {
+            assert_eq!(stop_reason(finish_reason(r)), r);
+        }
+        assert_eq!(finish_reason("stop_sequence"), "stop");
+        assert_eq!(
+            parse_data_url("data:image/png;base64,AAA"),
+            Some(("image/png", "AAA"))
+        );
+        assert_eq!(parse_data_url("data:text/plain,hello"), None);
+    }
+
+    #[test]
+    fn tool_results_merge_with_the_next_user_turn() {
+        let v = chat(serde_json::json!({"model": "m", "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+            {"role": "user", "content": "more"},
+        ]}));
+        let m = v["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 3);
+        // An empty text beside tool calls is left out (Anthropic rejects empty text).
+        assert_eq!(m[1]["content"].as_array().unwrap().len(), 1);
+        assert_eq!(m[1]["content"][0]["input"], serde_json::json!({}));
+        assert_eq!(m[2]["content"][0]["type"], "tool_result");
+        assert_eq!(m[2]["content"][1]["text"], "more");
+    }
+
+    #[test]
+    fn null_parameters_count_as_absent() {
+        let v = chat(
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "q"}],
+            "n": null, "logprobs": null, "temperature": null, "tools": null}),
+        );
+        assert!(v.get("temperature").is_none());
+        assert!(v.get("tools").is_none());
+    }
+
+    #[test]
+    fn parallel_tool_calls_false_without_tool_choice() {
+        let v = chat(
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "q"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "parallel_tool_calls": false}),
+        );
+        assert_eq!(
+            v["tool_choice"],
+            serde_json::json!({"type": "auto", "disable_parallel_tool_use": true})
+        );
+    }
+}

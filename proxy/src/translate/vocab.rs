@@ -1,0 +1,100 @@
+//! The vocabulary both directions share: ids, stop and finish reasons, data URLs, and
+//! typed access to JSON objects.
+
+use serde_json::{Map, Value};
+
+use super::TranslateError;
+
+pub(super) fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `msg_X` → `chatcmpl-X`.
+pub(super) fn openai_id(anthropic_id: &str) -> String {
+    format!(
+        "chatcmpl-{}",
+        anthropic_id.strip_prefix("msg_").unwrap_or(anthropic_id)
+    )
+}
+
+/// `chatcmpl-X` → `msg_X`.
+pub(super) fn anthropic_id(openai_id: &str) -> String {
+    format!(
+        "msg_{}",
+        openai_id.strip_prefix("chatcmpl-").unwrap_or(openai_id)
+    )
+}
+
+/// An id for an upstream message that came without one.
+pub(super) fn fresh_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// An id for an OpenAI tool call that came without one (some OpenAI-compatible
+/// servers omit it): unique within the message.
+pub(super) fn tool_id(message_id: &str, n: usize) -> String {
+    let base = message_id
+        .strip_prefix("msg_")
+        .or_else(|| message_id.strip_prefix("chatcmpl-"))
+        .unwrap_or(message_id);
+    let base: String = base
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .collect();
+    format!("call_{base}_{n}")
+}
+
+/// Anthropic `stop_reason` → OpenAI `finish_reason`.
+pub(super) fn finish_reason(stop_reason: &str) -> &'static str {
+    match stop_reason {
+        "max_tokens" | "model_context_window_exceeded" => "length",
+        "tool_use" => "tool_calls",
+        "refusal" => "content_filter",
+        // end_turn, stop_sequence, pause_turn and anything newer
+        _ => "stop",
+    }
+}
+
+/// OpenAI `finish_reason` → Anthropic `stop_reason`.
+pub(super) fn stop_reason(finish_reason: &str) -> &'static str {
+    match finish_reason {
+        "length" => "max_tokens",
+        "tool_calls" | "function_call" => "tool_use",
+        "content_filter" => "refusal",
+        _ => "end_turn",
+    }
+}
+
+/// `data:<media type>;base64,<data>` → (media type, data).
+pub(super) fn parse_data_url(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("data:")?;
+    let (meta, data) = rest.split_once(',')?;
+    let media = meta.strip_suffix(";base64")?;
+    Some((media, data))
+}
+
+/// A JSON field that is present and not null.
+pub(super) fn present<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+pub(super) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TranslateError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(TranslateError::invalid(
+            None,
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(TranslateError::invalid(
+            None,
+            format!("the request body is not valid JSON: {e}"),
+        )),
+    }
+}
+
+pub(super) fn as_u64(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
