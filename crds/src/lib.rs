@@ -5,6 +5,7 @@ pub mod compile;
 pub mod config;
 pub mod crdgen;
 pub mod credential;
+pub mod delivery;
 pub mod duration;
 pub mod network;
 pub mod route;

@@ -1,35 +1,30 @@
-//! `switchback-operator`: reconciles LLMRoute and ProviderCredential resources into the
-//! config the proxy loads. For now only the `crds` subcommand exists.
+//! `switchback-operator`: parse flags, set up logging, metrics and leader election,
+//! then run the controllers; or `crds` to print/write the CRD YAML.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use clap::{Parser, Subcommand};
-
-#[derive(Parser)]
-#[command(name = "switchback-operator", version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Print the CustomResourceDefinitions (the same bytes as `crds/*.yaml`).
-    Crds {
-        /// Instead of printing, write one `<plural>.<group>.yaml` file per CRD into DIR.
-        #[arg(long, value_name = "DIR")]
-        write: Option<PathBuf>,
-    },
-}
+use clap::Parser;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client};
+use prometheus_client::registry::Registry;
+use switchback_operator::cli::{Cli, Command, LogFormat, RunArgs};
+use switchback_operator::controller::{self, ScrapeOptions, Settings};
+use switchback_operator::leader::Elector;
+use switchback_operator::metrics::{Health, Metrics};
+use switchback_operator::scrape::Replicas;
+use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
-        Command::Crds { write: None } => {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Crds { write: None }) => {
             print!("{}", switchback_crds::crd_yaml());
             ExitCode::SUCCESS
         }
-        Command::Crds { write: Some(dir) } => {
+        Some(Command::Crds { write: Some(dir) }) => {
             match switchback_crds::crdgen::write_crd_files(&dir) {
                 Ok(paths) => {
                     for path in paths {
@@ -43,5 +38,132 @@ fn main() -> ExitCode {
                 }
             }
         }
+        None => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            runtime.block_on(run(cli.run))
+        }
     }
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    let filter =
+        EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    match args.log_format {
+        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init(),
+    }
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "error: no Kubernetes API to talk to ({e}); run in a cluster or set KUBECONFIG"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let gateway_namespace = args
+        .gateway_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = format!(
+        "{}-{}",
+        std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "switchback-operator".into()),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let health = Arc::new(Health {
+        registry,
+        ready: Default::default(),
+    });
+    let admin = {
+        let health = health.clone();
+        let addr = args.admin_listen;
+        tokio::spawn(async move {
+            if let Err(e) = switchback_operator::metrics::serve(addr, health).await {
+                tracing::error!(%addr, error = %e, "the health/metrics listener stopped");
+            }
+        })
+    };
+
+    let elector = args.leader_election.then(|| {
+        Elector::new(
+            Api::<Lease>::namespaced(client.clone(), &gateway_namespace),
+            args.lease_name.clone(),
+            identity.clone(),
+        )
+    });
+    if let Some(elector) = &elector {
+        // A standby is healthy and ready: it only waits.
+        health.ready.store(true, Ordering::Release);
+        tracing::info!(%identity, lease = %args.lease_name, namespace = %gateway_namespace, "waiting to lead");
+        tokio::select! {
+            _ = elector.acquire() => {}
+            _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+        }
+        health.ready.store(false, Ordering::Release);
+    }
+    metrics.leader.set(1);
+    tracing::info!(%identity, gateway_namespace = %gateway_namespace, "leading: starting the controllers");
+
+    let replicas = if args.proxy_admin_urls.is_empty() {
+        Replicas::Service {
+            namespace: gateway_namespace.clone(),
+            name: args.proxy_admin_service.clone(),
+            port_name: args.proxy_admin_port_name.clone(),
+        }
+    } else {
+        Replicas::Urls(args.proxy_admin_urls.clone())
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: controller::MANAGER.into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let settings = Settings {
+        gateway_namespace,
+        status_interval: args.status_interval,
+        status_writes_per_second: args.status_writes_per_second,
+    };
+    let scrape = ScrapeOptions {
+        replicas,
+        interval: args.scrape_interval,
+        window: args.stats_window,
+    };
+    let controllers = controller::run(client, settings, scrape, metrics.clone(), health, recorder);
+    let code = match &elector {
+        Some(elector) => tokio::select! {
+            _ = controllers => ExitCode::SUCCESS,
+            _ = elector.hold() => {
+                tracing::error!("lost the leader Lease; exiting so that a standby takes over");
+                ExitCode::FAILURE
+            }
+        },
+        None => {
+            controllers.await;
+            ExitCode::SUCCESS
+        }
+    };
+    metrics.leader.set(0);
+    if let Some(elector) = &elector
+        && code == ExitCode::SUCCESS
+    {
+        elector.release().await;
+    }
+    admin.abort();
+    code
 }

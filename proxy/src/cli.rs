@@ -31,7 +31,9 @@ pub struct Cli {
     pub manifests: Option<PathBuf>,
 
     /// Cluster mode: watch the ConfigMaps and Secrets labelled `switchback.dev/config` in
-    /// this namespace (rendered by switchback-operator). Not available in this version.
+    /// this namespace (rendered by switchback-operator) through the API, with the
+    /// in-cluster config or KUBECONFIG. Needs only get/list/watch on ConfigMaps and
+    /// Secrets of this namespace.
     #[arg(long, env = "SWITCHBACK_NAMESPACE", value_name = "NS")]
     pub namespace: Option<String>,
 

@@ -7,6 +7,7 @@
 pub mod attempt;
 pub mod circuit;
 pub mod cli;
+pub mod cluster;
 pub mod gateway;
 pub mod limit;
 pub mod manifest;
@@ -35,6 +36,8 @@ use gateway::{Gateway, Problem};
 pub enum Source {
     /// A manifest file or folder, reloaded on change.
     Manifests(PathBuf),
+    /// The rendered ConfigMaps and Secrets of a namespace, watched through the API.
+    Cluster { namespace: String },
 }
 
 #[derive(Clone, Debug)]
@@ -61,6 +64,8 @@ pub enum StartError {
         path: PathBuf,
         source: notify::Error,
     },
+    #[error(transparent)]
+    Cluster(#[from] cluster::ClusterError),
 }
 
 /// A running proxy. Dropping it stops serving.
@@ -69,7 +74,7 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     pub gateway: Arc<Gateway>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    _watcher: reload::ManifestWatcher,
+    _watcher: Option<reload::ManifestWatcher>,
 }
 
 impl Running {
@@ -92,22 +97,37 @@ impl Drop for Running {
 /// Load the config (it must load: a proxy never starts on a broken config), bind
 /// both listeners and serve.
 pub async fn start(opts: Options) -> Result<Running, StartError> {
-    let Source::Manifests(path) = &opts.source;
-    let gw = Arc::new(Gateway::new(
-        opts.max_body_bytes,
-        format!("manifests:{}", path.display()),
-    )?);
-    let watcher = reload::watch(gw.clone(), path.clone()).map_err(|source| StartError::Watch {
-        path: path.clone(),
-        source,
-    })?;
-    {
-        let (gw, path) = (gw.clone(), path.clone());
-        tokio::task::spawn_blocking(move || reload::load_once(&gw, &path))
-            .await
-            .map_err(|e| StartError::Config(vec![problem(e.to_string())]))?
-            .map_err(StartError::Config)?;
-    }
+    let (gw, watcher, watch_tasks) = match &opts.source {
+        Source::Manifests(path) => {
+            let gw = Arc::new(Gateway::new(
+                opts.max_body_bytes,
+                format!("manifests:{}", path.display()),
+            )?);
+            let watcher =
+                reload::watch(gw.clone(), path.clone()).map_err(|source| StartError::Watch {
+                    path: path.clone(),
+                    source,
+                })?;
+            {
+                let (gw, path) = (gw.clone(), path.clone());
+                tokio::task::spawn_blocking(move || reload::load_once(&gw, &path))
+                    .await
+                    .map_err(|e| StartError::Config(vec![problem(e.to_string())]))?
+                    .map_err(StartError::Config)?;
+            }
+            (gw, Some(watcher), Vec::new())
+        }
+        // Serves (not ready) at once; ready when the rendered objects are applied.
+        Source::Cluster { namespace } => {
+            let gw = Arc::new(Gateway::new(
+                opts.max_body_bytes,
+                format!("cluster:{namespace}"),
+            )?);
+            let client = cluster::connect().await?;
+            let tasks = cluster::watch(gw.clone(), client, namespace).into_tasks();
+            (gw, None, tasks)
+        }
+    };
     let bind = |addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
             .await
@@ -125,7 +145,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     })?;
     let data_app = server::data_router(gw.clone());
     let admin_app = server::admin_router(gw.clone());
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(async move {
             if let Err(e) = axum::serve(data, data_app).await {
                 tracing::error!(error = %e, "data listener stopped");
@@ -137,6 +157,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
             }
         }),
     ];
+    tasks.extend(watch_tasks);
     Ok(Running {
         data_addr,
         admin_addr,

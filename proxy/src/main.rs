@@ -16,13 +16,7 @@ async fn main() -> std::process::ExitCode {
     };
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),
-        (None, Some(ns)) => {
-            eprintln!(
-                "error: --namespace {ns}: cluster mode (watching rendered ConfigMaps) is not built yet; \
-                 run standalone with --manifests PATH"
-            );
-            return std::process::ExitCode::from(2);
-        }
+        (None, Some(namespace)) => Source::Cluster { namespace },
         (None, None) => unreachable!("clap requires one of --manifests / --namespace"),
     };
     let opts = Options {

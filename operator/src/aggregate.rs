@@ -1,0 +1,584 @@
+//! Aggregation of the proxies' `/admin/v1/stats` into per-route facts, a pure state
+//! machine fed one scrape round at a time (SPEC §5).
+//!
+//! - Counters are cumulative per proxy *instance* (a process start). Each round adds
+//!   the per-instance delta since the previous round, so a restart (new instance id,
+//!   counters from zero) never makes totals go backwards; a counter that shrinks
+//!   within one instance is read as a reset. An instance that started before this
+//!   operator did gives its first reading as a baseline only: an earlier operator may
+//!   have counted it already (totals continue from `status.totals`).
+//! - The rolling window sums the deltas of the last `window`, in 10-second buckets.
+//! - Circuit state per target: `Open` when open on any replica (with how many),
+//!   `HalfOpen` when half-open on any and open on none; the last failure is the most
+//!   recent one across replicas. Transitions between rounds are reported for Events.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use switchback_crds::config::ObjectId;
+use switchback_crds::stats::{CircuitState, LastFailure, StatsReport};
+
+const BUCKET_MS: u64 = 10_000;
+/// Instances not seen for this long are forgotten.
+const FORGET_INSTANCE_MS: u64 = 15 * 60 * 1000;
+
+/// One replica's answer in a scrape round.
+#[derive(Clone, Debug)]
+pub struct Scrape {
+    /// The admin base URL scraped.
+    pub endpoint: String,
+    pub result: Result<StatsReport, String>,
+}
+
+/// Request counters of a route.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub requests: u64,
+    pub attempts: u64,
+    pub fallbacks: u64,
+    pub failed: u64,
+}
+
+impl Counters {
+    fn of(r: &switchback_crds::stats::RouteStats) -> Self {
+        Self {
+            requests: r.requests,
+            attempts: r.attempts,
+            fallbacks: r.fallbacks,
+            failed: r.failed,
+        }
+    }
+
+    fn add(&mut self, o: &Counters) {
+        self.requests += o.requests;
+        self.attempts += o.attempts;
+        self.fallbacks += o.fallbacks;
+        self.failed += o.failed;
+    }
+
+    /// `self - earlier`, or `self` when any counter went down (a reset).
+    fn since(&self, earlier: &Counters) -> Counters {
+        if self.requests < earlier.requests
+            || self.attempts < earlier.attempts
+            || self.fallbacks < earlier.fallbacks
+            || self.failed < earlier.failed
+        {
+            return *self;
+        }
+        Counters {
+            requests: self.requests - earlier.requests,
+            attempts: self.attempts - earlier.attempts,
+            fallbacks: self.fallbacks - earlier.fallbacks,
+            failed: self.failed - earlier.failed,
+        }
+    }
+}
+
+/// One target, aggregated over replicas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetView {
+    pub credential: ObjectId,
+    pub model: Option<String>,
+    pub circuit: CircuitState,
+    pub open_replicas: u32,
+    pub last_failure: Option<LastFailure>,
+}
+
+/// One route, aggregated over replicas.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteView {
+    /// Generation served, per replica that serves the route.
+    pub generations: BTreeMap<String, i64>,
+    pub targets: Vec<TargetView>,
+    /// Counters over the rolling window.
+    pub window: Counters,
+    /// Counters counted since this operator started.
+    pub totals: Counters,
+}
+
+/// A replica as seen in the last round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    pub endpoint: String,
+    /// Why it could not be scraped.
+    pub error: Option<String>,
+    /// The last config it refused, if any.
+    pub config_error: Option<String>,
+}
+
+/// A circuit that opened or closed between two rounds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub route: ObjectId,
+    pub credential: ObjectId,
+    pub model: Option<String>,
+    pub from: CircuitState,
+    pub to: CircuitState,
+    pub open_replicas: u32,
+}
+
+/// The outcome of the latest round.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Every ready replica of the round, scraped or not.
+    pub replicas: Vec<Replica>,
+    pub routes: BTreeMap<ObjectId, RouteView>,
+    pub window_seconds: u64,
+}
+
+impl Snapshot {
+    /// Replicas that answered.
+    pub fn healthy(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.iter().filter(|r| r.error.is_none())
+    }
+}
+
+#[derive(Debug)]
+struct Instance {
+    last_seen_ms: u64,
+    counters: HashMap<ObjectId, Counters>,
+}
+
+#[derive(Debug, Default)]
+struct RouteAcc {
+    totals: Counters,
+    /// (bucket start, deltas), oldest first.
+    buckets: VecDeque<(u64, Counters)>,
+}
+
+/// The aggregation state, kept across rounds.
+#[derive(Debug)]
+pub struct Aggregator {
+    window_ms: u64,
+    /// When this operator started (ms since the Unix epoch).
+    started_ms: u64,
+    instances: HashMap<String, Instance>,
+    routes: HashMap<ObjectId, RouteAcc>,
+    last: Snapshot,
+}
+
+impl Aggregator {
+    pub fn new(window_ms: u64, started_ms: u64) -> Self {
+        Self {
+            window_ms: window_ms.max(BUCKET_MS),
+            started_ms,
+            instances: HashMap::new(),
+            routes: HashMap::new(),
+            last: Snapshot::default(),
+        }
+    }
+
+    /// The latest snapshot.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.last
+    }
+
+    /// Takes one scrape round (every ready replica) at `now_ms`, returning the circuit
+    /// transitions since the previous round.
+    pub fn observe(&mut self, now_ms: u64, scrapes: &[Scrape]) -> Vec<Transition> {
+        let bucket = now_ms - now_ms % BUCKET_MS;
+        let mut replicas = Vec::new();
+        let mut per_route: BTreeMap<ObjectId, Vec<(&str, &switchback_crds::stats::RouteStats)>> =
+            BTreeMap::new();
+        for scrape in scrapes {
+            let report = match &scrape.result {
+                Ok(report) => report,
+                Err(e) => {
+                    replicas.push(Replica {
+                        endpoint: scrape.endpoint.clone(),
+                        error: Some(e.clone()),
+                        config_error: None,
+                    });
+                    continue;
+                }
+            };
+            replicas.push(Replica {
+                endpoint: scrape.endpoint.clone(),
+                error: None,
+                config_error: report.config_error.clone(),
+            });
+            let baseline_only = !self.instances.contains_key(&report.instance_id)
+                && started_ms(&report.started_at).is_none_or(|s| s < self.started_ms);
+            let instance = self
+                .instances
+                .entry(report.instance_id.clone())
+                .or_insert_with(|| Instance {
+                    last_seen_ms: now_ms,
+                    counters: HashMap::new(),
+                });
+            instance.last_seen_ms = now_ms;
+            for route in &report.routes {
+                let now = Counters::of(route);
+                let before = instance
+                    .counters
+                    .insert(route.route.clone(), now)
+                    .unwrap_or_default();
+                per_route
+                    .entry(route.route.clone())
+                    .or_default()
+                    .push((scrape.endpoint.as_str(), route));
+                if baseline_only {
+                    continue;
+                }
+                let delta = now.since(&before);
+                if delta == Counters::default() {
+                    continue;
+                }
+                let acc = self.routes.entry(route.route.clone()).or_default();
+                acc.totals.add(&delta);
+                match acc.buckets.back_mut() {
+                    Some((start, c)) if *start == bucket => c.add(&delta),
+                    _ => acc.buckets.push_back((bucket, delta)),
+                }
+            }
+        }
+        self.instances
+            .retain(|_, i| now_ms.saturating_sub(i.last_seen_ms) < FORGET_INSTANCE_MS);
+
+        let oldest = now_ms.saturating_sub(self.window_ms);
+        let mut routes = BTreeMap::new();
+        for acc in self.routes.values_mut() {
+            while acc
+                .buckets
+                .front()
+                .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
+            {
+                acc.buckets.pop_front();
+            }
+        }
+        let ids: Vec<ObjectId> = per_route
+            .keys()
+            .chain(self.routes.keys())
+            .cloned()
+            .collect();
+        for id in ids {
+            if routes.contains_key(&id) {
+                continue;
+            }
+            let mut view = RouteView::default();
+            if let Some(acc) = self.routes.get(&id) {
+                view.totals = acc.totals;
+                for (_, c) in &acc.buckets {
+                    view.window.add(c);
+                }
+            }
+            if let Some(reports) = per_route.get(&id) {
+                for (endpoint, r) in reports {
+                    view.generations.insert(endpoint.to_string(), r.generation);
+                }
+                view.targets = targets(reports);
+            }
+            routes.insert(id, view);
+        }
+        let next = Snapshot {
+            replicas,
+            routes,
+            window_seconds: self.window_ms / 1000,
+        };
+        let transitions = transitions(&self.last, &next);
+        self.last = next;
+        transitions
+    }
+}
+
+/// Targets of a route over replicas, in the order of the replica serving the highest
+/// generation (declared order); others are matched by credential and model.
+fn targets(reports: &[(&str, &switchback_crds::stats::RouteStats)]) -> Vec<TargetView> {
+    let Some((_, lead)) = reports.iter().max_by_key(|(_, r)| r.generation) else {
+        return Vec::new();
+    };
+    lead.targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut view = TargetView {
+                credential: t.credential.clone(),
+                model: t.model.clone(),
+                circuit: CircuitState::Closed,
+                open_replicas: 0,
+                last_failure: None,
+            };
+            let mut half_open = false;
+            for (_, r) in reports {
+                let same = |o: &&switchback_crds::stats::TargetStats| {
+                    o.credential == t.credential && o.model == t.model
+                };
+                let Some(o) = r
+                    .targets
+                    .get(i)
+                    .filter(same)
+                    .or_else(|| r.targets.iter().find(same))
+                else {
+                    continue;
+                };
+                match o.circuit {
+                    CircuitState::Open => view.open_replicas += 1,
+                    CircuitState::HalfOpen => half_open = true,
+                    CircuitState::Closed => {}
+                }
+                if let Some(f) = &o.last_failure {
+                    let newer = view.last_failure.as_ref().is_none_or(|cur| {
+                        started_ms(&f.at).unwrap_or(0) > started_ms(&cur.at).unwrap_or(0)
+                    });
+                    if newer {
+                        view.last_failure = Some(f.clone());
+                    }
+                }
+            }
+            view.circuit = if view.open_replicas > 0 {
+                CircuitState::Open
+            } else if half_open {
+                CircuitState::HalfOpen
+            } else {
+                CircuitState::Closed
+            };
+            view
+        })
+        .collect()
+}
+
+fn transitions(before: &Snapshot, after: &Snapshot) -> Vec<Transition> {
+    let mut out = Vec::new();
+    for (id, view) in &after.routes {
+        for t in &view.targets {
+            let was = before
+                .routes
+                .get(id)
+                .and_then(|v| {
+                    v.targets
+                        .iter()
+                        .find(|o| o.credential == t.credential && o.model == t.model)
+                })
+                .map(|o| o.circuit)
+                .unwrap_or(CircuitState::Closed);
+            let opened = t.circuit == CircuitState::Open && was != CircuitState::Open;
+            let closed = t.circuit == CircuitState::Closed && was != CircuitState::Closed;
+            if opened || closed {
+                out.push(Transition {
+                    route: id.clone(),
+                    credential: t.credential.clone(),
+                    model: t.model.clone(),
+                    from: was,
+                    to: t.circuit,
+                    open_replicas: t.open_replicas,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time.
+fn started_ms(rfc3339: &str) -> Option<u64> {
+    let t: k8s_openapi::jiff::Timestamp = rfc3339.parse().ok()?;
+    u64::try_from(t.as_millisecond()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchback_crds::stats::{RouteStats, TargetStats};
+
+    const START: u64 = 1_800_000_000_000;
+
+    fn id() -> ObjectId {
+        ObjectId::new("team-a", "smart")
+    }
+
+    fn report(instance: &str, started: &str, requests: u64, circuit: CircuitState) -> StatsReport {
+        StatsReport {
+            version: 1,
+            instance_id: instance.into(),
+            started_at: started.into(),
+            config_generation: 1,
+            config_error: None,
+            routes: vec![RouteStats {
+                route: id(),
+                generation: 3,
+                requests,
+                attempts: requests * 2,
+                fallbacks: requests / 2,
+                failed: 0,
+                targets: vec![TargetStats {
+                    credential: ObjectId::new("team-a", "openai"),
+                    model: Some("gpt-4o".into()),
+                    circuit,
+                    ..TargetStats::default()
+                }],
+            }],
+        }
+    }
+
+    fn ok(endpoint: &str, r: StatsReport) -> Scrape {
+        Scrape {
+            endpoint: endpoint.into(),
+            result: Ok(r),
+        }
+    }
+
+    /// An RFC 3339 time `s` seconds after START.
+    fn at(s: u64) -> String {
+        k8s_openapi::jiff::Timestamp::from_millisecond((START + s * 1000) as i64)
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn totals_never_go_backwards_across_proxy_restarts() {
+        let mut agg = Aggregator::new(300_000, START);
+        agg.observe(
+            START + 1_000,
+            &[ok("a", report("i1", &at(0), 10, CircuitState::Closed))],
+        );
+        agg.observe(
+            START + 2_000,
+            &[ok("a", report("i1", &at(0), 25, CircuitState::Closed))],
+        );
+        assert_eq!(agg.snapshot().routes[&id()].totals.requests, 25);
+        // The proxy restarts: a new instance, counters from zero.
+        agg.observe(
+            START + 3_000,
+            &[ok("a", report("i2", &at(3), 4, CircuitState::Closed))],
+        );
+        assert_eq!(agg.snapshot().routes[&id()].totals.requests, 29);
+        agg.observe(
+            START + 4_000,
+            &[ok("a", report("i2", &at(3), 6, CircuitState::Closed))],
+        );
+        let view = &agg.snapshot().routes[&id()];
+        assert_eq!(view.totals.requests, 31);
+        assert_eq!(view.totals.attempts, 62);
+        assert_eq!(view.window.requests, 31);
+    }
+
+    #[test]
+    fn replicas_are_summed_and_come_and_go() {
+        let mut agg = Aggregator::new(300_000, START);
+        agg.observe(
+            START + 1_000,
+            &[
+                ok("a", report("i1", &at(0), 10, CircuitState::Closed)),
+                ok("b", report("i2", &at(0), 5, CircuitState::Closed)),
+            ],
+        );
+        assert_eq!(agg.snapshot().routes[&id()].totals.requests, 15);
+        // Replica b is gone (scaled down); a third one appears.
+        agg.observe(
+            START + 2_000,
+            &[
+                ok("a", report("i1", &at(0), 12, CircuitState::Closed)),
+                ok("c", report("i3", &at(2), 1, CircuitState::Closed)),
+            ],
+        );
+        let view = &agg.snapshot().routes[&id()];
+        assert_eq!(view.totals.requests, 18);
+        assert_eq!(view.generations.len(), 2);
+        // b comes back with the same instance: only its growth counts.
+        agg.observe(
+            START + 3_000,
+            &[ok("b", report("i2", &at(0), 9, CircuitState::Closed))],
+        );
+        assert_eq!(agg.snapshot().routes[&id()].totals.requests, 22);
+    }
+
+    #[test]
+    fn instances_older_than_the_operator_are_a_baseline() {
+        let mut agg = Aggregator::new(300_000, START + 10_000);
+        agg.observe(
+            START + 11_000,
+            &[ok("a", report("old", &at(0), 100, CircuitState::Closed))],
+        );
+        let view = &agg.snapshot().routes[&id()];
+        assert_eq!(view.totals.requests, 0, "counted by an earlier operator");
+        agg.observe(
+            START + 12_000,
+            &[ok("a", report("old", &at(0), 103, CircuitState::Closed))],
+        );
+        assert_eq!(agg.snapshot().routes[&id()].totals.requests, 3);
+    }
+
+    #[test]
+    fn the_window_forgets_old_traffic() {
+        let mut agg = Aggregator::new(60_000, START);
+        agg.observe(
+            START,
+            &[ok("a", report("i1", &at(0), 0, CircuitState::Closed))],
+        );
+        agg.observe(
+            START + 1_000,
+            &[ok("a", report("i1", &at(0), 10, CircuitState::Closed))],
+        );
+        agg.observe(
+            START + 50_000,
+            &[ok("a", report("i1", &at(0), 15, CircuitState::Closed))],
+        );
+        assert_eq!(agg.snapshot().routes[&id()].window.requests, 15);
+        agg.observe(
+            START + 90_000,
+            &[ok("a", report("i1", &at(0), 16, CircuitState::Closed))],
+        );
+        let view = &agg.snapshot().routes[&id()];
+        assert_eq!(view.window.requests, 6);
+        assert_eq!(view.totals.requests, 16);
+        assert_eq!(agg.snapshot().window_seconds, 60);
+    }
+
+    #[test]
+    fn a_circuit_open_anywhere_is_open_and_transitions_are_reported() {
+        let mut agg = Aggregator::new(300_000, START);
+        let t = agg.observe(
+            START + 1_000,
+            &[
+                ok("a", report("i1", &at(0), 1, CircuitState::Closed)),
+                ok("b", report("i2", &at(0), 1, CircuitState::Closed)),
+            ],
+        );
+        assert!(t.is_empty());
+        let mut open = report("i2", &at(0), 2, CircuitState::Open);
+        open.routes[0].targets[0].last_failure = Some(LastFailure {
+            status: Some(503),
+            reason: "status5xx".into(),
+            at: at(1),
+        });
+        let mut older = report("i1", &at(0), 2, CircuitState::HalfOpen);
+        older.routes[0].targets[0].last_failure = Some(LastFailure {
+            status: None,
+            reason: "timeout".into(),
+            at: at(0),
+        });
+        let t = agg.observe(START + 2_000, &[ok("a", older), ok("b", open)]);
+        let target = &agg.snapshot().routes[&id()].targets[0];
+        assert_eq!(target.circuit, CircuitState::Open);
+        assert_eq!(target.open_replicas, 1);
+        assert_eq!(target.last_failure.as_ref().unwrap().reason, "status5xx");
+        assert_eq!(t.len(), 1);
+        assert_eq!(
+            (t[0].from, t[0].to),
+            (CircuitState::Closed, CircuitState::Open)
+        );
+        let t = agg.observe(
+            START + 3_000,
+            &[
+                ok("a", report("i1", &at(0), 3, CircuitState::Closed)),
+                ok("b", report("i2", &at(0), 3, CircuitState::Closed)),
+            ],
+        );
+        assert_eq!(
+            (t[0].from, t[0].to),
+            (CircuitState::Open, CircuitState::Closed)
+        );
+    }
+
+    #[test]
+    fn unreachable_replicas_are_listed_with_the_error() {
+        let mut agg = Aggregator::new(300_000, START);
+        agg.observe(
+            START,
+            &[Scrape {
+                endpoint: "a".into(),
+                result: Err("connection refused".into()),
+            }],
+        );
+        assert_eq!(agg.snapshot().replicas.len(), 1);
+        assert_eq!(agg.snapshot().healthy().count(), 0);
+    }
+}

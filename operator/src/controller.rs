@@ -1,0 +1,972 @@
+//! The reconcilers and their wiring: one [`Context`], one [`Error`] with a metric label,
+//! one [`error_policy`].
+//!
+//! - **Delivery** ([`deliver`]): level-triggered over the whole cluster, because
+//!   `compile` is (a model name belongs to the oldest route in any namespace). Any
+//!   change to an LLMRoute, ProviderCredential, referenced Secret or rendered object
+//!   re-renders; only objects whose content differs are applied (server-side apply,
+//!   field manager [`MANAGER`]), namespaces left without routes lose both objects.
+//!   The result is kept as the [`World`], and the routes and credentials whose facts
+//!   changed are queued on their controllers (Secrets are mapped back to their users
+//!   this way).
+//! - **LLMRoute** ([`reconcile_route`]) and **ProviderCredential**
+//!   ([`reconcile_credential`]) controllers write status computed purely by
+//!   [`crate::status`], only when it differs, within the write budget. The credential
+//!   controller also holds deletion with a finalizer while routes reference it.
+//!
+//! Only the leader runs any of this (see `leader`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use switchback_crds::compile::{Inputs, Kind};
+use switchback_crds::config::{CompiledConfig, ObjectId};
+use switchback_crds::delivery::{self, DeliveryError};
+use switchback_crds::route::TotalStats;
+use switchback_crds::{LLMRoute, ProviderCredential};
+use tokio::sync::{Notify, mpsc};
+
+use crate::aggregate::{Aggregator, Snapshot};
+use crate::budget::{Permit, StatusBudget};
+use crate::metrics::{ControllerLabels, ErrorLabels, Health, KindLabels, Metrics, ResultLabels};
+use crate::render::{Rendering, render};
+use crate::scrape::{self, Replicas};
+use crate::status::{self, CredentialFacts, RouteFacts};
+
+/// Field manager of every write.
+pub const MANAGER: &str = "switchback-operator";
+/// Holds a ProviderCredential's deletion while routes reference it.
+pub const FINALIZER: &str = "switchback.dev/credential-in-use";
+/// Reconcile everything at least this often, whatever the watches say.
+const RESYNC: Duration = Duration::from_secs(300);
+/// Quiet time collecting changes before one delivery.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+/// Minimum time between two circuit Events for one target.
+const CIRCUIT_EVENT_EVERY: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("rendering: {0}")]
+    Delivery(#[from] DeliveryError),
+    #[error("{0} has no namespace")]
+    NoNamespace(String),
+}
+
+impl Error {
+    /// The `error` label of `switchback_operator_reconcile_errors_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Error::Kube(_) => "kube",
+            Error::Delivery(_) => "delivery",
+            Error::NoNamespace(_) => "no_namespace",
+        }
+    }
+}
+
+/// What the operator needs from its flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub gateway_namespace: String,
+    pub status_interval: Duration,
+    pub status_writes_per_second: f64,
+}
+
+/// The informer caches every reconciler reads.
+#[derive(Clone)]
+pub struct Stores {
+    pub routes: Store<LLMRoute>,
+    pub credentials: Store<ProviderCredential>,
+    /// Metadata only: Secret data is fetched for referenced Secrets alone.
+    pub secrets: Store<PartialObjectMeta<KubeSecret>>,
+    pub rendered_maps: Store<ConfigMap>,
+    pub rendered_secrets: Store<KubeSecret>,
+}
+
+/// Where delivery queues objects whose facts changed.
+#[derive(Clone)]
+pub struct Triggers {
+    pub routes: mpsc::UnboundedSender<ObjectRef<LLMRoute>>,
+    pub credentials: mpsc::UnboundedSender<ObjectRef<ProviderCredential>>,
+}
+
+/// The last delivery: the rendering plus digests of each object's facts.
+pub struct World {
+    pub rendering: Rendering,
+    route_digests: HashMap<ObjectId, u64>,
+    credential_digests: HashMap<ObjectId, u64>,
+}
+
+impl World {
+    pub fn new(
+        rendering: Rendering,
+        routes: &[LLMRoute],
+        credentials: &[ProviderCredential],
+    ) -> Self {
+        let digest = |kind: Kind, id: &ObjectId, extra: &dyn Fn(&mut DefaultHasher)| {
+            let mut h = DefaultHasher::new();
+            for d in rendering.diagnostics(kind, id) {
+                (d.reason, &d.field, &d.message, d.severity == status_error()).hash(&mut h);
+            }
+            extra(&mut h);
+            h.finish()
+        };
+        let route_digests = routes
+            .iter()
+            .map(|r| {
+                let id = object_id(r);
+                let served = rendering.served.get(&id).copied();
+                let d = digest(Kind::LLMRoute, &id, &|h| served.hash(h));
+                (id, d)
+            })
+            .collect();
+        let users = users(routes);
+        let credential_digests = credentials
+            .iter()
+            .map(|c| {
+                let id = object_id(c);
+                let names = users.get(&id).cloned().unwrap_or_default();
+                let d = digest(Kind::ProviderCredential, &id, &|h| names.hash(h));
+                (id, d)
+            })
+            .collect();
+        Self {
+            rendering,
+            route_digests,
+            credential_digests,
+        }
+    }
+
+    /// Objects whose facts differ from `old`.
+    fn changed(&self, old: &World) -> (Vec<ObjectId>, Vec<ObjectId>) {
+        let diff = |new: &HashMap<ObjectId, u64>, old: &HashMap<ObjectId, u64>| {
+            new.iter()
+                .filter(|(id, d)| old.get(*id) != Some(*d))
+                .map(|(id, _)| id.clone())
+                .collect::<Vec<_>>()
+        };
+        (
+            diff(&self.route_digests, &old.route_digests),
+            diff(&self.credential_digests, &old.credential_digests),
+        )
+    }
+}
+
+fn status_error() -> switchback_crds::compile::Severity {
+    switchback_crds::compile::Severity::Error
+}
+
+pub fn object_id<K: Resource>(obj: &K) -> ObjectId {
+    ObjectId::new(
+        obj.meta().namespace.clone().unwrap_or_default(),
+        obj.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+/// LLMRoute names referencing each credential, sorted.
+fn users(routes: &[LLMRoute]) -> BTreeMap<ObjectId, Vec<String>> {
+    let mut out: BTreeMap<ObjectId, BTreeSet<String>> = BTreeMap::new();
+    for r in routes {
+        let id = object_id(r);
+        for t in &r.spec.targets {
+            out.entry(ObjectId::new(&id.namespace, &t.credential_ref.name))
+                .or_default()
+                .insert(id.name.clone());
+        }
+    }
+    out.into_iter()
+        .map(|(k, v)| (k, v.into_iter().collect()))
+        .collect()
+}
+
+/// Everything the reconcilers share.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub stores: Stores,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    pub triggers: Triggers,
+    pub world: RwLock<Option<Arc<World>>>,
+    pub proxies: RwLock<Arc<Snapshot>>,
+    pub budget: Mutex<StatusBudget>,
+    /// `status.totals` found when this process first saw each route.
+    seeds: Mutex<HashMap<ObjectId, TotalStats>>,
+    /// Referenced Secrets, by resourceVersion.
+    secret_cache: Mutex<HashMap<ObjectId, KubeSecret>>,
+    /// Route sets named in the last DeletionBlocked Event per credential.
+    blocked: Mutex<HashMap<ObjectId, Vec<String>>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        stores: Stores,
+        metrics: Metrics,
+        recorder: Recorder,
+        triggers: Triggers,
+    ) -> Self {
+        let budget = StatusBudget::new(
+            settings.status_writes_per_second,
+            settings.status_interval,
+            tokio::time::Instant::now(),
+        );
+        Self {
+            client,
+            settings,
+            stores,
+            metrics,
+            recorder,
+            triggers,
+            world: RwLock::new(None),
+            proxies: RwLock::new(Arc::new(Snapshot::default())),
+            budget: Mutex::new(budget),
+            seeds: Mutex::new(HashMap::new()),
+            secret_cache: Mutex::new(HashMap::new()),
+            blocked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn world(&self) -> Option<Arc<World>> {
+        self.world.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn proxies(&self) -> Arc<Snapshot> {
+        self.proxies
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn permit(&self, key: &str, urgent: bool) -> Permit {
+        self.budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .permit(key, urgent, tokio::time::Instant::now())
+    }
+
+    fn reconciled(&self, controller: &'static str) {
+        self.metrics
+            .reconciles
+            .get_or_create(&ControllerLabels { controller })
+            .inc();
+    }
+
+    fn wrote(
+        &self,
+        family: &prometheus_client::metrics::family::Family<
+            KindLabels,
+            prometheus_client::metrics::counter::Counter,
+        >,
+        kind: &'static str,
+    ) {
+        family.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    /// Full copies of the Secrets the credentials reference, fetched when their
+    /// resourceVersion changed; absent Secrets are left out.
+    async fn referenced_secrets(
+        &self,
+        credentials: &[ProviderCredential],
+    ) -> Result<Vec<KubeSecret>, Error> {
+        let wanted: BTreeSet<ObjectId> = credentials
+            .iter()
+            .map(|c| ObjectId::new(object_id(c).namespace, &c.spec.secret_ref.name))
+            .collect();
+        let mut fetch = Vec::new();
+        {
+            let mut cache = self.secret_cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.retain(|id, _| wanted.contains(id));
+            for id in &wanted {
+                let meta = self
+                    .stores
+                    .secrets
+                    .get(&ObjectRef::new(&id.name).within(&id.namespace));
+                let Some(meta) = meta else {
+                    cache.remove(id);
+                    continue;
+                };
+                let fresh = cache
+                    .get(id)
+                    .is_some_and(|s| s.metadata.resource_version == meta.metadata.resource_version);
+                if !fresh {
+                    fetch.push(id.clone());
+                }
+            }
+        }
+        for id in fetch {
+            let api: Api<KubeSecret> = Api::namespaced(self.client.clone(), &id.namespace);
+            let got = api.get_opt(&id.name).await?;
+            let mut cache = self.secret_cache.lock().unwrap_or_else(|p| p.into_inner());
+            match got {
+                Some(secret) => cache.insert(id, secret),
+                None => cache.remove(&id),
+            };
+        }
+        let cache = self.secret_cache.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(cache.values().cloned().collect())
+    }
+}
+
+/// Re-renders every namespace, applies what differs, deletes what is no longer wanted,
+/// and queues the routes and credentials whose facts changed.
+pub async fn deliver(ctx: &Context) -> Result<(), Error> {
+    ctx.reconciled("delivery");
+    let routes: Vec<LLMRoute> = ctx
+        .stores
+        .routes
+        .state()
+        .iter()
+        .map(|r| (**r).clone())
+        .collect();
+    let credentials: Vec<ProviderCredential> = ctx
+        .stores
+        .credentials
+        .state()
+        .iter()
+        .map(|c| (**c).clone())
+        .collect();
+    let secrets = ctx.referenced_secrets(&credentials).await?;
+    let rendered_maps = ctx.stores.rendered_maps.state();
+    let previous: BTreeMap<String, CompiledConfig> = rendered_maps
+        .iter()
+        .filter_map(|cm| delivery::read_config_map(cm).ok())
+        .collect();
+    let rendering = render(
+        &Inputs {
+            routes: &routes,
+            credentials: &credentials,
+            secrets: &secrets,
+        },
+        &previous,
+    );
+
+    let gw = &ctx.settings.gateway_namespace;
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), gw);
+    let keys: Api<KubeSecret> = Api::namespaced(ctx.client.clone(), gw);
+    let apply = PatchParams::apply(MANAGER).force();
+    for (ns, part) in &rendering.namespaces {
+        // Keys first: a config never arrives before the keys it needs.
+        let secret = delivery::keys_secret(gw, ns, &part.keys)?;
+        let name = delivery::keys_name(ns);
+        let current = ctx
+            .stores
+            .rendered_secrets
+            .get(&ObjectRef::new(&name).within(gw));
+        if current.is_none_or(|c| c.data != secret.data || !has_labels(&*c, &secret)) {
+            keys.patch(&name, &apply, &Patch::Apply(&secret)).await?;
+            ctx.wrote(&ctx.metrics.config_writes, "Secret");
+        }
+        let map = delivery::config_map(gw, ns, &part.config)?;
+        let name = delivery::routes_name(ns);
+        let current = ctx
+            .stores
+            .rendered_maps
+            .get(&ObjectRef::new(&name).within(gw));
+        if current.is_none_or(|c| c.data != map.data || !has_labels(&*c, &map)) {
+            maps.patch(&name, &apply, &Patch::Apply(&map)).await?;
+            ctx.wrote(&ctx.metrics.config_writes, "ConfigMap");
+        }
+    }
+    let stale = |name: &str, prefix: &'static str| {
+        delivery::source_namespace(name, prefix)
+            .map(|ns| !rendering.namespaces.contains_key(ns))
+            .unwrap_or(false)
+    };
+    for cm in &rendered_maps {
+        let name = cm.name_any();
+        if stale(&name, delivery::ROUTES_PREFIX) && managed(&**cm) {
+            ignore_not_found(maps.delete(&name, &DeleteParams::default()).await)?;
+            ctx.wrote(&ctx.metrics.config_writes, "ConfigMapDelete");
+        }
+    }
+    for s in ctx.stores.rendered_secrets.state() {
+        let name = s.name_any();
+        if stale(&name, delivery::KEYS_PREFIX) && managed(&*s) {
+            ignore_not_found(keys.delete(&name, &DeleteParams::default()).await)?;
+            ctx.wrote(&ctx.metrics.config_writes, "SecretDelete");
+        }
+    }
+
+    let world = Arc::new(World::new(rendering, &routes, &credentials));
+    let old = ctx
+        .world
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .replace(world.clone());
+    if let Some(old) = old {
+        let (routes, credentials) = world.changed(&old);
+        for id in routes {
+            let _ = ctx
+                .triggers
+                .routes
+                .send(ObjectRef::new(&id.name).within(&id.namespace));
+        }
+        for id in credentials {
+            let _ = ctx
+                .triggers
+                .credentials
+                .send(ObjectRef::new(&id.name).within(&id.namespace));
+        }
+    }
+    Ok(())
+}
+
+fn has_labels<K: Resource>(current: &K, wanted: &K) -> bool {
+    let have = current.meta().labels.as_ref();
+    wanted
+        .meta()
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+}
+
+fn managed<K: Resource>(obj: &K) -> bool {
+    obj.meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(delivery::MANAGED_BY_LABEL))
+        .is_some_and(|v| v == delivery::MANAGED_BY)
+}
+
+fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Now, to the second (the API stores times to the second).
+fn now() -> Time {
+    Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()))
+}
+
+/// Writes an LLMRoute's status when it changed, within the budget.
+pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.reconciled("llmroute");
+    let ns = route
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(route.name_any()))?;
+    let Some(world) = ctx.world() else {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    };
+    let id = object_id(&*route);
+    let seed = ctx
+        .seeds
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(id.clone())
+        .or_insert_with(|| {
+            route
+                .status
+                .as_ref()
+                .and_then(|s| s.totals.clone())
+                .unwrap_or_default()
+        })
+        .clone();
+    let proxies = ctx.proxies();
+    let desired = status::route_status(&RouteFacts {
+        route: &route,
+        diagnostics: world.rendering.diagnostics(Kind::LLMRoute, &id).collect(),
+        served: world.rendering.served.get(&id).copied(),
+        proxies: &proxies,
+        seed,
+        now: now(),
+    });
+    let current = route.status.clone().unwrap_or_default();
+    if desired == current {
+        return Ok(Action::requeue(RESYNC));
+    }
+    let urgent = !status::only_traffic_changed(&current, &desired);
+    if let Permit::Wait(wait) = ctx.permit(&format!("LLMRoute/{id}"), urgent) {
+        return Ok(Action::requeue(wait));
+    }
+    let api: Api<LLMRoute> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = Patch::Apply(json!({
+        "apiVersion": "switchback.dev/v1alpha1",
+        "kind": "LLMRoute",
+        "status": desired,
+    }));
+    api.patch_status(
+        &route.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &patch,
+    )
+    .await?;
+    ctx.wrote(&ctx.metrics.status_writes, "LLMRoute");
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Finalizer and status of a ProviderCredential.
+pub async fn reconcile_credential(
+    credential: Arc<ProviderCredential>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    ctx.reconciled("providercredential");
+    let ns = credential
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(credential.name_any()))?;
+    let Some(world) = ctx.world() else {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    };
+    let id = object_id(&*credential);
+    let name = credential.name_any();
+    let api: Api<ProviderCredential> = Api::namespaced(ctx.client.clone(), &ns);
+    // Users straight from the cache, not the (debounced) world: the finalizer must not
+    // let go while a route that was just created references it.
+    let routes: Vec<LLMRoute> = ctx
+        .stores
+        .routes
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns.as_str()))
+        .map(|r| (**r).clone())
+        .collect();
+    let users = users(&routes).remove(&id).unwrap_or_default();
+    let finalizers = credential.finalizers();
+    let has_finalizer = finalizers.iter().any(|f| f == FINALIZER);
+    let deleting = credential.meta().deletion_timestamp.is_some();
+
+    if deleting && !has_finalizer {
+        return Ok(Action::await_change());
+    }
+    if deleting && users.is_empty() {
+        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+        set_finalizers(&api, &credential, json!(rest)).await?;
+        ctx.blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        return Ok(Action::await_change());
+    }
+    if !deleting && !has_finalizer {
+        let mut all: Vec<&String> = finalizers.iter().collect();
+        let ours = FINALIZER.to_string();
+        all.push(&ours);
+        set_finalizers(&api, &credential, json!(all)).await?;
+        // The patch comes back through the watch and reconciles again.
+        return Ok(Action::await_change());
+    }
+    if deleting {
+        let new_set = {
+            let mut blocked = ctx.blocked.lock().unwrap_or_else(|p| p.into_inner());
+            blocked.insert(id.clone(), users.clone()).as_ref() != Some(&users)
+        };
+        if new_set {
+            ctx.recorder
+                .publish(
+                    &Event {
+                        type_: EventType::Warning,
+                        reason: status::reasons::DELETION_BLOCKED.into(),
+                        note: Some(format!(
+                            "deletion is held while LLMRoutes reference this credential: {}",
+                            users.join(", ")
+                        )),
+                        action: "Delete".into(),
+                        secondary: None,
+                    },
+                    &credential.object_ref(&()),
+                )
+                .await?;
+            ctx.wrote(&ctx.metrics.events, status::reasons::DELETION_BLOCKED);
+        }
+    }
+
+    let previous = credential
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let desired = status::credential_status(&CredentialFacts {
+        generation: credential.meta().generation,
+        previous: &previous,
+        diagnostics: world
+            .rendering
+            .diagnostics(Kind::ProviderCredential, &id)
+            .collect(),
+        routes: &users,
+        deleting,
+        now: now(),
+    });
+    let requeue = if deleting {
+        Action::requeue(Duration::from_secs(30))
+    } else {
+        Action::requeue(RESYNC)
+    };
+    if credential.status.as_ref() == Some(&desired) {
+        return Ok(requeue);
+    }
+    if let Permit::Wait(wait) = ctx.permit(&format!("ProviderCredential/{id}"), true) {
+        return Ok(Action::requeue(wait));
+    }
+    let patch = Patch::Apply(json!({
+        "apiVersion": "switchback.dev/v1alpha1",
+        "kind": "ProviderCredential",
+        "status": desired,
+    }));
+    api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &patch)
+        .await?;
+    ctx.wrote(&ctx.metrics.status_writes, "ProviderCredential");
+    Ok(requeue)
+}
+
+/// Sets `metadata.finalizers` with a JSON merge patch carrying the resourceVersion
+/// read, so a concurrent change (another finalizer added) fails with 409 and the
+/// reconcile retries on fresh data instead of overwriting it.
+async fn set_finalizers(
+    api: &Api<ProviderCredential>,
+    credential: &ProviderCredential,
+    finalizers: serde_json::Value,
+) -> Result<(), Error> {
+    let patch = json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": credential.resource_version(),
+        }
+    });
+    api.patch(
+        &credential.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The one error policy: count, log, retry with a short delay (a 409 right away).
+pub fn error_policy<K: Resource<DynamicType = ()>>(
+    obj: Arc<K>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let controller = if K::kind(&()) == "LLMRoute" {
+        "llmroute"
+    } else {
+        "providercredential"
+    };
+    ctx.metrics
+        .errors
+        .get_or_create(&ErrorLabels {
+            controller,
+            error: error.metric_label(),
+        })
+        .inc();
+    tracing::warn!(object = %object_id(&*obj), %error, "reconcile failed");
+    match error {
+        Error::Kube(kube::Error::Api(s)) if s.code == 409 => {
+            Action::requeue(Duration::from_millis(200))
+        }
+        _ => Action::requeue(Duration::from_secs(5)),
+    }
+}
+
+/// How the proxies are found and their stats read.
+#[derive(Clone, Debug)]
+pub struct ScrapeOptions {
+    pub replicas: Replicas,
+    pub interval: Duration,
+    pub window: Duration,
+}
+
+/// Scrapes the proxies forever: aggregate, queue routes whose facts changed, publish
+/// circuit Events (at most one per target per minute).
+pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
+    let http = match reqwest::Client::builder().no_proxy().build() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the HTTP client for scraping");
+            return;
+        }
+    };
+    let started = Timestamp::now().as_millisecond() as u64;
+    let mut agg = Aggregator::new(opts.window.as_millis() as u64, started);
+    let mut last_event: HashMap<(ObjectId, ObjectId, Option<String>), tokio::time::Instant> =
+        HashMap::new();
+    let mut tick = tokio::time::interval(opts.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let endpoints = match opts.replicas.discover(&ctx.client).await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the proxy replicas");
+                continue;
+            }
+        };
+        let scrapes =
+            futures_util::future::join_all(endpoints.iter().map(|e| scrape::scrape(&http, e)))
+                .await;
+        for s in &scrapes {
+            let result = if s.result.is_ok() { "ok" } else { "error" };
+            ctx.metrics
+                .scrapes
+                .get_or_create(&ResultLabels { result })
+                .inc();
+        }
+        let before = ctx.proxies();
+        let transitions = agg.observe(Timestamp::now().as_millisecond() as u64, &scrapes);
+        let after = Arc::new(agg.snapshot().clone());
+        *ctx.proxies.write().unwrap_or_else(|p| p.into_inner()) = after.clone();
+
+        let all = before.replicas != after.replicas;
+        for route in ctx.stores.routes.state() {
+            let id = object_id(&*route);
+            if all || before.routes.get(&id) != after.routes.get(&id) {
+                let _ = ctx.triggers.routes.send(ObjectRef::from_obj(&*route));
+            }
+        }
+        for t in transitions {
+            let key = (t.route.clone(), t.credential.clone(), t.model.clone());
+            let now = tokio::time::Instant::now();
+            if last_event
+                .get(&key)
+                .is_some_and(|at| now.duration_since(*at) < CIRCUIT_EVENT_EVERY)
+            {
+                continue;
+            }
+            let Some(route) = ctx
+                .stores
+                .routes
+                .get(&ObjectRef::new(&t.route.name).within(&t.route.namespace))
+            else {
+                continue;
+            };
+            last_event.insert(key, now);
+            let target = match &t.model {
+                Some(m) => format!("{} (model {m})", t.credential.name),
+                None => t.credential.name.clone(),
+            };
+            let (type_, reason, note) = if t.to == switchback_crds::stats::CircuitState::Open {
+                (
+                    EventType::Warning,
+                    "CircuitOpened",
+                    format!(
+                        "circuit of target {target} opened on {} proxy replica(s)",
+                        t.open_replicas
+                    ),
+                )
+            } else {
+                (
+                    EventType::Normal,
+                    "CircuitClosed",
+                    format!("circuit of target {target} closed on every proxy replica"),
+                )
+            };
+            let event = Event {
+                type_,
+                reason: reason.into(),
+                note: Some(note),
+                action: "Route".into(),
+                secondary: None,
+            };
+            match ctx.recorder.publish(&event, &route.object_ref(&())).await {
+                Ok(()) => ctx.wrote(&ctx.metrics.events, reason),
+                Err(e) => tracing::warn!(error = %e, "publishing a circuit Event"),
+            }
+        }
+    }
+}
+
+/// Waits for a poke (or the resync period), then delivers; retries failures with
+/// backoff.
+async fn delivery_loop(ctx: Arc<Context>, poke: Arc<Notify>, health: Arc<Health>) {
+    let s = &ctx.stores;
+    let _ = futures_util::join!(
+        s.routes.wait_until_ready(),
+        s.credentials.wait_until_ready(),
+        s.secrets.wait_until_ready(),
+        s.rendered_maps.wait_until_ready(),
+        s.rendered_secrets.wait_until_ready(),
+    );
+    health
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
+    tracing::info!("caches synced; delivering");
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        tokio::time::sleep(DEBOUNCE).await;
+        match deliver(&ctx).await {
+            Ok(()) => backoff = Duration::from_secs(1),
+            Err(error) => {
+                ctx.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels {
+                        controller: "delivery",
+                        error: error.metric_label(),
+                    })
+                    .inc();
+                tracing::warn!(%error, retry_in = ?backoff, "delivery failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+                poke.notify_one();
+            }
+        }
+        tokio::select! {
+            _ = poke.notified() => {}
+            _ = tokio::time::sleep(RESYNC) => {}
+        }
+    }
+}
+
+fn poke_on<T>(poke: Arc<Notify>) -> impl FnMut(&T) + Send + 'static {
+    move |_| poke.notify_one()
+}
+
+fn receiver_stream<T: Send + 'static>(
+    rx: mpsc::UnboundedReceiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send + 'static {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+/// Runs every watch, the delivery loop, both controllers and the scraper until a
+/// shutdown signal.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    scrape: ScrapeOptions,
+    metrics: Metrics,
+    health: Arc<Health>,
+    recorder: Recorder,
+) {
+    let wc = watcher::Config::default();
+    let gw = settings.gateway_namespace.clone();
+    let rendered = watcher::Config::default().labels(delivery::LABEL);
+    let poke = Arc::new(Notify::new());
+
+    let (routes, w) = reflector::store();
+    let route_events =
+        reflector::reflector(w, watcher(Api::<LLMRoute>::all(client.clone()), wc.clone()))
+            .default_backoff()
+            .inspect(poke_on(poke.clone()))
+            .applied_objects();
+    let (credentials, w) = reflector::store();
+    let credential_events = reflector::reflector(
+        w,
+        watcher(Api::<ProviderCredential>::all(client.clone()), wc.clone()),
+    )
+    .default_backoff()
+    .inspect(poke_on(poke.clone()))
+    .applied_objects();
+    let (secrets, w) = reflector::store::<PartialObjectMeta<KubeSecret>>();
+    let secret_events = {
+        let poke = poke.clone();
+        let credentials = credentials.clone();
+        reflector::reflector(
+            w,
+            watcher(
+                Api::<PartialObjectMeta<KubeSecret>>::all(client.clone()),
+                wc.clone(),
+            ),
+        )
+        .default_backoff()
+        .inspect(move |ev| {
+            // Only Secrets some credential references matter.
+            let touched = match ev {
+                Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s)) => {
+                    let (ns, name) = (s.namespace(), s.name_any());
+                    credentials
+                        .state()
+                        .iter()
+                        .any(|c| c.namespace() == ns && c.spec.secret_ref.name == name)
+                }
+                Ok(watcher::Event::InitDone) => true,
+                _ => false,
+            };
+            if touched {
+                poke.notify_one();
+            }
+        })
+    };
+    let (rendered_maps, w) = reflector::store();
+    let map_events = reflector::reflector(
+        w,
+        watcher(
+            Api::<ConfigMap>::namespaced(client.clone(), &gw),
+            rendered.clone(),
+        ),
+    )
+    .default_backoff()
+    .inspect(poke_on(poke.clone()));
+    let (rendered_secrets, w) = reflector::store();
+    let key_events = reflector::reflector(
+        w,
+        watcher(Api::<KubeSecret>::namespaced(client.clone(), &gw), rendered),
+    )
+    .default_backoff()
+    .inspect(poke_on(poke.clone()));
+
+    let (route_tx, route_rx) = mpsc::unbounded_channel();
+    let (credential_tx, credential_rx) = mpsc::unbounded_channel();
+    let stores = Stores {
+        routes: routes.clone(),
+        credentials: credentials.clone(),
+        secrets,
+        rendered_maps,
+        rendered_secrets,
+    };
+    let ctx = Arc::new(Context::new(
+        client,
+        settings,
+        stores,
+        metrics,
+        recorder,
+        Triggers {
+            routes: route_tx,
+            credentials: credential_tx,
+        },
+    ));
+
+    let background = vec![
+        tokio::spawn(secret_events.for_each(|_| async {})),
+        tokio::spawn(map_events.for_each(|_| async {})),
+        tokio::spawn(key_events.for_each(|_| async {})),
+        tokio::spawn(delivery_loop(ctx.clone(), poke.clone(), health)),
+        tokio::spawn(scrape_loop(ctx.clone(), scrape)),
+    ];
+    let config = kube::runtime::controller::Config::default().concurrency(8);
+    let route_controller = Controller::for_stream(route_events, routes)
+        .reconcile_on(receiver_stream(route_rx))
+        .with_config(config.clone())
+        .shutdown_on_signal()
+        .run(reconcile_route, error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "llmroute controller");
+            }
+        });
+    let credential_controller = Controller::for_stream(credential_events, credentials)
+        .reconcile_on(receiver_stream(credential_rx))
+        .with_config(config)
+        .shutdown_on_signal()
+        .run(reconcile_credential, error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "providercredential controller");
+            }
+        });
+    futures_util::join!(route_controller, credential_controller);
+    for task in background {
+        task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,445 @@
+//! Wiring tests: each reconcile against a scripted API server asserting the exact
+//! calls (method, path and query, body), in the style of controller-rs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::Method;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::fixtures::{Expect, GATEWAY, credential, finish, route, secret};
+
+const SSA: &str = "?&force=true&fieldManager=switchback-operator";
+
+/// Runs `fut`, failing if it blocks: a call the script did not expect never gets an
+/// answer, so a stuck reconcile means an unexpected API call.
+async fn quick<T>(fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(2), fut)
+        .await
+        .expect("the reconcile made an API call the script did not expect")
+}
+
+fn world_for(
+    ctx: &Context,
+    routes: &[LLMRoute],
+    creds: &[ProviderCredential],
+    secrets: &[KubeSecret],
+) {
+    let rendering = render(
+        &Inputs {
+            routes,
+            credentials: creds,
+            secrets,
+        },
+        &BTreeMap::new(),
+    );
+    *ctx.world.write().unwrap() = Some(Arc::new(World::new(rendering, routes, creds)));
+}
+
+/// The API server's answer to a status patch: the object with the status applied.
+fn with_status(object: &Value, body: Option<Value>) -> (u16, Value) {
+    let mut object = object.clone();
+    object["status"] = body.unwrap()["status"].clone();
+    (200, object)
+}
+
+fn echo(body: Option<Value>) -> (u16, Value) {
+    (200, body.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn delivery_applies_keys_then_config_with_server_side_apply() {
+    let mut t = Context::test();
+    let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
+    t.caches.add_route(route("team-a", "smart", 2, &["openai"]));
+    t.caches
+        .add_credential(credential("team-a", "openai", "keys", "openai"));
+    t.caches.add_secret(&keys);
+    let server = t.api.run(vec![
+        Expect::new(Method::GET, "/api/v1/namespaces/team-a/secrets/keys", {
+            let keys = keys.clone();
+            move |_| (200, serde_json::to_value(&keys).unwrap())
+        }),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a{SSA}"),
+            |body| {
+                let b = body.clone().unwrap();
+                assert_eq!(b["apiVersion"], "v1");
+                assert_eq!(b["kind"], "Secret");
+                assert_eq!(b["metadata"]["labels"]["switchback.dev/config"], "keys");
+                assert_eq!(
+                    b["metadata"]["labels"]["switchback.dev/source-namespace"],
+                    "team-a"
+                );
+                // base64("sk-a")
+                assert_eq!(b["data"], json!({"openai": "c2stYQ=="}));
+                echo(body)
+            },
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a{SSA}"),
+            |body| {
+                let b = body.clone().unwrap();
+                assert_eq!(
+                    (b["apiVersion"].as_str(), b["kind"].as_str()),
+                    (Some("v1"), Some("ConfigMap"))
+                );
+                assert_eq!(b["metadata"]["labels"]["switchback.dev/config"], "routes");
+                let config = b["data"]["config.json"].as_str().unwrap();
+                assert!(!config.contains("sk-a"), "key material in a ConfigMap");
+                let config = switchback_crds::delivery::decode_config("team-a", config).unwrap();
+                assert_eq!(config.routes[0].generation, 2);
+                echo(body)
+            },
+        ),
+    ]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+    let world = t.ctx.world().expect("delivery keeps the world");
+    assert!(
+        world
+            .rendering
+            .served
+            .contains_key(&ObjectId::new("team-a", "smart"))
+    );
+}
+
+#[tokio::test]
+async fn delivery_writes_nothing_when_the_rendered_objects_match() {
+    let mut t = Context::test();
+    let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
+    let routes = [route("team-a", "smart", 2, &["openai"])];
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    for r in &routes {
+        t.caches.add_route(r.clone());
+    }
+    t.caches.add_credential(creds[0].clone());
+    t.caches.add_secret(&keys);
+    let rendering = render(
+        &Inputs {
+            routes: &routes,
+            credentials: &creds,
+            secrets: std::slice::from_ref(&keys),
+        },
+        &BTreeMap::new(),
+    );
+    let part = &rendering.namespaces["team-a"];
+    t.caches
+        .add_rendered_map(delivery::config_map(GATEWAY, "team-a", &part.config).unwrap());
+    t.caches
+        .add_rendered_secret(delivery::keys_secret(GATEWAY, "team-a", &part.keys).unwrap());
+    let server = t.api.run(vec![Expect::new(
+        Method::GET,
+        "/api/v1/namespaces/team-a/secrets/keys",
+        move |_| (200, serde_json::to_value(&keys).unwrap()),
+    )]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+    // A second pass reads the Secret from the cache (same resourceVersion): no call.
+    quick(deliver(&t.ctx)).await.unwrap();
+}
+
+#[tokio::test]
+async fn delivery_deletes_the_objects_of_a_namespace_without_routes() {
+    let mut t = Context::test();
+    let gone = switchback_crds::config::CompiledConfig::default();
+    t.caches
+        .add_rendered_map(delivery::config_map(GATEWAY, "team-z", &gone).unwrap());
+    t.caches.add_rendered_secret(
+        delivery::keys_secret(GATEWAY, "team-z", &Default::default()).unwrap(),
+    );
+    let status = |_| {
+        (
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+        )
+    };
+    let server = t.api.run(vec![
+        Expect::new(
+            Method::DELETE,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-z?"),
+            status,
+        ),
+        Expect::new(
+            Method::DELETE,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-z?"),
+            status,
+        ),
+    ]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+}
+
+#[tokio::test]
+async fn delivery_queues_the_users_of_a_changed_secret() {
+    let mut t = Context::test();
+    let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
+    let routes = [route("team-a", "smart", 1, &["openai"])];
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    // The world as it was while the Secret had the key...
+    world_for(&t.ctx, &routes, &creds, std::slice::from_ref(&keys));
+    // ...and now the Secret is gone.
+    t.caches.add_route(routes[0].clone());
+    t.caches.add_credential(creds[0].clone());
+    let server = t.api.run(vec![
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a{SSA}"),
+            |body| {
+                assert_eq!(body.as_ref().unwrap()["data"], json!({}));
+                echo(body)
+            },
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a{SSA}"),
+            echo,
+        ),
+    ]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+    let queued = t.route_triggers.try_recv().expect("the route is queued");
+    assert_eq!(queued.name, "smart");
+    let queued = t
+        .credential_triggers
+        .try_recv()
+        .expect("the credential is queued");
+    assert_eq!(queued.name, "openai");
+}
+
+#[tokio::test]
+async fn route_status_goes_to_the_status_subresource_by_server_side_apply() {
+    let t = Context::test();
+    let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
+    let r = route("team-a", "smart", 3, &["openai"]);
+    let answer = serde_json::to_value(&r).unwrap();
+    world_for(
+        &t.ctx,
+        std::slice::from_ref(&r),
+        &[credential("team-a", "openai", "keys", "openai")],
+        &[keys],
+    );
+    let server = t.api.run(vec![Expect::new(
+        Method::PATCH,
+        format!("/apis/switchback.dev/v1alpha1/namespaces/team-a/llmroutes/smart/status{SSA}"),
+        move |body| {
+            let b = body.clone().unwrap();
+            assert_eq!(b["apiVersion"], "switchback.dev/v1alpha1");
+            assert_eq!(b["kind"], "LLMRoute");
+            let s = &b["status"];
+            assert_eq!(s["observedGeneration"], 3);
+            assert_eq!(s["targetCount"], 1);
+            let types: Vec<&str> = s["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["type"].as_str().unwrap())
+                .collect();
+            assert_eq!(types, ["Accepted", "ResolvedRefs", "Programmed"]);
+            assert_eq!(s["conditions"][2]["reason"], "NoReadyReplicas");
+            assert_eq!(s["conditions"][0]["observedGeneration"], 3);
+            with_status(&answer, body)
+        },
+    )]);
+    let action = quick(reconcile_route(Arc::new(r), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
+    assert_eq!(action, Action::requeue(RESYNC));
+}
+
+#[tokio::test]
+async fn an_unchanged_route_status_is_not_written() {
+    let t = Context::test();
+    let mut r = route("team-a", "smart", 3, &["openai"]);
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    world_for(&t.ctx, std::slice::from_ref(&r), &creds, &[]);
+    let world = t.ctx.world().unwrap();
+    let id = ObjectId::new("team-a", "smart");
+    r.status = Some(status::route_status(&RouteFacts {
+        route: &r,
+        diagnostics: world.rendering.diagnostics(Kind::LLMRoute, &id).collect(),
+        served: world.rendering.served.get(&id).copied(),
+        proxies: &Snapshot::default(),
+        seed: TotalStats::default(),
+        now: crate::fixtures::time(0),
+    }));
+    // No script: any call would hang and fail `quick`.
+    let _server = t.api.run(vec![]);
+    quick(reconcile_route(Arc::new(r), t.ctx.clone()))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_secret_key_is_a_resolved_refs_condition() {
+    let t = Context::test();
+    let r = route("team-a", "smart", 1, &["openai"]);
+    let answer = serde_json::to_value(&r).unwrap();
+    world_for(
+        &t.ctx,
+        std::slice::from_ref(&r),
+        &[credential("team-a", "openai", "keys", "openai")],
+        &[secret("team-a", "keys", &[("other", "x")])],
+    );
+    let server = t.api.run(vec![Expect::new(
+        Method::PATCH,
+        format!("/apis/switchback.dev/v1alpha1/namespaces/team-a/llmroutes/smart/status{SSA}"),
+        move |body| {
+            let c = &body.as_ref().unwrap()["status"]["conditions"][1];
+            assert_eq!(c["type"], "ResolvedRefs");
+            assert_eq!(c["status"], "False");
+            assert_eq!(c["reason"], "SecretKeyMissing");
+            let message = c["message"].as_str().unwrap();
+            assert!(
+                message.starts_with("spec.targets[0].credentialRef.name: "),
+                "{message}"
+            );
+            with_status(&answer, body)
+        },
+    )]);
+    quick(reconcile_route(Arc::new(r), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
+}
+
+#[tokio::test]
+async fn a_credential_gets_the_finalizer_by_merge_patch_with_its_resource_version() {
+    let t = Context::test();
+    let c = credential("team-a", "openai", "keys", "openai");
+    let answer = serde_json::to_value(&c).unwrap();
+    world_for(&t.ctx, &[], std::slice::from_ref(&c), &[]);
+    let server = t.api.run(vec![Expect::new(
+        Method::PATCH,
+        "/apis/switchback.dev/v1alpha1/namespaces/team-a/providercredentials/openai?",
+        move |body| {
+            assert_eq!(
+                body.as_ref().unwrap(),
+                &json!({"metadata": {"finalizers": [FINALIZER], "resourceVersion": "7"}})
+            );
+            (200, answer)
+        },
+    )]);
+    let action = quick(reconcile_credential(Arc::new(c), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
+    assert_eq!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn deleting_a_referenced_credential_is_held_with_an_event_naming_the_routes() {
+    let mut t = Context::test();
+    let mut c = credential("team-a", "openai", "keys", "openai");
+    c.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    c.metadata.deletion_timestamp = Some(crate::fixtures::time(5));
+    let users = [
+        route("team-a", "smart", 1, &["openai"]),
+        route("team-a", "fast", 1, &["other", "openai"]),
+        route("team-b", "elsewhere", 1, &["openai"]),
+    ];
+    for r in &users {
+        t.caches.add_route(r.clone());
+    }
+    world_for(&t.ctx, &users, std::slice::from_ref(&c), &[]);
+    let answer = serde_json::to_value(&c).unwrap();
+    let server = t.api.run(vec![
+        Expect::new(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/team-a/events?",
+            |body| {
+                let b = body.clone().unwrap();
+                assert_eq!(b["reason"], "DeletionBlocked");
+                assert_eq!(b["type"], "Warning");
+                assert_eq!(b["regarding"]["kind"], "ProviderCredential");
+                assert!(b["note"].as_str().unwrap().ends_with(": fast, smart"), "{b}");
+                echo(body)
+            },
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!(
+                "/apis/switchback.dev/v1alpha1/namespaces/team-a/providercredentials/openai/status{SSA}"
+            ),
+            move |body| {
+                let s = &body.as_ref().unwrap()["status"];
+                assert_eq!(s["routes"], 2);
+                assert_eq!(s["conditions"][0]["type"], "Ready");
+                assert_eq!(s["conditions"][0]["reason"], "DeletionBlocked");
+                with_status(&answer, body)
+            },
+        ),
+    ]);
+    let action = quick(reconcile_credential(Arc::new(c.clone()), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn deleting_an_unreferenced_credential_releases_the_finalizer() {
+    let t = Context::test();
+    let mut c = credential("team-a", "openai", "keys", "openai");
+    c.metadata.finalizers = Some(vec!["example.com/other".into(), FINALIZER.into()]);
+    c.metadata.deletion_timestamp = Some(crate::fixtures::time(5));
+    world_for(&t.ctx, &[], std::slice::from_ref(&c), &[]);
+    let answer = serde_json::to_value(&c).unwrap();
+    let server = t.api.run(vec![Expect::new(
+        Method::PATCH,
+        "/apis/switchback.dev/v1alpha1/namespaces/team-a/providercredentials/openai?",
+        move |body| {
+            assert_eq!(
+                body.as_ref().unwrap(),
+                &json!({"metadata": {"finalizers": ["example.com/other"], "resourceVersion": "7"}})
+            );
+            (200, answer)
+        },
+    )]);
+    quick(reconcile_credential(Arc::new(c), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
+}
+
+#[tokio::test]
+async fn a_conflict_is_retried_at_once_and_counted() {
+    let t = Context::test();
+    let c = credential("team-a", "openai", "keys", "openai");
+    world_for(&t.ctx, &[], std::slice::from_ref(&c), &[]);
+    let server = t.api.run(vec![Expect::new(
+        Method::PATCH,
+        "/apis/switchback.dev/v1alpha1/namespaces/team-a/providercredentials/openai?",
+        |_| {
+            (
+                409,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict",
+                       "message": "the object has been modified", "code": 409}),
+            )
+        },
+    )]);
+    let c = Arc::new(c);
+    let err = quick(reconcile_credential(c.clone(), t.ctx.clone()))
+        .await
+        .unwrap_err();
+    finish(server).await;
+    assert_eq!(err.metric_label(), "conflict");
+    assert_eq!(
+        error_policy(c, &err, t.ctx.clone()),
+        Action::requeue(Duration::from_millis(200))
+    );
+    let counted = t
+        .ctx
+        .metrics
+        .errors
+        .get_or_create(&ErrorLabels {
+            controller: "providercredential",
+            error: "conflict",
+        })
+        .get();
+    assert_eq!(counted, 1);
+}

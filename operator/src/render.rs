@@ -1,0 +1,317 @@
+//! Rendering, a pure function: the cluster's LLMRoutes, ProviderCredentials and Secrets
+//! (plus what is rendered now) in, the config wanted per source namespace out, and
+//! what became of each route.
+//!
+//! `compile` runs once over every namespace (a model name belongs to the oldest route
+//! claiming it, cluster-wide); the result is split per namespace. A route whose new
+//! version fails only on references (a credential missing or invalid) keeps serving the
+//! version rendered now: its "last good" version is read back from the current
+//! ConfigMap, so it survives operator restarts too.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use switchback_crds::compile::{Compiled, Diagnostic, Inputs, Kind, Severity, compile, reason};
+use switchback_crds::config::{CompiledConfig, ObjectId, Route};
+use switchback_crds::delivery::{self, NamespaceConfig};
+
+/// What a route is served as in the rendered config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Served {
+    /// The generation the rendered route was compiled from.
+    pub generation: i64,
+    /// True when it is an earlier version kept because the current one fails
+    /// `ResolvedRefs`.
+    pub last_good: bool,
+    /// Targets in the rendered route.
+    pub targets: usize,
+}
+
+/// The outcome of one render.
+#[derive(Debug, Default)]
+pub struct Rendering {
+    /// `compile`'s output over every namespace (its diagnostics drive conditions).
+    pub compiled: Compiled,
+    /// Desired config per source namespace; a namespace without routes is absent.
+    pub namespaces: BTreeMap<String, NamespaceConfig>,
+    /// Routes present in the rendered config.
+    pub served: BTreeMap<ObjectId, Served>,
+}
+
+impl Rendering {
+    /// Diagnostics about one object.
+    pub fn diagnostics<'a>(
+        &'a self,
+        kind: Kind,
+        id: &'a ObjectId,
+    ) -> impl Iterator<Item = &'a Diagnostic> + 'a {
+        self.compiled
+            .diagnostics
+            .iter()
+            .filter(move |d| d.kind == kind && &d.object == id)
+    }
+}
+
+/// Reasons that reject a route on its references only: the route keeps serving its
+/// last good version.
+pub fn is_reference_reason(reason: &str) -> bool {
+    matches!(
+        reason,
+        reason::CREDENTIAL_NOT_FOUND | reason::INVALID_CREDENTIAL | reason::SECRET_KEY_MISSING
+    )
+}
+
+/// Renders the wanted config. `previous` is the config rendered now per source
+/// namespace (decoded from the ConfigMaps; unreadable ones are simply absent).
+pub fn render(inputs: &Inputs<'_>, previous: &BTreeMap<String, CompiledConfig>) -> Rendering {
+    let compiled = compile(inputs);
+    let mut routes: Vec<Route> = compiled.config.routes.clone();
+    let mut served: BTreeMap<ObjectId, Served> = routes
+        .iter()
+        .map(|r| {
+            (
+                r.id.clone(),
+                Served {
+                    generation: r.generation,
+                    last_good: false,
+                    targets: r.targets.len(),
+                },
+            )
+        })
+        .collect();
+
+    // Last good versions, for routes rejected on references only.
+    let credentials: BTreeSet<&ObjectId> =
+        compiled.config.credentials.iter().map(|c| &c.id).collect();
+    let mut claimed: BTreeSet<String> = routes.iter().flat_map(|r| r.models.clone()).collect();
+    let mut rejected: BTreeMap<&ObjectId, bool> = BTreeMap::new(); // id -> references only
+    for d in compiled
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == Kind::LLMRoute && d.severity == Severity::Error)
+    {
+        let only_refs = rejected.entry(&d.object).or_insert(true);
+        *only_refs &= is_reference_reason(d.reason);
+    }
+    for (id, only_refs) in rejected {
+        if !only_refs || served.contains_key(id) {
+            continue;
+        }
+        let Some(old) = previous
+            .get(&id.namespace)
+            .and_then(|c| c.routes.iter().find(|r| &r.id == id))
+        else {
+            continue;
+        };
+        let usable = old
+            .targets
+            .iter()
+            .all(|t| credentials.contains(&t.credential))
+            && old.models.iter().all(|m| !claimed.contains(m));
+        if usable {
+            claimed.extend(old.models.iter().cloned());
+            served.insert(
+                id.clone(),
+                Served {
+                    generation: old.generation,
+                    last_good: true,
+                    targets: old.targets.len(),
+                },
+            );
+            routes.push(old.clone());
+        }
+    }
+    routes.sort_by(|a, b| a.id.cmp(&b.id));
+
+    let with_last_good = Compiled {
+        config: CompiledConfig {
+            routes,
+            ..compiled.config.clone()
+        },
+        keys: compiled.keys.clone(),
+        diagnostics: Vec::new(),
+    };
+    Rendering {
+        namespaces: delivery::split(&with_last_good),
+        compiled,
+        served,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{credential, route, secret};
+
+    fn inputs_render(
+        routes: &[switchback_crds::LLMRoute],
+        credentials: &[switchback_crds::ProviderCredential],
+        secrets: &[k8s_openapi::api::core::v1::Secret],
+        previous: &BTreeMap<String, CompiledConfig>,
+    ) -> Rendering {
+        render(
+            &Inputs {
+                routes,
+                credentials,
+                secrets,
+            },
+            previous,
+        )
+    }
+
+    fn previous_of(r: &Rendering) -> BTreeMap<String, CompiledConfig> {
+        r.namespaces
+            .iter()
+            .map(|(ns, part)| (ns.clone(), part.config.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn one_config_per_namespace_with_routes_and_keys_apart() {
+        let r = inputs_render(
+            &[
+                route("team-a", "smart", 2, &["openai"]),
+                route("team-b", "fast", 1, &["openai"]),
+            ],
+            &[
+                credential("team-a", "openai", "keys", "openai"),
+                credential("team-b", "openai", "keys", "openai"),
+                credential("team-c", "lonely", "keys", "openai"),
+            ],
+            &[
+                secret("team-a", "keys", &[("openai", "sk-a")]),
+                secret("team-b", "keys", &[("openai", "sk-b")]),
+            ],
+            &BTreeMap::new(),
+        );
+        // team-c has a credential but no route: nothing rendered for it.
+        assert_eq!(
+            r.namespaces.keys().collect::<Vec<_>>(),
+            ["team-a", "team-b"]
+        );
+        let a = &r.namespaces["team-a"];
+        assert_eq!(a.config.routes[0].generation, 2);
+        assert_eq!(a.keys.0.len(), 1);
+        assert_eq!(
+            r.served[&ObjectId::new("team-a", "smart")],
+            Served {
+                generation: 2,
+                last_good: false,
+                targets: 1
+            }
+        );
+    }
+
+    #[test]
+    fn a_namespace_whose_last_route_is_gone_is_not_rendered() {
+        let r = inputs_render(
+            &[],
+            &[credential("team-a", "openai", "keys", "openai")],
+            &[secret("team-a", "keys", &[("openai", "sk-a")])],
+            &BTreeMap::new(),
+        );
+        assert!(r.namespaces.is_empty());
+    }
+
+    #[test]
+    fn unresolved_references_keep_the_last_good_version() {
+        let creds = [credential("team-a", "openai", "keys", "openai")];
+        let secrets = [secret("team-a", "keys", &[("openai", "sk-a")])];
+        let v1 = inputs_render(
+            &[route("team-a", "smart", 1, &["openai"])],
+            &creds,
+            &secrets,
+            &BTreeMap::new(),
+        );
+        // Generation 2 points at a credential that does not exist.
+        let v2 = inputs_render(
+            &[route("team-a", "smart", 2, &["missing"])],
+            &creds,
+            &secrets,
+            &previous_of(&v1),
+        );
+        let id = ObjectId::new("team-a", "smart");
+        assert_eq!(
+            v2.served[&id],
+            Served {
+                generation: 1,
+                last_good: true,
+                targets: 1
+            }
+        );
+        assert_eq!(
+            v2.namespaces["team-a"].config,
+            v1.namespaces["team-a"].config
+        );
+        assert!(
+            v2.diagnostics(Kind::LLMRoute, &id)
+                .any(|d| d.reason == reason::CREDENTIAL_NOT_FOUND)
+        );
+        // Without a previous version there is nothing to serve.
+        let fresh = inputs_render(
+            &[route("team-a", "smart", 2, &["missing"])],
+            &creds,
+            &secrets,
+            &BTreeMap::new(),
+        );
+        assert!(fresh.served.is_empty() && fresh.namespaces.is_empty());
+    }
+
+    #[test]
+    fn the_last_good_version_goes_when_its_credential_goes() {
+        let v1 = inputs_render(
+            &[route("team-a", "smart", 1, &["openai"])],
+            &[credential("team-a", "openai", "keys", "openai")],
+            &[secret("team-a", "keys", &[("openai", "sk-a")])],
+            &BTreeMap::new(),
+        );
+        let v2 = inputs_render(
+            &[route("team-a", "smart", 1, &["openai"])],
+            &[],
+            &[],
+            &previous_of(&v1),
+        );
+        assert!(v2.namespaces.is_empty());
+    }
+
+    #[test]
+    fn invalid_specs_and_model_conflicts_do_not_keep_a_last_good_version() {
+        let creds = [credential("team-a", "openai", "keys", "openai")];
+        let secrets = [secret("team-a", "keys", &[("openai", "sk-a")])];
+        let v1 = inputs_render(
+            &[route("team-a", "smart", 1, &["openai"])],
+            &creds,
+            &secrets,
+            &BTreeMap::new(),
+        );
+        let mut bad = route("team-a", "smart", 2, &["openai"]);
+        bad.spec.timeout = Some("soon".into());
+        let v2 = inputs_render(&[bad], &creds, &secrets, &previous_of(&v1));
+        assert!(v2.served.is_empty());
+    }
+
+    #[test]
+    fn model_names_conflict_across_namespaces_older_wins() {
+        let mut older = route("team-b", "shared", 1, &["openai"]);
+        older.metadata.creation_timestamp = Some(crate::fixtures::time(100));
+        let mut newer = route("team-a", "shared", 1, &["openai"]);
+        newer.metadata.creation_timestamp = Some(crate::fixtures::time(200));
+        let r = inputs_render(
+            &[newer, older],
+            &[
+                credential("team-a", "openai", "keys", "openai"),
+                credential("team-b", "openai", "keys", "openai"),
+            ],
+            &[
+                secret("team-a", "keys", &[("openai", "a")]),
+                secret("team-b", "keys", &[("openai", "b")]),
+            ],
+            &BTreeMap::new(),
+        );
+        assert_eq!(r.namespaces.keys().collect::<Vec<_>>(), ["team-b"]);
+        let loser = ObjectId::new("team-a", "shared");
+        assert!(
+            r.diagnostics(Kind::LLMRoute, &loser)
+                .any(|d| d.reason == reason::MODEL_CONFLICT)
+        );
+    }
+}

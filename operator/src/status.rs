@@ -1,0 +1,693 @@
+//! Status, computed purely: conditions with constant reasons, observedGeneration,
+//! `lastTransitionTime` kept while a condition's status holds, and the traffic facts
+//! aggregated from the proxies. The controllers write the result only when it differs
+//! from what the object already has.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use switchback_crds::compile::{Diagnostic, Severity, reason};
+use switchback_crds::config::ObjectId;
+use switchback_crds::route::{
+    CircuitState, LLMRouteStatus, LastFailure, TargetStatus, TotalStats, WindowStats,
+};
+use switchback_crds::stats;
+use switchback_crds::{LLMRoute, ProviderCredentialStatus};
+
+use crate::aggregate::{RouteView, Snapshot};
+use crate::render::{Served, is_reference_reason};
+
+/// Condition types.
+pub mod types {
+    pub const ACCEPTED: &str = "Accepted";
+    pub const RESOLVED_REFS: &str = "ResolvedRefs";
+    pub const PROGRAMMED: &str = "Programmed";
+    pub const READY: &str = "Ready";
+    pub const SECRET_RESOLVED: &str = "SecretResolved";
+}
+
+/// Condition reasons written by the operator, next to `switchback_crds::reason`'s
+/// (InvalidSpec, ModelConflict, CredentialNotFound, InvalidCredential,
+/// SecretKeyMissing, PrivateNetwork), which are used as they are.
+pub mod reasons {
+    /// Accepted=True.
+    pub const ACCEPTED: &str = "Accepted";
+    /// ResolvedRefs=True.
+    pub const RESOLVED_REFS: &str = "ResolvedRefs";
+    /// Programmed=True: every ready proxy replica serves observedGeneration.
+    pub const PROGRAMMED: &str = "Programmed";
+    /// Programmed=False: rendered, not yet served by every ready replica.
+    pub const PENDING: &str = "Pending";
+    /// Programmed=False: no ready proxy replica was found to serve it.
+    pub const NO_READY_REPLICAS: &str = "NoReadyReplicas";
+    /// Programmed=False: an earlier generation is served (this one has unresolved
+    /// references).
+    pub const SERVING_LAST_GOOD: &str = "ServingLastGood";
+    /// Programmed=False: the route is not in the rendered config.
+    pub const NOT_RENDERED: &str = "NotRendered";
+    /// Ready=True / SecretResolved=True.
+    pub const READY: &str = "Ready";
+    pub const SECRET_RESOLVED: &str = "SecretResolved";
+    /// SecretResolved=Unknown: the credential is invalid, its Secret was not read.
+    pub const NOT_CHECKED: &str = "NotChecked";
+    /// Ready=False: deletion is held by the finalizer while routes reference it.
+    pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+}
+
+/// The condition `wanted`, keeping the previous `lastTransitionTime` when its status
+/// did not change (the Kubernetes convention: reason and message may change alone).
+pub fn condition(
+    previous: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    tri_condition(
+        previous,
+        type_,
+        if status { "True" } else { "False" },
+        reason,
+        message,
+        generation,
+        now,
+    )
+}
+
+fn tri_condition(
+    previous: &[Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: truncate(message),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// Condition messages are capped at 32768 bytes by the API; stay well below.
+fn truncate(mut message: String) -> String {
+    const MAX: usize = 4096;
+    if message.len() > MAX {
+        let mut cut = MAX;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push('…');
+    }
+    message
+}
+
+fn describe(diagnostics: &[&Diagnostic]) -> String {
+    diagnostics
+        .iter()
+        .map(|d| format!("{}: {}", d.field, d.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What the route status is computed from.
+pub struct RouteFacts<'a> {
+    pub route: &'a LLMRoute,
+    /// `compile`'s diagnostics about this route.
+    pub diagnostics: Vec<&'a Diagnostic>,
+    /// How it is in the rendered config, if at all.
+    pub served: Option<Served>,
+    /// The last proxy scrape round.
+    pub proxies: &'a Snapshot,
+    /// Totals already in status when this operator first saw the route.
+    pub seed: TotalStats,
+    pub now: Time,
+}
+
+/// The whole desired status of a route.
+pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
+    let generation = f.route.metadata.generation;
+    let previous = f
+        .route
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let id = ObjectId::new(
+        f.route.metadata.namespace.clone().unwrap_or_default(),
+        f.route.metadata.name.clone().unwrap_or_default(),
+    );
+    let errors: Vec<&Diagnostic> = f
+        .diagnostics
+        .iter()
+        .copied()
+        .filter(|d| d.severity == Severity::Error && !is_reference_reason(d.reason))
+        .collect();
+    let unresolved: Vec<&Diagnostic> = f
+        .diagnostics
+        .iter()
+        .copied()
+        .filter(|d| is_reference_reason(d.reason))
+        .collect();
+
+    let accepted = match errors.first() {
+        None => condition(
+            previous,
+            types::ACCEPTED,
+            true,
+            reasons::ACCEPTED,
+            "the spec is valid and its models are served by this route".into(),
+            generation,
+            &f.now,
+        ),
+        Some(first) => {
+            // ModelConflict wins when present: it is the one the user must act on elsewhere.
+            let reason = if errors.iter().any(|d| d.reason == reason::MODEL_CONFLICT) {
+                reason::MODEL_CONFLICT
+            } else {
+                first.reason
+            };
+            condition(
+                previous,
+                types::ACCEPTED,
+                false,
+                reason,
+                describe(&errors),
+                generation,
+                &f.now,
+            )
+        }
+    };
+    let resolved = match unresolved.first() {
+        None => condition(
+            previous,
+            types::RESOLVED_REFS,
+            true,
+            reasons::RESOLVED_REFS,
+            "every credential and key was found".into(),
+            generation,
+            &f.now,
+        ),
+        Some(first) => condition(
+            previous,
+            types::RESOLVED_REFS,
+            false,
+            first.reason,
+            describe(&unresolved),
+            generation,
+            &f.now,
+        ),
+    };
+    let view = f.proxies.routes.get(&id);
+    let (programmed, why, message) = programmed(f, generation, view);
+    let programmed = condition(
+        previous,
+        types::PROGRAMMED,
+        programmed,
+        why,
+        message,
+        generation,
+        &f.now,
+    );
+
+    let targets: Vec<TargetStatus> = view
+        .filter(|_| f.served.is_some())
+        .map(|v| {
+            v.targets
+                .iter()
+                .map(|t| TargetStatus {
+                    credential: t.credential.name.clone(),
+                    model: t.model.clone(),
+                    circuit: match t.circuit {
+                        stats::CircuitState::Closed => CircuitState::Closed,
+                        stats::CircuitState::Open => CircuitState::Open,
+                        stats::CircuitState::HalfOpen => CircuitState::HalfOpen,
+                    },
+                    open_replicas: t.open_replicas as i32,
+                    last_failure: t.last_failure.as_ref().map(|l| LastFailure {
+                        status: l.status.map(i32::from),
+                        reason: l.reason.clone(),
+                        at: l.at.parse().ok().map(Time),
+                    }),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let open = targets
+        .iter()
+        .filter(|t| t.circuit == CircuitState::Open)
+        .count() as i32;
+    let counters = view.map(|v| (v.window, v.totals)).unwrap_or_default();
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    LLMRouteStatus {
+        observed_generation: generation,
+        conditions: vec![accepted, resolved, programmed],
+        target_count: f.served.map(|s| s.targets as i32),
+        open_circuits: f.served.map(|_| open),
+        targets,
+        window: Some(WindowStats {
+            seconds: f.proxies.window_seconds as i64,
+            requests: clamp(counters.0.requests),
+            attempts: clamp(counters.0.attempts),
+            fallbacks: clamp(counters.0.fallbacks),
+            failed: clamp(counters.0.failed),
+        }),
+        totals: Some(TotalStats {
+            requests: f.seed.requests.saturating_add(clamp(counters.1.requests)),
+            attempts: f.seed.attempts.saturating_add(clamp(counters.1.attempts)),
+            fallbacks: f.seed.fallbacks.saturating_add(clamp(counters.1.fallbacks)),
+            failed: f.seed.failed.saturating_add(clamp(counters.1.failed)),
+        }),
+    }
+}
+
+fn programmed(
+    f: &RouteFacts<'_>,
+    generation: Option<i64>,
+    view: Option<&RouteView>,
+) -> (bool, &'static str, String) {
+    let Some(served) = f.served else {
+        return (
+            false,
+            reasons::NOT_RENDERED,
+            "the route is not in the rendered config (see Accepted and ResolvedRefs)".into(),
+        );
+    };
+    if served.last_good {
+        return (
+            false,
+            reasons::SERVING_LAST_GOOD,
+            format!(
+                "generation {} is still served: this generation has unresolved references",
+                served.generation
+            ),
+        );
+    }
+    let wanted = generation.unwrap_or(served.generation);
+    let total = f.proxies.replicas.len();
+    if total == 0 {
+        return (
+            false,
+            reasons::NO_READY_REPLICAS,
+            "no ready proxy replica found to serve the route".into(),
+        );
+    }
+    let mut behind = Vec::new();
+    for replica in &f.proxies.replicas {
+        let serves = view.and_then(|v| v.generations.get(&replica.endpoint));
+        match (&replica.error, serves) {
+            (Some(e), _) => behind.push(format!("{}: not scraped: {e}", replica.endpoint)),
+            (None, Some(g)) if *g == wanted => {}
+            (None, got) => {
+                let got = got.map_or("no generation".to_string(), |g| format!("generation {g}"));
+                let refused = replica
+                    .config_error
+                    .as_deref()
+                    .map(|e| format!(" (it refused the last config: {e})"))
+                    .unwrap_or_default();
+                behind.push(format!("{} serves {got}{refused}", replica.endpoint));
+            }
+        }
+    }
+    if behind.is_empty() {
+        (
+            true,
+            reasons::PROGRAMMED,
+            format!("all {total} ready proxy replicas serve generation {wanted}"),
+        )
+    } else {
+        (
+            false,
+            reasons::PENDING,
+            format!(
+                "{} of {total} ready proxy replicas serve generation {wanted}; {}",
+                total - behind.len(),
+                behind.join("; ")
+            ),
+        )
+    }
+}
+
+/// True when `a` and `b` differ only in traffic facts (counters, circuits, last
+/// failures): such changes wait for the per-route status interval.
+pub fn only_traffic_changed(a: &LLMRouteStatus, b: &LLMRouteStatus) -> bool {
+    let strip = |s: &LLMRouteStatus| LLMRouteStatus {
+        targets: Vec::new(),
+        window: None,
+        totals: None,
+        open_circuits: None,
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+}
+
+/// What the credential status is computed from.
+pub struct CredentialFacts<'a> {
+    pub generation: Option<i64>,
+    pub previous: &'a [Condition],
+    /// `compile`'s diagnostics about this credential.
+    pub diagnostics: Vec<&'a Diagnostic>,
+    /// Names of the LLMRoutes referencing it (sorted).
+    pub routes: &'a [String],
+    /// Deletion requested and held by the finalizer.
+    pub deleting: bool,
+    pub now: Time,
+}
+
+pub fn credential_status(f: &CredentialFacts<'_>) -> ProviderCredentialStatus {
+    let errors: Vec<&Diagnostic> = f
+        .diagnostics
+        .iter()
+        .copied()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
+    let missing: Vec<&Diagnostic> = f
+        .diagnostics
+        .iter()
+        .copied()
+        .filter(|d| d.reason == reason::SECRET_KEY_MISSING)
+        .collect();
+    let c = |type_, status, reason, message| {
+        condition(
+            f.previous,
+            type_,
+            status,
+            reason,
+            message,
+            f.generation,
+            &f.now,
+        )
+    };
+    let secret = if let Some(first) = errors.first() {
+        tri_condition(
+            f.previous,
+            types::SECRET_RESOLVED,
+            "Unknown",
+            reasons::NOT_CHECKED,
+            format!(
+                "the credential is invalid ({}); its Secret was not read",
+                first.reason
+            ),
+            f.generation,
+            &f.now,
+        )
+    } else if let Some(first) = missing.first() {
+        c(
+            types::SECRET_RESOLVED,
+            false,
+            first.reason,
+            describe(&missing),
+        )
+    } else {
+        c(
+            types::SECRET_RESOLVED,
+            true,
+            reasons::SECRET_RESOLVED,
+            "the Secret and key exist".into(),
+        )
+    };
+    let ready = if f.deleting && !f.routes.is_empty() {
+        c(
+            types::READY,
+            false,
+            reasons::DELETION_BLOCKED,
+            format!(
+                "deletion is held while LLMRoutes reference it: {}",
+                f.routes.join(", ")
+            ),
+        )
+    } else if let Some(first) = errors.first() {
+        c(types::READY, false, first.reason, describe(&errors))
+    } else if let Some(first) = missing.first() {
+        c(types::READY, false, first.reason, describe(&missing))
+    } else {
+        c(
+            types::READY,
+            true,
+            reasons::READY,
+            "valid, and its key resolved".into(),
+        )
+    };
+    ProviderCredentialStatus {
+        observed_generation: f.generation,
+        conditions: vec![ready, secret],
+        routes: Some(f.routes.len() as i32),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{Replica, TargetView};
+    use crate::fixtures::{route, time};
+    use switchback_crds::compile::Kind;
+
+    fn diag(reason: &'static str, severity: Severity) -> Diagnostic {
+        Diagnostic {
+            kind: Kind::LLMRoute,
+            object: ObjectId::new("team-a", "smart"),
+            severity,
+            reason,
+            field: "spec.targets[0].credentialRef".into(),
+            message: "ProviderCredential \"x\" not found in namespace team-a".into(),
+        }
+    }
+
+    fn replicas(generations: &[(&str, i64)]) -> Snapshot {
+        let mut view = RouteView::default();
+        for (e, g) in generations {
+            view.generations.insert(e.to_string(), *g);
+        }
+        view.targets.push(TargetView {
+            credential: ObjectId::new("team-a", "openai"),
+            model: None,
+            circuit: stats::CircuitState::Open,
+            open_replicas: 1,
+            last_failure: None,
+        });
+        view.window.requests = 7;
+        view.totals.requests = 9;
+        Snapshot {
+            replicas: generations
+                .iter()
+                .map(|(e, _)| Replica {
+                    endpoint: e.to_string(),
+                    error: None,
+                    config_error: None,
+                })
+                .collect(),
+            routes: [(ObjectId::new("team-a", "smart"), view)].into(),
+            window_seconds: 300,
+        }
+    }
+
+    fn served(generation: i64) -> Option<Served> {
+        Some(Served {
+            generation,
+            last_good: false,
+            targets: 1,
+        })
+    }
+
+    fn get<'a>(s: &'a LLMRouteStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn programmed_only_when_every_ready_replica_serves_the_generation() {
+        let r = route("team-a", "smart", 4, &["openai"]);
+        let proxies = replicas(&[("a", 4), ("b", 3)]);
+        let facts = RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(4),
+            proxies: &proxies,
+            seed: TotalStats {
+                requests: 100,
+                ..TotalStats::default()
+            },
+            now: time(10),
+        };
+        let s = route_status(&facts);
+        assert_eq!(s.observed_generation, Some(4));
+        assert_eq!(get(&s, types::ACCEPTED).status, "True");
+        assert_eq!(get(&s, types::RESOLVED_REFS).status, "True");
+        let p = get(&s, types::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("False", reasons::PENDING)
+        );
+        assert!(p.message.contains("1 of 2"), "{}", p.message);
+        assert_eq!(s.target_count, Some(1));
+        assert_eq!(s.open_circuits, Some(1));
+        assert_eq!(s.targets[0].circuit, CircuitState::Open);
+        assert_eq!(s.window.as_ref().unwrap().requests, 7);
+        assert_eq!(s.totals.as_ref().unwrap().requests, 109);
+
+        let proxies = replicas(&[("a", 4), ("b", 4)]);
+        let s = route_status(&RouteFacts {
+            proxies: &proxies,
+            ..facts
+        });
+        assert_eq!(get(&s, types::PROGRAMMED).status, "True");
+        assert_eq!(get(&s, types::PROGRAMMED).observed_generation, Some(4));
+    }
+
+    #[test]
+    fn no_replicas_is_not_programmed() {
+        let r = route("team-a", "smart", 1, &["openai"]);
+        let s = route_status(&RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(1),
+            proxies: &Snapshot::default(),
+            seed: TotalStats::default(),
+            now: time(1),
+        });
+        assert_eq!(
+            get(&s, types::PROGRAMMED).reason,
+            reasons::NO_READY_REPLICAS
+        );
+    }
+
+    #[test]
+    fn unresolved_refs_serve_the_last_good_version() {
+        let r = route("team-a", "smart", 5, &["missing"]);
+        let d = diag(reason::CREDENTIAL_NOT_FOUND, Severity::Error);
+        let proxies = replicas(&[("a", 4)]);
+        let s = route_status(&RouteFacts {
+            route: &r,
+            diagnostics: vec![&d],
+            served: Some(Served {
+                generation: 4,
+                last_good: true,
+                targets: 1,
+            }),
+            proxies: &proxies,
+            seed: TotalStats::default(),
+            now: time(1),
+        });
+        assert_eq!(get(&s, types::ACCEPTED).status, "True");
+        let rr = get(&s, types::RESOLVED_REFS);
+        assert_eq!(
+            (rr.status.as_str(), rr.reason.as_str()),
+            ("False", reason::CREDENTIAL_NOT_FOUND)
+        );
+        assert!(rr.message.contains("spec.targets[0].credentialRef"));
+        let p = get(&s, types::PROGRAMMED);
+        assert_eq!(p.reason, reasons::SERVING_LAST_GOOD);
+        assert!(p.message.contains("generation 4"));
+    }
+
+    #[test]
+    fn model_conflict_is_not_accepted() {
+        let r = route("team-a", "smart", 1, &["openai"]);
+        let d = diag(reason::MODEL_CONFLICT, Severity::Error);
+        let s = route_status(&RouteFacts {
+            route: &r,
+            diagnostics: vec![&d],
+            served: None,
+            proxies: &Snapshot::default(),
+            seed: TotalStats::default(),
+            now: time(1),
+        });
+        let a = get(&s, types::ACCEPTED);
+        assert_eq!(
+            (a.status.as_str(), a.reason.as_str()),
+            ("False", "ModelConflict")
+        );
+        assert_eq!(get(&s, types::PROGRAMMED).reason, reasons::NOT_RENDERED);
+        assert_eq!(s.target_count, None);
+    }
+
+    #[test]
+    fn last_transition_time_is_kept_while_the_status_holds() {
+        let mut r = route("team-a", "smart", 1, &["openai"]);
+        let proxies = replicas(&[("a", 1)]);
+        let first = route_status(&RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(1),
+            proxies: &proxies,
+            seed: TotalStats::default(),
+            now: time(1),
+        });
+        r.status = Some(first.clone());
+        // Later, same facts: identical status, nothing to write.
+        let again = route_status(&RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(1),
+            proxies: &proxies,
+            seed: TotalStats::default(),
+            now: time(50),
+        });
+        assert_eq!(again, first);
+        // Generation 2 while replicas still serve 1: Programmed flips, the others keep
+        // their time but carry the new observedGeneration.
+        r.metadata.generation = Some(2);
+        let next = route_status(&RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(2),
+            proxies: &proxies,
+            seed: TotalStats::default(),
+            now: time(60),
+        });
+        assert_eq!(get(&next, types::ACCEPTED).last_transition_time, time(1));
+        assert_eq!(get(&next, types::ACCEPTED).observed_generation, Some(2));
+        assert_eq!(get(&next, types::PROGRAMMED).last_transition_time, time(60));
+        assert!(!only_traffic_changed(&first, &next));
+        let mut busier = first.clone();
+        busier.window.as_mut().unwrap().requests += 1;
+        assert!(only_traffic_changed(&first, &busier));
+    }
+
+    #[test]
+    fn credential_conditions() {
+        let missing = Diagnostic {
+            kind: Kind::ProviderCredential,
+            object: ObjectId::new("team-a", "openai"),
+            severity: Severity::Warning,
+            reason: reason::SECRET_KEY_MISSING,
+            field: "spec.secretRef.key".into(),
+            message: "key \"apiKey\" not found in Secret \"keys\"".into(),
+        };
+        let routes = vec!["a".to_string(), "b".to_string()];
+        let s = credential_status(&CredentialFacts {
+            generation: Some(1),
+            previous: &[],
+            diagnostics: vec![&missing],
+            routes: &routes,
+            deleting: false,
+            now: time(1),
+        });
+        assert_eq!(s.routes, Some(2));
+        assert_eq!(s.conditions[0].type_, types::READY);
+        assert_eq!(s.conditions[0].reason, reason::SECRET_KEY_MISSING);
+        assert_eq!(s.conditions[1].status, "False");
+        let s = credential_status(&CredentialFacts {
+            generation: Some(1),
+            previous: &s.conditions,
+            diagnostics: vec![],
+            routes: &routes,
+            deleting: true,
+            now: time(2),
+        });
+        assert_eq!(s.conditions[0].reason, reasons::DELETION_BLOCKED);
+        assert!(s.conditions[0].message.contains("a, b"));
+        assert_eq!(s.conditions[1].status, "True");
+        assert_eq!(s.conditions[1].last_transition_time, time(2));
+        assert_eq!(s.conditions[0].last_transition_time, time(1));
+    }
+}
