@@ -29,6 +29,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use gateway::{Gateway, Problem};
 
 /// Where the config comes from.
@@ -147,12 +148,12 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     let admin_app = server::admin_router(gw.clone());
     let mut tasks = vec![
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(data, data_app).await {
+            if let Err(e) = axum::serve(data.tap_io(no_delay), data_app).await {
                 tracing::error!(error = %e, "data listener stopped");
             }
         }),
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(admin, admin_app).await {
+            if let Err(e) = axum::serve(admin.tap_io(no_delay), admin_app).await {
                 tracing::error!(error = %e, "admin listener stopped");
             }
         }),
@@ -165,6 +166,12 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         tasks,
         _watcher: watcher,
     })
+}
+
+/// Every accepted connection sends small writes (SSE events, short JSON) at once:
+/// without TCP_NODELAY, Nagle and delayed ACKs hold stream events back ~40 ms.
+fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
 }
 
 fn problem(message: String) -> Problem {

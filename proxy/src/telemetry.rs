@@ -79,8 +79,13 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
     // Log lines are written by a background thread: a slow stdout never blocks a request.
     let (writer, guard) = tracing_appender::non_blocking(std::io::stdout());
     let not_trace_spans = filter_fn(|m| !(m.is_span() && m.target() == TRACE_TARGET));
+    // Colour codes only for a person at a terminal; they cost time per line otherwise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let logs = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(writer).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(writer)
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
