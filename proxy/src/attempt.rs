@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{Stream, StreamExt, stream};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
@@ -29,6 +29,7 @@ use crate::sse::{self, Framer};
 use crate::stats::{self, RouteTargetCounters};
 use crate::surface::{self, AttemptView, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
+use crate::translate::{self, Direction, StreamTranslator};
 use switchback_crds::config::Provider;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -123,6 +124,7 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
         sent: 0,
         waited: Duration::ZERO,
         shortest_retry_after: None,
+        untranslatable: None,
     };
     let order = order(route, rand::random::<f64>());
     let order = order.as_slice();
@@ -193,6 +195,8 @@ struct Walk<'a, 'c> {
     /// the gateway's own work.
     waited: Duration,
     shortest_retry_after: Option<Duration>,
+    /// Why a target that needed translation could not take the request.
+    untranslatable: Option<translate::TranslateError>,
 }
 
 enum Tried {
@@ -229,9 +233,27 @@ impl Walk<'_, '_> {
             Admit::No if forced => None,
             Admit::No => return self.skip(i, Reason::CircuitOpen),
         };
-        let body = match &t.upstream_model_json {
-            Some(m) => replace_model(&call.body, m).unwrap_or_else(|| call.body.clone()),
-            None => call.body.clone(),
+        let dir = Direction::for_target(call.surface, t.credential.spec.provider);
+        let body = match dir {
+            Some(d) => {
+                let defaults = translate::Defaults {
+                    openai_max_completion_tokens: t.credential.spec.provider == Provider::Openai,
+                    ..translate::Defaults::default()
+                };
+                let model = t.spec.model.as_deref().unwrap_or(call.client_model);
+                match translate::request(d, &call.body, model, &defaults) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Another target may speak the client's API natively.
+                        self.untranslatable = Some(e);
+                        return self.skip(i, Reason::UnsupportedParameter);
+                    }
+                }
+            }
+            None => match &t.upstream_model_json {
+                Some(m) => replace_model(&call.body, m).unwrap_or_else(|| call.body.clone()),
+                None => call.body.clone(),
+            },
         };
         let cb = &route.spec.circuit_breaker;
         let mut tries = 0u32;
@@ -265,9 +287,18 @@ impl Walk<'_, '_> {
             }
             let deadline = attempt_deadline(now, &t.spec, self.budget);
             let span = attempt_span(t, call, tries);
-            let result = attempt(t, call, body.clone(), deadline, self.budget, route, permit)
-                .instrument(span.clone())
-                .await;
+            let result = attempt(
+                t,
+                call,
+                dir,
+                body.clone(),
+                deadline,
+                self.budget,
+                route,
+                permit,
+            )
+            .instrument(span.clone())
+            .await;
             match &result {
                 Attempted::Committed(r, _) => {
                     span.record("http.response.status_code", r.status().as_u16())
@@ -375,6 +406,27 @@ impl Walk<'_, '_> {
 
     fn failed(&mut self, failure: Failure, fallbacks: u32) -> Outcome {
         stats::inc(&self.route.counters.failed);
+        // Nothing was sent and a target refused the request's parameters: that is the
+        // answer (a 400 naming the parameter), not "no target available".
+        if self.sent == 0
+            && let Some(e) = self.untranslatable.take()
+        {
+            let mut response = Response::new(Body::from(e.body(self.call.surface.wire())));
+            *response.status_mut() =
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return Outcome {
+                response,
+                attempts: 0,
+                fallbacks,
+                target: None,
+                answered_by: None,
+                log: std::mem::take(&mut self.log),
+            };
+        }
         finish_failed(
             self.route,
             self.call,
@@ -437,7 +489,8 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
 /// A target passed over before anything is sent to it, for a reason known without
 /// asking anyone. (Open circuits and full queues are checked as the target is tried.)
 fn skip_reason(gw: &Gateway, t: &TargetRt, surface: Surface) -> Option<Reason> {
-    if !surface.served_by(t.credential.spec.provider) {
+    let provider = t.credential.spec.provider;
+    if !surface.served_by(provider) && Direction::for_target(surface, provider).is_none() {
         return Some(Reason::UnsupportedSurface);
     }
     if t.credential.headers.is_none() {
@@ -449,9 +502,11 @@ fn skip_reason(gw: &Gateway, t: &TargetRt, surface: Surface) -> Option<Reason> {
     None
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn attempt(
     t: &TargetRt,
     call: &Call<'_>,
+    dir: Option<Direction>,
     body: Bytes,
     deadline: Instant,
     budget: Instant,
@@ -470,8 +525,14 @@ async fn attempt(
         return Attempted::Failed(Failure::bare(Reason::MissingKey));
     };
     let mut headers = auth.clone();
+    let upstream_wire = dir.map_or(call.surface.wire(), Direction::upstream_wire);
     for name in FORWARDED {
-        if let Some(v) = call.client_headers.get(name) {
+        // A provider gets only the client headers of its own API.
+        let own = match upstream_wire {
+            Wire::Anthropic => name != "openai-beta",
+            Wire::OpenAi => !name.starts_with("anthropic-"),
+        };
+        if own && let Some(v) = call.client_headers.get(name) {
             headers.insert(name, v.clone());
         }
     }
@@ -481,7 +542,12 @@ async fn attempt(
     );
     let request = cred
         .client
-        .post(cred.urls[call.surface.index()].clone())
+        .post(
+            cred.urls[dir
+                .map_or(call.surface, Direction::upstream_surface)
+                .index()]
+            .clone(),
+        )
         .headers(headers)
         .body(body);
 
@@ -524,6 +590,13 @@ async fn attempt(
                                 framer,
                                 model: call.client_model_json.clone(),
                                 wire: call.surface.wire(),
+                                translator: dir.map(|d| {
+                                    StreamTranslator::new(
+                                        d,
+                                        call.client_model,
+                                        translate::include_usage(&call.body),
+                                    )
+                                }),
                                 idle,
                                 counters: t.counters.clone(),
                                 _permit: permit,
@@ -545,7 +618,20 @@ async fn attempt(
                         .record("gen_ai.usage.input_tokens", u.input_tokens)
                         .record("gen_ai.usage.output_tokens", u.output_tokens);
                 }
-                let bytes = replace_model(&bytes, &call.client_model_json).unwrap_or(bytes);
+                let (status, bytes) = match dir {
+                    None => (
+                        status,
+                        replace_model(&bytes, &call.client_model_json).unwrap_or(bytes),
+                    ),
+                    Some(d) => match translate::response(d, &bytes, call.client_model) {
+                        Ok(b) => (status, b),
+                        // A success the client's API cannot express.
+                        Err(e) => (
+                            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY),
+                            e.body(d.client_wire()),
+                        ),
+                    },
+                };
                 Attempted::Committed(relay(status, &headers, Body::from(bytes)), false)
             }
         };
@@ -568,7 +654,11 @@ async fn attempt(
         answer: Some(UpstreamAnswer {
             status,
             headers,
-            body,
+            // Classified on the provider's own words; relayed in the client's shape.
+            body: match dir {
+                Some(d) => translate::error(d, code, &body),
+                None => body,
+            },
         }),
     })
 }
@@ -641,6 +731,8 @@ struct Committed {
     framer: Framer,
     model: JsonStr,
     wire: Wire,
+    /// Set when the upstream speaks the other API.
+    translator: Option<StreamTranslator>,
     idle: Duration,
     counters: Arc<RouteTargetCounters>,
     /// The concurrency slot, held until the stream ends.
@@ -649,12 +741,34 @@ struct Committed {
 }
 
 impl Committed {
-    /// One event on its way to the client: usage counted, `model` set to the client's.
-    fn forward(&self, ev: Bytes) -> Bytes {
+    /// One upstream event on its way to the client: usage counted, then either
+    /// translated into the client's API or given the client's `model` name. May be
+    /// empty (an event the client's API has no counterpart for).
+    fn forward(&mut self, ev: Bytes) -> Bytes {
         if let Some(u) = stats::usage(&ev) {
             self.counters.add_usage(u);
         }
-        replace_model(&ev, &self.model).unwrap_or(ev)
+        match &mut self.translator {
+            None => replace_model(&ev, &self.model).unwrap_or(ev),
+            Some(t) => {
+                let mut out = BytesMut::new();
+                t.event(&ev, &mut out);
+                out.freeze()
+            }
+        }
+    }
+
+    /// The upstream ended normally: its unterminated tail, and whatever the
+    /// translation still owes the client.
+    fn finish(&mut self) -> Bytes {
+        let mut out = BytesMut::new();
+        if let Some(tail) = self.framer.take_rest() {
+            out.extend_from_slice(&self.forward(tail));
+        }
+        if let Some(t) = &mut self.translator {
+            t.finish(&mut out);
+        }
+        out.freeze()
     }
 }
 
@@ -667,11 +781,15 @@ fn commit_stream(
     first: Bytes,
     state: Committed,
 ) -> Response<Body> {
+    let mut state = state;
     let first = state.forward(first);
     let rest = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(ev) = st.framer.next_event() {
                 let ev = st.forward(ev);
+                if ev.is_empty() {
+                    continue;
+                }
                 return Some((Ok::<_, Infallible>(ev), st));
             }
             if st.done {
@@ -681,8 +799,8 @@ fn commit_stream(
                 Ok(Some(Ok(chunk))) => st.framer.push(&chunk),
                 Ok(None) => {
                     st.done = true;
-                    let tail = st.framer.take_rest()?;
-                    return Some((Ok(tail), st));
+                    let tail = st.finish();
+                    return (!tail.is_empty()).then_some((Ok(tail), st));
                 }
                 Ok(Some(Err(e))) => {
                     st.done = true;
@@ -704,7 +822,9 @@ fn commit_stream(
             }
         }
     });
-    let body = stream::once(async move { Ok::<_, Infallible>(first) }).chain(rest);
+    let body = stream::once(async move { Ok::<_, Infallible>(first) })
+        .filter(|b| std::future::ready(b.as_ref().is_ok_and(|b| !b.is_empty())))
+        .chain(rest);
     relay(status, headers, Body::from_stream(body))
 }
 
@@ -752,17 +872,18 @@ fn finish_failed(
             "all_providers_failed",
             "every target that was tried failed",
         ),
-        // Every target skipped (missing keys, surfaces it cannot serve, open circuits,
-        // full queues), or a 4xx
-        // class that came without an answer to relay (an in-band stream error).
+        // Every target skipped: missing keys, APIs it cannot serve, open circuits,
+        // full queues.
         Reason::MissingKey
         | Reason::UnsupportedSurface
         | Reason::CircuitOpen
-        | Reason::QueueFull => (
+        | Reason::QueueFull
+        | Reason::UnsupportedParameter => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no_available_target",
             "no target of this route can take the request",
         ),
+        // A 4xx class that came without an answer to relay (an in-band stream error).
         Reason::ContextLength | Reason::AuthError | Reason::ClientError => (
             StatusCode::BAD_GATEWAY,
             "upstream_error",

@@ -29,10 +29,12 @@ pub enum Reason {
     Parked,
     CircuitOpen,
     QueueFull,
+    /// The request uses a parameter the target's API cannot honour (translation).
+    UnsupportedParameter,
 }
 
 impl Reason {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -47,6 +49,7 @@ impl Reason {
         Self::Parked,
         Self::CircuitOpen,
         Self::QueueFull,
+        Self::UnsupportedParameter,
     ];
 
     pub fn index(self) -> usize {
@@ -73,6 +76,7 @@ impl Reason {
                 | Self::Parked
                 | Self::CircuitOpen
                 | Self::QueueFull
+                | Self::UnsupportedParameter
         )
     }
 
@@ -91,6 +95,7 @@ impl Reason {
             Self::Parked => "parked",
             Self::CircuitOpen => "circuitOpen",
             Self::QueueFull => "queueFull",
+            Self::UnsupportedParameter => "unsupportedParameter",
         }
     }
 

@@ -45,8 +45,9 @@ impl Surface {
         }
     }
 
-    /// Whether a provider speaks this surface natively. Cross-provider translation is
-    /// not built yet: a target that cannot serve the surface is skipped.
+    /// Whether a provider speaks this surface natively. One that does not is reached
+    /// through `translate` where a translation exists (chat completions <-> messages)
+    /// and skipped otherwise (embeddings on an Anthropic target).
     pub fn served_by(self, provider: Provider) -> bool {
         match self {
             Self::ChatCompletions | Self::Embeddings => {
