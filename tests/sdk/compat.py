@@ -33,6 +33,28 @@ Inputs (environment):
                                  overloaded error event first, the second answers
   SWITCHBACK_ANTHROPIC_OVERLOADED_TEXT   the second target's stream text
   SWITCHBACK_UNKNOWN_MODEL       a name no route serves
+
+Cross-provider routes (the proxy translates; the SDK must not notice):
+  SWITCHBACK_OPENAI_X_MODEL      chat route served by an Anthropic target (unary)
+  SWITCHBACK_OPENAI_X_TARGET     its credential
+  SWITCHBACK_OPENAI_X_TEXT       its answer text
+  SWITCHBACK_OPENAI_X_STREAM_MODEL  chat route served by a streaming Anthropic target
+  SWITCHBACK_OPENAI_X_STREAM_TEXT   the concatenated stream text
+  SWITCHBACK_OPENAI_X_TOOLS_MODEL   chat route whose Anthropic target answers, in turn:
+                                 a tool call, a text answer, a tool call after some
+                                 text, a text answer
+  SWITCHBACK_OPENAI_X_TOOL_ID    the id of its tool calls (the upstream's tool_use id)
+  SWITCHBACK_OPENAI_X_TOOLS_TEXT the answer after a tool result
+  SWITCHBACK_OPENAI_X_TOOLS_PREAMBLE  the text before the second (streamed) tool call
+  SWITCHBACK_OPENAI_X_FALLBACK_MODEL  chat route: an OpenAI target failing with 503,
+                                 then an Anthropic target that answers
+  SWITCHBACK_OPENAI_X_FALLBACK_TARGET the Anthropic credential
+  SWITCHBACK_OPENAI_X_FALLBACK_TEXT   its answer text (unary; streams say the same)
+  SWITCHBACK_ANTHROPIC_X_MODEL, _TARGET, _TEXT, _STREAM_MODEL, _STREAM_TEXT,
+  _TOOLS_MODEL, _TOOL_ID, _TOOLS_TEXT, _TOOLS_PREAMBLE
+                                 the same for messages routes served by OpenAI targets
+  SWITCHBACK_TOOL_NAME           the tool the simulated models call
+  SWITCHBACK_TOOL_ARGS           the arguments they call it with (a JSON object)
   SWITCHBACK_SDK_CASES           comma-separated case names to run (default: all)
 
 Optional *_TEXT / *_TARGET values are only checked when set. Prints one line per case
@@ -41,6 +63,7 @@ and `N passed, N failed` last; exits 1 when any case failed.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -82,7 +105,55 @@ ANTHROPIC_OVERLOADED_MODEL = env("SWITCHBACK_ANTHROPIC_OVERLOADED_MODEL", "sdk-c
 ANTHROPIC_OVERLOADED_TEXT = env("SWITCHBACK_ANTHROPIC_OVERLOADED_TEXT")
 UNKNOWN_MODEL = env("SWITCHBACK_UNKNOWN_MODEL", "sdk-no-such-model")
 
+OPENAI_X_MODEL = env("SWITCHBACK_OPENAI_X_MODEL", "sdk-x-claude")
+OPENAI_X_TARGET = env("SWITCHBACK_OPENAI_X_TARGET")
+OPENAI_X_TEXT = env("SWITCHBACK_OPENAI_X_TEXT")
+OPENAI_X_STREAM_MODEL = env("SWITCHBACK_OPENAI_X_STREAM_MODEL", "sdk-x-claude-stream")
+OPENAI_X_STREAM_TEXT = env("SWITCHBACK_OPENAI_X_STREAM_TEXT")
+OPENAI_X_TOOLS_MODEL = env("SWITCHBACK_OPENAI_X_TOOLS_MODEL", "sdk-x-claude-tools")
+OPENAI_X_TOOL_ID = env("SWITCHBACK_OPENAI_X_TOOL_ID")
+OPENAI_X_TOOLS_TEXT = env("SWITCHBACK_OPENAI_X_TOOLS_TEXT")
+OPENAI_X_TOOLS_PREAMBLE = env("SWITCHBACK_OPENAI_X_TOOLS_PREAMBLE")
+OPENAI_X_FALLBACK_MODEL = env("SWITCHBACK_OPENAI_X_FALLBACK_MODEL", "sdk-x-fallback")
+OPENAI_X_FALLBACK_TARGET = env("SWITCHBACK_OPENAI_X_FALLBACK_TARGET")
+OPENAI_X_FALLBACK_TEXT = env("SWITCHBACK_OPENAI_X_FALLBACK_TEXT")
+ANTHROPIC_X_MODEL = env("SWITCHBACK_ANTHROPIC_X_MODEL", "sdk-x-gpt")
+ANTHROPIC_X_TARGET = env("SWITCHBACK_ANTHROPIC_X_TARGET")
+ANTHROPIC_X_TEXT = env("SWITCHBACK_ANTHROPIC_X_TEXT")
+ANTHROPIC_X_STREAM_MODEL = env("SWITCHBACK_ANTHROPIC_X_STREAM_MODEL", "sdk-x-gpt-stream")
+ANTHROPIC_X_STREAM_TEXT = env("SWITCHBACK_ANTHROPIC_X_STREAM_TEXT")
+ANTHROPIC_X_TOOLS_MODEL = env("SWITCHBACK_ANTHROPIC_X_TOOLS_MODEL", "sdk-x-gpt-tools")
+ANTHROPIC_X_TOOL_ID = env("SWITCHBACK_ANTHROPIC_X_TOOL_ID")
+ANTHROPIC_X_TOOLS_TEXT = env("SWITCHBACK_ANTHROPIC_X_TOOLS_TEXT")
+ANTHROPIC_X_TOOLS_PREAMBLE = env("SWITCHBACK_ANTHROPIC_X_TOOLS_PREAMBLE")
+TOOL_NAME = env("SWITCHBACK_TOOL_NAME", "get_weather") or "get_weather"
+TOOL_ARGS: dict | None = json.loads(env("SWITCHBACK_TOOL_ARGS", "null") or "null")
+
 MESSAGES = [{"role": "user", "content": "hello"}]
+SYSTEM = "You are terse."
+WEATHER_QUESTION = "What is the weather in Zurich?"
+TOOL_RESULT = "18C and sunny"
+TOOL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city"],
+}
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Current weather for a city",
+            "parameters": TOOL_SCHEMA,
+        },
+    }
+]
+ANTHROPIC_TOOLS = [
+    {"name": TOOL_NAME, "description": "Current weather for a city", "input_schema": TOOL_SCHEMA}
+]
 
 
 class CheckFailed(AssertionError):
@@ -475,6 +546,399 @@ def anthropic_models() -> str:
     return f"{len(ids)} models"
 
 
+# ---------------------------------------------------------------------------------
+# Across providers: an OpenAI-SDK client answered by Anthropic targets and the reverse
+# ---------------------------------------------------------------------------------
+
+
+def openai_x_unary() -> str:
+    raw = openai_client().chat.completions.with_raw_response.create(
+        model=OPENAI_X_MODEL,
+        messages=[{"role": "system", "content": SYSTEM}, *MESSAGES],
+        max_tokens=100,
+        temperature=0.5,
+        stop=["END"],
+    )
+    eq(raw.status_code, 200, "status")
+    target = raw.headers.get("x-switchback-target")
+    if OPENAI_X_TARGET:
+        eq(target, OPENAI_X_TARGET, "x-switchback-target")
+    eq(raw.headers.get("x-switchback-fallbacks"), "0", "x-switchback-fallbacks")
+    check(bool(raw.headers.get("x-request-id")), "x-request-id is set")
+    body = raw.http_response.json()
+    for key in ("id", "object", "created", "model", "choices", "usage"):
+        check(key in body, f"the raw body has `{key}`: {body!r}")
+    completion = raw.parse()
+    eq(completion.object, "chat.completion", "completion.object")
+    eq(completion.model, OPENAI_X_MODEL, "completion.model (the client's name)")
+    check(completion.id.startswith("chatcmpl-"), f"an OpenAI-style id: {completion.id!r}")
+    check(isinstance(completion.created, int) and completion.created > 0, "created")
+    eq(len(completion.choices), 1, "one choice")
+    choice = completion.choices[0]
+    eq(choice.index, 0, "choice index")
+    eq(choice.message.role, "assistant", "role")
+    if OPENAI_X_TEXT:
+        eq(choice.message.content, OPENAI_X_TEXT, "content")
+    check(not choice.message.tool_calls, f"no tool calls: {choice.message.tool_calls!r}")
+    eq(choice.finish_reason, "stop", "finish_reason (end_turn)")
+    usage = completion.usage
+    check(usage is not None, "usage is parsed")
+    check(usage.prompt_tokens > 0 and usage.completion_tokens > 0, f"usage counts: {usage!r}")
+    eq(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens, "total_tokens")
+    return f"{choice.message.content!r} via {target}"
+
+
+def openai_x_stream() -> str:
+    stream = openai_client().chat.completions.create(
+        model=OPENAI_X_STREAM_MODEL,
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    ids: set[str] = set()
+    finish = None
+    usage = None
+    chunks = 0
+    first_role = None
+    for chunk in stream:
+        chunks += 1
+        ids.add(chunk.id)
+        eq(chunk.object, "chat.completion.chunk", f"chunk {chunks} object")
+        eq(chunk.model, OPENAI_X_STREAM_MODEL, f"chunk {chunks} model")
+        for choice in chunk.choices:
+            if chunks == 1:
+                first_role = choice.delta.role
+            check(not choice.delta.tool_calls, "no tool call deltas")
+            if choice.delta.content:
+                check(finish is None, "no content after the finish chunk")
+                pieces.append(choice.delta.content)
+            if choice.finish_reason:
+                finish = choice.finish_reason
+        if chunk.usage is not None:
+            check(finish is not None, "usage comes after the finish chunk")
+            eq(chunk.choices, [], "the usage chunk has no choices")
+            usage = chunk.usage
+    text = "".join(pieces)
+    eq(first_role, "assistant", "the first chunk carries the role")
+    eq(len(ids), 1, f"one id for every chunk: {ids!r}")
+    check(ids.pop().startswith("chatcmpl-"), "an OpenAI-style id")
+    check(len(pieces) >= 3, f"the text arrives in several deltas: {pieces!r}")
+    if OPENAI_X_STREAM_TEXT:
+        eq(text, OPENAI_X_STREAM_TEXT, "assembled stream text")
+    eq(finish, "stop", "finish_reason")
+    check(usage is not None, "include_usage gives a usage chunk")
+    check(usage.prompt_tokens > 0, f"prompt tokens reported: {usage!r}")
+    eq(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens, "total_tokens")
+    return f"{chunks} chunks, {text!r}"
+
+
+def check_openai_tool_call(call: Any, what: str) -> None:
+    eq(call.type, "function", f"{what} type")
+    if OPENAI_X_TOOL_ID:
+        eq(call.id, OPENAI_X_TOOL_ID, f"{what} id")
+    check(bool(call.id), f"{what} has an id")
+    eq(call.function.name, TOOL_NAME, f"{what} name")
+    check(isinstance(call.function.arguments, str), f"{what} arguments are a JSON string")
+    try:
+        args = json.loads(call.function.arguments)
+    except ValueError as e:
+        raise CheckFailed(f"{what} arguments do not parse: {call.function.arguments!r}: {e}")
+    check(isinstance(args, dict), f"{what} arguments are an object: {args!r}")
+    if TOOL_ARGS is not None:
+        eq(args, TOOL_ARGS, f"{what} arguments")
+
+
+def openai_x_tool_round_trip() -> str:
+    client = openai_client()
+    messages: list[Any] = [{"role": "user", "content": WEATHER_QUESTION}]
+    first = client.chat.completions.create(
+        model=OPENAI_X_TOOLS_MODEL, messages=messages, tools=OPENAI_TOOLS, tool_choice="auto"
+    )
+    eq(first.model, OPENAI_X_TOOLS_MODEL, "completion.model")
+    choice = first.choices[0]
+    eq(choice.finish_reason, "tool_calls", "finish_reason (tool_use)")
+    calls = choice.message.tool_calls
+    check(calls is not None and len(calls) == 1, f"one tool call: {calls!r}")
+    check_openai_tool_call(calls[0], "tool call")
+    check(not choice.message.content, f"no text beside the call: {choice.message.content!r}")
+    # The usual agent loop: append the assistant message as the SDK returned it, then
+    # the tool's answer.
+    messages.append(choice.message)
+    messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": TOOL_RESULT})
+    second = client.chat.completions.create(
+        model=OPENAI_X_TOOLS_MODEL, messages=messages, tools=OPENAI_TOOLS
+    )
+    eq(second.choices[0].finish_reason, "stop", "finish_reason after the result")
+    check(not second.choices[0].message.tool_calls, "no further tool call")
+    if OPENAI_X_TOOLS_TEXT:
+        eq(second.choices[0].message.content, OPENAI_X_TOOLS_TEXT, "answer after the result")
+    return f"{calls[0].function.name}({calls[0].function.arguments}) -> {second.choices[0].message.content!r}"
+
+
+def openai_x_tool_stream_round_trip() -> str:
+    client = openai_client()
+    messages: list[Any] = [{"role": "user", "content": WEATHER_QUESTION}]
+    stream = client.chat.completions.create(
+        model=OPENAI_X_TOOLS_MODEL,
+        messages=messages,
+        tools=OPENAI_TOOLS,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    fragments = 0
+    finish = None
+    for chunk in stream:
+        eq(chunk.model, OPENAI_X_TOOLS_MODEL, "chunk model")
+        for choice in chunk.choices:
+            if choice.delta.content:
+                check(not calls, "text comes before the tool call")
+                text.append(choice.delta.content)
+            for d in choice.delta.tool_calls or []:
+                check(isinstance(d.index, int), f"a tool call delta has an index: {d!r}")
+                call = calls.get(d.index)
+                if call is None:
+                    # The first delta of a call names it.
+                    check(bool(d.id), f"the first delta has the id: {d!r}")
+                    eq(d.type, "function", "first delta type")
+                    check(d.function is not None and bool(d.function.name), f"first delta has the name: {d!r}")
+                    call = calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
+                else:
+                    check(not d.id, f"the id comes once: {d!r}")
+                if d.function is not None and d.function.arguments:
+                    fragments += 1
+                    call["arguments"] += d.function.arguments
+            if choice.finish_reason:
+                finish = choice.finish_reason
+    eq(finish, "tool_calls", "finish_reason")
+    eq(sorted(calls), [0], "one tool call, index 0")
+    call = calls[0]
+    check(fragments >= 2, f"the arguments arrive in fragments: {fragments}")
+    if OPENAI_X_TOOLS_PREAMBLE:
+        eq("".join(text), OPENAI_X_TOOLS_PREAMBLE, "text before the call")
+    if OPENAI_X_TOOL_ID:
+        eq(call["id"], OPENAI_X_TOOL_ID, "tool call id")
+    eq(call["name"], TOOL_NAME, "tool name")
+    args = json.loads(call["arguments"])
+    if TOOL_ARGS is not None:
+        eq(args, TOOL_ARGS, "reassembled arguments")
+    messages.append(
+        {
+            "role": "assistant",
+            "content": "".join(text) or None,
+            "tool_calls": [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+            ],
+        }
+    )
+    messages.append({"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT})
+    answer = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=OPENAI_X_TOOLS_MODEL, messages=messages, tools=OPENAI_TOOLS, stream=True
+        )
+        if c.choices
+    )
+    if OPENAI_X_TOOLS_TEXT:
+        eq(answer, OPENAI_X_TOOLS_TEXT, "streamed answer after the result")
+    return f"{''.join(text)!r} + {call['name']}({call['arguments']}) in {fragments} fragments -> {answer!r}"
+
+
+def openai_x_fallback() -> str:
+    client = openai_client()
+    raw = client.chat.completions.with_raw_response.create(
+        model=OPENAI_X_FALLBACK_MODEL, messages=MESSAGES
+    )
+    eq(raw.status_code, 200, "status")
+    eq(raw.headers.get("x-switchback-fallbacks"), "1", "x-switchback-fallbacks")
+    target = raw.headers.get("x-switchback-target")
+    if OPENAI_X_FALLBACK_TARGET:
+        eq(target, OPENAI_X_FALLBACK_TARGET, "x-switchback-target (the Anthropic target)")
+    check(raw.headers.get("content-type", "").startswith("application/json"), "JSON")
+    completion = raw.parse()
+    eq(completion.object, "chat.completion", "completion.object")
+    eq(completion.model, OPENAI_X_FALLBACK_MODEL, "completion.model")
+    check(completion.id.startswith("chatcmpl-"), f"an OpenAI-style id: {completion.id!r}")
+    eq(completion.choices[0].finish_reason, "stop", "finish_reason")
+    if OPENAI_X_FALLBACK_TEXT:
+        eq(completion.choices[0].message.content, OPENAI_X_FALLBACK_TEXT, "content")
+    # The same route streamed: the first target fails before any event, the stream
+    # comes from the Anthropic target as ordinary chat.completion.chunk events.
+    raw_stream = client.chat.completions.with_raw_response.create(
+        model=OPENAI_X_FALLBACK_MODEL, messages=MESSAGES, stream=True
+    )
+    eq(raw_stream.headers.get("x-switchback-fallbacks"), "1", "stream x-switchback-fallbacks")
+    if OPENAI_X_FALLBACK_TARGET:
+        eq(raw_stream.headers.get("x-switchback-target"), OPENAI_X_FALLBACK_TARGET, "stream target")
+    pieces: list[str] = []
+    finish = None
+    for chunk in raw_stream.parse():
+        eq(chunk.object, "chat.completion.chunk", "chunk object")
+        eq(chunk.model, OPENAI_X_FALLBACK_MODEL, "chunk model")
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    eq(finish, "stop", "stream finish_reason")
+    if OPENAI_X_FALLBACK_TEXT:
+        eq("".join(pieces), OPENAI_X_FALLBACK_TEXT, "stream text")
+    return f"answered by {target} after {raw.headers.get('x-switchback-attempts')} attempts"
+
+
+def anthropic_x_unary() -> str:
+    raw = anthropic_client().messages.with_raw_response.create(
+        model=ANTHROPIC_X_MODEL,
+        max_tokens=64,
+        system=SYSTEM,
+        messages=MESSAGES,
+        stop_sequences=["END"],
+    )
+    eq(raw.status_code, 200, "status")
+    target = raw.headers.get("x-switchback-target")
+    if ANTHROPIC_X_TARGET:
+        eq(target, ANTHROPIC_X_TARGET, "x-switchback-target")
+    eq(raw.headers.get("x-switchback-fallbacks"), "0", "x-switchback-fallbacks")
+    message = raw.parse()
+    eq(message.type, "message", "message.type")
+    eq(message.role, "assistant", "message.role")
+    eq(message.model, ANTHROPIC_X_MODEL, "message.model (the client's name)")
+    check(message.id.startswith("msg_"), f"an Anthropic-style id: {message.id!r}")
+    eq([b.type for b in message.content], ["text"], "content block types")
+    if ANTHROPIC_X_TEXT:
+        eq(message.content[0].text, ANTHROPIC_X_TEXT, "text")
+    eq(message.stop_reason, "end_turn", "stop_reason (stop)")
+    eq(message.stop_sequence, None, "stop_sequence")
+    check(message.usage.input_tokens > 0 and message.usage.output_tokens > 0, f"usage: {message.usage!r}")
+    return f"{message.content[0].text!r} via {target}"
+
+
+def anthropic_x_stream() -> str:
+    events: list[str] = []
+    with anthropic_client().messages.stream(
+        model=ANTHROPIC_X_STREAM_MODEL, max_tokens=64, messages=MESSAGES
+    ) as stream:
+        eq(stream.response.status_code, 200, "status")
+        eq(stream.response.headers.get("content-type", "").split(";")[0], "text/event-stream", "content-type")
+        pieces: list[str] = []
+        for event in stream:
+            events.append(event.type)
+            if event.type == "text":
+                pieces.append(event.text)
+        final = stream.get_final_message()
+    text = "".join(pieces)
+    eq(events[0], "message_start", "first event")
+    check("content_block_start" in events and "content_block_stop" in events, f"block events: {events!r}")
+    eq(events[-1], "message_stop", "last event")
+    check(len(pieces) >= 3, f"the text arrives in several deltas: {pieces!r}")
+    if ANTHROPIC_X_STREAM_TEXT:
+        eq(text, ANTHROPIC_X_STREAM_TEXT, "assembled text")
+    eq(final.model, ANTHROPIC_X_STREAM_MODEL, "final message model")
+    check(final.id.startswith("msg_"), f"an Anthropic-style id: {final.id!r}")
+    eq([b.type for b in final.content], ["text"], "final content block types")
+    eq(final.content[0].text, text, "final message text")
+    eq(final.stop_reason, "end_turn", "final stop_reason")
+    check(final.usage.output_tokens > 0, f"output tokens: {final.usage!r}")
+    check(final.usage.input_tokens > 0, f"input tokens reach the final message: {final.usage!r}")
+    return f"{len(events)} events, {text!r}"
+
+
+def check_anthropic_tool_use(block: Any, what: str) -> None:
+    eq(block.type, "tool_use", f"{what} type")
+    if ANTHROPIC_X_TOOL_ID:
+        eq(block.id, ANTHROPIC_X_TOOL_ID, f"{what} id")
+    check(bool(block.id), f"{what} has an id")
+    eq(block.name, TOOL_NAME, f"{what} name")
+    check(isinstance(block.input, dict), f"{what} input is an object: {block.input!r}")
+    if TOOL_ARGS is not None:
+        eq(block.input, TOOL_ARGS, f"{what} input")
+
+
+def anthropic_x_tool_round_trip() -> str:
+    client = anthropic_client()
+    messages: list[Any] = [{"role": "user", "content": WEATHER_QUESTION}]
+    first = client.messages.create(
+        model=ANTHROPIC_X_TOOLS_MODEL,
+        max_tokens=256,
+        messages=messages,
+        tools=ANTHROPIC_TOOLS,
+        tool_choice={"type": "auto"},
+    )
+    eq(first.model, ANTHROPIC_X_TOOLS_MODEL, "message.model")
+    eq(first.stop_reason, "tool_use", "stop_reason (tool_calls)")
+    eq([b.type for b in first.content], ["tool_use"], "content block types")
+    block = first.content[0]
+    check_anthropic_tool_use(block, "tool_use block")
+    messages.append({"role": "assistant", "content": first.content})
+    messages.append(
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": block.id, "content": TOOL_RESULT}],
+        }
+    )
+    second = client.messages.create(
+        model=ANTHROPIC_X_TOOLS_MODEL, max_tokens=256, messages=messages, tools=ANTHROPIC_TOOLS
+    )
+    eq(second.stop_reason, "end_turn", "stop_reason after the result")
+    eq([b.type for b in second.content], ["text"], "answer block types")
+    if ANTHROPIC_X_TOOLS_TEXT:
+        eq(second.content[0].text, ANTHROPIC_X_TOOLS_TEXT, "answer after the result")
+    return f"{block.name}({json.dumps(block.input)}) -> {second.content[0].text!r}"
+
+
+def anthropic_x_tool_stream_round_trip() -> str:
+    client = anthropic_client()
+    messages: list[Any] = [{"role": "user", "content": WEATHER_QUESTION}]
+    partial: list[str] = []
+    starts: list[tuple[int, str]] = []
+    with client.messages.stream(
+        model=ANTHROPIC_X_TOOLS_MODEL, max_tokens=256, messages=messages, tools=ANTHROPIC_TOOLS
+    ) as stream:
+        for event in stream:
+            if event.type == "content_block_start":
+                starts.append((event.index, event.content_block.type))
+            elif event.type == "input_json":
+                partial.append(event.partial_json)
+        final = stream.get_final_message()
+    eq(final.model, ANTHROPIC_X_TOOLS_MODEL, "final message model")
+    eq(final.stop_reason, "tool_use", "final stop_reason")
+    want_types = (["text"] if ANTHROPIC_X_TOOLS_PREAMBLE else []) + ["tool_use"]
+    eq([b.type for b in final.content], want_types, "final content block types")
+    eq(starts, list(enumerate(want_types)), "content_block_start (index, type)")
+    if ANTHROPIC_X_TOOLS_PREAMBLE:
+        eq(final.content[0].text, ANTHROPIC_X_TOOLS_PREAMBLE, "text before the call")
+    block = final.content[-1]
+    check_anthropic_tool_use(block, "streamed tool_use block")
+    check(len([p for p in partial if p]) >= 2, f"the input arrives in fragments: {partial!r}")
+    eq(json.loads("".join(partial)), block.input, "partial_json joins to the input")
+    messages.append({"role": "assistant", "content": final.content})
+    messages.append(
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": block.id,
+                    "content": [{"type": "text", "text": TOOL_RESULT}],
+                }
+            ],
+        }
+    )
+    with client.messages.stream(
+        model=ANTHROPIC_X_TOOLS_MODEL, max_tokens=256, messages=messages, tools=ANTHROPIC_TOOLS
+    ) as stream:
+        answer = "".join(stream.text_stream)
+        after = stream.get_final_message()
+    eq(after.stop_reason, "end_turn", "stop_reason after the result")
+    if ANTHROPIC_X_TOOLS_TEXT:
+        eq(answer, ANTHROPIC_X_TOOLS_TEXT, "streamed answer after the result")
+    return f"{starts!r} {block.name}({json.dumps(block.input)}) in {len(partial)} fragments -> {answer!r}"
+
+
 CASES: list[tuple[str, Callable[[], str]]] = [
     ("openai unary chat completion", openai_unary),
     ("openai streaming chat completion", openai_stream),
@@ -492,6 +956,15 @@ CASES: list[tuple[str, Callable[[], str]]] = [
     ("anthropic all targets failing", anthropic_all_failed),
     ("anthropic stream, all targets failing", anthropic_stream_all_failed),
     ("anthropic models.list", anthropic_models),
+    ("openai sdk -> anthropic target: unary", openai_x_unary),
+    ("openai sdk -> anthropic target: stream", openai_x_stream),
+    ("openai sdk -> anthropic target: tool call round trip", openai_x_tool_round_trip),
+    ("openai sdk -> anthropic target: streamed tool call round trip", openai_x_tool_stream_round_trip),
+    ("openai sdk: fallback from an openai to an anthropic target", openai_x_fallback),
+    ("anthropic sdk -> openai target: unary", anthropic_x_unary),
+    ("anthropic sdk -> openai target: messages.stream", anthropic_x_stream),
+    ("anthropic sdk -> openai target: tool use round trip", anthropic_x_tool_round_trip),
+    ("anthropic sdk -> openai target: streamed tool use round trip", anthropic_x_tool_stream_round_trip),
 ]
 
 

@@ -56,6 +56,13 @@ pub const SIM_MODELS: [&str; 2] = ["sim-chat", "sim-embedding"];
 pub const EMBEDDING_DIMS: usize = 8;
 /// Model echoed when the request names none (e.g. a body that is not JSON).
 pub const DEFAULT_MODEL: &str = "sim-model";
+/// Fixed id of the tool call in every OpenAI [`Behavior::ToolCall`] answer.
+pub const OPENAI_TOOL_CALL_ID: &str = "call_switchback_sim";
+/// Fixed id of the `tool_use` block in every Anthropic [`Behavior::ToolCall`] answer.
+pub const ANTHROPIC_TOOL_USE_ID: &str = "toolu_switchback_sim";
+/// Longest piece (in characters) a streamed tool call's arguments are cut into, see
+/// [`argument_fragments`].
+pub const ARGUMENT_FRAGMENT_CHARS: usize = 8;
 
 /// Wire format a simulated provider speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +92,30 @@ pub enum Behavior {
     Answer,
     /// Like [`Behavior::Answer`] with the given text.
     AnswerText(String),
+    /// 200 in which the model calls one tool, `name` with `arguments` (a JSON object),
+    /// optionally saying `text` first, in the flavor's real shape, unary or streamed
+    /// as the request asks:
+    ///
+    /// * OpenAI: `message.tool_calls[0]` with id [`OPENAI_TOOL_CALL_ID`] and the
+    ///   arguments as a JSON *string*, `content: null` (or the text),
+    ///   `finish_reason: "tool_calls"`; streamed as a tool-call delta with `index`,
+    ///   `id`, `type` and `function.name` (arguments `""`), then one delta per
+    ///   [`argument_fragments`] piece, then the finish chunk.
+    /// * Anthropic: a `tool_use` block with id [`ANTHROPIC_TOOL_USE_ID`] and the
+    ///   arguments as the `input` *object* (after a text block when `text` is set),
+    ///   `stop_reason: "tool_use"`; streamed as `content_block_start` (tool_use,
+    ///   `input: {}`), an empty `input_json_delta`, then one `input_json_delta` per
+    ///   fragment.
+    ///
+    /// See [`openai_tool_call_completion`], [`anthropic_tool_use_message`] and their
+    /// stream counterparts. Endpoints other than chat completions / messages behave
+    /// as [`Behavior::Answer`]. Push it, then let the default answer the follow-up
+    /// request that carries the tool result ([`Received::tool_results`]).
+    ToolCall {
+        name: String,
+        arguments: Value,
+        text: Option<String>,
+    },
     /// 200 `text/event-stream` whose content is [`stream_pieces`]`(name, chunks)`, one
     /// event per body chunk, `interval` between events (none before the first).
     Stream { chunks: usize, interval: Duration },
@@ -126,6 +157,52 @@ impl Behavior {
     pub fn after(self, after: Duration) -> Behavior {
         Behavior::Delay(after, Box::new(self))
     }
+
+    /// [`Behavior::ToolCall`] without any text before the call.
+    pub fn tool_call(name: impl Into<String>, arguments: Value) -> Behavior {
+        Behavior::ToolCall {
+            name: name.into(),
+            arguments,
+            text: None,
+        }
+    }
+}
+
+/// A tool call found in a request's conversation history (an assistant turn), in
+/// either wire format: OpenAI `tool_calls[]` (arguments parsed from their JSON
+/// string; kept as a string if they do not parse) or an Anthropic `tool_use` block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolUse {
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// A tool result sent back to the model, in either wire format: an OpenAI `tool`
+/// message (`tool_call_id`, `content`) or an Anthropic `tool_result` block
+/// (`tool_use_id`, `content`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolResult {
+    /// `tool_call_id` / `tool_use_id`: the id of the call this answers.
+    pub id: String,
+    /// The content as sent: a string or a list of parts / blocks (absent: `null`).
+    pub content: Value,
+    /// Anthropic's `is_error`, when present.
+    pub is_error: Option<bool>,
+}
+
+impl ToolResult {
+    /// The content's text: the string itself, or the `text` of every part joined.
+    pub fn text(&self) -> String {
+        match &self.content {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+            _ => String::new(),
+        }
+    }
 }
 
 /// One request as the simulator received it.
@@ -153,6 +230,112 @@ impl Received {
     /// A header's value as text, if present and visible ASCII.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name)?.to_str().ok()
+    }
+
+    /// `messages` of the JSON body (empty when absent).
+    fn messages(&self) -> &[Value] {
+        self.json
+            .as_ref()
+            .and_then(|j| j.get("messages"))
+            .and_then(Value::as_array)
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Names of the tools the request declares, in order, in either wire format
+    /// (`tools[].function.name` or `tools[].name`).
+    pub fn tool_names(&self) -> Vec<String> {
+        let Some(tools) = self
+            .json
+            .as_ref()
+            .and_then(|j| j.get("tools"))
+            .and_then(Value::as_array)
+        else {
+            return Vec::new();
+        };
+        tools
+            .iter()
+            .filter_map(|t| {
+                t.pointer("/function/name")
+                    .or_else(|| t.get("name"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+
+    /// Tool calls in the conversation history (assistant turns), in order.
+    pub fn tool_uses(&self) -> Vec<ToolUse> {
+        let mut out = Vec::new();
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_owned();
+        for m in self.messages() {
+            if m.get("role").and_then(Value::as_str) != Some("assistant") {
+                continue;
+            }
+            for call in m
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let raw = text(call.pointer("/function/arguments"));
+                out.push(ToolUse {
+                    id: text(call.get("id")),
+                    name: text(call.pointer("/function/name")),
+                    arguments: serde_json::from_str(&raw).unwrap_or(Value::String(raw)),
+                });
+            }
+            for block in m
+                .get("content")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if block.get("type").and_then(Value::as_str) == Some("tool_use") {
+                    out.push(ToolUse {
+                        id: text(block.get("id")),
+                        name: text(block.get("name")),
+                        arguments: block.get("input").cloned().unwrap_or(Value::Null),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Tool results the request sends back to the model, in order.
+    pub fn tool_results(&self) -> Vec<ToolResult> {
+        let mut out = Vec::new();
+        for m in self.messages() {
+            match m.get("role").and_then(Value::as_str) {
+                Some("tool") => out.push(ToolResult {
+                    id: m
+                        .get("tool_call_id")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                    content: m.get("content").cloned().unwrap_or(Value::Null),
+                    is_error: None,
+                }),
+                Some("user") => {
+                    let blocks = m.get("content").and_then(Value::as_array);
+                    for block in blocks.into_iter().flatten() {
+                        if block.get("type").and_then(Value::as_str) == Some("tool_result") {
+                            out.push(ToolResult {
+                                id: block
+                                    .get("tool_use_id")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("")
+                                    .to_owned(),
+                                content: block.get("content").cloned().unwrap_or(Value::Null),
+                                is_error: block.get("is_error").and_then(Value::as_bool),
+                            });
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
     }
 }
 
@@ -513,6 +696,11 @@ async fn respond(
         Behavior::Delay(..) => unreachable!("unwrapped above"),
         Behavior::Answer | Behavior::Cycle(_) => answer(ctx, &answer_text(&ctx.name), guard),
         Behavior::AnswerText(text) => answer(ctx, &text, guard),
+        Behavior::ToolCall {
+            name,
+            arguments,
+            text,
+        } => tool_call(ctx, text.as_deref(), &name, &arguments, guard),
         Behavior::Stream { chunks, interval } => {
             let events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));
             sse(ctx, events, interval, StreamEnd::Finish, guard)
@@ -606,6 +794,38 @@ fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
             guard.finish();
             return json_response(ctx, 404, &error_body(ctx.flavor, 404));
         }
+    };
+    guard.finish();
+    json_response(ctx, 200, &body)
+}
+
+/// [`Behavior::ToolCall`]: a tool call on the generation endpoints, else an answer.
+fn tool_call(
+    ctx: &Ctx,
+    text: Option<&str>,
+    name: &str,
+    arguments: &Value,
+    guard: CancelGuard,
+) -> Response<Body> {
+    let body = match (ctx.endpoint, ctx.flavor) {
+        (Endpoint::Chat | Endpoint::Messages, _) if ctx.stream => {
+            let events = match ctx.flavor {
+                Flavor::OpenAi => openai_tool_call_stream_events(
+                    &ctx.model,
+                    text,
+                    name,
+                    arguments,
+                    ctx.include_usage,
+                ),
+                Flavor::Anthropic => {
+                    anthropic_tool_use_stream_events(&ctx.model, text, name, arguments)
+                }
+            };
+            return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
+        }
+        (Endpoint::Chat, _) => openai_tool_call_completion(&ctx.model, text, name, arguments),
+        (Endpoint::Messages, _) => anthropic_tool_use_message(&ctx.model, text, name, arguments),
+        _ => return answer(ctx, &answer_text(&ctx.name), guard),
     };
     guard.finish();
     json_response(ctx, 200, &body)
@@ -884,6 +1104,260 @@ pub fn anthropic_stream_events(model: &str, pieces: &[String]) -> Vec<String> {
 /// One Anthropic SSE event: `event: <name>\ndata: <json>\n\n`.
 pub fn anthropic_sse(event: &str, data: &Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
+}
+
+/// How a streamed tool call sends its arguments: the compact JSON text of `arguments`
+/// cut into pieces of at most [`ARGUMENT_FRAGMENT_CHARS`] characters (so keys and
+/// strings are split mid-token, as real providers do); they concatenate back to
+/// `arguments.to_string()`.
+pub fn argument_fragments(arguments: &Value) -> Vec<String> {
+    let chars: Vec<char> = arguments.to_string().chars().collect();
+    chars
+        .chunks(ARGUMENT_FRAGMENT_CHARS)
+        .map(|c| c.iter().collect())
+        .collect()
+}
+
+/// Output tokens reported for a tool call: the text's words plus one per fragment.
+fn tool_call_tokens(text: Option<&str>, arguments: &Value) -> u64 {
+    text.map_or(0, completion_tokens) + argument_fragments(arguments).len() as u64
+}
+
+/// OpenAI `chat.completion` in which the model calls `name` with `arguments`
+/// ([`Behavior::ToolCall`]): `content` is `text` or `null`, the arguments a JSON
+/// string, `finish_reason: "tool_calls"`.
+pub fn openai_tool_call_completion(
+    model: &str,
+    text: Option<&str>,
+    name: &str,
+    arguments: &Value,
+) -> Value {
+    let out = tool_call_tokens(text, arguments);
+    json!({
+        "id": OPENAI_ID,
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": text,
+                "tool_calls": [{
+                    "id": OPENAI_TOOL_CALL_ID,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments.to_string()}
+                }],
+                "refusal": null
+            },
+            "logprobs": null,
+            "finish_reason": "tool_calls"
+        }],
+        "usage": {
+            "prompt_tokens": PROMPT_TOKENS,
+            "completion_tokens": out,
+            "total_tokens": PROMPT_TOKENS + out
+        }
+    })
+}
+
+/// OpenAI stream events of [`Behavior::ToolCall`]. Without text: a first chunk with
+/// the role, `content: null` and the tool call's head (`index`, `id`, `type`,
+/// `function.name`, `arguments: ""`). With text: a role chunk, one chunk per word,
+/// then the tool call's head. Then one chunk per [`argument_fragments`] piece
+/// (`index` and `function.arguments` only), the `finish_reason: "tool_calls"` chunk,
+/// the usage chunk when `include_usage`, and `data: [DONE]`.
+pub fn openai_tool_call_stream_events(
+    model: &str,
+    text: Option<&str>,
+    name: &str,
+    arguments: &Value,
+    include_usage: bool,
+) -> Vec<String> {
+    let head = json!([{
+        "index": 0,
+        "id": OPENAI_TOOL_CALL_ID,
+        "type": "function",
+        "function": {"name": name, "arguments": ""}
+    }]);
+    let mut events = Vec::new();
+    match text {
+        None => events.push(openai_sse(&openai_chunk(
+            model,
+            json!({"role": "assistant", "content": null, "tool_calls": head, "refusal": null}),
+            None,
+        ))),
+        Some(text) => {
+            events.push(openai_sse(&openai_chunk(
+                model,
+                json!({"role": "assistant", "content": "", "refusal": null}),
+                None,
+            )));
+            for piece in split_words(text) {
+                events.push(openai_sse(&openai_chunk(
+                    model,
+                    json!({"content": piece}),
+                    None,
+                )));
+            }
+            events.push(openai_sse(&openai_chunk(
+                model,
+                json!({"tool_calls": head}),
+                None,
+            )));
+        }
+    }
+    for fragment in argument_fragments(arguments) {
+        events.push(openai_sse(&openai_chunk(
+            model,
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}),
+            None,
+        )));
+    }
+    events.push(openai_sse(&openai_chunk(
+        model,
+        json!({}),
+        Some("tool_calls"),
+    )));
+    if include_usage {
+        let out = tool_call_tokens(text, arguments);
+        events.push(openai_sse(&json!({
+            "id": OPENAI_ID,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": model,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": out,
+                "total_tokens": PROMPT_TOKENS + out
+            }
+        })));
+    }
+    events.push("data: [DONE]\n\n".to_owned());
+    events
+}
+
+/// Anthropic `message` in which the model calls `name` with `arguments`
+/// ([`Behavior::ToolCall`]): a text block when `text` is set, then a `tool_use` block
+/// with the arguments as its `input` object, `stop_reason: "tool_use"`.
+pub fn anthropic_tool_use_message(
+    model: &str,
+    text: Option<&str>,
+    name: &str,
+    arguments: &Value,
+) -> Value {
+    let mut content = Vec::new();
+    if let Some(text) = text {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    content.push(json!({
+        "type": "tool_use",
+        "id": ANTHROPIC_TOOL_USE_ID,
+        "name": name,
+        "input": arguments
+    }));
+    json!({
+        "id": ANTHROPIC_ID,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": "tool_use",
+        "stop_sequence": null,
+        "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": tool_call_tokens(text, arguments)}
+    })
+}
+
+/// Anthropic stream events of [`Behavior::ToolCall`]: `message_start`; when `text` is
+/// set, a text block (start, `ping`, one delta per word, stop) at index 0; then at
+/// the next index `content_block_start` with the `tool_use` block (`input: {}`), an
+/// empty `input_json_delta`, `ping` (when no text block sent one), one
+/// `input_json_delta` per [`argument_fragments`] piece, `content_block_stop`; then
+/// `message_delta` with `stop_reason: "tool_use"` and `message_stop`.
+pub fn anthropic_tool_use_stream_events(
+    model: &str,
+    text: Option<&str>,
+    name: &str,
+    arguments: &Value,
+) -> Vec<String> {
+    let block_delta = |index: usize, delta: Value| {
+        anthropic_sse(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        )
+    };
+    let block_stop = |index: usize| {
+        anthropic_sse(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": index}),
+        )
+    };
+    let ping = || anthropic_sse("ping", &json!({"type": "ping"}));
+    let mut events = vec![anthropic_sse(
+        "message_start",
+        &json!({
+            "type": "message_start",
+            "message": {
+                "id": ANTHROPIC_ID,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": null,
+                "stop_sequence": null,
+                "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": 1}
+            }
+        }),
+    )];
+    let mut index = 0;
+    if let Some(text) = text {
+        events.push(anthropic_sse(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ));
+        events.push(ping());
+        for piece in split_words(text) {
+            events.push(block_delta(0, json!({"type": "text_delta", "text": piece})));
+        }
+        events.push(block_stop(0));
+        index = 1;
+    }
+    events.push(anthropic_sse(
+        "content_block_start",
+        &json!({
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "tool_use", "id": ANTHROPIC_TOOL_USE_ID, "name": name, "input": {}}
+        }),
+    ));
+    events.push(block_delta(
+        index,
+        json!({"type": "input_json_delta", "partial_json": ""}),
+    ));
+    if text.is_none() {
+        events.push(ping());
+    }
+    for fragment in argument_fragments(arguments) {
+        events.push(block_delta(
+            index,
+            json!({"type": "input_json_delta", "partial_json": fragment}),
+        ));
+    }
+    events.push(block_stop(index));
+    events.push(anthropic_sse(
+        "message_delta",
+        &json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+            "usage": {"output_tokens": tool_call_tokens(text, arguments)}
+        }),
+    ));
+    events.push(anthropic_sse(
+        "message_stop",
+        &json!({"type": "message_stop"}),
+    ));
+    events
 }
 
 /// OpenAI embeddings list with one deterministic vector per input.

@@ -1,7 +1,11 @@
 //! Compatibility with the official Python SDKs: simulated providers and the proxy run
 //! in-process on loopback, and `tests/sdk/compat.py` drives them with the `openai` and
 //! `anthropic` packages (unary, streams, fallbacks, error parsing, embeddings, model
-//! lists). Real clock: the SDKs run in a child process.
+//! lists), and across providers: the `openai` SDK answered by simulated Anthropic
+//! providers and the `anthropic` SDK by simulated OpenAI providers (unary, streams,
+//! tool call round trips, a fallback from an OpenAI to an Anthropic target), after
+//! which the test checks what each provider received in its own wire format. Real
+//! clock: the SDKs run in a child process.
 //!
 //! Interpreter: `$SWITCHBACK_SDK_PYTHON`, else `<workspace>/.venv/bin/python` (made by
 //! `.ci/setup-python`). Without one that imports both packages the test is skipped
@@ -12,8 +16,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use serde_json::{Value, json};
 use switchback_tests::harness::{NS, TestProxy, credential, route};
-use switchback_tests::sim::{Behavior, Flavor, SimProvider, answer_text, stream_pieces};
+use switchback_tests::sim::{
+    ANTHROPIC_TOOL_USE_ID, Behavior, Flavor, OPENAI_TOOL_CALL_ID, Received, SimProvider, ToolUse,
+    answer_text, stream_pieces,
+};
 use tokio::process::Command;
 
 /// The key the SDK clients send; it must never reach a provider.
@@ -21,6 +29,59 @@ const CLIENT_KEY: &str = "sk-switchback-sdk-client";
 const STREAM_CHUNKS: usize = 5;
 /// Whole-script limit: a hang must fail the test, not stall CI.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(180);
+/// The tool the simulated models call in the cross-provider cases (compat.py declares
+/// it with this name and answers it with `TOOL_RESULT`).
+const TOOL_NAME: &str = "get_weather";
+const TOOL_RESULT: &str = "18C and sunny";
+/// What the simulated models say before their second (streamed) tool call.
+const PREAMBLE: &str = "Let me check the weather.";
+/// compat.py's system prompt and `TOOL_SCHEMA`.
+const SYSTEM: &str = "You are terse.";
+
+fn tool_args() -> Value {
+    json!({"city": "Zürich", "unit": "celsius"})
+}
+
+fn tool_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
+        },
+        "required": ["city"]
+    })
+}
+
+/// Tool call, answer, tool call after some text, answer: the provider side of a unary
+/// and then a streamed round trip.
+fn tool_script() -> Behavior {
+    Behavior::Cycle(vec![
+        Behavior::tool_call(TOOL_NAME, tool_args()),
+        Behavior::Answer,
+        Behavior::ToolCall {
+            name: TOOL_NAME.into(),
+            arguments: tool_args(),
+            text: Some(PREAMBLE.into()),
+        },
+        Behavior::Answer,
+    ])
+}
+
+fn body(r: &Received) -> &Value {
+    r.json
+        .as_ref()
+        .unwrap_or_else(|| panic!("{} body is not JSON: {:?}", r.path, r.body))
+}
+
+fn roles(r: &Received) -> Vec<&str> {
+    body(r)["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or("?"))
+        .collect()
+}
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -99,6 +160,16 @@ struct Sims {
     breaker: SimProvider,
     claude_breaker: SimProvider,
     claude_overloaded: SimProvider,
+    // Across providers: OpenAI SDK -> Anthropic targets.
+    x_claude: SimProvider,
+    x_claude_streamer: SimProvider,
+    x_claude_tools: SimProvider,
+    x_down: SimProvider,
+    x_claude_backup: SimProvider,
+    // Anthropic SDK -> OpenAI targets.
+    x_gpt: SimProvider,
+    x_gpt_streamer: SimProvider,
+    x_gpt_tools: SimProvider,
 }
 
 impl Sims {
@@ -122,7 +193,21 @@ impl Sims {
             claude_breaker: SimProvider::start_named("claude-breaker", Flavor::Anthropic).await,
             claude_overloaded: SimProvider::start_named("claude-overloaded", Flavor::Anthropic)
                 .await,
+            x_claude: SimProvider::start_named("x-claude", Flavor::Anthropic).await,
+            x_claude_streamer: SimProvider::start_named("x-claude-streamer", Flavor::Anthropic)
+                .await,
+            x_claude_tools: SimProvider::start_named("x-claude-tools", Flavor::Anthropic).await,
+            x_down: SimProvider::start_named("x-down", Flavor::OpenAi).await,
+            x_claude_backup: SimProvider::start_named("x-claude-backup", Flavor::Anthropic).await,
+            x_gpt: SimProvider::start_named("x-gpt", Flavor::OpenAi).await,
+            x_gpt_streamer: SimProvider::start_named("x-gpt-streamer", Flavor::OpenAi).await,
+            x_gpt_tools: SimProvider::start_named("x-gpt-tools", Flavor::OpenAi).await,
         };
+        sims.x_claude_streamer.set_default(stream.clone());
+        sims.x_gpt_streamer.set_default(stream.clone());
+        sims.x_claude_tools.set_default(tool_script());
+        sims.x_gpt_tools.set_default(tool_script());
+        sims.x_down.set_default(Behavior::ServerError(503));
         sims.streamer.set_default(stream.clone());
         sims.claude_streamer.set_default(stream);
         sims.primary.set_default(Behavior::ServerError(503));
@@ -141,7 +226,7 @@ impl Sims {
         sims
     }
 
-    fn all(&self) -> [&SimProvider; 13] {
+    fn all(&self) -> [&SimProvider; 21] {
         [
             &self.chat,
             &self.streamer,
@@ -156,6 +241,14 @@ impl Sims {
             &self.breaker,
             &self.claude_breaker,
             &self.claude_overloaded,
+            &self.x_claude,
+            &self.x_claude_streamer,
+            &self.x_claude_tools,
+            &self.x_down,
+            &self.x_claude_backup,
+            &self.x_gpt,
+            &self.x_gpt_streamer,
+            &self.x_gpt_tools,
         ]
     }
 
@@ -202,6 +295,17 @@ impl Sims {
             &two("claude-overloaded", "claude-streamer"),
         );
         m += &route("sdk-claude-failing", &two("claude-down-a", "claude-down-b"));
+        for (route_name, cred) in [
+            ("sdk-x-claude", "x-claude"),
+            ("sdk-x-claude-stream", "x-claude-streamer"),
+            ("sdk-x-claude-tools", "x-claude-tools"),
+            ("sdk-x-gpt", "x-gpt"),
+            ("sdk-x-gpt-stream", "x-gpt-streamer"),
+            ("sdk-x-gpt-tools", "x-gpt-tools"),
+        ] {
+            m += &route(route_name, &one(cred, &format!("upstream-{cred}")));
+        }
+        m += &route("sdk-x-fallback", &two("x-down", "x-claude-backup"));
         m
     }
 }
@@ -272,6 +376,48 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
             stream_text("claude-streamer"),
         )
         .env("SWITCHBACK_UNKNOWN_MODEL", "sdk-no-such-model")
+        .env("SWITCHBACK_TOOL_NAME", TOOL_NAME)
+        .env("SWITCHBACK_TOOL_ARGS", tool_args().to_string())
+        .env("SWITCHBACK_OPENAI_X_MODEL", "sdk-x-claude")
+        .env("SWITCHBACK_OPENAI_X_TARGET", target("x-claude"))
+        .env("SWITCHBACK_OPENAI_X_TEXT", answer_text("x-claude"))
+        .env("SWITCHBACK_OPENAI_X_STREAM_MODEL", "sdk-x-claude-stream")
+        .env(
+            "SWITCHBACK_OPENAI_X_STREAM_TEXT",
+            stream_text("x-claude-streamer"),
+        )
+        .env("SWITCHBACK_OPENAI_X_TOOLS_MODEL", "sdk-x-claude-tools")
+        // Tool call ids pass through translation unchanged.
+        .env("SWITCHBACK_OPENAI_X_TOOL_ID", ANTHROPIC_TOOL_USE_ID)
+        .env(
+            "SWITCHBACK_OPENAI_X_TOOLS_TEXT",
+            answer_text("x-claude-tools"),
+        )
+        .env("SWITCHBACK_OPENAI_X_TOOLS_PREAMBLE", PREAMBLE)
+        .env("SWITCHBACK_OPENAI_X_FALLBACK_MODEL", "sdk-x-fallback")
+        .env(
+            "SWITCHBACK_OPENAI_X_FALLBACK_TARGET",
+            target("x-claude-backup"),
+        )
+        .env(
+            "SWITCHBACK_OPENAI_X_FALLBACK_TEXT",
+            answer_text("x-claude-backup"),
+        )
+        .env("SWITCHBACK_ANTHROPIC_X_MODEL", "sdk-x-gpt")
+        .env("SWITCHBACK_ANTHROPIC_X_TARGET", target("x-gpt"))
+        .env("SWITCHBACK_ANTHROPIC_X_TEXT", answer_text("x-gpt"))
+        .env("SWITCHBACK_ANTHROPIC_X_STREAM_MODEL", "sdk-x-gpt-stream")
+        .env(
+            "SWITCHBACK_ANTHROPIC_X_STREAM_TEXT",
+            stream_text("x-gpt-streamer"),
+        )
+        .env("SWITCHBACK_ANTHROPIC_X_TOOLS_MODEL", "sdk-x-gpt-tools")
+        .env("SWITCHBACK_ANTHROPIC_X_TOOL_ID", OPENAI_TOOL_CALL_ID)
+        .env(
+            "SWITCHBACK_ANTHROPIC_X_TOOLS_TEXT",
+            answer_text("x-gpt-tools"),
+        )
+        .env("SWITCHBACK_ANTHROPIC_X_TOOLS_PREAMBLE", PREAMBLE)
         .env_remove("SWITCHBACK_SDK_CASES")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -327,8 +473,37 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
         Some("upstream-claude"),
         "upstream gets the target's model"
     );
+    check_cross_provider(&sims);
+
     for sim in sims.all() {
         for r in sim.received() {
+            // Each provider is spoken to in its own wire format, whatever the client's.
+            match sim.flavor() {
+                Flavor::Anthropic => {
+                    assert_eq!(r.path, "/v1/messages", "{}", sim.name());
+                    assert!(
+                        r.header("anthropic-version").is_some(),
+                        "{}: no anthropic-version",
+                        sim.name()
+                    );
+                    assert!(
+                        body(&r)["max_tokens"].is_u64(),
+                        "{}: Anthropic requires max_tokens: {}",
+                        sim.name(),
+                        body(&r)
+                    );
+                    assert_eq!(r.header("authorization"), None, "{}", sim.name());
+                }
+                Flavor::OpenAi => {
+                    assert!(
+                        ["/v1/chat/completions", "/v1/embeddings"].contains(&r.path.as_str()),
+                        "{}: {}",
+                        sim.name(),
+                        r.path
+                    );
+                    assert_eq!(r.header("x-api-key"), None, "{}", sim.name());
+                }
+            }
             for (name, value) in &r.headers {
                 let value = String::from_utf8_lossy(value.as_bytes());
                 assert!(
@@ -349,4 +524,156 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
             assert_eq!(auth.as_deref(), Some(want.as_str()), "{}", sim.name());
         }
     }
+}
+
+/// What the providers of the cross-provider cases received, in their own format.
+fn check_cross_provider(sims: &Sims) {
+    // OpenAI SDK -> Anthropic, unary: system hoisted, limits and sampling mapped.
+    let got = sims.x_claude.received();
+    assert_eq!(got.len(), 1, "x-claude");
+    let b = body(&got[0]);
+    assert_eq!(got[0].model(), Some("upstream-x-claude"));
+    assert_eq!(b["system"], SYSTEM, "{b}");
+    assert_eq!(
+        b["messages"],
+        json!([{"role": "user", "content": "hello"}]),
+        "{b}"
+    );
+    assert_eq!(b["max_tokens"], 100, "{b}");
+    assert_eq!(b["temperature"], 0.5, "{b}");
+    assert_eq!(b["stop_sequences"], json!(["END"]), "{b}");
+    assert_ne!(b["stream"], true, "{b}");
+
+    // OpenAI SDK -> Anthropic, stream: the default max_tokens (the client set none).
+    let got = sims.x_claude_streamer.received();
+    assert_eq!(got.len(), 1, "x-claude-streamer");
+    let b = body(&got[0]);
+    assert_eq!(b["stream"], true, "{b}");
+    assert_eq!(b["max_tokens"], 4096, "documented default: {b}");
+    assert_eq!(b.get("stream_options"), None, "not an Anthropic field: {b}");
+
+    // OpenAI SDK -> Anthropic, tools: unary round trip, then streamed.
+    let got = sims.x_claude_tools.received();
+    assert_eq!(got.len(), 4, "x-claude-tools: call, answer, call, answer");
+    let b = body(&got[0]);
+    assert_eq!(
+        b["tools"],
+        json!([{"name": TOOL_NAME, "description": "Current weather for a city",
+                "input_schema": tool_schema()}]),
+        "{b}"
+    );
+    assert_eq!(b["tool_choice"], json!({"type": "auto"}), "{b}");
+    assert!(got[0].tool_results().is_empty());
+    assert!(got[2].tool_results().is_empty());
+    assert_eq!(got[2].json.as_ref().unwrap()["stream"], true);
+    assert_eq!(got[3].json.as_ref().unwrap()["stream"], true);
+    let call = ToolUse {
+        id: ANTHROPIC_TOOL_USE_ID.into(),
+        name: TOOL_NAME.into(),
+        arguments: tool_args(),
+    };
+    for (k, r) in [(1, &got[1]), (3, &got[3])] {
+        assert_eq!(
+            roles(r),
+            ["user", "assistant", "user"],
+            "request {k}: {}",
+            body(r)
+        );
+        assert_eq!(r.tool_names(), [TOOL_NAME], "request {k}");
+        assert_eq!(
+            r.tool_uses(),
+            std::slice::from_ref(&call),
+            "request {k}: {}",
+            body(r)
+        );
+        let results = r.tool_results();
+        assert_eq!(results.len(), 1, "request {k}: {}", body(r));
+        assert_eq!(results[0].id, ANTHROPIC_TOOL_USE_ID, "request {k}");
+        assert_eq!(results[0].text(), TOOL_RESULT, "request {k}");
+        let user = &body(r)["messages"][2]["content"];
+        assert_eq!(user[0]["type"], "tool_result", "request {k}: {user}");
+    }
+    // The text said before the streamed call goes back ahead of the tool_use block.
+    let assistant = &body(&got[3])["messages"][1]["content"];
+    assert_eq!(
+        assistant[0],
+        json!({"type": "text", "text": PREAMBLE}),
+        "{assistant}"
+    );
+    assert_eq!(assistant[1]["type"], "tool_use", "{assistant}");
+
+    // OpenAI SDK: fallback from an OpenAI target to an Anthropic one (unary + stream).
+    let down = sims.x_down.received();
+    assert_eq!(down.len(), 2, "x-down: unary + stream");
+    assert!(down.iter().all(|r| r.path == "/v1/chat/completions"));
+    assert_eq!(down[0].model(), Some("upstream-x-down"));
+    let backup = sims.x_claude_backup.received();
+    assert_eq!(backup.len(), 2, "x-claude-backup: unary + stream");
+    assert_eq!(backup[0].model(), Some("upstream-x-claude-backup"));
+    assert_eq!(body(&backup[1])["stream"], true);
+
+    // Anthropic SDK -> OpenAI, unary: system message first, limits and sampling mapped.
+    let got = sims.x_gpt.received();
+    assert_eq!(got.len(), 1, "x-gpt");
+    let b = body(&got[0]);
+    assert_eq!(got[0].model(), Some("upstream-x-gpt"));
+    assert_eq!(
+        b["messages"],
+        json!([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello"}]),
+        "{b}"
+    );
+    // `provider: openai`: the limit goes as max_completion_tokens.
+    assert_eq!(b["max_completion_tokens"], 64, "{b}");
+    assert_eq!(b.get("max_tokens"), None, "{b}");
+    assert_eq!(b["stop"], json!(["END"]), "{b}");
+
+    // Anthropic SDK -> OpenAI, stream: usage asked for, so the final event can carry it.
+    let got = sims.x_gpt_streamer.received();
+    assert_eq!(got.len(), 1, "x-gpt-streamer");
+    let b = body(&got[0]);
+    assert_eq!(b["stream"], true, "{b}");
+    assert_eq!(b["stream_options"]["include_usage"], true, "{b}");
+
+    // Anthropic SDK -> OpenAI, tools.
+    let got = sims.x_gpt_tools.received();
+    assert_eq!(got.len(), 4, "x-gpt-tools: call, answer, call, answer");
+    let b = body(&got[0]);
+    assert_eq!(
+        b["tools"],
+        json!([{"type": "function", "function": {"name": TOOL_NAME,
+                "description": "Current weather for a city", "parameters": tool_schema()}}]),
+        "{b}"
+    );
+    assert_eq!(b["tool_choice"], "auto", "{b}");
+    let call = ToolUse {
+        id: OPENAI_TOOL_CALL_ID.into(),
+        name: TOOL_NAME.into(),
+        arguments: tool_args(),
+    };
+    for (k, r) in [(1, &got[1]), (3, &got[3])] {
+        assert_eq!(
+            roles(r),
+            ["user", "assistant", "tool"],
+            "request {k}: {}",
+            body(r)
+        );
+        assert_eq!(r.tool_names(), [TOOL_NAME], "request {k}");
+        assert_eq!(
+            r.tool_uses(),
+            std::slice::from_ref(&call),
+            "request {k}: {}",
+            body(r)
+        );
+        let results = r.tool_results();
+        assert_eq!(results.len(), 1, "request {k}: {}", body(r));
+        assert_eq!(results[0].id, OPENAI_TOOL_CALL_ID, "request {k}");
+        assert_eq!(results[0].text(), TOOL_RESULT, "request {k}");
+    }
+    let assistant = &body(&got[3])["messages"][1];
+    let content = match &assistant["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        other => panic!("assistant content {other}"),
+    };
+    assert_eq!(content, PREAMBLE, "{assistant}");
 }

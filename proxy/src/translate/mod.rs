@@ -88,7 +88,7 @@
 //! | `seed` | Anthropic | dropped | OpenAI documents it as best effort, determinism is not guaranteed |
 //! | `user`, `safety_identifier` | Anthropic | → `metadata.user_id` | same purpose |
 //! | `metadata`, `store` | Anthropic | dropped | only used by OpenAI's stored completions; the answer is unchanged |
-//! | `service_tier`, `prompt_cache_key`, `prediction` | Anthropic | dropped | scheduling, caching and latency hints; the answer is unchanged |
+//! | `service_tier`, `prompt_cache_key`, `prompt_cache_retention`, `prediction` | Anthropic | dropped | scheduling, caching and latency hints; the answer is unchanged |
 //! | `reasoning_effort`, `verbosity` | Anthropic | dropped | hints to OpenAI's reasoning models; the answer's shape is unchanged (Anthropic's own OpenAI layer ignores them too) |
 //! | `tools[].function.strict` | Anthropic | dropped | schema adherence is not enforced (as in Anthropic's own OpenAI layer) |
 //! | `messages[].name` | Anthropic | dropped | no per-participant names |
@@ -358,6 +358,26 @@ mod tests {
         )
         .unwrap();
         serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn caching_hints_are_dropped_both_ways() {
+        let out = chat(
+            serde_json::json!({"model": "m", "prompt_cache_retention": "24h",
+            "prompt_cache_key": "k", "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert!(
+            out.get("prompt_cache_retention").is_none() && out.get("prompt_cache_key").is_none()
+        );
+        let out = request(
+            Direction::AnthropicToOpenAi,
+            br#"{"model":"m","max_tokens":5,"cache_control":{"type":"ephemeral"},"messages":[{"role":"user","content":"hi"}]}"#,
+            "gpt",
+            &Defaults::default(),
+        )
+        .unwrap();
+        let out: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert!(out.get("cache_control").is_none(), "{out}");
     }
 
     #[test]

@@ -125,9 +125,21 @@ pub(super) fn chat_to_messages(
                 ));
             }
             // Accepted in their neutral form above, or dropped: see the module docs.
-            "n" | "logprobs" | "top_logprobs" | "presence_penalty" | "frequency_penalty"
-            | "logit_bias" | "seed" | "metadata" | "store" | "service_tier"
-            | "prompt_cache_key" | "prediction" | "reasoning_effort" | "verbosity" => {}
+            "n"
+            | "logprobs"
+            | "top_logprobs"
+            | "presence_penalty"
+            | "frequency_penalty"
+            | "logit_bias"
+            | "seed"
+            | "metadata"
+            | "store"
+            | "service_tier"
+            | "prompt_cache_key"
+            | "prompt_cache_retention"
+            | "prediction"
+            | "reasoning_effort"
+            | "verbosity" => {}
             _ => return Err(refuse(k, &format!("the parameter {k}"), ANTHROPIC)),
         }
     }
@@ -602,7 +614,8 @@ pub(super) fn messages_to_chat(
                     return Err(refuse(k, "extended thinking", OPENAI));
                 }
             }
-            "service_tier" => {}
+            // Scheduling and prompt-caching hints: the answer is the same without them.
+            "service_tier" | "cache_control" => {}
             "container" | "mcp_servers" | "context_management" => {
                 return Err(refuse(k, k, OPENAI));
             }

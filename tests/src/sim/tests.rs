@@ -677,3 +677,355 @@ async fn a_cycle_takes_turns_and_the_queue_still_comes_first() {
     }
     assert_eq!(statuses, [500, 503, 200, 503, 200]);
 }
+
+fn weather_args() -> Value {
+    json!({"city": "Zürich", "unit": "celsius", "days": [1, 2]})
+}
+
+/// Data of the OpenAI chunks of a stream body, `[DONE]` checked and dropped.
+fn openai_chunks(text: &str) -> Vec<Value> {
+    let events = parse_sse(text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[test]
+fn argument_fragments_cut_mid_token_and_join_back() {
+    let args = weather_args();
+    let pieces = argument_fragments(&args);
+    assert!(pieces.len() > 3, "{pieces:?}");
+    assert!(
+        pieces
+            .iter()
+            .all(|p| p.chars().count() <= ARGUMENT_FRAGMENT_CHARS)
+    );
+    // Multibyte characters are never split.
+    assert_eq!(pieces.concat(), args.to_string());
+    // No piece but the last is a complete JSON value: a client must reassemble.
+    assert!(serde_json::from_str::<Value>(&pieces[0]).is_err());
+    assert_eq!(argument_fragments(&json!({})), ["{}"]);
+}
+
+#[tokio::test]
+async fn openai_tool_call_unary_has_string_arguments() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.push(Behavior::tool_call("get_weather", weather_args()));
+    let body = json_of(post(&sim, "/v1/chat/completions", &chat("gpt-4o")).await).await;
+    assert_eq!(
+        body,
+        openai_tool_call_completion("gpt-4o", None, "get_weather", &weather_args())
+    );
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["id"], OPENAI_TOOL_CALL_ID);
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let raw = call["function"]["arguments"]
+        .as_str()
+        .expect("a JSON string");
+    assert_eq!(serde_json::from_str::<Value>(raw).unwrap(), weather_args());
+
+    // With text before the call, and the default answers the next request.
+    sim.push(Behavior::ToolCall {
+        name: "f".into(),
+        arguments: json!({}),
+        text: Some("Let me check.".into()),
+    });
+    let body = json_of(post(&sim, "/v1/chat/completions", &chat("m")).await).await;
+    assert_eq!(body["choices"][0]["message"]["content"], "Let me check.");
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        "{}"
+    );
+    let body = json_of(post(&sim, "/v1/chat/completions", &chat("m")).await).await;
+    assert_eq!(body, openai_completion("m", "Hello from sim."));
+}
+
+#[tokio::test]
+async fn openai_tool_call_streams_as_indexed_deltas() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    for text in [None, Some("Checking the weather.")] {
+        sim.push(Behavior::ToolCall {
+            name: "get_weather".into(),
+            arguments: weather_args(),
+            text: text.map(str::to_owned),
+        });
+        let req = json!({"model": "gpt-4o", "stream": true,
+                         "stream_options": {"include_usage": true}, "messages": []});
+        let resp = post(&sim, "/v1/chat/completions", &req).await;
+        assert!(header(&resp, "content-type").starts_with("text/event-stream"));
+        let body = resp.text().await.unwrap();
+        assert_eq!(
+            body,
+            openai_tool_call_stream_events("gpt-4o", text, "get_weather", &weather_args(), true)
+                .concat()
+        );
+        let chunks = openai_chunks(&body);
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        // Reassemble the way the SDKs do: by tool call index.
+        let (mut id, mut name, mut args, mut content) =
+            (String::new(), String::new(), String::new(), String::new());
+        let mut heads = 0;
+        for c in &chunks {
+            let Some(delta) = c["choices"].get(0).map(|ch| &ch["delta"]) else {
+                continue;
+            };
+            if let Some(t) = delta["content"].as_str() {
+                content += t;
+            }
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                assert_eq!(call["index"], 0);
+                if let Some(i) = call["id"].as_str() {
+                    heads += 1;
+                    id += i;
+                    assert_eq!(call["type"], "function");
+                }
+                name += call["function"]["name"].as_str().unwrap_or("");
+                args += call["function"]["arguments"].as_str().unwrap();
+            }
+        }
+        assert_eq!(heads, 1, "id, type and name come once");
+        assert_eq!(id, OPENAI_TOOL_CALL_ID);
+        assert_eq!(name, "get_weather");
+        assert_eq!(
+            serde_json::from_str::<Value>(&args).unwrap(),
+            weather_args()
+        );
+        assert_eq!(content, text.unwrap_or(""));
+        let fragments = argument_fragments(&weather_args()).len();
+        let n = chunks.len();
+        assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[n - 1]["choices"], json!([]));
+        let words = text.map_or(0, |t| t.split_whitespace().count());
+        assert_eq!(
+            chunks[n - 1]["usage"]["completion_tokens"],
+            (words + fragments) as u64
+        );
+        // No usage chunk unless asked.
+        sim.push(Behavior::tool_call("get_weather", weather_args()));
+        let body = post(&sim, "/v1/chat/completions", &chat_stream("gpt-4o"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        let chunks = openai_chunks(&body);
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
+        assert_eq!(chunks.len(), 1 + fragments + 1);
+    }
+}
+
+#[tokio::test]
+async fn anthropic_tool_use_unary_has_object_input() {
+    let sim = SimProvider::start(Flavor::Anthropic).await;
+    sim.push(Behavior::tool_call("get_weather", weather_args()));
+    let body = json_of(post(&sim, "/v1/messages", &message("claude-x")).await).await;
+    assert_eq!(
+        body,
+        anthropic_tool_use_message("claude-x", None, "get_weather", &weather_args())
+    );
+    assert_eq!(body["stop_reason"], "tool_use");
+    assert_eq!(body["content"].as_array().unwrap().len(), 1);
+    let block = &body["content"][0];
+    assert_eq!(block["type"], "tool_use");
+    assert_eq!(block["id"], ANTHROPIC_TOOL_USE_ID);
+    assert_eq!(block["name"], "get_weather");
+    assert_eq!(block["input"], weather_args());
+
+    sim.push(Behavior::ToolCall {
+        name: "get_weather".into(),
+        arguments: weather_args(),
+        text: Some("Let me check.".into()),
+    });
+    let body = json_of(post(&sim, "/v1/messages", &message("claude-x")).await).await;
+    let types: Vec<_> = body["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(types, ["text", "tool_use"]);
+    assert_eq!(body["content"][0]["text"], "Let me check.");
+
+    // Not a generation endpoint: answers as usual.
+    sim.push(Behavior::tool_call("f", json!({})));
+    let resp = client()
+        .get(format!("{}/models", sim.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json_of(resp).await,
+        models_list(Flavor::Anthropic, &SIM_MODELS)
+    );
+}
+
+#[tokio::test]
+async fn anthropic_tool_use_streams_input_json_deltas() {
+    let sim = SimProvider::start(Flavor::Anthropic).await;
+    for text in [None, Some("Checking the weather.")] {
+        sim.push(Behavior::ToolCall {
+            name: "get_weather".into(),
+            arguments: weather_args(),
+            text: text.map(str::to_owned),
+        });
+        let resp = post(&sim, "/v1/messages", &message_stream("claude-x")).await;
+        assert_eq!(header(&resp, "content-type"), "text/event-stream");
+        let body = resp.text().await.unwrap();
+        assert_eq!(
+            body,
+            anthropic_tool_use_stream_events("claude-x", text, "get_weather", &weather_args())
+                .concat()
+        );
+        let events: Vec<(String, Value)> = parse_sse(&body)
+            .into_iter()
+            .map(|(e, d)| (e.unwrap(), serde_json::from_str(&d).unwrap()))
+            .collect();
+        for (name, data) in &events {
+            assert_eq!(&data["type"], name.as_str());
+        }
+        let names: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
+        let fragments = argument_fragments(&weather_args()).len();
+        let mut want = vec!["message_start"];
+        let tool_index = match text {
+            None => 0,
+            Some(t) => {
+                want.extend(["content_block_start", "ping"]);
+                want.extend(std::iter::repeat_n(
+                    "content_block_delta",
+                    t.split_whitespace().count(),
+                ));
+                want.push("content_block_stop");
+                1
+            }
+        };
+        want.extend(["content_block_start", "content_block_delta"]);
+        if text.is_none() {
+            want.push("ping");
+        }
+        want.extend(std::iter::repeat_n("content_block_delta", fragments));
+        want.extend(["content_block_stop", "message_delta", "message_stop"]);
+        assert_eq!(names, want);
+
+        // Reassemble the way the SDKs do: per block index.
+        let start = events
+            .iter()
+            .find(|(e, d)| e == "content_block_start" && d["content_block"]["type"] == "tool_use")
+            .map(|(_, d)| d)
+            .unwrap();
+        assert_eq!(start["index"], tool_index);
+        assert_eq!(
+            start["content_block"],
+            json!({"type": "tool_use", "id": ANTHROPIC_TOOL_USE_ID, "name": "get_weather", "input": {}})
+        );
+        let partial: String = events
+            .iter()
+            .filter(|(_, d)| d["delta"]["type"] == "input_json_delta")
+            .inspect(|(_, d)| assert_eq!(d["index"], tool_index))
+            .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&partial).unwrap(),
+            weather_args()
+        );
+        let text_got: String = events
+            .iter()
+            .filter_map(|(_, d)| d["delta"]["text"].as_str())
+            .collect();
+        assert_eq!(text_got, text.unwrap_or(""));
+        let delta = &events[events.len() - 2].1;
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    }
+}
+
+#[tokio::test]
+async fn tool_declarations_calls_and_results_are_readable_from_requests() {
+    let oa = SimProvider::start(Flavor::OpenAi).await;
+    let req = json!({"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "get_time", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+        {"role": "tool", "tool_call_id": "call_2",
+         "content": [{"type": "text", "text": "12:"}, {"type": "text", "text": "00"}]}
+    ], "tools": [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "get_time"}}
+    ]});
+    post(&oa, "/v1/chat/completions", &req).await;
+    let got = &oa.received()[0];
+    assert_eq!(got.tool_names(), ["get_weather", "get_time"]);
+    assert_eq!(
+        got.tool_uses(),
+        [
+            ToolUse {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments: json!({"city": "Paris"})
+            },
+            ToolUse {
+                id: "call_2".into(),
+                name: "get_time".into(),
+                arguments: json!("not json")
+            }
+        ]
+    );
+    let results = got.tool_results();
+    assert_eq!(results.len(), 2);
+    assert_eq!(
+        (results[0].id.as_str(), results[0].text().as_str()),
+        ("call_1", "18C")
+    );
+    assert_eq!(
+        (results[1].id.as_str(), results[1].text().as_str()),
+        ("call_2", "12:00")
+    );
+    assert_eq!(results[0].is_error, None);
+
+    let an = SimProvider::start(Flavor::Anthropic).await;
+    let req = json!({"model": "claude-x", "max_tokens": 64, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me check."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": true,
+             "content": [{"type": "text", "text": "failed"}]},
+            {"type": "text", "text": "thanks"}]}
+    ], "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]});
+    post(&an, "/v1/messages", &req).await;
+    let got = &an.received()[0];
+    assert_eq!(got.tool_names(), ["get_weather"]);
+    assert_eq!(
+        got.tool_uses(),
+        [ToolUse {
+            id: "toolu_1".into(),
+            name: "get_weather".into(),
+            arguments: json!({"city": "Paris"})
+        }]
+    );
+    let results = got.tool_results();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0].id, "toolu_1");
+    assert_eq!(results[0].content, json!("18C"));
+    assert_eq!(results[1].is_error, Some(true));
+    assert_eq!(results[1].text(), "failed");
+
+    // A request without tools has none of them.
+    post(&an, "/v1/messages", &message("m")).await;
+    let plain = &an.received()[1];
+    assert!(plain.tool_names().is_empty());
+    assert!(plain.tool_uses().is_empty());
+    assert!(plain.tool_results().is_empty());
+}
