@@ -21,9 +21,25 @@
 //!    {unary, streaming} × {concurrency 1, 64, 256} × {DIRECT to the simulator,
 //!    THROUGH the proxy}. Streams are `Behavior::Stream { chunks: 20, interval: 0 }`,
 //!    so they are compute-bound, not timer-bound;
-//! 4. stops the proxy (by the pid of the child it started) and prints the tables.
+//!    right after the unary proxied cell at concurrency 1 and 64, a FAILOVER cell: route
+//!    `bench-failover` whose first target is a second simulator answering 503 to
+//!    everything, with `circuitBreaker: { consecutiveFailures: 1, openFor: 5m }`, and whose
+//!    second target is the healthy simulator. Before the cell one request (at most three)
+//!    opens that circuit; during the cell every request skips the open target and goes
+//!    straight to the backup. A sample request in the middle of the measurement window
+//!    checks it from the response headers (`x-switchback-attempts: 1`,
+//!    `x-switchback-target` = the backup), and the failing simulator's hit counter must
+//!    not move during the cell;
+//! 4. reads the proxy's `/metrics`, stops the proxy (by the pid of the child it started),
+//!    counts its per-request log lines and prints the tables.
 //!
-//! Each cell runs 1 s of warm-up, then `BENCH_SECONDS` (default 3) of measurement, and
+//! The proxy runs with its default observability: metrics are always on, and it logs one
+//! line per request at `info` (the default when `SWITCHBACK_LOG` is unset; the child
+//! inherits this process's environment, so `SWITCHBACK_LOG=warn` turns request logging
+//! off for a comparison). Its output goes to a file in the temporary folder. The report
+//! prints the logging state and how many request lines were written.
+//!
+//! Each cell runs 0.5 s of warm-up, then `BENCH_SECONDS` (default 3) of measurement, and
 //! also stops after [`MAX_REQUESTS_PER_CELL`] requests, so the run always ends by itself.
 //! Only requests that complete inside the measurement window count.
 //!
@@ -37,6 +53,10 @@
 //!   negative values are noise);
 //! - `errors`: non-200 answers and transport errors during the window (should be 0);
 //! - the proxy's peak RSS is `VmHWM` of the child process after all cells;
+//! - the failover table compares the failover route with the healthy single-target
+//!   route through the same proxy at the same concurrency (the unary proxied cell just
+//!   before it): `thru %` is failover / healthy, `+p50`/`+p99` the latency added beyond
+//!   one skipped (open-circuit) target;
 //! - the verdict compares the unary cells with the budget: added p99 at concurrency
 //!   64 < 1 ms, and throughput through the proxy >= 50% of direct.
 //!
@@ -46,6 +66,7 @@
 //! Read the ratios, not the capacity.
 
 use std::fmt::Write as _;
+use std::io::BufRead as _;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -59,17 +80,17 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use switchback_tests::harness::{chat_body, credential, route};
+use switchback_tests::harness::{NS, chat_body, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout_at};
 
 /// Concurrency levels (simultaneous workers, one connection each).
 const CONCURRENCY: [usize; 3] = [1, 64, 256];
 /// Warm-up before each cell's measurement window.
-const WARMUP: Duration = Duration::from_secs(1);
+const WARMUP: Duration = Duration::from_millis(500);
 /// Measurement window when `BENCH_SECONDS` is not set.
 const DEFAULT_SECONDS: f64 = 3.0;
 /// Hard stop per cell, whatever the clock says.
@@ -82,6 +103,12 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STREAM_CHUNKS: usize = 20;
 /// The route (and so the model name) the proxy serves.
 const ROUTE: &str = "bench";
+/// The failover route: a failing first target with a circuit breaker, then `sim`.
+const FAILOVER_ROUTE: &str = "bench-failover";
+/// Concurrency levels of the failover cells (unary only).
+const FAILOVER_CONCURRENCY: [usize; 2] = [1, 64];
+/// Requests allowed to open the failing target's circuit before a failover cell.
+const OPEN_CIRCUIT_TRIES: usize = 3;
 const CHAT_PATH: &str = "/v1/chat/completions";
 /// Budget the unary cells are judged against.
 const BUDGET_ADDED_P99_C64: Duration = Duration::from_millis(1);
@@ -128,14 +155,27 @@ fn run() -> Result<(), String> {
     let sim_rt = runtime("sim", cores)?;
     let sim = sim_rt.block_on(SimProvider::start_named("bench", Flavor::OpenAi));
     sim.set_recording(false);
+    // The failover route's first target: fails everything, so its circuit opens.
+    let broken = sim_rt.block_on(SimProvider::start_named("broken", Flavor::OpenAi));
+    broken.set_recording(false);
+    broken.set_default(Behavior::ServerError(503));
 
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
     let manifest = dir.path().join("switchback.yaml");
     let manifests = format!(
-        "{}{}",
+        "{}{}{}{}",
         credential("sim", "openai", &sim.base_url(), "sk-bench"),
+        credential("broken", "openai", &broken.base_url(), "sk-bench"),
         route(ROUTE, "  targets:\n    - credentialRef: { name: sim }\n"),
+        route(
+            FAILOVER_ROUTE,
+            "  circuitBreaker: { consecutiveFailures: 1, openFor: 5m }\n  targets:\n    \
+             - credentialRef: { name: broken }\n    - credentialRef: { name: sim }\n"
+        ),
     );
+    // `x-switchback-target` of an answer from the healthy simulator.
+    let backup = format!("{NS}/sim");
+    let logging = LoggingState::from_env();
     std::fs::write(&manifest, manifests).map_err(|e| format!("write manifest: {e}"))?;
 
     let bin = proxy_binary()?;
@@ -147,11 +187,14 @@ fn run() -> Result<(), String> {
     gen_rt.block_on(smoke_test(sim.addr(), data_addr, &proxy))?;
 
     eprintln!(
-        "bench: {cores} cores; {} s warm-up + {:.1} s per cell; 12 cells",
-        WARMUP.as_secs(),
-        measure.as_secs_f64()
+        "bench: {cores} cores; {:.1} s warm-up + {:.1} s per cell; {} cells; proxy logging: {}",
+        WARMUP.as_secs_f64(),
+        measure.as_secs_f64(),
+        2 * 2 * CONCURRENCY.len() + FAILOVER_CONCURRENCY.len(),
+        logging.describe()
     );
     let mut rows = Vec::new();
+    let mut failover = Vec::new();
     for mode in [Mode::Unary, Mode::Stream] {
         sim.set_default(match mode {
             Mode::Unary => Behavior::Answer,
@@ -161,18 +204,30 @@ fn run() -> Result<(), String> {
             },
         });
         for conc in CONCURRENCY {
-            let direct = gen_rt.block_on(run_cell(sim.addr(), mode, conc, measure));
+            let direct = gen_rt.block_on(run_cell(sim.addr(), ROUTE, mode, conc, measure));
             eprintln!(
                 "bench: {:>6} c={conc:<3} direct  {}",
                 mode.name(),
                 direct.brief()
             );
-            let proxied = gen_rt.block_on(run_cell(data_addr, mode, conc, measure));
+            let proxied = gen_rt.block_on(run_cell(data_addr, ROUTE, mode, conc, measure));
             eprintln!(
                 "bench: {:>6} c={conc:<3} proxy   {}",
                 mode.name(),
                 proxied.brief()
             );
+            if mode == Mode::Unary && FAILOVER_CONCURRENCY.contains(&conc) {
+                let row = gen_rt.block_on(run_failover_cell(
+                    data_addr, &broken, &backup, conc, measure,
+                ))?;
+                eprintln!(
+                    "bench: {:>6} c={conc:<3} failover {}  [{}]",
+                    mode.name(),
+                    row.cell.brief(),
+                    row.check.describe()
+                );
+                failover.push(row);
+            }
             if !proxy.is_running() {
                 return Err(format!(
                     "the proxy exited during the run\n{}",
@@ -189,7 +244,9 @@ fn run() -> Result<(), String> {
     }
     let peak_rss_kib = proxy.peak_rss_kib();
     let rss_now_kib = proxy.status_kib("VmRSS:");
+    let metric_requests = gen_rt.block_on(requests_metric(admin_addr));
     proxy.stop();
+    let log_lines = proxy.request_log_lines();
     let load_after = load_average();
 
     print!(
@@ -202,6 +259,12 @@ fn run() -> Result<(), String> {
             rss_now_kib,
             load: [load_before, load_after],
             rows: &rows,
+            failover: &failover,
+            observability: Observability {
+                logging,
+                log_lines,
+                metric_requests,
+            },
         })
     );
     Ok(())
@@ -234,6 +297,32 @@ fn runtime(name: &str, threads: usize) -> Result<Runtime, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))
+}
+
+/// The proxy's logging configuration, as the child inherits it from this process.
+struct LoggingState {
+    /// `SWITCHBACK_LOG`, when set.
+    filter: Option<String>,
+    /// `SWITCHBACK_LOG_FORMAT`, when set (text otherwise).
+    format: Option<String>,
+}
+
+impl LoggingState {
+    fn from_env() -> LoggingState {
+        LoggingState {
+            filter: std::env::var("SWITCHBACK_LOG").ok(),
+            format: std::env::var("SWITCHBACK_LOG_FORMAT").ok(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let filter = match &self.filter {
+            Some(f) => format!("SWITCHBACK_LOG={f}"),
+            None => "SWITCHBACK_LOG unset, so `info`: one line per request".into(),
+        };
+        let format = self.format.as_deref().unwrap_or("text");
+        format!("{filter}, {format} format, to a file")
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -365,6 +454,21 @@ impl ProxyChild {
         )
     }
 
+    /// Per-request log lines (target `switchback::request`) the proxy wrote. Its log
+    /// writer drops lines rather than block a request, so this can be below the number
+    /// of requests served.
+    fn request_log_lines(&self) -> Option<u64> {
+        let file = std::fs::File::open(&self.log).ok()?;
+        let needle = b"switchback::request";
+        let mut n = 0;
+        for line in std::io::BufReader::new(file).split(b'\n') {
+            if line.ok()?.windows(needle.len()).any(|w| w == needle) {
+                n += 1;
+            }
+        }
+        Some(n)
+    }
+
     fn stop(&mut self) {
         // Child::kill signals exactly this pid; wait() reaps it.
         let _ = self.child.kill();
@@ -405,14 +509,42 @@ async fn wait_ready(admin: SocketAddr, proxy: &mut ProxyChild) -> Result<(), Str
 }
 
 async fn get_status(addr: SocketAddr, path: &str) -> Result<StatusCode, BoxError> {
+    Ok(get(addr, path).await?.0)
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Result<(StatusCode, Bytes), BoxError> {
     let mut sender = connect(addr).await?;
     let req = Request::get(path)
         .header(HOST, addr.to_string())
         .body(Full::new(Bytes::new()))?;
     let resp = sender.send_request(req).await?;
     let status = resp.status();
-    resp.into_body().collect().await?;
-    Ok(status)
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, body))
+}
+
+/// The sum of `switchback_requests_total` on the proxy's `/metrics`: shows metrics were
+/// on and counting during the run.
+async fn requests_metric(admin: SocketAddr) -> Option<u64> {
+    let (status, body) = get(admin, "/metrics").await.ok()?;
+    if status != StatusCode::OK {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&body);
+    let mut total = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("switchback_requests_total") else {
+            continue;
+        };
+        if !rest.starts_with(['{', ' ']) {
+            continue;
+        }
+        let Some(Ok(value)) = rest.rsplit(' ').next().map(str::parse::<f64>) else {
+            continue;
+        };
+        *total.get_or_insert(0) += value as u64;
+    }
+    total
 }
 
 /// One request each way before measuring, so a broken setup fails loudly instead of
@@ -526,8 +658,14 @@ fn us(ns: Option<u64>) -> String {
     ns.map_or_else(|| "-".into(), |n| format!("{:.0}", n as f64 / 1e3))
 }
 
-async fn run_cell(addr: SocketAddr, mode: Mode, conc: usize, measure: Duration) -> Cell {
-    let body = Bytes::from(chat_body(ROUTE, mode == Mode::Stream).to_string());
+async fn run_cell(
+    addr: SocketAddr,
+    model: &str,
+    mode: Mode,
+    conc: usize,
+    measure: Duration,
+) -> Cell {
+    let body = Bytes::from(chat_body(model, mode == Mode::Stream).to_string());
     let from = Instant::now() + WARMUP;
     let until = from + measure;
     let issued = Arc::new(AtomicU64::new(0));
@@ -556,6 +694,155 @@ async fn run_cell(addr: SocketAddr, mode: Mode, conc: usize, measure: Duration) 
         errors: all.errors,
         first_error: all.first_error,
     }
+}
+
+/// What one chat request through the failover route said about its path.
+struct Sample {
+    status: StatusCode,
+    /// `x-switchback-attempts` (upstream requests sent), "" when absent.
+    attempts: String,
+    /// `x-switchback-target` (who answered), "" when absent.
+    target: String,
+}
+
+impl Sample {
+    /// Answered by `backup` after one upstream request: the failing target was skipped.
+    fn skipped_primary(&self, backup: &str) -> bool {
+        self.status == StatusCode::OK && self.attempts == "1" && self.target == backup
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} x-switchback-attempts: {} x-switchback-target: {}",
+            self.status.as_u16(),
+            or_dash(&self.attempts),
+            or_dash(&self.target)
+        )
+    }
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
+}
+
+async fn failover_sample(proxy: SocketAddr) -> Result<Sample, BoxError> {
+    let mut sender = connect(proxy).await?;
+    let body = Bytes::from(chat_body(FAILOVER_ROUTE, false).to_string());
+    sender.ready().await?;
+    let resp = sender.send_request(chat_request(proxy, body)?).await?;
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let sample = Sample {
+        status: resp.status(),
+        attempts: header("x-switchback-attempts"),
+        target: header("x-switchback-target"),
+    };
+    resp.into_body().collect().await?;
+    Ok(sample)
+}
+
+/// How the failover cell checked that the failing target's circuit was open.
+struct CircuitCheck {
+    /// Requests it took to see the failing target skipped before the cell (1 when the
+    /// circuit was already open, 2 when the first request opened it).
+    opened_after: usize,
+    /// The sample request sent in the middle of the measurement window.
+    mid_window: Result<Sample, String>,
+    /// Requests the failing simulator received from the start of warm-up to the end of
+    /// the cell (0 when every request skipped it).
+    primary_hits: usize,
+    backup: String,
+}
+
+impl CircuitCheck {
+    fn open(&self) -> bool {
+        self.primary_hits == 0
+            && self
+                .mid_window
+                .as_ref()
+                .is_ok_and(|s| s.skipped_primary(&self.backup))
+    }
+
+    fn describe(&self) -> String {
+        let sample = match &self.mid_window {
+            Ok(s) => s.describe(),
+            Err(e) => format!("failed: {e}"),
+        };
+        format!(
+            "mid-window sample: {sample}; primary hit {} times during the cell -> {}",
+            self.primary_hits,
+            if self.open() {
+                "circuit OPEN, backup only"
+            } else {
+                "NOT as expected"
+            }
+        )
+    }
+}
+
+struct FailoverRow {
+    conc: usize,
+    cell: Cell,
+    check: CircuitCheck,
+}
+
+/// Opens the failing target's circuit (or confirms it is open), then measures the
+/// failover route with a header check in the middle of the window.
+async fn run_failover_cell(
+    proxy: SocketAddr,
+    broken: &SimProvider,
+    backup: &str,
+    conc: usize,
+    measure: Duration,
+) -> Result<FailoverRow, String> {
+    let mut opened_after = None;
+    let mut seen = Vec::new();
+    for i in 1..=OPEN_CIRCUIT_TRIES {
+        let sample = failover_sample(proxy)
+            .await
+            .map_err(|e| format!("request to {FAILOVER_ROUTE}: {e}"))?;
+        if sample.status != StatusCode::OK {
+            return Err(format!(
+                "{FAILOVER_ROUTE} answered {} (it should fall back to the backup)",
+                sample.describe()
+            ));
+        }
+        if sample.skipped_primary(backup) {
+            opened_after = Some(i);
+            break;
+        }
+        seen.push(sample.describe());
+    }
+    let opened_after = opened_after.ok_or_else(|| {
+        format!(
+            "the failing target's circuit did not open after {OPEN_CIRCUIT_TRIES} requests: {}",
+            seen.join("; ")
+        )
+    })?;
+    let hits_before = broken.hits();
+    let mid = Instant::now() + WARMUP + measure / 2;
+    let (cell, mid_window) = tokio::join!(
+        run_cell(proxy, FAILOVER_ROUTE, Mode::Unary, conc, measure),
+        async {
+            sleep_until(mid).await;
+            failover_sample(proxy).await.map_err(|e| e.to_string())
+        }
+    );
+    Ok(FailoverRow {
+        conc,
+        cell,
+        check: CircuitCheck {
+            opened_after,
+            mid_window,
+            primary_hits: broken.hits() - hits_before,
+            backup: backup.to_owned(),
+        },
+    })
 }
 
 /// One closed-loop client: one keep-alive connection, the next request as soon as the
@@ -667,6 +954,21 @@ struct Report<'a> {
     /// Load averages before and after the run.
     load: [String; 2],
     rows: &'a [Row],
+    failover: &'a [FailoverRow],
+    observability: Observability,
+}
+
+/// The proxy's logging and metrics during the run.
+struct Observability {
+    logging: LoggingState,
+    /// Per-request log lines in the proxy's output.
+    log_lines: Option<u64>,
+    /// `switchback_requests_total` (all routes and outcomes) at the end.
+    metric_requests: Option<u64>,
+}
+
+fn count(n: Option<u64>) -> String {
+    n.map_or_else(|| "unknown".into(), |n| n.to_string())
 }
 
 /// `proxy - direct` in µs, signed.
@@ -704,8 +1006,8 @@ fn report(r: &Report<'_>) -> String {
     let _ = writeln!(
         o,
         "method: closed loop, HTTP/1.1 keep-alive, one connection per worker, loopback; \
-         {} s warm-up + {:.1} s measured per cell",
-        WARMUP.as_secs(),
+         {:.1} s warm-up + {:.1} s measured per cell",
+        WARMUP.as_secs_f64(),
         r.measure.as_secs_f64()
     );
     let _ = writeln!(
@@ -714,6 +1016,18 @@ fn report(r: &Report<'_>) -> String {
         r.bin.display(),
         mib(r.peak_rss_kib),
         mib(r.rss_now_kib)
+    );
+    let obs = &r.observability;
+    let _ = writeln!(
+        o,
+        "proxy logging: {}; {} request lines written",
+        obs.logging.describe(),
+        count(obs.log_lines)
+    );
+    let _ = writeln!(
+        o,
+        "proxy metrics: always on; switchback_requests_total = {} at the end",
+        count(obs.metric_requests)
     );
     let _ = writeln!(
         o,
@@ -779,8 +1093,82 @@ fn report(r: &Report<'_>) -> String {
             signed(added(percentile(d, 0.99), percentile(p, 0.99)))
         );
     }
+    if !r.failover.is_empty() {
+        let _ = writeln!(o);
+        o.push_str(&failover_table(r.rows, r.failover));
+    }
     let _ = writeln!(o);
     o.push_str(&verdict(r.rows));
+    o
+}
+
+fn failover_table(rows: &[Row], failover: &[FailoverRow]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "failover (primary circuit open):");
+    let _ = writeln!(
+        o,
+        "  route {FAILOVER_ROUTE}: targets [broken (503 to everything; circuitBreaker \
+         consecutiveFailures 1, openFor 5m), sim]; healthy = route {ROUTE} [sim], the \
+         unary proxied cell run just before; +p50/+p99 = added latency beyond one \
+         skipped target"
+    );
+    let _ = writeln!(
+        o,
+        "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>10} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>6} | circuit",
+        "mode",
+        "conc",
+        "healthy/s",
+        "p50 µs",
+        "p99 µs",
+        "failover/s",
+        "p50 µs",
+        "p99 µs",
+        "thru %",
+        "+p50 µs",
+        "+p99 µs",
+        "errors"
+    );
+    let _ = writeln!(o, "{}", "-".repeat(116));
+    for f in failover {
+        let healthy = rows
+            .iter()
+            .find(|row| row.mode == Mode::Unary && row.conc == f.conc)
+            .map(|row| &row.proxied);
+        let (h, c) = (healthy.map(|h| h.ttlb.as_slice()).unwrap_or(&[]), &f.cell);
+        let pct = healthy.map(|h| 100.0 * c.rps() / h.rps().max(f64::MIN_POSITIVE));
+        let _ = writeln!(
+            o,
+            "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>10.0} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>6} | {}",
+            Mode::Unary.name(),
+            f.conc,
+            healthy.map_or_else(|| "-".into(), |h| format!("{:.0}", h.rps())),
+            us(percentile(h, 0.50)),
+            us(percentile(h, 0.99)),
+            c.rps(),
+            us(percentile(&c.ttlb, 0.50)),
+            us(percentile(&c.ttlb, 0.99)),
+            pct.map_or_else(|| "-".into(), |p| format!("{p:.1}")),
+            signed(added(percentile(h, 0.50), percentile(&c.ttlb, 0.50))),
+            signed(added(percentile(h, 0.99), percentile(&c.ttlb, 0.99))),
+            c.errors,
+            if f.check.open() { "open" } else { "CHECK" }
+        );
+    }
+    let _ = writeln!(
+        o,
+        "circuit checks (x-switchback-target of the backup: {}):",
+        { failover.first().map_or("-", |f| f.check.backup.as_str()) }
+    );
+    for f in failover {
+        let before = match f.check.opened_after {
+            1 => "already open before the cell".to_owned(),
+            n => format!(
+                "opened just before the cell ({} request(s) fell back, then skipped)",
+                n - 1
+            ),
+        };
+        let _ = writeln!(o, "  c={:<3} {before}; {}", f.conc, f.check.describe());
+    }
     o
 }
 
