@@ -441,33 +441,3 @@ proptest! {
         prop_assert_eq!(String::from_utf8_lossy(&split), String::from_utf8_lossy(&whole));
     }
 }
-
-/// Cost per upstream event. `cargo test --release -p switchback-proxy --test translate
-/// -- --ignored --nocapture per_event_cost`
-#[test]
-#[ignore]
-fn per_event_cost() {
-    for (direction, usage, input) in recorded_streams() {
-        let mut framer = Framer::default();
-        framer.push(&input);
-        let mut events = Vec::new();
-        while let Some(ev) = framer.next_event() {
-            events.push(ev);
-        }
-        let rounds = 20_000;
-        let start = std::time::Instant::now();
-        let mut out = BytesMut::with_capacity(4096);
-        for _ in 0..rounds {
-            let mut t = StreamTranslator::new(direction, CLIENT_MODEL, usage);
-            for ev in &events {
-                t.event(ev, &mut out);
-                out.clear();
-            }
-        }
-        let per = start.elapsed().as_secs_f64() * 1e6 / (rounds * events.len()) as f64;
-        println!(
-            "{direction:?}: {} events, {per:.2} µs per event",
-            events.len()
-        );
-    }
-}

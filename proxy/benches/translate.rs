@@ -1,0 +1,138 @@
+//! What translation adds per stream event and per unary call, against the
+//! untranslated path (which only rewrites `model`). Inputs are the golden fixtures
+//! under `tests/fixtures/translate/`. Prints figures; asserts nothing.
+//!
+//! `cargo bench -p switchback-proxy --bench translate`
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use switchback_proxy::rewrite::{JsonStr, replace_model};
+use switchback_proxy::sse::Framer;
+use switchback_proxy::translate::{self, Defaults, Direction, StreamTranslator};
+
+const ROUNDS: usize = 20_000;
+
+fn fixtures(sub: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/translate")
+        .join(sub)
+}
+
+fn files(sub: &str, prefix: &str, suffix: &str) -> Vec<Vec<u8>> {
+    let mut names: Vec<_> = std::fs::read_dir(fixtures(sub))
+        .expect("fixtures")
+        .map(|e| {
+            e.expect("entry")
+                .file_name()
+                .into_string()
+                .expect("utf-8 name")
+        })
+        .filter(|n| n.starts_with(prefix) && n.ends_with(suffix))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|n| std::fs::read(fixtures(sub).join(n)).expect("read"))
+        .collect()
+}
+
+fn events(stream: &[u8]) -> Vec<bytes::Bytes> {
+    let mut f = Framer::default();
+    f.push(stream);
+    std::iter::from_fn(|| f.next_event()).collect()
+}
+
+/// Microseconds per item of `run`, over `ROUNDS` rounds of `items` items.
+fn micros(items: usize, mut run: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    for _ in 0..ROUNDS {
+        run();
+    }
+    start.elapsed().as_secs_f64() * 1e6 / (ROUNDS * items) as f64
+}
+
+fn main() {
+    let model = JsonStr::new("smart");
+    println!("translation cost (release build, one core, {ROUNDS} rounds per figure)\n");
+    println!(
+        "{:<28} {:>8} {:>12} {:>12} {:>12}",
+        "streams", "events", "native µs", "translated", "added µs"
+    );
+    // chat-client fixtures are Anthropic upstream streams; messages-client are OpenAI ones.
+    for (sub, dir) in [
+        ("chat-client", Direction::OpenAiToAnthropic),
+        ("messages-client", Direction::AnthropicToOpenAi),
+    ] {
+        let streams: Vec<Vec<bytes::Bytes>> = files(sub, "stream-", ".in.sse")
+            .iter()
+            .map(|s| events(s))
+            .collect();
+        let n: usize = streams.iter().map(Vec::len).sum();
+        let mut out = BytesMut::with_capacity(8192);
+        let native = micros(n, || {
+            for s in &streams {
+                for ev in s {
+                    black_box(replace_model(ev, &model));
+                }
+            }
+        });
+        let translated = micros(n, || {
+            for s in &streams {
+                let mut t = StreamTranslator::new(dir, "smart", true);
+                for ev in s {
+                    t.event(ev, &mut out);
+                    out.clear();
+                }
+                t.finish(&mut out);
+                out.clear();
+            }
+        });
+        println!(
+            "{:<28} {:>8} {:>12.2} {:>12.2} {:>12.2}",
+            format!("{dir:?}"),
+            n,
+            native,
+            translated,
+            translated - native
+        );
+    }
+
+    println!(
+        "\n{:<28} {:>8} {:>12} {:>12} {:>12}",
+        "unary (request + response)", "calls", "native µs", "translated", "added µs"
+    );
+    for (sub, dir) in [
+        ("chat-client", Direction::OpenAiToAnthropic),
+        ("messages-client", Direction::AnthropicToOpenAi),
+    ] {
+        let requests = files(sub, "request-", ".in.json");
+        let responses = files(sub, "response-", ".in.json");
+        let pairs: Vec<(&Vec<u8>, &Vec<u8>)> =
+            requests.iter().zip(responses.iter().cycle()).collect();
+        let upstream = JsonStr::new("upstream-model");
+        let native = micros(pairs.len(), || {
+            for (req, resp) in &pairs {
+                black_box(replace_model(req, &upstream));
+                black_box(replace_model(resp, &model));
+            }
+        });
+        let defaults = Defaults::default();
+        let translated = micros(pairs.len(), || {
+            for (req, resp) in &pairs {
+                let _ = black_box(translate::request(dir, req, "upstream-model", &defaults));
+                let _ = black_box(translate::response(dir, resp, "smart"));
+            }
+        });
+        println!(
+            "{:<28} {:>8} {:>12.2} {:>12.2} {:>12.2}",
+            format!("{dir:?}"),
+            pairs.len(),
+            native,
+            translated,
+            translated - native
+        );
+    }
+}
