@@ -230,7 +230,8 @@ impl Walk<'_, '_> {
         let mut probe = match breaker.admit(Instant::now()) {
             Admit::Yes => None,
             Admit::Probe => Some(Probe::new(breaker)),
-            Admit::No if forced => None,
+            // Tried although open: its success closes the circuit like a probe's.
+            Admit::No if forced => Some(Probe::new(breaker)),
             Admit::No => return self.skip(i, Reason::CircuitOpen),
         };
         let dir = Direction::for_target(call.surface, t.credential.spec.provider);

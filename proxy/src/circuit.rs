@@ -158,7 +158,8 @@ impl Breaker {
                 }
                 Transition::None
             }
-            State::HalfOpen { .. } if probe => {
+            // A probe, or the request tried anyway because every circuit was open.
+            State::HalfOpen { .. } | State::Open { .. } if probe => {
                 g.state = State::Closed { failures: 0 };
                 g.since = SystemTime::now();
                 Transition::Closed
@@ -290,6 +291,16 @@ mod tests {
         b.success(true);
         p.done();
         assert_eq!(b.admit(now + BASE), Admit::Yes);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_tried_while_open_closes_the_circuit_on_success() {
+        let b = Breaker::default();
+        let now = Instant::now();
+        b.failure(now, 1, BASE, false);
+        assert_eq!(b.admit(now), Admit::No);
+        assert_eq!(b.success(true), Transition::Closed);
+        assert_eq!(b.admit(now), Admit::Yes);
     }
 
     #[tokio::test(start_paused = true)]

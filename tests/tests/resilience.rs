@@ -146,6 +146,11 @@ async fn when_every_circuit_is_open_one_target_is_still_tried() {
         200,
         "a recovered provider is found without waiting for openFor"
     );
+    assert_eq!(
+        circuit(&proxy).await,
+        "Closed",
+        "and its success closes the circuit"
+    );
 }
 
 #[tokio::test(start_paused = true)]
