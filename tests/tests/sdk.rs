@@ -567,31 +567,10 @@ fn check_cross_provider(sims: &Sims) {
     assert!(got[2].tool_results().is_empty());
     assert_eq!(got[2].json.as_ref().unwrap()["stream"], true);
     assert_eq!(got[3].json.as_ref().unwrap()["stream"], true);
-    let call = ToolUse {
-        id: ANTHROPIC_TOOL_USE_ID.into(),
-        name: TOOL_NAME.into(),
-        arguments: tool_args(),
-    };
-    for (k, r) in [(1, &got[1]), (3, &got[3])] {
-        assert_eq!(
-            roles(r),
-            ["user", "assistant", "user"],
-            "request {k}: {}",
-            body(r)
-        );
-        assert_eq!(r.tool_names(), [TOOL_NAME], "request {k}");
-        assert_eq!(
-            r.tool_uses(),
-            std::slice::from_ref(&call),
-            "request {k}: {}",
-            body(r)
-        );
-        let results = r.tool_results();
-        assert_eq!(results.len(), 1, "request {k}: {}", body(r));
-        assert_eq!(results[0].id, ANTHROPIC_TOOL_USE_ID, "request {k}");
-        assert_eq!(results[0].text(), TOOL_RESULT, "request {k}");
+    assert_tool_follow_ups(&got, ANTHROPIC_TOOL_USE_ID, "user");
+    for r in [&got[1], &got[3]] {
         let user = &body(r)["messages"][2]["content"];
-        assert_eq!(user[0]["type"], "tool_result", "request {k}: {user}");
+        assert_eq!(user[0]["type"], "tool_result", "{user}");
     }
     // The text said before the streamed call goes back ahead of the tool_use block.
     let assistant = &body(&got[3])["messages"][1]["content"];
@@ -645,15 +624,28 @@ fn check_cross_provider(sims: &Sims) {
         "{b}"
     );
     assert_eq!(b["tool_choice"], "auto", "{b}");
+    assert_tool_follow_ups(&got, OPENAI_TOOL_CALL_ID, "tool");
+    let assistant = &body(&got[3])["messages"][1];
+    let content = match &assistant["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        other => panic!("assistant content {other}"),
+    };
+    assert_eq!(content, PREAMBLE, "{assistant}");
+}
+
+/// Requests 1 and 3 of a tool round trip carry the call back and its result:
+/// user, assistant (the call), then the result under `result_role`.
+fn assert_tool_follow_ups(got: &[Received], id: &str, result_role: &str) {
     let call = ToolUse {
-        id: OPENAI_TOOL_CALL_ID.into(),
+        id: id.into(),
         name: TOOL_NAME.into(),
         arguments: tool_args(),
     };
     for (k, r) in [(1, &got[1]), (3, &got[3])] {
         assert_eq!(
             roles(r),
-            ["user", "assistant", "tool"],
+            ["user", "assistant", result_role],
             "request {k}: {}",
             body(r)
         );
@@ -666,14 +658,7 @@ fn check_cross_provider(sims: &Sims) {
         );
         let results = r.tool_results();
         assert_eq!(results.len(), 1, "request {k}: {}", body(r));
-        assert_eq!(results[0].id, OPENAI_TOOL_CALL_ID, "request {k}");
+        assert_eq!(results[0].id, id, "request {k}");
         assert_eq!(results[0].text(), TOOL_RESULT, "request {k}");
     }
-    let assistant = &body(&got[3])["messages"][1];
-    let content = match &assistant["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
-        other => panic!("assistant content {other}"),
-    };
-    assert_eq!(content, PREAMBLE, "{assistant}");
 }
