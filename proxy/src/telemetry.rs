@@ -6,6 +6,10 @@
 //! Trace spans use the target [`TRACE_TARGET`]. Only the OTLP layer listens to it, so
 //! with tracing off those spans are disabled at their call sites and cost nothing.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
@@ -22,7 +26,7 @@ pub const TRACE_TARGET: &str = "switchback::trace";
 
 /// Keeps the log writer and the trace exporter running; dropping it flushes both.
 pub struct Telemetry {
-    _log_writer: tracing_appender::non_blocking::WorkerGuard,
+    logs: BatchedWriter,
     tracer: Option<SdkTracerProvider>,
 }
 
@@ -31,6 +35,125 @@ impl Drop for Telemetry {
         if let Some(t) = self.tracer.take() {
             let _ = t.shutdown();
         }
+        self.logs.stop();
+    }
+}
+
+/// Log lines go into a shared buffer that a background thread writes out every
+/// [`FLUSH_EVERY`]: a request never makes a system call or wakes a thread to log.
+/// (A channel-per-line writer costs a wake-up and a `write` per request.) Lines beyond
+/// [`MAX_PENDING`] bytes are dropped and counted, so a stalled stdout cannot grow
+/// memory or block requests.
+#[derive(Clone)]
+pub struct BatchedWriter {
+    shared: Arc<Batch>,
+}
+
+struct Batch {
+    pending: Mutex<Vec<u8>>,
+    dropped: AtomicU64,
+    stop: AtomicBool,
+    flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+const MAX_PENDING: usize = 8 << 20;
+
+impl BatchedWriter {
+    /// Start the background thread writing to `sink` (stdout in the binary).
+    pub fn start(sink: impl std::io::Write + Send + 'static) -> Self {
+        Self::flushing_every(sink, FLUSH_EVERY)
+    }
+
+    fn flushing_every(sink: impl std::io::Write + Send + 'static, every: Duration) -> Self {
+        let mut sink = sink;
+        let shared = Arc::new(Batch {
+            pending: Mutex::new(Vec::with_capacity(64 << 10)),
+            dropped: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            flusher: Mutex::new(None),
+        });
+        let s = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("switchback-log".into())
+            .spawn(move || {
+                let mut spare = Vec::with_capacity(64 << 10);
+                loop {
+                    let stopping = s.stop.load(Ordering::Acquire);
+                    if !stopping {
+                        std::thread::park_timeout(every);
+                    }
+                    s.flush_into(&mut spare, &mut sink);
+                    if stopping {
+                        return;
+                    }
+                }
+            })
+            .ok();
+        *shared.flusher.lock().unwrap_or_else(|p| p.into_inner()) = handle;
+        Self { shared }
+    }
+
+    /// Write out what is pending and stop the background thread.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(h) = self
+            .shared
+            .flusher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+    }
+}
+
+impl Batch {
+    fn flush_into(&self, spare: &mut Vec<u8>, out: &mut impl std::io::Write) {
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::swap(&mut *pending, spare);
+        }
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        let _ = out.write_all(spare);
+        if dropped > 0 {
+            let _ = writeln!(
+                out,
+                "switchback: {dropped} log lines dropped: stdout was not keeping up"
+            );
+        }
+        let _ = out.flush();
+        spare.clear();
+    }
+}
+
+impl std::io::Write for BatchedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut pending = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if pending.len() + buf.len() > MAX_PENDING {
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            pending.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BatchedWriter {
+    type Writer = BatchedWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
     }
 }
 
@@ -76,20 +199,19 @@ where
 pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry, TelemetryError> {
     let filter =
         EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    // Log lines are written by a background thread: a slow stdout never blocks a request.
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stdout());
+    let writer = BatchedWriter::start(std::io::stdout());
     let not_trace_spans = filter_fn(|m| !(m.is_span() && m.target() == TRACE_TARGET));
     // Colour codes only for a person at a terminal; they cost time per line otherwise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let logs = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
-            .with_writer(writer)
+            .with_writer(writer.clone())
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .flatten_event(true)
-            .with_writer(writer)
+            .with_writer(writer.clone())
             .boxed(),
     }
     .with_filter(filter.and(not_trace_spans));
@@ -99,7 +221,59 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
         .with(tracer.as_ref().map(|t| trace_layer(t)))
         .init();
     Ok(Telemetry {
-        _log_writer: guard,
+        logs: writer,
         tracer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_are_written_in_batches_and_all_flushed_on_stop() {
+        let sink = Sink::default();
+        let mut w = BatchedWriter::start(sink.clone());
+        for n in 0..1000 {
+            writeln!(w, "line {n}").unwrap();
+        }
+        w.stop();
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1000);
+        assert!(text.starts_with("line 0\n") && text.ends_with("line 999\n"));
+    }
+
+    #[test]
+    fn a_full_buffer_drops_lines_and_says_how_many() {
+        // No flush before stop: everything past the cap is dropped, and counted.
+        let sink = Sink::default();
+        let mut w = BatchedWriter::flushing_every(sink.clone(), Duration::from_secs(3600));
+        let line = vec![b'x'; 1 << 20];
+        for _ in 0..12 {
+            w.write_all(&line).unwrap();
+        }
+        w.stop();
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.bytes().filter(|b| *b == b'x').count(), MAX_PENDING);
+        assert!(
+            text.ends_with("switchback: 4 log lines dropped: stdout was not keeping up\n"),
+            "{}",
+            &text[text.len() - 80..]
+        );
+    }
 }
