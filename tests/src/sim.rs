@@ -1012,24 +1012,29 @@ pub fn openai_stream_events(model: &str, pieces: &[String], include_usage: bool)
     events.push(openai_sse(&openai_chunk(model, json!({}), Some("stop"))));
     if include_usage {
         let out = completion_tokens(&pieces.concat());
-        events.push(openai_sse(&json!({
-            "id": OPENAI_ID,
-            "object": "chat.completion.chunk",
-            "created": CREATED,
-            "model": model,
-            "choices": [],
-            "usage": {
-                "prompt_tokens": PROMPT_TOKENS,
-                "completion_tokens": out,
-                "total_tokens": PROMPT_TOKENS + out
-            }
-        })));
+        events.push(openai_sse(&openai_usage_chunk(model, out)));
     }
     events.push("data: [DONE]\n\n".to_owned());
     events
 }
 
 /// One OpenAI SSE event: `data: <json>\n\n`.
+/// The final chunk of an OpenAI stream with `stream_options.include_usage`.
+pub fn openai_usage_chunk(model: &str, completion_tokens: u64) -> Value {
+    json!({
+        "id": OPENAI_ID,
+        "object": "chat.completion.chunk",
+        "created": CREATED,
+        "model": model,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": PROMPT_TOKENS,
+            "completion_tokens": completion_tokens,
+            "total_tokens": PROMPT_TOKENS + completion_tokens
+        }
+    })
+}
+
 pub fn openai_sse(data: &Value) -> String {
     format!("data: {data}\n\n")
 }
@@ -1221,18 +1226,7 @@ pub fn openai_tool_call_stream_events(
     )));
     if include_usage {
         let out = tool_call_tokens(text, arguments);
-        events.push(openai_sse(&json!({
-            "id": OPENAI_ID,
-            "object": "chat.completion.chunk",
-            "created": CREATED,
-            "model": model,
-            "choices": [],
-            "usage": {
-                "prompt_tokens": PROMPT_TOKENS,
-                "completion_tokens": out,
-                "total_tokens": PROMPT_TOKENS + out
-            }
-        })));
+        events.push(openai_sse(&openai_usage_chunk(model, out)));
     }
     events.push("data: [DONE]\n\n".to_owned());
     events

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::vocab::{parse_data_url, parse_object, present};
+use super::vocab::{openai_tool_call, parse_data_url, parse_object, present};
 use super::{Defaults, TranslateError};
 
 const ANTHROPIC: &str = "cannot be served by an Anthropic target";
@@ -831,15 +831,7 @@ fn anthropic_assistant(blocks: &[Value], i: usize) -> Result<Value, TranslateErr
                 text.push_str(b.get("text").and_then(Value::as_str).unwrap_or(""));
             }
             Some("tool_use") => {
-                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
-                tool_calls.push(json!({
-                    "id": b.get("id").cloned().unwrap_or_default(),
-                    "type": "function",
-                    "function": {
-                        "name": b.get("name").cloned().unwrap_or_default(),
-                        "arguments": serde_json::to_string(&input).unwrap_or_default(),
-                    },
-                }));
+                tool_calls.push(openai_tool_call(b));
             }
             Some("thinking" | "redacted_thinking") => {}
             other => {

@@ -3,7 +3,9 @@
 use serde_json::{Map, Value, json};
 
 use super::TranslateError;
-use super::vocab::{anthropic_id, as_u64, finish_reason, openai_id, stop_reason, tool_id};
+use super::vocab::{
+    anthropic_id, as_u64, finish_reason, openai_id, openai_tool_call, stop_reason, tool_id,
+};
 
 fn parse(body: &[u8]) -> Result<Map<String, Value>, TranslateError> {
     match serde_json::from_slice::<Value>(body) {
@@ -60,15 +62,7 @@ pub(super) fn messages_to_chat(
                     text.push_str(b.get("text").and_then(Value::as_str).unwrap_or(""));
                 }
                 Some("tool_use") => {
-                    let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
-                    tool_calls.push(json!({
-                        "id": b.get("id").cloned().unwrap_or_default(),
-                        "type": "function",
-                        "function": {
-                            "name": b.get("name").cloned().unwrap_or_default(),
-                            "arguments": serde_json::to_string(&input).unwrap_or_default(),
-                        },
-                    }));
+                    tool_calls.push(openai_tool_call(b));
                 }
                 // thinking and server-tool blocks have no chat completions form (and
                 // translated requests never ask for them).

@@ -98,3 +98,20 @@ pub(super) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TranslateE
 pub(super) fn as_u64(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
+
+/// An Anthropic `tool_use` block as an OpenAI `tool_calls` entry (arguments as a
+/// JSON string), for answers and for assistant turns in a request's history alike.
+pub(super) fn openai_tool_call(block: &Value) -> Value {
+    let input = block
+        .get("input")
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    serde_json::json!({
+        "id": block.get("id").cloned().unwrap_or_default(),
+        "type": "function",
+        "function": {
+            "name": block.get("name").cloned().unwrap_or_default(),
+            "arguments": serde_json::to_string(&input).unwrap_or_default(),
+        },
+    })
+}
