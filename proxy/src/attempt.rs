@@ -560,8 +560,10 @@ async fn attempt(
         }
         Ok(Ok(r)) => r,
     };
+    let mut response = response;
     let status = response.status();
-    let headers = response.headers().clone();
+    // Moved out, not copied: the body is read from the response without them.
+    let headers = std::mem::take(response.headers_mut());
     if status.is_success() {
         let is_sse = headers
             .get(header::CONTENT_TYPE)
@@ -584,7 +586,7 @@ async fn attempt(
                     _ => Attempted::Committed(
                         commit_stream(
                             status,
-                            &headers,
+                            headers,
                             first,
                             Committed {
                                 upstream,
@@ -633,7 +635,7 @@ async fn attempt(
                         ),
                     },
                 };
-                Attempted::Committed(relay(status, &headers, Body::from(bytes)), false)
+                Attempted::Committed(relay(status, headers, Body::from(bytes)), false)
             }
         };
     }
@@ -696,33 +698,25 @@ async fn read_capped(mut response: reqwest::Response, cap: usize) -> reqwest::Re
     Ok(buf.freeze())
 }
 
-/// Hop-by-hop and framing headers are the gateway's own business.
-fn relay_headers(from: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(from.len());
-    for (name, value) in from {
-        if matches!(
-            name.as_str(),
-            "connection"
-                | "keep-alive"
-                | "transfer-encoding"
-                | "content-length"
-                | "upgrade"
-                | "proxy-connection"
-                | "te"
-                | "trailer"
-                | "x-request-id"
-        ) {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
+/// An upstream answer on its way out. Hop-by-hop and framing headers are the
+/// gateway's own business, and `x-request-id` is the client's.
+fn relay(status: StatusCode, mut headers: HeaderMap, body: Body) -> Response<Body> {
+    for name in [
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "upgrade",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "x-request-id",
+    ] {
+        headers.remove(name);
     }
-    out
-}
-
-fn relay(status: StatusCode, headers: &HeaderMap, body: Body) -> Response<Body> {
     let mut r = Response::new(body);
     *r.status_mut() = status;
-    *r.headers_mut() = relay_headers(headers);
+    *r.headers_mut() = headers;
     r
 }
 
@@ -778,7 +772,7 @@ impl Committed {
 /// than the idle limit counts as a failure.
 fn commit_stream(
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     first: Bytes,
     state: Committed,
 ) -> Response<Body> {
@@ -849,7 +843,7 @@ fn finish_failed(
                 .clone()
         });
         return Outcome {
-            response: relay(a.status, &a.headers, Body::from(a.body)),
+            response: relay(a.status, a.headers, Body::from(a.body)),
             attempts: sent,
             fallbacks,
             target: last_target,
@@ -927,5 +921,39 @@ fn finish_failed(
         target: None,
         answered_by: None,
         log,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relayed_answers_keep_provider_headers_but_not_hop_by_hop_ones() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("content-type", "application/json"),
+            ("x-ratelimit-remaining-requests", "99"),
+            ("connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("content-length", "12"),
+            ("x-request-id", "upstream-id"),
+        ] {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+        h.append("set-cookie", HeaderValue::from_static("a=1"));
+        h.append("set-cookie", HeaderValue::from_static("b=2"));
+        let r = relay(StatusCode::CREATED, h, Body::empty());
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let names: Vec<_> = r.headers().keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "x-ratelimit-remaining-requests",
+                "set-cookie"
+            ]
+        );
+        assert_eq!(r.headers().get_all("set-cookie").iter().count(), 2);
     }
 }

@@ -17,7 +17,6 @@ use serde::Deserialize;
 use crate::attempt::{self, Call};
 use crate::gateway::Gateway;
 use crate::metrics;
-use crate::rewrite::JsonStr;
 use crate::snapshot::RouteRt;
 use crate::surface::{self, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
@@ -166,7 +165,7 @@ async fn route_and_run(
         );
     };
     let snapshot = gw.snapshot();
-    let Some(route) = snapshot.routes.get(model.as_ref()) else {
+    let Some(served) = snapshot.routes.get(model.as_ref()) else {
         return gateway_error(
             wire,
             StatusCode::NOT_FOUND,
@@ -174,10 +173,11 @@ async fn route_and_run(
             &format!("no route serves the model {model:?}"),
         );
     };
+    let route = &served.route;
     let call = Call {
         surface,
         client_model: &model,
-        client_model_json: JsonStr::new(&model),
+        client_model_json: served.model_json.clone(),
         stream: surface != Surface::Embeddings && peek.stream.unwrap_or(false),
         body: body.clone(),
         client_headers: headers,

@@ -160,11 +160,19 @@ pub struct RouteRt {
     pub counters: Arc<RouteCounters>,
 }
 
+/// The route serving one model name, with that name ready to splice into answers.
+#[derive(Debug)]
+pub struct ModelRoute {
+    pub route: Arc<RouteRt>,
+    pub model_json: JsonStr,
+}
+
 /// What one request sees of the config.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub config: CompiledConfig,
-    pub routes: HashMap<String, Arc<RouteRt>>,
+    /// By the model names clients send.
+    pub routes: HashMap<String, ModelRoute>,
     /// Every route, in config order (for `/v1/models`).
     pub route_list: Vec<Arc<RouteRt>>,
     pub credentials: HashMap<ObjectId, Arc<CredentialRt>>,
@@ -250,10 +258,14 @@ pub fn prepare(
             targets,
         });
         for m in &r.models {
-            if let Some(prev) = routes.insert(m.clone(), route.clone()) {
+            let entry = ModelRoute {
+                route: route.clone(),
+                model_json: JsonStr::new(m),
+            };
+            if let Some(prev) = routes.insert(m.clone(), entry) {
                 return Err(PrepareError::DuplicateModel {
                     model: m.clone(),
-                    first: prev.spec.id.clone(),
+                    first: prev.route.spec.id.clone(),
                     second: r.id.clone(),
                 });
             }
