@@ -1059,22 +1059,7 @@ pub fn anthropic_message(model: &str, text: &str) -> Value {
 pub fn anthropic_stream_events(model: &str, pieces: &[String]) -> Vec<String> {
     let out = completion_tokens(&pieces.concat());
     let mut events = vec![
-        anthropic_sse(
-            "message_start",
-            &json!({
-                "type": "message_start",
-                "message": {
-                    "id": ANTHROPIC_ID,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": null,
-                    "stop_sequence": null,
-                    "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": 1}
-                }
-            }),
-        ),
+        anthropic_sse("message_start", &anthropic_message_start(model)),
         anthropic_sse(
             "content_block_start",
             &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
@@ -1107,6 +1092,23 @@ pub fn anthropic_stream_events(model: &str, pieces: &[String]) -> Vec<String> {
 }
 
 /// One Anthropic SSE event: `event: <name>\ndata: <json>\n\n`.
+/// The `message_start` event data every Anthropic stream begins with.
+pub fn anthropic_message_start(model: &str) -> Value {
+    json!({
+        "type": "message_start",
+        "message": {
+            "id": ANTHROPIC_ID,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": null,
+            "stop_sequence": null,
+            "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": 1}
+        }
+    })
+}
+
 pub fn anthropic_sse(event: &str, data: &Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
 }
@@ -1290,19 +1292,7 @@ pub fn anthropic_tool_use_stream_events(
     let ping = || anthropic_sse("ping", &json!({"type": "ping"}));
     let mut events = vec![anthropic_sse(
         "message_start",
-        &json!({
-            "type": "message_start",
-            "message": {
-                "id": ANTHROPIC_ID,
-                "type": "message",
-                "role": "assistant",
-                "model": model,
-                "content": [],
-                "stop_reason": null,
-                "stop_sequence": null,
-                "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": 1}
-            }
-        }),
+        &anthropic_message_start(model),
     )];
     let mut index = 0;
     if let Some(text) = text {

@@ -457,14 +457,19 @@ fn chat_assistant(m: &Map<String, Value>, i: usize) -> Result<Vec<Value>, Transl
     Ok(blocks)
 }
 
+/// The request's `tools`, empty when absent.
+fn tools_array(req: &Map<String, Value>) -> Result<&[Value], TranslateError> {
+    match present(req, "tools") {
+        None => Ok(&[]),
+        Some(t) => t
+            .as_array()
+            .map(Vec::as_slice)
+            .ok_or_else(|| invalid("tools", "tools must be an array")),
+    }
+}
+
 fn chat_tools(req: &Map<String, Value>) -> Result<Vec<Value>, TranslateError> {
-    let Some(tools) = present(req, "tools") else {
-        return Ok(Vec::new());
-    };
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| invalid("tools", "tools must be an array"))?;
-    tools
+    tools_array(req)?
         .iter()
         .enumerate()
         .map(|(j, t)| {
@@ -861,13 +866,7 @@ fn anthropic_assistant(blocks: &[Value], i: usize) -> Result<Value, TranslateErr
 }
 
 fn anthropic_tools(req: &Map<String, Value>) -> Result<Vec<Value>, TranslateError> {
-    let Some(tools) = present(req, "tools") else {
-        return Ok(Vec::new());
-    };
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| invalid("tools", "tools must be an array"))?;
-    tools
+    tools_array(req)?
         .iter()
         .enumerate()
         .map(|(j, t)| {

@@ -328,6 +328,22 @@ struct FromAnthropic {
 
 impl FromAnthropic {
     fn chunk(&self, out: &mut BytesMut, delta: Delta<'_>, finish: Option<&str>) {
+        let choices = [Choice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason: finish,
+        }];
+        // With include_usage every chunk carries `usage: null` but the last.
+        self.write_chunk(out, &choices, self.include_usage.then_some(None));
+    }
+
+    fn write_chunk(
+        &self,
+        out: &mut BytesMut,
+        choices: &[Choice<'_>],
+        usage: Option<Option<OaUsage>>,
+    ) {
         out.put_slice(b"data: ");
         write_json(
             out,
@@ -336,13 +352,8 @@ impl FromAnthropic {
                 object: "chat.completion.chunk",
                 created: self.created,
                 model: &self.model,
-                choices: &[Choice {
-                    index: 0,
-                    delta,
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                usage: self.include_usage.then_some(None),
+                choices,
+                usage,
             },
         );
         out.put_slice(b"\n\n");
@@ -495,19 +506,7 @@ impl FromAnthropic {
     /// The usage chunk (if asked for) and `[DONE]`.
     fn end(&mut self, out: &mut BytesMut) {
         if self.include_usage {
-            out.put_slice(b"data: ");
-            write_json(
-                out,
-                &Chunk {
-                    id: &self.id,
-                    object: "chat.completion.chunk",
-                    created: self.created,
-                    model: &self.model,
-                    choices: &[],
-                    usage: Some(Some(self.usage.openai())),
-                },
-            );
-            out.put_slice(b"\n\n");
+            self.write_chunk(out, &[], Some(Some(self.usage.openai())));
         }
         out.put_slice(b"data: [DONE]\n\n");
     }
