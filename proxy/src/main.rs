@@ -37,3 +37,6 @@ async fn main() -> std::process::ExitCode {
         }
     }
 }
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
