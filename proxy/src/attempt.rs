@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
-use futures_util::{Stream, StreamExt, stream};
+use futures_util::{StreamExt, stream};
+use http_body_util::{BodyDataStream, BodyExt};
+use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
@@ -30,6 +32,7 @@ use crate::stats::{self, RouteTargetCounters};
 use crate::surface::{self, AttemptView, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
 use crate::translate::{self, Direction, StreamTranslator};
+use crate::upstream;
 use switchback_crds::config::Provider;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -477,7 +480,7 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
         gen_ai.provider.name = provider,
         gen_ai.system = provider,
         gen_ai.request.model = model,
-        server.address = t.credential.urls[call.surface.index()].host_str().unwrap_or(""),
+        server.address = t.credential.urls[call.surface.index()].host().unwrap_or(""),
         switchback.target = %t.label,
         switchback.try = try_no,
         http.response.status_code = Empty,
@@ -541,18 +544,15 @@ async fn attempt(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    let request = cred
-        .client
-        .post(
-            cred.urls[dir
-                .map_or(call.surface, Direction::upstream_surface)
-                .index()]
-            .clone(),
-        )
-        .headers(headers)
-        .body(body);
+    let mut request = hyper::Request::new(upstream::Body::new(body));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = cred.urls[dir
+        .map_or(call.surface, Direction::upstream_surface)
+        .index()]
+    .clone();
+    *request.headers_mut() = headers;
 
-    let response = match timeout_at(deadline, request.send()).await {
+    let response = match timeout_at(deadline, cred.client.request(request)).await {
         Err(_) => return timed_out(),
         Ok(Err(e)) => {
             tracing::debug!(target = %t.label, error = %e, "upstream transport error");
@@ -560,10 +560,8 @@ async fn attempt(
         }
         Ok(Ok(r)) => r,
     };
-    let mut response = response;
-    let status = response.status();
-    // Moved out, not copied: the body is read from the response without them.
-    let headers = std::mem::take(response.headers_mut());
+    let (parts, response) = response.into_parts();
+    let (status, headers) = (parts.status, parts.headers);
     if status.is_success() {
         let is_sse = headers
             .get(header::CONTENT_TYPE)
@@ -611,10 +609,11 @@ async fn attempt(
                 },
             };
         }
-        return match timeout_at(deadline, response.bytes()).await {
+        return match timeout_at(deadline, response.collect()).await {
             Err(_) => timed_out(),
             Ok(Err(_)) => Attempted::Failed(Failure::bare(Reason::ConnectionError)),
-            Ok(Ok(bytes)) => {
+            Ok(Ok(collected)) => {
+                let bytes = collected.to_bytes();
                 if let Some(u) = stats::usage(&bytes) {
                     t.counters.add_usage(u);
                     tracing::Span::current()
@@ -666,11 +665,12 @@ async fn attempt(
     })
 }
 
-type Upstream = std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+/// A committed stream's upstream body, chunk by chunk as it arrives.
+type Upstream = BodyDataStream<Incoming>;
 
 /// Read until the first complete SSE event; the rest stays in the framer/stream.
-async fn first_event(response: reqwest::Response) -> reqwest::Result<(Bytes, Upstream, Framer)> {
-    let mut upstream: Upstream = Box::pin(response.bytes_stream());
+async fn first_event(response: Incoming) -> Result<(Bytes, Upstream, Framer), hyper::Error> {
+    let mut upstream = BodyDataStream::new(response);
     let mut framer = Framer::default();
     loop {
         if let Some(ev) = framer.next_event() {
@@ -686,9 +686,10 @@ async fn first_event(response: reqwest::Response) -> reqwest::Result<(Bytes, Ups
     }
 }
 
-async fn read_capped(mut response: reqwest::Response, cap: usize) -> reqwest::Result<Bytes> {
+async fn read_capped(response: Incoming, cap: usize) -> Result<Bytes, hyper::Error> {
     let mut buf = bytes::BytesMut::new();
-    while let Some(chunk) = response.chunk().await? {
+    let mut body = BodyDataStream::new(response);
+    while let Some(chunk) = body.next().await.transpose()? {
         let room = cap.saturating_sub(buf.len());
         buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if buf.len() >= cap {

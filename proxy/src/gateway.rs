@@ -5,14 +5,14 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
-use crate::netguard::PublicOnly;
-use crate::snapshot::{Carried, Clients, PrepareError, Snapshot, prepare};
+use crate::snapshot::{Carried, PrepareError, Snapshot, prepare};
+use crate::upstream::Clients;
 
 /// One problem with a config, located as precisely as known.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -94,20 +94,11 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn new(max_body_bytes: usize, source: String) -> Result<Self, reqwest::Error> {
-        let base = || {
-            reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(10))
-                .pool_idle_timeout(Duration::from_secs(90))
-                .no_proxy()
-        };
+    /// Fails only when the upstream clients' TLS verifier cannot be set up.
+    pub fn new(max_body_bytes: usize, source: String) -> std::io::Result<Self> {
         Ok(Self {
             live: ArcSwap::from_pointee(Snapshot::default()),
-            clients: Clients {
-                public: base().dns_resolver(Arc::new(PublicOnly)).build()?,
-                private: base().build()?,
-            },
+            clients: Clients::new()?,
             carried: Carried::default(),
             epoch: tokio::time::Instant::now(),
             ready: AtomicBool::new(false),

@@ -24,6 +24,7 @@ pub mod stats;
 pub mod surface;
 pub mod telemetry;
 pub mod translate;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,7 +60,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error("cannot build the upstream HTTP client: {0}")]
-    Client(#[from] reqwest::Error),
+    Client(#[from] std::io::Error),
     #[error("cannot watch {path}: {source}")]
     Watch {
         path: PathBuf,

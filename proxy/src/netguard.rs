@@ -2,15 +2,23 @@
 //! that are private IP literals; this resolver closes the other door: a public-looking
 //! hostname that resolves to loopback, a private range, link-local (cloud metadata
 //! included) or an unspecified address. Credentials with `allowPrivateNetwork: true`
-//! use a client without it.
+//! use a client whose resolver lets every address through.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use hyper_util::client::legacy::connect::dns::Name;
 use switchback_crds::network::is_private_ip;
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PublicOnly;
+/// The upstream clients' DNS resolver (the system's, through tokio), refusing
+/// private answers unless built with `public_only: false`. Only new connections
+/// resolve; pooled ones do not come here.
+#[derive(Debug, Clone, Copy)]
+pub struct Resolver {
+    pub public_only: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -20,20 +28,31 @@ pub struct PrivateAddress {
     host: String,
 }
 
-impl Resolve for PublicOnly {
-    fn resolve(&self, name: Name) -> Resolving {
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Name> for Resolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let public_only = self.public_only;
         Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+            let host = name.as_str();
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, 0))
                 .await?
-                .filter(|a| !is_private_ip(a.ip()))
+                .filter(|a| !public_only || !is_private_ip(a.ip()))
                 .collect();
-            if addrs.is_empty() {
-                return Err(
-                    Box::new(PrivateAddress { host }) as Box<dyn std::error::Error + Send + Sync>
-                );
+            if addrs.is_empty() && public_only {
+                return Err(Box::new(PrivateAddress {
+                    host: host.to_owned(),
+                }) as BoxError);
             }
-            Ok(Box::new(addrs.into_iter()) as Addrs)
+            Ok(addrs.into_iter())
         })
     }
 }
@@ -41,13 +60,21 @@ impl Resolve for PublicOnly {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_service::Service as _;
 
     #[tokio::test]
-    async fn localhost_is_refused() {
-        let err = match PublicOnly.resolve("localhost".parse().unwrap()).await {
+    async fn localhost_is_refused_unless_private_networks_are_allowed() {
+        let name: Name = "localhost".parse().unwrap();
+        let err = match (Resolver { public_only: true }).call(name.clone()).await {
             Ok(_) => panic!("localhost must not resolve through the public-only resolver"),
             Err(e) => e,
         };
         assert!(err.to_string().contains("allowPrivateNetwork"), "{err}");
+        let addrs: Vec<_> = (Resolver { public_only: false })
+            .call(name)
+            .await
+            .unwrap()
+            .collect();
+        assert!(addrs.iter().all(|a| a.ip().is_loopback()) && !addrs.is_empty());
     }
 }

@@ -74,7 +74,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use reqwest::header::HeaderValue;
+    use http::header::HeaderValue;
     use switchback_crds::config::{
         CircuitBreaker, Credential, Fallback, ObjectId, Price, Provider, Retry, Route,
         SecretKeyRef, Target,
@@ -105,7 +105,7 @@ mod tests {
                 "http://x/c".parse().unwrap(),
             ],
             headers: None,
-            client: reqwest::Client::new(),
+            client: crate::upstream::Clients::new().unwrap().private,
             limiter: None,
         });
         RouteRt {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 use switchback_crds::config::{FailureClass, Fallback, Retry, Target};
 
 /// Why an attempt failed (or why a target was passed over). The names are the ones
@@ -160,7 +160,7 @@ pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Du
         return Some(Duration::from_millis(ms as u64));
     }
     let v = headers
-        .get(reqwest::header::RETRY_AFTER)?
+        .get(http::header::RETRY_AFTER)?
         .to_str()
         .ok()?
         .trim();
@@ -226,7 +226,7 @@ pub fn attempt_deadline(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
+    use http::header::HeaderValue;
 
     fn retry_default() -> Retry {
         Retry {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use switchback_crds::compile::Compiled;
 use switchback_crds::config::{CompiledConfig, Credential, ObjectId, Provider, Route, Target};
 
@@ -20,6 +20,7 @@ use crate::outcome::Reason;
 use crate::rewrite::JsonStr;
 use crate::stats::{Histogram, RouteCounters, RouteTargetCounters};
 use crate::surface::Surface;
+use crate::upstream::{self, Clients};
 
 /// Runtime facts about one target (credential + upstream model), shared by every
 /// route and snapshot that uses it, updated from the request path without holding a
@@ -118,24 +119,16 @@ fn prune<K, V>(map: &mut HashMap<K, Arc<V>>) {
     map.retain(|_, v| Arc::strong_count(v) > 1);
 }
 
-/// The two upstream HTTP clients. Both pool connections (HTTP/1.1 keep-alive, HTTP/2
-/// by ALPN); `public` refuses to connect to names that resolve to private addresses.
-#[derive(Clone, Debug)]
-pub struct Clients {
-    pub public: reqwest::Client,
-    pub private: reqwest::Client,
-}
-
 #[derive(Debug)]
 pub struct CredentialRt {
     pub spec: Credential,
     /// Rendered `namespace/name`, the `x-switchback-target` value.
     pub target_header: HeaderValue,
     /// Upstream URL per surface (indexed by `Surface::index`).
-    pub urls: [reqwest::Url; 3],
+    pub urls: [http::Uri; 3],
     /// Static headers plus the auth header; `None` when the key is missing.
     pub headers: Option<HeaderMap>,
-    pub client: reqwest::Client,
+    pub client: upstream::Client,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,
 }
@@ -301,12 +294,14 @@ fn prepare_credential(
         message,
     };
     let url = |s: Surface| {
-        reqwest::Url::parse(&format!("{}{}", c.base_url, s.upstream_path())).map_err(|e| {
-            err(
-                "spec.baseURL",
-                format!("{:?} is not a valid URL: {e}", c.base_url),
-            )
-        })
+        format!("{}{}", c.base_url, s.upstream_path())
+            .parse::<http::Uri>()
+            .map_err(|e| {
+                err(
+                    "spec.baseURL",
+                    format!("{:?} is not a valid URL: {e}", c.base_url),
+                )
+            })
     };
     let urls = [
         url(Surface::ChatCompletions)?,
