@@ -4,7 +4,8 @@
 //! GenAI semantic-convention attributes.
 //!
 //! Trace spans use the target [`TRACE_TARGET`]. Only the OTLP layer listens to it, so
-//! with tracing off those spans are disabled at their call sites and cost nothing.
+//! with tracing off those spans are disabled at their call sites and cost nothing
+//! (the log layers' filters are static target filters, cached per call site).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,11 +16,14 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::cli::LogFormat;
+
+mod request_lines;
+pub use request_lines::RequestLines;
 
 /// The `tracing` target of request and attempt spans.
 pub const TRACE_TARGET: &str = "switchback::trace";
@@ -198,9 +202,15 @@ where
 /// Install the process-wide subscriber. Call once, from `main`.
 pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry, TelemetryError> {
     let filter =
-        EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+        || EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let writer = BatchedWriter::start(std::io::stdout());
-    let not_trace_spans = filter_fn(|m| !(m.is_span() && m.target() == TRACE_TARGET));
+    // Target filters, not closures: they are decided once per call site, so with
+    // traces off the request and attempt spans are never even created.
+    let logs_only = Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target(TRACE_TARGET, LevelFilter::OFF)
+        .with_target(request_lines::TARGET, LevelFilter::OFF);
+    let request_lines_only = Targets::new().with_target(request_lines::TARGET, LevelFilter::TRACE);
     // Colour codes only for a person at a terminal; they cost time per line otherwise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let logs = match format {
@@ -214,12 +224,20 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
             .with_writer(writer.clone())
             .boxed(),
     }
-    .with_filter(filter.and(not_trace_spans));
+    .with_filter(filter().and(logs_only));
+    // The per-request line has a writer of its own; SWITCHBACK_LOG still decides.
+    let request_lines = RequestLines::new(writer.clone(), matches!(format, LogFormat::Json))
+        .with_filter(filter().and(request_lines_only));
     let tracer = otlp_endpoint.map(tracer_provider).transpose()?;
-    tracing_subscriber::registry()
+    let subscriber = tracing_subscriber::registry()
         .with(logs)
-        .with(tracer.as_ref().map(|t| trace_layer(t)))
-        .init();
+        .with(request_lines);
+    // Not `.with(Option<layer>)`: an absent layer counts as interested in everything,
+    // which would bring the disabled trace spans back to life.
+    match &tracer {
+        Some(t) => subscriber.with(trace_layer(t)).init(),
+        None => subscriber.init(),
+    }
     Ok(Telemetry {
         logs: writer,
         tracer,
