@@ -250,8 +250,15 @@ mod tests {
 
     use super::*;
 
+    /// Collects what is written, for the writer's and the layers' tests.
     #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
+    pub(super) struct Sink(pub(super) Arc<Mutex<Vec<u8>>>);
+
+    impl Sink {
+        pub(super) fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
 
     impl std::io::Write for Sink {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -263,6 +270,13 @@ mod tests {
         }
     }
 
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Sink {
+        type Writer = Sink;
+        fn make_writer(&'a self) -> Sink {
+            self.clone()
+        }
+    }
+
     #[test]
     fn lines_are_written_in_batches_and_all_flushed_on_stop() {
         let sink = Sink::default();
@@ -271,7 +285,7 @@ mod tests {
             writeln!(w, "line {n}").unwrap();
         }
         w.stop();
-        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let text = sink.text();
         assert_eq!(text.lines().count(), 1000);
         assert!(text.starts_with("line 0\n") && text.ends_with("line 999\n"));
     }

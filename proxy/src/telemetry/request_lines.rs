@@ -209,13 +209,12 @@ fn date_time(secs: u64) -> [u8; 19] {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use tracing_subscriber::fmt::format::Writer;
     use tracing_subscriber::fmt::time::FormatTime;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
+    use crate::telemetry::tests::Sink;
 
     const AT: &str = "2026-11-30T15:04:05.000042Z";
 
@@ -228,24 +227,6 @@ mod tests {
 
     fn fixed(out: &mut Vec<u8>) {
         out.extend_from_slice(AT.as_bytes());
-    }
-
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Sink {
-        type Writer = Sink;
-        fn make_writer(&'a self) -> Sink {
-            self.clone()
-        }
     }
 
     struct Route;
@@ -301,8 +282,7 @@ mod tests {
             tracing::subscriber::with_default(sub, emit);
         }
         writer.stop();
-        let text = |s: &Sink| String::from_utf8(s.0.lock().unwrap().clone()).unwrap();
-        (text(&theirs), text(&ours))
+        (theirs.text(), ours.text())
     }
 
     #[test]
