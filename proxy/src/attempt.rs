@@ -14,11 +14,11 @@ use std::time::{Duration, SystemTime};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
-use futures_util::{StreamExt, stream};
+use futures_util::StreamExt;
 use http_body_util::{BodyDataStream, BodyExt};
 use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::circuit::{Admit, Probe, Transition};
 use crate::gateway::Gateway;
@@ -779,49 +779,106 @@ fn commit_stream(
 ) -> Response<Body> {
     let mut state = state;
     let first = state.forward(first);
-    let rest = stream::unfold(state, |mut st| async move {
+    let body = CommittedStream {
+        pending: (!first.is_empty()).then_some(first),
+        idle_since: Instant::now(),
+        idle_timer: Box::pin(sleep_until(Instant::now() + state.idle)),
+        state,
+    };
+    relay(status, headers, Body::from_stream(body))
+}
+
+/// The body of a committed stream. Events already complete when it is polled go out
+/// together as one chunk (one write instead of one per event; nothing waits for
+/// that). The idle limit is one timer re-armed lazily: arriving data only moves
+/// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
+const COALESCE_LIMIT: usize = 16 * 1024;
+
+struct CommittedStream {
+    state: Committed,
+    /// The first event, checked before commit, not yet sent.
+    pending: Option<Bytes>,
+    idle_since: Instant,
+    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl futures_util::Stream for CommittedStream {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let st = &mut this.state;
+        let mut out = this.pending.take().map(BytesMut::from);
         loop {
-            if let Some(ev) = st.framer.next_event() {
+            while let Some(ev) = st.framer.next_event() {
                 let ev = st.forward(ev);
-                if ev.is_empty() {
-                    continue;
+                match &mut out {
+                    Some(o) => o.extend_from_slice(&ev),
+                    None if !ev.is_empty() => out = Some(BytesMut::from(ev)),
+                    None => {}
                 }
-                return Some((Ok::<_, Infallible>(ev), st));
             }
-            if st.done {
-                return None;
+            // Enough for one write: send it, keep the rest for the next poll.
+            if st.done || out.as_ref().is_some_and(|o| o.len() >= COALESCE_LIMIT) {
+                break;
             }
-            match timeout(st.idle, st.upstream.next()).await {
-                Ok(Some(Ok(chunk))) => st.framer.push(&chunk),
-                Ok(None) => {
+            match st.upstream.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    st.framer.push(&chunk);
+                    this.idle_since = Instant::now();
+                }
+                Poll::Ready(None) => {
                     st.done = true;
                     let tail = st.finish();
-                    return (!tail.is_empty()).then_some((Ok(tail), st));
+                    if !tail.is_empty() {
+                        out.get_or_insert_with(BytesMut::new)
+                            .extend_from_slice(&tail);
+                    }
+                    break;
                 }
-                Ok(Some(Err(e))) => {
+                Poll::Ready(Some(Err(e))) => {
                     st.done = true;
                     tracing::debug!(error = %e, "upstream stream failed after commit");
-                    let ev = sse::failure_event(
-                        st.wire,
-                        "the upstream stream failed after it had started",
-                    );
-                    return Some((Ok(ev), st));
+                    out.get_or_insert_with(BytesMut::new)
+                        .extend_from_slice(&sse::failure_event(
+                            st.wire,
+                            "the upstream stream failed after it had started",
+                        ));
+                    break;
                 }
-                Err(_) => {
+                Poll::Pending => {
+                    if out.is_some() {
+                        break;
+                    }
+                    // Nothing to send and nothing arriving: is the stream stalled? The
+                    // timer is moved only when it fires before the real deadline.
+                    loop {
+                        if this.idle_timer.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        let deadline = this.idle_since + st.idle;
+                        if Instant::now() >= deadline {
+                            break;
+                        }
+                        this.idle_timer.as_mut().reset(deadline);
+                    }
                     st.done = true;
-                    let ev = sse::failure_event(
+                    return Poll::Ready(Some(Ok(sse::failure_event(
                         st.wire,
                         "the upstream stream stalled after it had started",
-                    );
-                    return Some((Ok(ev), st));
+                    ))));
                 }
             }
         }
-    });
-    let body = stream::once(async move { Ok::<_, Infallible>(first) })
-        .filter(|b| std::future::ready(b.as_ref().is_ok_and(|b| !b.is_empty())))
-        .chain(rest);
-    relay(status, headers, Body::from_stream(body))
+        match out {
+            Some(o) => Poll::Ready(Some(Ok(o.freeze()))),
+            None => Poll::Ready(None),
+        }
+    }
 }
 
 fn finish_failed(
