@@ -107,7 +107,7 @@ impl Visit for Text<'_> {
             self.out.extend_from_slice(value.as_bytes());
         } else {
             self.name(field);
-            let _ = write!(self.out, "{value:?}");
+            quoted(self.out, value);
         }
     }
 
@@ -118,6 +118,21 @@ impl Visit for Text<'_> {
             self.name(field);
         }
         let _ = write!(self.out, "{value:?}");
+    }
+}
+
+/// `value` as `{:?}` prints it; without the formatter when nothing needs escaping
+/// (route, model and target names, in practice).
+fn quoted(out: &mut Vec<u8>, value: &str) {
+    if value
+        .bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push(b'"');
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = write!(out, "{value:?}");
     }
 }
 
@@ -290,6 +305,7 @@ mod tests {
         let (theirs, ours) = both(false);
         assert_eq!(ours, theirs);
         assert!(ours.contains("model=\"sm\\\"art\" status=200"), "{ours}");
+        assert!(ours.contains("served_by=\"team-a/backup\""), "{ours}");
     }
 
     #[test]
