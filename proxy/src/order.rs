@@ -70,7 +70,7 @@ pub fn order(route: &RouteRt, draw: f64) -> Order {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -83,7 +83,8 @@ mod tests {
     use super::*;
     use crate::snapshot::{CredentialRt, TargetRt, TargetState};
 
-    fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
+    /// A route over one credential `ns/c`: a target per `(weight, price)`.
+    pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
         let cred = Arc::new(CredentialRt {
             spec: Credential {
                 id: ObjectId::new("ns", "c"),

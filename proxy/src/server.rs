@@ -231,9 +231,6 @@ fn log_request(
     outcome: &attempt::Outcome,
     took: std::time::Duration,
 ) {
-    if !tracing::enabled!(target: "switchback::request", tracing::Level::INFO) {
-        return;
-    }
     let answered = outcome.answered_by.map(|i| &route.targets[i as usize]);
     let fell_back = outcome.fallbacks > 0 && answered.is_some();
     let fallback_provider = answered.filter(|_| fell_back).map(|t| t.label.as_str());
@@ -263,23 +260,26 @@ struct AttemptLogView<'a> {
 }
 
 impl std::fmt::Display for AttemptLogView<'_> {
+    // Pieces written one by one: no format string to interpret, no number formatting
+    // machinery, nothing allocated (this runs for every request).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut n = itoa::Buffer::new();
         f.write_str("[")?;
-        for (n, l) in self.log.iter().enumerate() {
-            let t = &self.route.targets[l.target as usize];
-            if n > 0 {
+        for (i, l) in self.log.iter().enumerate() {
+            if i > 0 {
                 f.write_str(",")?;
             }
-            write!(
-                f,
-                r#"{{"target":"{}","status":{},"reason":"{}","durationMs":{}"#,
-                t.label,
-                l.status.map_or("null".to_string(), |s| s.to_string()),
-                l.reason.as_str(),
-                l.duration.as_millis()
-            )?;
+            f.write_str(r#"{"target":""#)?;
+            f.write_str(&self.route.targets[l.target as usize].label)?;
+            f.write_str(r#"","status":"#)?;
+            f.write_str(l.status.map_or("null", |s| n.format(s)))?;
+            f.write_str(r#","reason":""#)?;
+            f.write_str(l.reason.as_str())?;
+            f.write_str(r#"","durationMs":"#)?;
+            f.write_str(n.format(l.duration.as_millis()))?;
             if let Some(ra) = l.retry_after {
-                write!(f, r#","retryAfterMs":{}"#, ra.as_millis())?;
+                f.write_str(r#","retryAfterMs":"#)?;
+                f.write_str(n.format(ra.as_millis()))?;
             }
             f.write_str("}")?;
         }
@@ -369,4 +369,58 @@ async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
         "credentials": credentials,
     });
     json_response(StatusCode::OK, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use switchback_crds::config::Strategy;
+
+    use super::*;
+    use crate::attempt::AttemptLog;
+    use crate::outcome::Reason;
+
+    #[test]
+    fn the_attempt_log_is_compact_json() {
+        let route = crate::order::tests::route(Strategy::Fallback, vec![(1, None), (1, None)]);
+        let log = [
+            AttemptLog {
+                target: 0,
+                status: Some(503),
+                reason: Reason::Status5xx,
+                duration: Duration::from_millis(12),
+                retry_after: Some(Duration::from_secs(2)),
+            },
+            AttemptLog {
+                target: 1,
+                status: None,
+                reason: Reason::ConnectionError,
+                duration: Duration::ZERO,
+                retry_after: None,
+            },
+        ];
+        let text = AttemptLogView {
+            route: &route,
+            log: &log,
+        }
+        .to_string();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([
+                {"target": "ns/c", "status": 503, "reason": Reason::Status5xx.as_str(),
+                 "durationMs": 12, "retryAfterMs": 2000},
+                {"target": "ns/c", "status": null, "reason": "connectionError", "durationMs": 0},
+            ])
+        );
+        assert_eq!(
+            AttemptLogView {
+                route: &route,
+                log: &[]
+            }
+            .to_string(),
+            "[]"
+        );
+    }
 }
