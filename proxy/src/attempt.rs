@@ -419,15 +419,11 @@ impl Walk<'_, '_> {
         if self.sent == 0
             && let Some(e) = self.untranslatable.take()
         {
-            let mut response = Response::new(Body::from(e.body(self.call.surface.wire())));
-            *response.status_mut() =
-                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
             return Outcome {
-                response,
+                response: surface::json_response(
+                    StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
+                    e.body(self.call.surface.wire()),
+                ),
                 attempts: 0,
                 fallbacks,
                 target: None,
@@ -974,12 +970,7 @@ fn finish_failed(
         })
         .collect();
     let body = surface::error_body(wire, status.as_u16(), code, message, &views);
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let mut response = surface::json_response(status, body);
     if status == StatusCode::TOO_MANY_REQUESTS
         && let Some(ra) = shortest_retry_after
     {

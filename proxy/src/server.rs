@@ -289,12 +289,7 @@ impl std::fmt::Display for AttemptLogView<'_> {
 
 fn gateway_error(wire: Wire, status: StatusCode, code: &str, message: &str) -> Response<Body> {
     let body = surface::error_body(wire, status.as_u16(), code, message, &[]);
-    let mut r = Response::new(Body::from(body));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let mut r = surface::json_response(status, body);
     r.headers_mut().insert(X_ATTEMPTS, HeaderValue::from(0u32));
     r.headers_mut().insert(X_FALLBACKS, HeaderValue::from(0u32));
     r
@@ -325,15 +320,7 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response<
 }
 
 fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Body> {
-    let mut r = Response::new(Body::from(
-        serde_json::to_vec_pretty(body).unwrap_or_default(),
-    ));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    surface::json_response(status, serde_json::to_vec_pretty(body).unwrap_or_default())
 }
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> (StatusCode, &'static str) {

@@ -75,6 +75,20 @@ pub struct AttemptView<'a> {
     pub duration_ms: u64,
 }
 
+/// A JSON answer the gateway writes itself (errors, admin documents).
+pub fn json_response(
+    status: http::StatusCode,
+    body: impl Into<axum::body::Body>,
+) -> http::Response<axum::body::Body> {
+    let mut r = http::Response::new(body.into());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
 /// An error the gateway itself answers (as opposed to an upstream response passed
 /// through), in the client's wire shape.
 pub fn error_body(
