@@ -204,6 +204,25 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
     let filter =
         || EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let writer = BatchedWriter::start(std::io::stdout());
+    // Colour codes only for a person at a terminal; they cost time per line otherwise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let tracer = otlp_endpoint.map(tracer_provider).transpose()?;
+    dispatch(format, &writer, filter, ansi, tracer.as_ref()).init();
+    Ok(Telemetry {
+        logs: writer,
+        tracer,
+    })
+}
+
+/// The whole subscriber: log lines, request lines, and the OTLP layer when there is
+/// a tracer. `filter` gives the `SWITCHBACK_LOG` directives (once per layer).
+fn dispatch(
+    format: LogFormat,
+    writer: &BatchedWriter,
+    filter: impl Fn() -> EnvFilter,
+    ansi: bool,
+    tracer: Option<&SdkTracerProvider>,
+) -> tracing::Dispatch {
     // Target filters, not closures: they are decided once per call site, so with
     // traces off the request and attempt spans are never even created.
     let logs_only = Targets::new()
@@ -211,8 +230,6 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
         .with_target(TRACE_TARGET, LevelFilter::OFF)
         .with_target(request_lines::TARGET, LevelFilter::OFF);
     let request_lines_only = Targets::new().with_target(request_lines::TARGET, LevelFilter::TRACE);
-    // Colour codes only for a person at a terminal; they cost time per line otherwise.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let logs = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
@@ -228,20 +245,15 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
     // The per-request line has a writer of its own; SWITCHBACK_LOG still decides.
     let request_lines = RequestLines::new(writer.clone(), matches!(format, LogFormat::Json))
         .with_filter(filter().and(request_lines_only));
-    let tracer = otlp_endpoint.map(tracer_provider).transpose()?;
     let subscriber = tracing_subscriber::registry()
         .with(logs)
         .with(request_lines);
     // Not `.with(Option<layer>)`: an absent layer counts as interested in everything,
     // which would bring the disabled trace spans back to life.
-    match &tracer {
-        Some(t) => subscriber.with(trace_layer(t)).init(),
-        None => subscriber.init(),
+    match tracer {
+        Some(t) => subscriber.with(trace_layer(t)).into(),
+        None => subscriber.into(),
     }
-    Ok(Telemetry {
-        logs: writer,
-        tracer,
-    })
 }
 
 #[cfg(test)]
@@ -275,6 +287,30 @@ mod tests {
         fn make_writer(&'a self) -> Sink {
             self.clone()
         }
+    }
+
+    #[test]
+    fn without_otlp_trace_spans_are_never_created_and_each_line_is_written_once() {
+        let sink = Sink::default();
+        let writer = BatchedWriter::flushing_every(sink.clone(), Duration::from_secs(3600));
+        // Even with every level on, the trace spans stay off without a tracer.
+        let dispatch = dispatch(
+            LogFormat::Text,
+            &writer,
+            || EnvFilter::new("trace"),
+            false,
+            None,
+        );
+        tracing::dispatcher::with_default(&dispatch, || {
+            let span = tracing::info_span!(target: TRACE_TARGET, "request", x = 1);
+            assert!(span.is_disabled(), "a trace span was created without OTLP");
+            tracing::info!(target: request_lines::TARGET, status = 200u16, "request");
+            tracing::info!(target: "switchback_proxy", "serving");
+        });
+        writer.stop();
+        let text = sink.text();
+        assert_eq!(text.matches("switchback::request").count(), 1, "{text}");
+        assert_eq!(text.matches("serving").count(), 1, "{text}");
     }
 
     #[test]
