@@ -505,7 +505,6 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
     fn keys_must_be_utf8() {
         let data = BTreeMap::from([("c".to_string(), ByteString(vec![0xff, 0xfe]))]);
         let err = decode_keys("team-a", &data).unwrap_err();
-        assert!(!err.to_string().contains('\u{fffd}'));
         assert!(matches!(err, DeliveryError::KeyEncoding { .. }));
     }
 }

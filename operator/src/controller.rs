@@ -68,10 +68,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The API server refused a write made against a stale read.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409)
+    }
+
     /// The `error` label of `switchback_operator_reconcile_errors_total`.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            e if e.is_conflict() => "conflict",
             Error::Kube(_) => "kube",
             Error::Delivery(_) => "delivery",
             Error::NoNamespace(_) => "no_namespace",
@@ -121,7 +126,13 @@ impl World {
         let digest = |kind: Kind, id: &ObjectId, extra: &dyn Fn(&mut DefaultHasher)| {
             let mut h = DefaultHasher::new();
             for d in rendering.diagnostics(kind, id) {
-                (d.reason, &d.field, &d.message, d.severity == status_error()).hash(&mut h);
+                (
+                    d.reason,
+                    &d.field,
+                    &d.message,
+                    d.severity == switchback_crds::compile::Severity::Error,
+                )
+                    .hash(&mut h);
             }
             extra(&mut h);
             h.finish()
@@ -165,10 +176,6 @@ impl World {
             diff(&self.credential_digests, &old.credential_digests),
         )
     }
-}
-
-fn status_error() -> switchback_crds::compile::Severity {
-    switchback_crds::compile::Severity::Error
 }
 
 pub fn object_id<K: Resource>(obj: &K) -> ObjectId {
@@ -265,6 +272,16 @@ impl Context {
         self.metrics
             .reconciles
             .get_or_create(&ControllerLabels { controller })
+            .inc();
+    }
+
+    fn failed(&self, controller: &'static str, error: &Error) {
+        self.metrics
+            .errors
+            .get_or_create(&ErrorLabels {
+                controller,
+                error: error.metric_label(),
+            })
             .inc();
     }
 
@@ -662,18 +679,10 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
     } else {
         "providercredential"
     };
-    ctx.metrics
-        .errors
-        .get_or_create(&ErrorLabels {
-            controller,
-            error: error.metric_label(),
-        })
-        .inc();
+    ctx.failed(controller, error);
     tracing::warn!(object = %object_id(&*obj), %error, "reconcile failed");
     match error {
-        Error::Kube(kube::Error::Api(s)) if s.code == 409 => {
-            Action::requeue(Duration::from_millis(200))
-        }
+        e if e.is_conflict() => Action::requeue(Duration::from_millis(200)),
         _ => Action::requeue(Duration::from_secs(5)),
     }
 }
@@ -806,13 +815,7 @@ async fn delivery_loop(ctx: Arc<Context>, poke: Arc<Notify>, health: Arc<Health>
         match deliver(&ctx).await {
             Ok(()) => backoff = Duration::from_secs(1),
             Err(error) => {
-                ctx.metrics
-                    .errors
-                    .get_or_create(&ErrorLabels {
-                        controller: "delivery",
-                        error: error.metric_label(),
-                    })
-                    .inc();
+                ctx.failed("delivery", &error);
                 tracing::warn!(%error, retry_in = ?backoff, "delivery failed");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(60));

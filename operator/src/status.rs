@@ -5,7 +5,6 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use switchback_crds::compile::{Diagnostic, Severity, reason};
-use switchback_crds::config::ObjectId;
 use switchback_crds::route::{
     CircuitState, LLMRouteStatus, LastFailure, TargetStatus, TotalStats, WindowStats,
 };
@@ -143,10 +142,7 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    let id = ObjectId::new(
-        f.route.metadata.namespace.clone().unwrap_or_default(),
-        f.route.metadata.name.clone().unwrap_or_default(),
-    );
+    let id = crate::controller::object_id(f.route);
     let errors: Vec<&Diagnostic> = f
         .diagnostics
         .iter()
@@ -451,6 +447,7 @@ mod tests {
     use crate::aggregate::{Replica, TargetView};
     use crate::fixtures::{route, time};
     use switchback_crds::compile::Kind;
+    use switchback_crds::config::ObjectId;
 
     fn diag(reason: &'static str, severity: Severity) -> Diagnostic {
         Diagnostic {
