@@ -25,7 +25,7 @@ use crate::gateway::Gateway;
 use crate::limit::Refused;
 use crate::order::order;
 use crate::outcome::{self, Reason, attempt_deadline, classify_status, may_advance, retryable};
-use crate::rewrite::{JsonStr, replace_model};
+use crate::rewrite::{JsonStr, replace_model, replace_model_into};
 use crate::snapshot::{RouteRt, TargetRt};
 use crate::sse::{self, Framer};
 use crate::stats::{self, RouteTargetCounters};
@@ -750,34 +750,29 @@ struct Committed {
 }
 
 impl Committed {
-    /// One upstream event on its way to the client: usage counted, then either
-    /// translated into the client's API or given the client's `model` name. May be
-    /// empty (an event the client's API has no counterpart for).
-    fn forward(&mut self, ev: Bytes) -> Bytes {
-        if let Some(u) = stats::usage(&ev) {
+    /// One upstream event on its way to the client, appended to `out`: usage
+    /// counted, then either translated into the client's API or given the client's
+    /// `model` name. May append nothing (an event the client's API has no
+    /// counterpart for).
+    fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
+        if let Some(u) = stats::usage(ev) {
             self.counters.add_usage(u);
         }
         match &mut self.translator {
-            None => replace_model(&ev, &self.model).unwrap_or(ev),
-            Some(t) => {
-                let mut out = BytesMut::new();
-                t.event(&ev, &mut out);
-                out.freeze()
-            }
+            None => replace_model_into(ev, &self.model, out),
+            Some(t) => t.event(ev, out),
         }
     }
 
     /// The upstream ended normally: its unterminated tail, and whatever the
     /// translation still owes the client.
-    fn finish(&mut self) -> Bytes {
-        let mut out = BytesMut::new();
+    fn finish(&mut self, out: &mut BytesMut) {
         if let Some(tail) = self.framer.take_rest() {
-            out.extend_from_slice(&self.forward(tail));
+            self.forward(&tail, out);
         }
         if let Some(t) = &mut self.translator {
-            t.finish(&mut out);
+            t.finish(out);
         }
-        out.freeze()
     }
 }
 
@@ -791,9 +786,10 @@ fn commit_stream(
     state: Committed,
 ) -> Response<Body> {
     let mut state = state;
-    let first = state.forward(first);
+    let mut pending = BytesMut::new();
+    state.forward(&first, &mut pending);
     let body = CommittedStream {
-        pending: (!first.is_empty()).then_some(first),
+        pending,
         idle_since: Instant::now(),
         idle_timer: Box::pin(sleep_until(Instant::now() + state.idle)),
         state,
@@ -809,8 +805,8 @@ const COALESCE_LIMIT: usize = 16 * 1024;
 
 struct CommittedStream {
     state: Committed,
-    /// The first event, checked before commit, not yet sent.
-    pending: Option<Bytes>,
+    /// The first event, checked before commit, not yet sent (as forwarded).
+    pending: BytesMut,
     idle_since: Instant,
     idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
@@ -825,18 +821,13 @@ impl futures_util::Stream for CommittedStream {
         use std::task::Poll;
         let this = self.get_mut();
         let st = &mut this.state;
-        let mut out = this.pending.take().map(BytesMut::from);
+        let mut out = std::mem::take(&mut this.pending);
         loop {
             while let Some(ev) = st.framer.next_event() {
-                let ev = st.forward(ev);
-                match &mut out {
-                    Some(o) => o.extend_from_slice(&ev),
-                    None if !ev.is_empty() => out = Some(BytesMut::from(ev)),
-                    None => {}
-                }
+                st.forward(&ev, &mut out);
             }
             // Enough for one write: send it, keep the rest for the next poll.
-            if st.done || out.as_ref().is_some_and(|o| o.len() >= COALESCE_LIMIT) {
+            if st.done || out.len() >= COALESCE_LIMIT {
                 break;
             }
             match st.upstream.poll_next_unpin(cx) {
@@ -846,25 +837,20 @@ impl futures_util::Stream for CommittedStream {
                 }
                 Poll::Ready(None) => {
                     st.done = true;
-                    let tail = st.finish();
-                    if !tail.is_empty() {
-                        out.get_or_insert_with(BytesMut::new)
-                            .extend_from_slice(&tail);
-                    }
+                    st.finish(&mut out);
                     break;
                 }
                 Poll::Ready(Some(Err(e))) => {
                     st.done = true;
                     tracing::debug!(error = %e, "upstream stream failed after commit");
-                    out.get_or_insert_with(BytesMut::new)
-                        .extend_from_slice(&sse::failure_event(
-                            st.wire,
-                            "the upstream stream failed after it had started",
-                        ));
+                    out.extend_from_slice(&sse::failure_event(
+                        st.wire,
+                        "the upstream stream failed after it had started",
+                    ));
                     break;
                 }
                 Poll::Pending => {
-                    if out.is_some() {
+                    if !out.is_empty() {
                         break;
                     }
                     // Nothing to send and nothing arriving: is the stream stalled? The
@@ -887,9 +873,11 @@ impl futures_util::Stream for CommittedStream {
                 }
             }
         }
-        match out {
-            Some(o) => Poll::Ready(Some(Ok(o.freeze()))),
-            None => Poll::Ready(None),
+        // Empty here only when the upstream is done and nothing is left to send.
+        if out.is_empty() {
+            Poll::Ready(None)
+        } else {
+            Poll::Ready(Some(Ok(out.freeze())))
         }
     }
 }

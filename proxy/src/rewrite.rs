@@ -73,7 +73,21 @@ fn string_end(doc: &[u8], open: usize) -> Option<usize> {
 /// nothing to change (no key, or every value already equals `to`), so callers can
 /// forward the original bytes without a copy.
 pub fn replace_model(doc: &[u8], to: &JsonStr) -> Option<Bytes> {
-    let mut out: Option<BytesMut> = None;
+    let mut at = 0;
+    loop {
+        let (start, end) = next_model_value(doc, at)?;
+        if &doc[start..end] != to.as_bytes() {
+            break;
+        }
+        at = end;
+    }
+    let mut out = BytesMut::with_capacity(doc.len() + 32);
+    replace_model_into(doc, to, &mut out);
+    Some(out.freeze())
+}
+
+/// `doc` with the value of every `"model"` key replaced by `to`, appended to `out`.
+pub fn replace_model_into(doc: &[u8], to: &JsonStr, out: &mut BytesMut) {
     let mut copied = 0;
     let mut at = 0;
     while let Some((start, end)) = next_model_value(doc, at) {
@@ -81,14 +95,11 @@ pub fn replace_model(doc: &[u8], to: &JsonStr) -> Option<Bytes> {
         if &doc[start..end] == to.as_bytes() {
             continue;
         }
-        let buf = out.get_or_insert_with(|| BytesMut::with_capacity(doc.len() + 32));
-        buf.extend_from_slice(&doc[copied..start]);
-        buf.extend_from_slice(to.as_bytes());
+        out.extend_from_slice(&doc[copied..start]);
+        out.extend_from_slice(to.as_bytes());
         copied = end;
     }
-    let mut buf = out?;
-    buf.extend_from_slice(&doc[copied..]);
-    Some(buf.freeze())
+    out.extend_from_slice(&doc[copied..]);
 }
 
 #[cfg(test)]
