@@ -61,21 +61,6 @@ fn sse_events(text: &[u8]) -> Vec<(Option<String>, Value)> {
     out
 }
 
-fn translate_stream(direction: Direction, input: &[u8], include_usage: bool) -> BytesMut {
-    let mut t = StreamTranslator::new(direction, CLIENT_MODEL, include_usage).with_created(CREATED);
-    let mut framer = Framer::default();
-    let mut out = BytesMut::new();
-    framer.push(input);
-    while let Some(ev) = framer.next_event() {
-        t.event(&ev, &mut out);
-    }
-    if let Some(rest) = framer.take_rest() {
-        t.event(&rest, &mut out);
-    }
-    t.finish(&mut out);
-    out
-}
-
 enum Got {
     Json(Value),
     Sse(Vec<u8>),
@@ -130,7 +115,7 @@ fn run_case(dir: &Path, direction: Direction, upstream_model: &str, file: &str) 
         }
         "stream" => {
             assert_eq!(ext, "sse", "{file}");
-            let got = translate_stream(direction, &input, o["include_usage"] == true);
+            let got = translate_chunks(direction, o["include_usage"] == true, &[&input]);
             (dir.join(format!("{name}.out.sse")), Got::Sse(got.to_vec()))
         }
         other => panic!("{file}: unknown fixture kind {other:?}"),
@@ -224,7 +209,7 @@ fn memchr_find(hay: &[u8], needle: &[u8]) -> bool {
 fn translated_streams_parse_as_the_client_expects() {
     // OpenAI client: every data line is a chunk with the client's model, then [DONE].
     let input = std::fs::read(fixtures().join("chat-client/stream-usage-tool-use.in.sse")).unwrap();
-    let out = translate_stream(Direction::OpenAiToAnthropic, &input, true);
+    let out = translate_chunks(Direction::OpenAiToAnthropic, true, &[&input]);
     let events = sse_events(&out);
     let (last, chunks) = events.split_last().unwrap();
     assert_eq!(last.1, "[DONE]");
@@ -246,7 +231,7 @@ fn translated_streams_parse_as_the_client_expects() {
     );
     // Anthropic client: named events whose data type matches the name.
     let input = std::fs::read(fixtures().join("messages-client/stream-tool-calls.in.sse")).unwrap();
-    let out = translate_stream(Direction::AnthropicToOpenAi, &input, false);
+    let out = translate_chunks(Direction::AnthropicToOpenAi, false, &[&input]);
     let events = sse_events(&out);
     for (name, data) in &events {
         assert_eq!(name.as_deref(), data["type"].as_str());
@@ -259,7 +244,7 @@ fn translated_streams_parse_as_the_client_expects() {
 fn in_band_errors_stay_errors_after_translation() {
     for (sub, direction, _) in dirs() {
         let input = std::fs::read(fixtures().join(sub).join("stream-error.in.sse")).unwrap();
-        let out = translate_stream(direction, &input, false);
+        let out = translate_chunks(direction, false, &[&input]);
         let mut framer = Framer::default();
         framer.push(&out);
         let mut last = None;
@@ -274,19 +259,21 @@ fn in_band_errors_stay_errors_after_translation() {
 
 #[test]
 fn context_length_errors_still_classify_after_translation() {
-    for (sub, direction, _) in dirs() {
-        for name in ["error-context-length.in.json", "error-vllm-context.in.json"] {
-            let Ok(body) = std::fs::read(fixtures().join(sub).join(name)) else {
-                continue;
-            };
-            assert!(switchback_proxy::outcome::is_context_length(&body));
-            let out = translate::error(direction, 400, &body);
-            assert!(
-                switchback_proxy::outcome::is_context_length(&out),
-                "{sub}: {}",
-                String::from_utf8_lossy(&out)
-            );
-        }
+    let [(chat, to_anthropic, _), (messages, to_openai, _)] = dirs();
+    for (sub, direction, name) in [
+        (chat, to_anthropic, "error-context-length.in.json"),
+        (messages, to_openai, "error-context-length.in.json"),
+        (messages, to_openai, "error-vllm-context.in.json"),
+    ] {
+        let path = fixtures().join(sub).join(name);
+        let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(switchback_proxy::outcome::is_context_length(&body));
+        let out = translate::error(direction, 400, &body);
+        assert!(
+            switchback_proxy::outcome::is_context_length(&out),
+            "{sub}: {}",
+            String::from_utf8_lossy(&out)
+        );
     }
 }
 
