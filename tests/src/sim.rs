@@ -973,11 +973,7 @@ pub fn openai_completion(model: &str, text: &str) -> Value {
             "logprobs": null,
             "finish_reason": "stop"
         }],
-        "usage": {
-            "prompt_tokens": PROMPT_TOKENS,
-            "completion_tokens": out,
-            "total_tokens": PROMPT_TOKENS + out
-        }
+        "usage": openai_usage(out)
     })
 }
 
@@ -1018,7 +1014,6 @@ pub fn openai_stream_events(model: &str, pieces: &[String], include_usage: bool)
     events
 }
 
-/// One OpenAI SSE event: `data: <json>\n\n`.
 /// The final chunk of an OpenAI stream with `stream_options.include_usage`.
 pub fn openai_usage_chunk(model: &str, completion_tokens: u64) -> Value {
     json!({
@@ -1027,14 +1022,20 @@ pub fn openai_usage_chunk(model: &str, completion_tokens: u64) -> Value {
         "created": CREATED,
         "model": model,
         "choices": [],
-        "usage": {
-            "prompt_tokens": PROMPT_TOKENS,
-            "completion_tokens": completion_tokens,
-            "total_tokens": PROMPT_TOKENS + completion_tokens
-        }
+        "usage": openai_usage(completion_tokens)
     })
 }
 
+/// OpenAI `usage` for a completion of `completion_tokens` after the fixed prompt.
+fn openai_usage(completion_tokens: u64) -> Value {
+    json!({
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": completion_tokens,
+        "total_tokens": PROMPT_TOKENS + completion_tokens
+    })
+}
+
+/// One OpenAI SSE event: `data: <json>\n\n`.
 pub fn openai_sse(data: &Value) -> String {
     format!("data: {data}\n\n")
 }
@@ -1091,7 +1092,6 @@ pub fn anthropic_stream_events(model: &str, pieces: &[String]) -> Vec<String> {
     events
 }
 
-/// One Anthropic SSE event: `event: <name>\ndata: <json>\n\n`.
 /// The `message_start` event data every Anthropic stream begins with.
 pub fn anthropic_message_start(model: &str) -> Value {
     json!({
@@ -1109,6 +1109,7 @@ pub fn anthropic_message_start(model: &str) -> Value {
     })
 }
 
+/// One Anthropic SSE event: `event: <name>\ndata: <json>\n\n`.
 pub fn anthropic_sse(event: &str, data: &Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
 }
@@ -1160,11 +1161,7 @@ pub fn openai_tool_call_completion(
             "logprobs": null,
             "finish_reason": "tool_calls"
         }],
-        "usage": {
-            "prompt_tokens": PROMPT_TOKENS,
-            "completion_tokens": out,
-            "total_tokens": PROMPT_TOKENS + out
-        }
+        "usage": openai_usage(out)
     })
 }
 
