@@ -125,7 +125,11 @@ struct ErrorDetail<'a> {
 /// Is this event an error event? Anthropic: `event: error` / `"type":"error"`;
 /// OpenAI-style: a `data:` object with a top-level `error`.
 pub fn error_event(event: &[u8]) -> Option<StreamError> {
-    let f = fields(event);
+    error_in(&fields(event))
+}
+
+/// [`error_event`] for an event whose fields are already split out.
+pub fn error_in(f: &EventFields<'_>) -> Option<StreamError> {
     let named_error = f.event == Some(b"error".as_slice());
     let data = f.data?;
     if !named_error && memchr::memmem::find(data, b"\"error\"").is_none() {

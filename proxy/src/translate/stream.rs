@@ -85,10 +85,11 @@ impl StreamTranslator {
         if self.done {
             return;
         }
-        let Some(data) = sse::fields(upstream_event).data else {
+        let fields = sse::fields(upstream_event);
+        let Some(data) = fields.data else {
             return; // a comment or keep-alive
         };
-        if let Some(e) = sse::error_event(upstream_event) {
+        if let Some(e) = sse::error_in(&fields) {
             self.error(e.status, &e.body, out);
             return;
         }
