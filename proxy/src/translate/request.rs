@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::vocab::{openai_tool_call, parse_data_url, parse_object, present};
+use super::vocab::{openai_tool_call, parse_data_url, parse_object, present, tool_input};
 use super::{Defaults, TranslateError};
 
 const ANTHROPIC: &str = "cannot be served by an Anthropic target";
@@ -438,19 +438,12 @@ fn chat_assistant(m: &Map<String, Value>, i: usize) -> Result<Vec<Value>, Transl
             .and_then(|f| f.get("arguments"))
             .and_then(Value::as_str)
             .unwrap_or("");
-        let input = if args.trim().is_empty() {
-            Value::Object(Map::new())
-        } else {
-            match serde_json::from_str::<Value>(args) {
-                Ok(v @ Value::Object(_)) => v,
-                _ => {
-                    return Err(refuse(
-                        at + ".function.arguments",
-                        "tool call arguments that are not a JSON object",
-                        ANTHROPIC,
-                    ));
-                }
-            }
+        let Some(input) = tool_input(args) else {
+            return Err(refuse(
+                at + ".function.arguments",
+                "tool call arguments that are not a JSON object",
+                ANTHROPIC,
+            ));
         };
         blocks.push(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
     }

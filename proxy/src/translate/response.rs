@@ -5,6 +5,7 @@ use serde_json::{Map, Value, json};
 use super::TranslateError;
 use super::vocab::{
     anthropic_id, as_u64, finish_reason, openai_id, openai_tool_call, stop_reason, tool_id,
+    tool_input,
 };
 
 fn parse(body: &[u8]) -> Result<Map<String, Value>, TranslateError> {
@@ -143,17 +144,10 @@ pub(super) fn chat_to_messages(body: &[u8], client_model: &str) -> Result<Value,
                 .and_then(|f| f.get("arguments"))
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            let input = if args.trim().is_empty() {
-                json!({})
-            } else {
-                match serde_json::from_str::<Value>(args) {
-                    Ok(v @ Value::Object(_)) => v,
-                    _ => {
-                        return Err(TranslateError::upstream(format!(
-                            "the upstream returned arguments for tool {name} that are not a JSON object"
-                        )));
-                    }
-                }
+            let Some(input) = tool_input(args) else {
+                return Err(TranslateError::upstream(format!(
+                    "the upstream returned arguments for tool {name} that are not a JSON object"
+                )));
             };
             let call_id = match call.get("id").and_then(Value::as_str) {
                 Some(s) if !s.is_empty() => s.to_owned(),

@@ -12,6 +12,18 @@ pub(super) fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// An OpenAI tool call's `arguments` string as an Anthropic `input` object: empty
+/// means `{}`; anything but a JSON object is `None` (each side words its own error).
+pub(super) fn tool_input(arguments: &str) -> Option<Value> {
+    if arguments.trim().is_empty() {
+        return Some(Value::Object(Map::new()));
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => Some(v),
+        _ => None,
+    }
+}
+
 /// `msg_X` → `chatcmpl-X`.
 pub(super) fn openai_id(anthropic_id: &str) -> String {
     format!(
