@@ -517,19 +517,31 @@ pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<
         return Ok(Action::requeue(wait));
     }
     let api: Api<LLMRoute> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = Patch::Apply(json!({
-        "apiVersion": "switchback.dev/v1alpha1",
-        "kind": "LLMRoute",
-        "status": desired,
-    }));
-    api.patch_status(
-        &route.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &patch,
-    )
-    .await?;
-    ctx.wrote(&ctx.metrics.status_writes, "LLMRoute");
+    apply_status(&ctx, &api, &route.name_any(), "LLMRoute", &desired).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// Server-side apply of a computed status (the operator owns every status field),
+/// counted in `switchback_operator_status_writes_total`.
+async fn apply_status<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    name: &str,
+    kind: &'static str,
+    status: &impl serde::Serialize,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = Patch::Apply(json!({
+        "apiVersion": K::api_version(&()),
+        "kind": kind,
+        "status": status,
+    }));
+    api.patch_status(name, &PatchParams::apply(MANAGER).force(), &patch)
+        .await?;
+    ctx.wrote(&ctx.metrics.status_writes, kind);
+    Ok(())
 }
 
 /// Finalizer and status of a ProviderCredential.
@@ -634,14 +646,7 @@ pub async fn reconcile_credential(
     if let Permit::Wait(wait) = ctx.permit(&format!("ProviderCredential/{id}"), true) {
         return Ok(Action::requeue(wait));
     }
-    let patch = Patch::Apply(json!({
-        "apiVersion": "switchback.dev/v1alpha1",
-        "kind": "ProviderCredential",
-        "status": desired,
-    }));
-    api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &patch)
-        .await?;
-    ctx.wrote(&ctx.metrics.status_writes, "ProviderCredential");
+    apply_status(&ctx, &api, &name, "ProviderCredential", &desired).await?;
     Ok(requeue)
 }
 
