@@ -41,7 +41,9 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::aggregate::{Aggregator, Snapshot};
 use crate::budget::{Permit, StatusBudget};
-use crate::metrics::{ControllerLabels, ErrorLabels, Health, KindLabels, Metrics, ResultLabels};
+use crate::metrics::{
+    ControllerLabels, ErrorLabels, Health, KindLabels, Metrics, ReasonLabels, ResultLabels,
+};
 use crate::render::{Rendering, render};
 use crate::scrape::{self, Replicas};
 use crate::status::{self, CredentialFacts, RouteFacts};
@@ -272,6 +274,14 @@ impl Context {
         self.metrics
             .reconciles
             .get_or_create(&ControllerLabels { controller })
+            .inc();
+    }
+
+    /// An Event went out, counted by its reason.
+    fn published(&self, reason: &'static str) {
+        self.metrics
+            .events
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 
@@ -615,7 +625,7 @@ pub async fn reconcile_credential(
                     &credential.object_ref(&()),
                 )
                 .await?;
-            ctx.wrote(&ctx.metrics.events, status::reasons::DELETION_BLOCKED);
+            ctx.published(status::reasons::DELETION_BLOCKED);
         }
     }
 
@@ -792,7 +802,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 secondary: None,
             };
             match ctx.recorder.publish(&event, &route.object_ref(&())).await {
-                Ok(()) => ctx.wrote(&ctx.metrics.events, reason),
+                Ok(()) => ctx.published(reason),
                 Err(e) => tracing::warn!(error = %e, "publishing a circuit Event"),
             }
         }

@@ -34,6 +34,11 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -45,7 +50,7 @@ pub struct Metrics {
     pub status_writes: Family<KindLabels, Counter>,
     pub config_writes: Family<KindLabels, Counter>,
     pub scrapes: Family<ResultLabels, Counter>,
-    pub events: Family<KindLabels, Counter>,
+    pub events: Family<ReasonLabels, Counter>,
     pub leader: Gauge,
 }
 
