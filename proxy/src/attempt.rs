@@ -291,21 +291,15 @@ impl Walk<'_, '_> {
             }
             let deadline = attempt_deadline(now, &t.spec, self.budget);
             let span = attempt_span(t, call, tries);
-            let sent = attempt(
-                t,
-                call,
-                dir,
-                body.clone(),
-                deadline,
-                self.budget,
-                route,
-                permit,
-            );
-            // Without traces the span is disabled: skip the wrapper and its moves.
+            let budget = self.budget;
+            let send = || attempt(t, call, dir, body.clone(), deadline, budget, route, permit);
+            // Without traces the span is disabled: skip the wrapper. The future is made
+            // in each branch, not bound to a local: an awaited local is kept in this
+            // future's state twice (before and after the move into `.await`).
             let result = if span.is_disabled() {
-                sent.await
+                send().await
             } else {
-                sent.instrument(span.clone()).await
+                send().instrument(span.clone()).await
             };
             match &result {
                 Attempted::Committed(r, _) => {

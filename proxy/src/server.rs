@@ -196,12 +196,15 @@ async fn route_and_run(
         switchback.fallbacks = Empty,
         http.response.status_code = Empty,
     );
-    let run = attempt::run(gw, route, &call);
-    // Without traces the span is disabled: skip the wrapper and its moves.
+    // Without traces the span is disabled: skip the wrapper. The future is built in
+    // each branch, not bound to a local first: an awaited local is kept in this
+    // future's state twice (before and after the move into `.await`).
     let outcome = if span.is_disabled() {
-        run.await
+        attempt::run(gw, route, &call).await
     } else {
-        run.instrument(span.clone()).await
+        attempt::run(gw, route, &call)
+            .instrument(span.clone())
+            .await
     };
     span.record(
         "http.response.status_code",
