@@ -15,12 +15,28 @@
 //!    the release `switchback-proxy` binary if needed (`cargo build --release -p
 //!    switchback-proxy`, a no-op when it is fresh) and starts it as a child process on
 //!    two free loopback ports, then waits for its `/readyz`;
-//! 3. drives `POST /v1/chat/completions` from an in-process load generator (its own
+//! 3. when an `nginx` program is found (`BENCH_NGINX=PATH` names one, `BENCH_NGINX=off`
+//!    skips it), starts it as a plain reverse proxy to the same simulator (upstream
+//!    keep-alive, `proxy_buffering off`, buffered access log): the REFERENCE the budget
+//!    is set against ("a plain nginx reverse proxy reaches about 95% of direct here"),
+//!    measured in the same run on the same cores;
+//! 4. drives `POST /v1/chat/completions` from an in-process load generator (its own
 //!    tokio runtime; HTTP/1.1 keep-alive, one connection per worker, each worker sends
 //!    its next request as soon as the previous one ends) for every cell of
-//!    {unary, streaming} × {concurrency 1, 64, 256} × {DIRECT to the simulator,
-//!    THROUGH the proxy}. Streams are `Behavior::Stream { chunks: 20, interval: 0 }`,
-//!    so they are compute-bound, not timer-bound;
+//!    {paced, instant provider} × {unary, streaming} × {concurrency 1, 64, 256} ×
+//!    {DIRECT to the simulator, THROUGH the proxy, through NGINX}:
+//!    - `paced`: the simulator answers after `BENCH_PROVIDER_MS` (default 10 ms), and a
+//!      stream sends its first event after that delay, then 20 events 1 ms apart. Any
+//!      hosted model takes far longer than that (hundreds of ms to a first token), so
+//!      this is a provider that is fast beyond any real one: it still drives thousands
+//!      of requests per second through the proxy, and it is the setting in which the
+//!      issue's reference holds (nginx within a few percent of direct);
+//!    - `instant`: the simulator answers at once and streams its 20 events without a
+//!      gap. Nothing but CPU then limits the three processes sharing two cores, so the
+//!      throughput ratio is direct CPU / (direct CPU + the middle process's CPU): the
+//!      worst case for any proxy, nginx included, and the profile that shows the
+//!      proxy's own cost per request most clearly;
+//!
 //!    right after the unary proxied cell at concurrency 1 and 64, a FAILOVER cell: route
 //!    `bench-failover` whose first target is a second simulator answering 503 to
 //!    everything, with `circuitBreaker: { consecutiveFailures: 1, openFor: 5m }`, and whose
@@ -30,8 +46,9 @@
 //!    checks it from the response headers (`x-switchback-attempts: 1`,
 //!    `x-switchback-target` = the backup), and the failing simulator's hit counter must
 //!    not move during the cell;
-//! 4. reads the proxy's `/metrics`, stops the proxy (by the pid of the child it started),
-//!    counts its per-request log lines and prints the tables.
+//! 5. reads the proxy's `/metrics`, stops the proxy and nginx (by the pids of the
+//!    children it started), counts the proxy's per-request log lines and prints one set
+//!    of tables per profile.
 //!
 //! The proxy runs with its default observability: metrics are always on, and it logs one
 //! line per request at `info` (the default when `SWITCHBACK_LOG` is unset; the child
@@ -63,11 +80,14 @@
 //!   `direct/total` (direct gen+sim CPU over proxied gen+sim+proxy CPU) predicts the
 //!   throughput ratio, and the proxy column is its cost per request, less noisy than
 //!   wall-clock figures on a shared box;
-//! - the verdict compares the unary cells with the budget: added p99 at concurrency
-//!   64 < 1 ms, and throughput through the proxy >= 50% of direct.
+//! - `nginx/s`, `thru %`, `+p99 µs` after the proxy's columns: the same cell through
+//!   nginx, against the same direct cell;
+//! - the verdict, per profile, compares the unary cells with the budget: added p99 at
+//!   concurrency 64 < 1 ms, and throughput through the proxy >= 50% of direct, and
+//!   prints nginx's throughput beside it.
 //!
-//! Two switches for working on one figure: `BENCH_ONLY=unary,64` runs a subset of the
-//! cells (modes and/or concurrency levels), and `BENCH_PROXY_WRAPPER` starts the proxy
+//! Two switches for working on one figure: `BENCH_ONLY=instant,unary,64` runs a subset of
+//! the cells (profiles, modes and/or concurrency levels), and `BENCH_PROXY_WRAPPER` starts the proxy
 //! under a profiler, e.g. `BENCH_PROXY_WRAPPER="valgrind --tool=callgrind"` for
 //! instruction counts per request (`callgrind_control -z` / `-d` around a window).
 //!
@@ -121,6 +141,11 @@ const FAILOVER_CONCURRENCY: [usize; 2] = [1, 64];
 /// Requests allowed to open the failing target's circuit before a failover cell.
 const OPEN_CIRCUIT_TRIES: usize = 3;
 const CHAT_PATH: &str = "/v1/chat/completions";
+/// How long the paced provider takes before its answer (or first stream event) when
+/// `BENCH_PROVIDER_MS` is not set.
+const DEFAULT_PROVIDER_MS: u64 = 10;
+/// Gap between the paced provider's stream events.
+const PACED_EVENT_INTERVAL: Duration = Duration::from_millis(1);
 /// Budget the unary cells are judged against.
 const BUDGET_ADDED_P99_C64: Duration = Duration::from_millis(1);
 const BUDGET_THROUGHPUT_PCT: f64 = 50.0;
@@ -198,73 +223,93 @@ fn run() -> Result<(), String> {
     let gen_rt = runtime("load", cores)?;
     gen_rt.block_on(wait_ready(admin_addr, &mut proxy))?;
     gen_rt.block_on(smoke_test(sim.addr(), data_addr, &proxy))?;
+    let nginx = match NginxChild::wanted()? {
+        Some(program) => {
+            let n = NginxChild::spawn(&program, sim.addr(), dir.path())?;
+            gen_rt.block_on(n.wait_ready())?;
+            Some(n)
+        }
+        None => None,
+    };
 
     eprintln!(
-        "bench: {cores} cores; {:.1} s warm-up + {:.1} s per cell; {} cells; proxy logging: {}",
+        "bench: {cores} cores; {:.1} s warm-up + {:.1} s per cell; {} cells; proxy logging: {}; \
+         reference: {}",
         WARMUP.as_secs_f64(),
         measure.as_secs_f64(),
-        only.cells(),
-        logging.describe()
+        only.cells(nginx.is_some()),
+        logging.describe(),
+        nginx
+            .as_ref()
+            .map_or_else(|| NginxChild::absent().to_owned(), NginxChild::describe)
     );
-    let mut rows = Vec::new();
-    let mut failover = Vec::new();
-    for mode in [Mode::Unary, Mode::Stream]
-        .into_iter()
-        .filter(|m| only.modes.contains(m))
-    {
-        sim.set_default(match mode {
-            Mode::Unary => Behavior::Answer,
-            Mode::Stream => Behavior::Stream {
-                chunks: STREAM_CHUNKS,
-                interval: Duration::ZERO,
-            },
-        });
-        for conc in CONCURRENCY
+    let mut runs = Vec::new();
+    for profile in &only.profiles {
+        let mut rows = Vec::new();
+        let mut failover = Vec::new();
+        for mode in [Mode::Unary, Mode::Stream]
             .into_iter()
-            .filter(|c| only.concurrency.contains(c))
+            .filter(|m| only.modes.contains(m))
         {
-            let direct = gen_rt.block_on(run_cell(sim.addr(), ROUTE, mode, conc, measure, pid));
-            eprintln!(
-                "bench: {:>6} c={conc:<3} direct  {}",
-                mode.name(),
-                direct.brief()
-            );
-            let proxied = gen_rt.block_on(run_cell(data_addr, ROUTE, mode, conc, measure, pid));
-            eprintln!(
-                "bench: {:>6} c={conc:<3} proxy   {}",
-                mode.name(),
-                proxied.brief()
-            );
-            if mode == Mode::Unary && FAILOVER_CONCURRENCY.contains(&conc) {
-                let row = gen_rt.block_on(run_failover_cell(
-                    data_addr, &broken, &backup, conc, measure, pid,
-                ))?;
-                eprintln!(
-                    "bench: {:>6} c={conc:<3} failover {}  [{}]",
-                    mode.name(),
-                    row.cell.brief(),
-                    row.check.describe()
-                );
-                failover.push(row);
+            sim.set_default(profile.behavior(mode));
+            for conc in CONCURRENCY
+                .into_iter()
+                .filter(|c| only.concurrency.contains(c))
+            {
+                let label = format!("{:>7} {:>6} c={conc:<3}", profile.name, mode.name());
+                let direct =
+                    gen_rt.block_on(run_cell(sim.addr(), ROUTE, mode, conc, measure, &[pid]));
+                eprintln!("bench: {label} direct   {}", direct.brief());
+                let proxied =
+                    gen_rt.block_on(run_cell(data_addr, ROUTE, mode, conc, measure, &[pid]));
+                eprintln!("bench: {label} proxy    {}", proxied.brief());
+                let reference = nginx.as_ref().map(|n| {
+                    let cell =
+                        gen_rt.block_on(run_cell(n.addr, ROUTE, mode, conc, measure, &n.pids()));
+                    eprintln!("bench: {label} nginx    {}", cell.brief());
+                    cell
+                });
+                if mode == Mode::Unary && FAILOVER_CONCURRENCY.contains(&conc) {
+                    let row = gen_rt.block_on(run_failover_cell(
+                        data_addr, &broken, &backup, conc, measure, pid,
+                    ))?;
+                    eprintln!(
+                        "bench: {label} failover {}  [{}]",
+                        row.cell.brief(),
+                        row.check.describe()
+                    );
+                    failover.push(row);
+                }
+                if !proxy.is_running() {
+                    return Err(format!(
+                        "the proxy exited during the run\n{}",
+                        proxy.log_tail()
+                    ));
+                }
+                rows.push(Row {
+                    mode,
+                    conc,
+                    direct,
+                    proxied,
+                    nginx: reference,
+                });
             }
-            if !proxy.is_running() {
-                return Err(format!(
-                    "the proxy exited during the run\n{}",
-                    proxy.log_tail()
-                ));
-            }
-            rows.push(Row {
-                mode,
-                conc,
-                direct,
-                proxied,
-            });
         }
+        runs.push(ProfileRun {
+            profile: *profile,
+            rows,
+            failover,
+        });
     }
+    sim.set_default(Behavior::Answer);
     let peak_rss_kib = proxy.peak_rss_kib();
     let rss_now_kib = proxy.status_kib("VmRSS:");
     let metric_requests = gen_rt.block_on(requests_metric(admin_addr));
     proxy.stop();
+    let nginx_line = nginx.map(|mut n| {
+        n.stop();
+        n.describe()
+    });
     let log_lines = proxy.request_log_lines();
     let load_after = load_average();
 
@@ -277,8 +322,8 @@ fn run() -> Result<(), String> {
             peak_rss_kib,
             rss_now_kib,
             load: [load_before, load_after],
-            rows: &rows,
-            failover: &failover,
+            runs: &runs,
+            nginx: nginx_line,
             observability: Observability {
                 logging,
                 log_lines,
@@ -290,16 +335,20 @@ fn run() -> Result<(), String> {
 }
 
 /// `BENCH_ONLY`: a subset of the cells while working on one of them, e.g.
-/// `unary`, `64`, or `unary,64` (modes and concurrency levels, comma-separated; each
-/// axis not named runs in full). The budget verdict needs every unary cell.
+/// `unary`, `64`, `instant` or `unary,64` (profiles, modes and concurrency levels,
+/// comma-separated; each axis not named runs in full). The budget verdict needs every
+/// unary cell of a profile.
 struct Only {
+    profiles: Vec<Profile>,
     modes: Vec<Mode>,
     concurrency: Vec<usize>,
 }
 
 impl Only {
     fn from_env() -> Result<Only, String> {
+        let all = Profile::all()?;
         let mut only = Only {
+            profiles: Vec::new(),
             modes: Vec::new(),
             concurrency: Vec::new(),
         };
@@ -308,16 +357,21 @@ impl Only {
             match word {
                 "unary" => only.modes.push(Mode::Unary),
                 "stream" => only.modes.push(Mode::Stream),
-                n => match n.parse::<usize>() {
-                    Ok(c) if CONCURRENCY.contains(&c) => only.concurrency.push(c),
+                n => match (n.parse::<usize>(), all.iter().find(|p| p.name == n)) {
+                    (Ok(c), _) if CONCURRENCY.contains(&c) => only.concurrency.push(c),
+                    (_, Some(profile)) => only.profiles.push(*profile),
                     _ => {
                         return Err(format!(
-                            "BENCH_ONLY={spec:?}: {word:?} is not `unary`, `stream` or one \
-                             of the concurrency levels {CONCURRENCY:?}"
+                            "BENCH_ONLY={spec:?}: {word:?} is not `paced`, `instant`, \
+                             `unary`, `stream` or one of the concurrency levels \
+                             {CONCURRENCY:?}"
                         ));
                     }
                 },
             }
+        }
+        if only.profiles.is_empty() {
+            only.profiles = all.to_vec();
         }
         if only.modes.is_empty() {
             only.modes = vec![Mode::Unary, Mode::Stream];
@@ -328,7 +382,7 @@ impl Only {
         Ok(only)
     }
 
-    fn cells(&self) -> usize {
+    fn cells(&self, nginx: bool) -> usize {
         let failover = if self.modes.contains(&Mode::Unary) {
             FAILOVER_CONCURRENCY
                 .iter()
@@ -337,8 +391,90 @@ impl Only {
         } else {
             0
         };
-        2 * self.modes.len() * self.concurrency.len() + failover
+        let per_level = if nginx { 3 } else { 2 };
+        self.profiles.len() * (per_level * self.modes.len() * self.concurrency.len() + failover)
     }
+}
+
+/// How the simulated provider paces its answers.
+#[derive(Clone, Copy)]
+struct Profile {
+    name: &'static str,
+    /// Before the unary answer and before the first stream event.
+    delay: Duration,
+    /// Between stream events.
+    interval: Duration,
+}
+
+impl Profile {
+    /// `paced` (a provider that takes `BENCH_PROVIDER_MS`, default
+    /// [`DEFAULT_PROVIDER_MS`], to answer: far faster than any hosted model, so still
+    /// hundreds of requests per second per connection) and `instant` (answers at once:
+    /// nothing but the three processes' CPU, the worst case for the proxy's share).
+    fn all() -> Result<[Profile; 2], String> {
+        let ms = match std::env::var("BENCH_PROVIDER_MS") {
+            Err(_) => DEFAULT_PROVIDER_MS,
+            Ok(v) => match v.trim().parse::<u64>() {
+                Ok(ms) if (1..=10_000).contains(&ms) => ms,
+                _ => {
+                    return Err(format!(
+                        "BENCH_PROVIDER_MS={v:?}: expected milliseconds, 1 to 10000"
+                    ));
+                }
+            },
+        };
+        Ok([
+            Profile {
+                name: "paced",
+                delay: Duration::from_millis(ms),
+                interval: PACED_EVENT_INTERVAL,
+            },
+            Profile {
+                name: "instant",
+                delay: Duration::ZERO,
+                interval: Duration::ZERO,
+            },
+        ])
+    }
+
+    fn behavior(&self, mode: Mode) -> Behavior {
+        let b = match mode {
+            Mode::Unary => Behavior::Answer,
+            Mode::Stream => Behavior::Stream {
+                chunks: STREAM_CHUNKS,
+                interval: self.interval,
+            },
+        };
+        if self.delay.is_zero() {
+            b
+        } else {
+            b.after(self.delay)
+        }
+    }
+
+    fn describe(&self) -> String {
+        if self.delay.is_zero() {
+            format!(
+                "provider answers at once; streams: {STREAM_CHUNKS} SSE events, no gap \
+                 (CPU-bound: the proxy's share of the CPU is all that differs)"
+            )
+        } else {
+            format!(
+                "provider answers after {} ms; streams: first event after {} ms, then \
+                 {STREAM_CHUNKS} events {} ms apart",
+                self.delay.as_millis(),
+                self.delay.as_millis(),
+                self.interval.as_millis()
+            )
+        }
+    }
+}
+
+/// One profile's cells.
+struct ProfileRun {
+    profile: Profile,
+    rows: Vec<Row>,
+    failover: Vec<FailoverRow>,
 }
 
 fn measure_window() -> Result<Duration, String> {
@@ -567,6 +703,178 @@ impl Drop for ProxyChild {
     }
 }
 
+// ---------------------------------------------------------------------------------
+// The reference: nginx as a plain reverse proxy
+// ---------------------------------------------------------------------------------
+
+/// nginx proxying to the same simulator, measured in the same run: the yardstick the
+/// budget is set against. Used when an `nginx` program is found (`BENCH_NGINX=PATH`
+/// names one, `BENCH_NGINX=off` skips it).
+struct NginxChild {
+    child: Child,
+    addr: SocketAddr,
+    program: PathBuf,
+    version: String,
+}
+
+impl NginxChild {
+    fn wanted() -> Result<Option<PathBuf>, String> {
+        match std::env::var("BENCH_NGINX") {
+            Ok(v) if v == "off" => Ok(None),
+            Ok(v) => {
+                let p = PathBuf::from(v);
+                if p.exists() {
+                    Ok(Some(p))
+                } else {
+                    Err(format!("BENCH_NGINX={}: no such program", p.display()))
+                }
+            }
+            Err(_) => {
+                let path = std::env::var_os("PATH").unwrap_or_default();
+                let found = std::env::split_paths(&path)
+                    .chain([PathBuf::from("/usr/sbin")])
+                    .map(|d| d.join("nginx"))
+                    .find(|p| p.is_file());
+                Ok(found)
+            }
+        }
+    }
+
+    fn absent() -> &'static str {
+        "no nginx found (install Debian's nginx-light, or set BENCH_NGINX=PATH), so no \
+         reference cells"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} ({}) as a plain reverse proxy: worker_processes auto, upstream \
+             keep-alive, proxy_buffering off, access log on (buffered)",
+            self.program.display(),
+            self.version
+        )
+    }
+
+    fn spawn(program: &Path, upstream: SocketAddr, dir: &Path) -> Result<NginxChild, String> {
+        let prefix = dir.join("nginx");
+        std::fs::create_dir_all(prefix.join("logs")).map_err(|e| format!("nginx dir: {e}"))?;
+        let listener =
+            TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind 127.0.0.1:0: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("local_addr: {e}"))?;
+        drop(listener);
+        let p = prefix.display();
+        // The same job the proxy does, done the way an nginx operator would: keep-alive
+        // to the upstream, streams passed on as they arrive, one access-log line per
+        // request (buffered, as production configurations do). `keepalive_requests`
+        // lifted from its default 1000, which would close the generator's connections
+        // mid-cell (the proxy never closes a client connection on its own).
+        let conf = format!(
+            "worker_processes auto;\n\
+             error_log {p}/logs/error.log warn;\n\
+             pid {p}/nginx.pid;\n\
+             events {{ worker_connections 4096; }}\n\
+             http {{\n\
+             \x20 access_log {p}/logs/access.log combined buffer=64k flush=1s;\n\
+             \x20 client_body_temp_path {p}/body; proxy_temp_path {p}/proxy;\n\
+             \x20 fastcgi_temp_path {p}/fcgi; uwsgi_temp_path {p}/uwsgi; scgi_temp_path {p}/scgi;\n\
+             \x20 upstream sim {{ server {upstream}; keepalive 1024; keepalive_requests 100000000; }}\n\
+             \x20 server {{\n\
+             \x20   listen {addr};\n\
+             \x20   keepalive_requests 100000000;\n\
+             \x20   location / {{\n\
+             \x20     proxy_pass http://sim;\n\
+             \x20     proxy_http_version 1.1;\n\
+             \x20     proxy_set_header Connection \"\";\n\
+             \x20     proxy_buffering off;\n\
+             \x20   }}\n\
+             \x20 }}\n\
+             }}\n"
+        );
+        let conf_path = prefix.join("nginx.conf");
+        std::fs::write(&conf_path, conf).map_err(|e| format!("nginx.conf: {e}"))?;
+        let version = Command::new(program)
+            .arg("-v")
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stderr)
+                    .trim()
+                    .trim_start_matches("nginx version: ")
+                    .to_owned()
+            })
+            .unwrap_or_else(|_| "version unknown".into());
+        let out = std::fs::File::create(prefix.join("logs/stderr.log"))
+            .map_err(|e| format!("nginx log: {e}"))?;
+        let child = Command::new(program)
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&conf_path)
+            .args(["-g", "daemon off;"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", program.display()))?;
+        Ok(NginxChild {
+            child,
+            addr,
+            program: program.to_owned(),
+            version,
+        })
+    }
+
+    async fn wait_ready(&self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let probe = async {
+                let mut sender = connect(self.addr).await?;
+                let body = Bytes::from(chat_body(ROUTE, false).to_string());
+                sender.ready().await?;
+                let resp = sender.send_request(chat_request(self.addr, body)?).await?;
+                let status = resp.status();
+                resp.into_body().collect().await?;
+                Ok::<_, BoxError>(status)
+            };
+            match timeout_at(deadline, probe).await {
+                Ok(Ok(StatusCode::OK)) => return Ok(()),
+                Ok(Ok(status)) => return Err(format!("nginx answered {status}")),
+                Ok(Err(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => return Err(format!("nginx was not ready within {READY_TIMEOUT:?}")),
+            }
+        }
+    }
+
+    /// The master and its workers: whose CPU the reference cells count.
+    fn pids(&self) -> Vec<u32> {
+        let master = self.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
+            .unwrap_or_default();
+        std::iter::once(master)
+            .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
+            .collect()
+    }
+
+    /// SIGTERM to the master (the process this benchmark started), which stops its
+    /// workers; SIGKILL would leave them behind.
+    fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for NginxChild {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 async fn wait_ready(admin: SocketAddr, proxy: &mut ProxyChild) -> Result<(), String> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
@@ -759,16 +1067,17 @@ async fn run_cell(
     mode: Mode,
     conc: usize,
     measure: Duration,
-    proxy_pid: u32,
+    middle: &[u32],
 ) -> Cell {
     let body = Bytes::from(chat_body(model, mode == Mode::Stream).to_string());
     let from = Instant::now() + WARMUP;
     let until = from + measure;
+    let middle = middle.to_vec();
     let meter = tokio::spawn(async move {
         sleep_until(from).await;
-        let start = CpuUse::now(proxy_pid);
+        let start = CpuUse::now(&middle);
         sleep_until(until).await;
-        CpuUse::now(proxy_pid).since(start)
+        CpuUse::now(&middle).since(start)
     });
     let issued = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();
@@ -802,7 +1111,7 @@ async fn run_cell(
 
 /// On-CPU time during a cell's measurement window, from the scheduler's own
 /// accounting (`/proc/<pid>/task/*/schedstat`, ns): of this process (load generator
-/// plus simulator) and of the proxy. CPU per request is what a crowded box divides
+/// plus simulator) and of the proxy (or nginx's processes, in reference cells). CPU per request is what a crowded box divides
 /// between them, so it predicts the throughput ratio better than the wall clock does.
 #[derive(Clone, Copy, Default)]
 struct CpuUse {
@@ -811,10 +1120,13 @@ struct CpuUse {
 }
 
 impl CpuUse {
-    fn now(proxy_pid: u32) -> CpuUse {
+    fn now(middle: &[u32]) -> CpuUse {
         CpuUse {
             bench_ns: cpu_ns("self"),
-            proxy_ns: cpu_ns(&proxy_pid.to_string()),
+            proxy_ns: middle
+                .iter()
+                .map(|pid| cpu_ns(&pid.to_string()))
+                .sum::<Option<u64>>(),
         }
     }
 
@@ -974,8 +1286,9 @@ async fn run_failover_cell(
     })?;
     let hits_before = broken.hits();
     let mid = Instant::now() + WARMUP + measure / 2;
+    let pids = [proxy_pid];
     let (cell, mid_window) = tokio::join!(
-        run_cell(proxy, FAILOVER_ROUTE, Mode::Unary, conc, measure, proxy_pid),
+        run_cell(proxy, FAILOVER_ROUTE, Mode::Unary, conc, measure, &pids),
         async {
             sleep_until(mid).await;
             failover_sample(proxy).await.map_err(|e| e.to_string())
@@ -1085,12 +1398,22 @@ struct Row {
     conc: usize,
     direct: Cell,
     proxied: Cell,
+    /// The same cell through nginx, when it ran.
+    nginx: Option<Cell>,
 }
 
 impl Row {
     fn throughput_pct(&self) -> f64 {
-        100.0 * self.proxied.rps() / self.direct.rps().max(f64::MIN_POSITIVE)
+        pct_of(&self.proxied, &self.direct)
     }
+
+    fn nginx_pct(&self) -> Option<f64> {
+        self.nginx.as_ref().map(|n| pct_of(n, &self.direct))
+    }
+}
+
+fn pct_of(cell: &Cell, direct: &Cell) -> f64 {
+    100.0 * cell.rps() / direct.rps().max(f64::MIN_POSITIVE)
 }
 
 struct Report<'a> {
@@ -1101,8 +1424,9 @@ struct Report<'a> {
     rss_now_kib: Option<u64>,
     /// Load averages before and after the run.
     load: [String; 2],
-    rows: &'a [Row],
-    failover: &'a [FailoverRow],
+    runs: &'a [ProfileRun],
+    /// nginx as the reference, or why it did not run.
+    nginx: Option<String>,
     observability: Observability,
 }
 
@@ -1179,12 +1503,29 @@ fn report(r: &Report<'_>) -> String {
     );
     let _ = writeln!(
         o,
-        "streams: {STREAM_CHUNKS} SSE chunks, no interval; latency = time to last byte"
+        "reference: {}",
+        r.nginx.as_deref().unwrap_or(NginxChild::absent())
+    );
+    let _ = writeln!(o, "latency = time to the last byte of the answer");
+    for run in r.runs {
+        o.push_str(&profile_report(run));
+    }
+    o
+}
+
+fn profile_report(run: &ProfileRun) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "=== profile {}: {}",
+        run.profile.name,
+        run.profile.describe()
     );
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>6}",
+        "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6}",
         "mode",
         "conc",
         "direct/s",
@@ -1196,14 +1537,18 @@ fn report(r: &Report<'_>) -> String {
         "thru %",
         "+p50 µs",
         "+p99 µs",
+        "nginx/s",
+        "thru %",
+        "+p99 µs",
         "errors"
     );
-    let _ = writeln!(o, "{}", "-".repeat(105));
-    for row in r.rows {
+    let _ = writeln!(o, "{}", "-".repeat(133));
+    for row in &run.rows {
         let (d, p) = (&row.direct, &row.proxied);
+        let n = row.nginx.as_ref();
         let _ = writeln!(
             o,
-            "{:<6} {:>4} | {:>9.0} {:>7} {:>7} | {:>9.0} {:>7} {:>7} | {:>6.1} {:>7} {:>7} | {:>6}",
+            "{:<6} {:>4} | {:>9.0} {:>7} {:>7} | {:>9.0} {:>7} {:>7} | {:>6.1} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6}",
             row.mode.name(),
             row.conc,
             d.rps(),
@@ -1215,40 +1560,46 @@ fn report(r: &Report<'_>) -> String {
             row.throughput_pct(),
             signed(added(percentile(&d.ttlb, 0.50), percentile(&p.ttlb, 0.50))),
             signed(added(percentile(&d.ttlb, 0.99), percentile(&p.ttlb, 0.99))),
-            d.errors + p.errors
+            n.map_or_else(|| "-".into(), |n| format!("{:.0}", n.rps())),
+            row.nginx_pct()
+                .map_or_else(|| "-".into(), |v| format!("{v:.1}")),
+            signed(n.and_then(|n| { added(percentile(&d.ttlb, 0.99), percentile(&n.ttlb, 0.99)) })),
+            d.errors + p.errors + n.map_or(0, |n| n.errors)
         );
     }
-    let _ = writeln!(o);
-    let _ = writeln!(o, "stream time to first byte (first SSE event):");
-    let _ = writeln!(
-        o,
-        "{:<6} {:>4} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
-        "mode", "conc", "dir p50", "dir p99", "prx p50", "prx p99", "+p50 µs", "+p99 µs"
-    );
-    let _ = writeln!(o, "{}", "-".repeat(68));
-    for row in r.rows.iter().filter(|row| row.mode == Mode::Stream) {
-        let (d, p) = (&row.direct.ttfb, &row.proxied.ttfb);
+    if run.rows.iter().any(|row| row.mode == Mode::Stream) {
+        let _ = writeln!(o);
+        let _ = writeln!(o, "stream time to first byte (first SSE event):");
         let _ = writeln!(
             o,
             "{:<6} {:>4} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
-            row.mode.name(),
-            row.conc,
-            us(percentile(d, 0.50)),
-            us(percentile(d, 0.99)),
-            us(percentile(p, 0.50)),
-            us(percentile(p, 0.99)),
-            signed(added(percentile(d, 0.50), percentile(p, 0.50))),
-            signed(added(percentile(d, 0.99), percentile(p, 0.99)))
+            "mode", "conc", "dir p50", "dir p99", "prx p50", "prx p99", "+p50 µs", "+p99 µs"
         );
+        let _ = writeln!(o, "{}", "-".repeat(68));
+        for row in run.rows.iter().filter(|row| row.mode == Mode::Stream) {
+            let (d, p) = (&row.direct.ttfb, &row.proxied.ttfb);
+            let _ = writeln!(
+                o,
+                "{:<6} {:>4} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
+                row.mode.name(),
+                row.conc,
+                us(percentile(d, 0.50)),
+                us(percentile(d, 0.99)),
+                us(percentile(p, 0.50)),
+                us(percentile(p, 0.99)),
+                signed(added(percentile(d, 0.50), percentile(p, 0.50))),
+                signed(added(percentile(d, 0.99), percentile(p, 0.99)))
+            );
+        }
     }
     let _ = writeln!(o);
-    o.push_str(&cpu_table(r.rows));
-    if !r.failover.is_empty() {
+    o.push_str(&cpu_table(&run.rows));
+    if !run.failover.is_empty() {
         let _ = writeln!(o);
-        o.push_str(&failover_table(r.rows, r.failover));
+        o.push_str(&failover_table(&run.rows, &run.failover));
     }
     let _ = writeln!(o);
-    o.push_str(&verdict(r.rows));
+    o.push_str(&verdict(run));
     o
 }
 
@@ -1261,14 +1612,14 @@ fn cpu_table(rows: &[Row]) -> String {
     let _ = writeln!(
         o,
         "CPU per request (on-CPU µs, all threads; gen+sim = this process: load generator \
-         and simulator):"
+         and simulator; proxy and nginx: their own processes):"
     );
     let _ = writeln!(
         o,
-        "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12}",
-        "mode", "conc", "dir gen+sim", "prx gen+sim", "proxy", "total", "direct/total"
+        "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9}",
+        "mode", "conc", "dir gen+sim", "prx gen+sim", "proxy", "total", "direct/total", "nginx"
     );
-    let _ = writeln!(o, "{}", "-".repeat(79));
+    let _ = writeln!(o, "{}", "-".repeat(91));
     for row in rows {
         let (d_bench, _) = row.direct.cpu_per_request();
         let (p_bench, p_proxy) = row.proxied.cpu_per_request();
@@ -1276,16 +1627,18 @@ fn cpu_table(rows: &[Row]) -> String {
         let ratio = d_bench
             .zip(total)
             .map_or_else(|| "-".into(), |(d, t)| format!("{:.1} %", 100.0 * d / t));
+        let nginx = row.nginx.as_ref().and_then(|n| n.cpu_per_request().1);
         let _ = writeln!(
             o,
-            "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12}",
+            "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9}",
             row.mode.name(),
             row.conc,
             f(d_bench),
             f(p_bench),
             f(p_proxy),
             f(total),
-            ratio
+            ratio,
+            f(nginx)
         );
     }
     o
@@ -1361,11 +1714,12 @@ fn failover_table(rows: &[Row], failover: &[FailoverRow]) -> String {
     o
 }
 
-fn verdict(rows: &[Row]) -> String {
+fn verdict(run: &ProfileRun) -> String {
+    let rows = &run.rows;
     let mut o = String::new();
     let unary = || rows.iter().filter(|row| row.mode == Mode::Unary);
     let pass = |ok: bool| if ok { "PASS" } else { "MISS" };
-    let _ = writeln!(o, "budget (unary):");
+    let _ = writeln!(o, "budget (unary, profile {}):", run.profile.name);
     match unary().find(|row| row.conc == 64) {
         Some(row) => {
             let add = added(
@@ -1408,6 +1762,16 @@ fn verdict(rows: &[Row]) -> String {
             (true, false) => "not judged (not every concurrency level was run)",
         }
     );
+    let nginx: Vec<String> = unary()
+        .filter_map(|row| Some(format!("c={} {:.1}%", row.conc, row.nginx_pct()?)))
+        .collect();
+    if !nginx.is_empty() {
+        let _ = writeln!(
+            o,
+            "  reference, nginx's throughput (% of direct):   {}",
+            nginx.join(", ")
+        );
+    }
     let errors: u64 = rows.iter().map(|row| row.proxied.errors).sum();
     if errors > 0 {
         let _ = writeln!(
