@@ -26,6 +26,7 @@ use crate::limit::Refused;
 use crate::order::order;
 use crate::outcome::{self, Reason, attempt_deadline, classify_status, may_advance, retryable};
 use crate::rewrite::{JsonStr, replace_model, replace_model_into};
+use crate::server::X_REQUEST_ID;
 use crate::snapshot::{RouteRt, TargetRt};
 use crate::sse::{self, Framer};
 use crate::stats::{self, RouteTargetCounters};
@@ -37,13 +38,13 @@ use switchback_crds::config::Provider;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-/// Client headers passed on to providers. Everything else (notably `authorization`
-/// and `x-api-key`) stays with the gateway.
-const FORWARDED: [&str; 4] = [
-    "x-request-id",
-    "anthropic-version",
-    "anthropic-beta",
-    "openai-beta",
+/// Client headers passed on to providers, besides `x-request-id` (`Call::request_id`).
+/// Everything else (notably `authorization` and `x-api-key`) stays with the gateway.
+/// Names, not strings: a `&str` lookup parses the name again on every request.
+const FORWARDED: [HeaderName; 3] = [
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
+    HeaderName::from_static("openai-beta"),
 ];
 
 /// Error bodies bigger than this are cut: they are read only to classify and relay.
@@ -58,6 +59,8 @@ pub struct Call<'a> {
     pub body: Bytes,
     pub stream: bool,
     pub client_headers: &'a HeaderMap,
+    /// The client's `x-request-id`, or the one the gateway made up; forwarded too.
+    pub request_id: &'a HeaderValue,
 }
 
 /// One line of the attempt log.
@@ -523,14 +526,15 @@ async fn attempt(
         return Attempted::Failed(Failure::bare(Reason::MissingKey));
     };
     let mut headers = auth.clone();
+    headers.insert(X_REQUEST_ID, call.request_id.clone());
     let upstream_wire = dir.map_or(call.surface.wire(), Direction::upstream_wire);
     for name in FORWARDED {
         // A provider gets only the client headers of its own API.
         let own = match upstream_wire {
             Wire::Anthropic => name != "openai-beta",
-            Wire::OpenAi => !name.starts_with("anthropic-"),
+            Wire::OpenAi => !name.as_str().starts_with("anthropic-"),
         };
-        if own && let Some(v) = call.client_headers.get(name) {
+        if own && let Some(v) = call.client_headers.get(&name) {
             headers.insert(name, v.clone());
         }
     }

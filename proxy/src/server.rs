@@ -106,17 +106,15 @@ struct Peek<'a> {
 async fn handle(
     gw: &Gateway,
     surface: Surface,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response<Body> {
+    // Carried apart from the client's headers (which keep whatever the client sent):
+    // the attempt pipeline forwards this one.
     let request_id = match headers.get(X_REQUEST_ID) {
         Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => {
-            let id = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-            headers.insert(X_REQUEST_ID, id.clone());
-            id
-        }
+        _ => HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown")),
     };
     let wire = surface.wire();
     let mut response = match body {
@@ -132,7 +130,7 @@ async fn handle(
             };
             gateway_error(wire, status, "invalid_request", &message)
         }
-        Ok(body) => route_and_run(gw, surface, &headers, body).await,
+        Ok(body) => route_and_run(gw, surface, &headers, &request_id, body).await,
     };
     response.headers_mut().insert(X_REQUEST_ID, request_id);
     response
@@ -142,6 +140,7 @@ async fn route_and_run(
     gw: &Gateway,
     surface: Surface,
     headers: &HeaderMap,
+    request_id: &HeaderValue,
     body: Bytes,
 ) -> Response<Body> {
     let wire = surface.wire();
@@ -181,6 +180,7 @@ async fn route_and_run(
         stream: surface != Surface::Embeddings && peek.stream.unwrap_or(false),
         body: body.clone(),
         client_headers: headers,
+        request_id,
     };
     let started = tokio::time::Instant::now();
     let op = surface.operation();
