@@ -165,6 +165,23 @@ impl Aggregator {
         &self.last
     }
 
+    /// Forgets routes that `exists` says are gone (deleted objects) and no replica
+    /// served in the last round, so a long-running operator does not carry every route
+    /// it ever saw. A route that still exists keeps its totals even when nothing serves
+    /// it: its status adds them to the seed it started from, so dropping them would
+    /// make `status.totals` go backwards. Per-instance readings are left alone: they go
+    /// with their instance, and a route recreated under the same name must not count a
+    /// proxy's earlier cumulative counters as new traffic.
+    pub fn retain_routes(&mut self, exists: impl Fn(&ObjectId) -> bool) {
+        let served = |view: Option<&RouteView>| view.is_some_and(|v| !v.generations.is_empty());
+        let last = &self.last;
+        self.routes
+            .retain(|id, _| exists(id) || served(last.routes.get(id)));
+        self.last
+            .routes
+            .retain(|id, view| exists(id) || served(Some(view)));
+    }
+
     /// Takes one scrape round (every ready replica) at `now_ms`, returning the circuit
     /// transitions since the previous round.
     pub fn observe(&mut self, now_ms: u64, scrapes: &[Scrape]) -> Vec<Transition> {
@@ -559,6 +576,40 @@ mod tests {
             (t[0].from, t[0].to),
             (CircuitState::Open, CircuitState::Closed)
         );
+    }
+
+    #[test]
+    fn deleted_routes_are_forgotten_once_nothing_serves_them() {
+        let other = ObjectId::new("team-b", "other");
+        let kept = |rid: &ObjectId| *rid == id();
+        let mut agg = Aggregator::new(60_000, START);
+        let mut r = report("i1", &at(0), 5, CircuitState::Closed);
+        r.routes.push(RouteStats {
+            route: other.clone(),
+            ..r.routes[0].clone()
+        });
+        agg.observe(START + 10_000, &[ok("a", r.clone())]);
+        r.routes[0].requests = 9;
+        r.routes[1].requests = 9;
+        agg.observe(START + 20_000, &[ok("a", r.clone())]);
+        assert_eq!(agg.snapshot().routes[&other].totals.requests, 9);
+
+        // Deleted, but a proxy still serves it: kept (its deltas still arrive).
+        agg.retain_routes(kept);
+        assert!(agg.snapshot().routes.contains_key(&other));
+
+        // The proxy dropped it too: forgotten, snapshot and accumulator alike.
+        r.routes.truncate(1);
+        agg.observe(START + 30_000, &[ok("a", r.clone())]);
+        agg.retain_routes(kept);
+        assert!(!agg.snapshot().routes.contains_key(&other));
+        agg.observe(START + 40_000, &[ok("a", r.clone())]);
+        assert!(!agg.snapshot().routes.contains_key(&other));
+
+        // A route that exists but that nothing serves keeps its totals.
+        agg.observe(START + 50_000, &[]);
+        agg.retain_routes(kept);
+        assert_eq!(agg.snapshot().routes[&id()].totals.requests, 9);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt as _, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -747,6 +747,27 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
         }
         let before = ctx.proxies();
         let transitions = agg.observe(Timestamp::now().as_millisecond() as u64, &scrapes);
+        // Deleted routes are forgotten, but only against a synced cache: an empty store
+        // at start-up would wipe the totals of every route.
+        let synced = ctx
+            .stores
+            .routes
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|r| r.is_ok());
+        if synced {
+            let exists = |id: &ObjectId| {
+                ctx.stores
+                    .routes
+                    .get(&ObjectRef::new(&id.name).within(&id.namespace))
+                    .is_some()
+            };
+            agg.retain_routes(exists);
+            ctx.seeds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|id, _| exists(id));
+        }
         let after = Arc::new(agg.snapshot().clone());
         *ctx.proxies.write().unwrap_or_else(|p| p.into_inner()) = after.clone();
 
@@ -757,13 +778,12 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 let _ = ctx.triggers.routes.send(ObjectRef::from_obj(&*route));
             }
         }
+        // Past the minute an entry only remembers a target that may be long gone.
+        let now = tokio::time::Instant::now();
+        last_event.retain(|_, at| now.duration_since(*at) < CIRCUIT_EVENT_EVERY);
         for t in transitions {
             let key = (t.route.clone(), t.credential.clone(), t.model.clone());
-            let now = tokio::time::Instant::now();
-            if last_event
-                .get(&key)
-                .is_some_and(|at| now.duration_since(*at) < CIRCUIT_EVENT_EVERY)
-            {
+            if last_event.contains_key(&key) {
                 continue;
             }
             let Some(route) = ctx
