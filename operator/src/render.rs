@@ -287,6 +287,31 @@ mod tests {
         bad.spec.timeout = Some("soon".into());
         let v2 = inputs_render(&[bad], &creds, &secrets, &previous_of(&v1));
         assert!(v2.served.is_empty());
+
+        // Served, then an older route elsewhere claims its model name: it loses, and
+        // its previous version is not kept either.
+        let mut served = route("team-a", "shared", 1, &["openai"]);
+        served.metadata.creation_timestamp = Some(crate::fixtures::time(200));
+        let mut older = route("team-b", "shared", 1, &["openai"]);
+        older.metadata.creation_timestamp = Some(crate::fixtures::time(100));
+        let creds = [
+            credential("team-a", "openai", "keys", "openai"),
+            credential("team-b", "openai", "keys", "openai"),
+        ];
+        let secrets = [
+            secret("team-a", "keys", &[("openai", "a")]),
+            secret("team-b", "keys", &[("openai", "b")]),
+        ];
+        let v1 = inputs_render(&[served.clone()], &creds, &secrets, &BTreeMap::new());
+        let loser = ObjectId::new("team-a", "shared");
+        assert!(v1.served.contains_key(&loser));
+        let v2 = inputs_render(&[served, older], &creds, &secrets, &previous_of(&v1));
+        assert!(!v2.served.contains_key(&loser));
+        assert_eq!(v2.namespaces.keys().collect::<Vec<_>>(), ["team-b"]);
+        assert!(
+            v2.diagnostics(Kind::LLMRoute, &loser)
+                .any(|d| d.reason == reason::MODEL_CONFLICT)
+        );
     }
 
     #[test]
