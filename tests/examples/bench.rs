@@ -1025,6 +1025,14 @@ impl Cell {
         (per(self.cpu.bench_ns), per(self.cpu.proxy_ns))
     }
 
+    /// The middle process's sleeps (wake-ups) per completed request.
+    fn sleeps_per_request(&self) -> Option<f64> {
+        let ok = self.ok();
+        (ok > 0)
+            .then(|| self.cpu.proxy_sleeps.map(|n| n as f64 / ok as f64))
+            .flatten()
+    }
+
     fn ok(&self) -> u64 {
         self.ttlb.len() as u64
     }
@@ -1117,6 +1125,10 @@ async fn run_cell(
 struct CpuUse {
     bench_ns: Option<u64>,
     proxy_ns: Option<u64>,
+    /// Times the proxy's (or nginx's) threads went to sleep waiting for something
+    /// (`voluntary_ctxt_switches`): each one is a wake-up later, the cost that
+    /// dominates at light load.
+    proxy_sleeps: Option<u64>,
 }
 
 impl CpuUse {
@@ -1127,6 +1139,10 @@ impl CpuUse {
                 .iter()
                 .map(|pid| cpu_ns(&pid.to_string()))
                 .sum::<Option<u64>>(),
+            proxy_sleeps: middle
+                .iter()
+                .map(|pid| sleeps(&pid.to_string()))
+                .sum::<Option<u64>>(),
         }
     }
 
@@ -1135,6 +1151,7 @@ impl CpuUse {
         CpuUse {
             bench_ns: d(self.bench_ns, start.bench_ns),
             proxy_ns: d(self.proxy_ns, start.proxy_ns),
+            proxy_sleeps: d(self.proxy_sleeps, start.proxy_sleeps),
         }
     }
 }
@@ -1151,6 +1168,22 @@ fn cpu_ns(pid: &str) -> Option<u64> {
             continue;
         };
         total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Sum of `voluntary_ctxt_switches` of every thread of `/proc/<pid>`.
+fn sleeps(pid: &str) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?;
+        total += line.trim().parse::<u64>().ok()?;
     }
     Some(total)
 }
@@ -1612,14 +1645,24 @@ fn cpu_table(rows: &[Row]) -> String {
     let _ = writeln!(
         o,
         "CPU per request (on-CPU µs, all threads; gen+sim = this process: load generator \
-         and simulator; proxy and nginx: their own processes):"
+         and simulator; proxy and nginx: their own processes; sleeps = times their \
+         threads blocked waiting, per request, each a wake-up later):"
     );
     let _ = writeln!(
         o,
-        "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9}",
-        "mode", "conc", "dir gen+sim", "prx gen+sim", "proxy", "total", "direct/total", "nginx"
+        "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9} | {:>12} {:>12}",
+        "mode",
+        "conc",
+        "dir gen+sim",
+        "prx gen+sim",
+        "proxy",
+        "total",
+        "direct/total",
+        "nginx",
+        "proxy sleeps",
+        "nginx sleeps"
     );
-    let _ = writeln!(o, "{}", "-".repeat(91));
+    let _ = writeln!(o, "{}", "-".repeat(119));
     for row in rows {
         let (d_bench, _) = row.direct.cpu_per_request();
         let (p_bench, p_proxy) = row.proxied.cpu_per_request();
@@ -1628,9 +1671,10 @@ fn cpu_table(rows: &[Row]) -> String {
             .zip(total)
             .map_or_else(|| "-".into(), |(d, t)| format!("{:.1} %", 100.0 * d / t));
         let nginx = row.nginx.as_ref().and_then(|n| n.cpu_per_request().1);
+        let f2 = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.2}"));
         let _ = writeln!(
             o,
-            "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9}",
+            "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9} | {:>12} {:>12}",
             row.mode.name(),
             row.conc,
             f(d_bench),
@@ -1638,7 +1682,9 @@ fn cpu_table(rows: &[Row]) -> String {
             f(p_proxy),
             f(total),
             ratio,
-            f(nginx)
+            f(nginx),
+            f2(row.proxied.sleeps_per_request()),
+            f2(row.nginx.as_ref().and_then(Cell::sleeps_per_request))
         );
     }
     o
