@@ -48,7 +48,13 @@ impl RequestLines {
             out.extend_from_slice(b"\"}\n");
         } else {
             (self.clock)(out);
-            let _ = write!(out, " {level:>5} {}: ", event.metadata().target());
+            // ` {level:>5} {target}: ` without the formatter.
+            let level = level.as_str();
+            out.resize(out.len() + 6 - level.len(), b' ');
+            out.extend_from_slice(level.as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(event.metadata().target().as_bytes());
+            out.extend_from_slice(b": ");
             event.record(&mut Text { out, first: true });
             out.push(b'\n');
         }
@@ -117,7 +123,18 @@ impl Visit for Text<'_> {
         } else {
             self.name(field);
         }
-        let _ = write!(self.out, "{value:?}");
+        let _ = write!(Utf8Out(self.out), "{value:?}");
+    }
+}
+
+/// `fmt::Write` straight into the line: `write!` on the `Vec` itself goes through
+/// `io::Write`'s adapter, which costs more for every piece written.
+struct Utf8Out<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Utf8Out<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
     }
 }
 
@@ -132,7 +149,7 @@ fn quoted(out: &mut Vec<u8>, value: &str) {
         out.extend_from_slice(value.as_bytes());
         out.push(b'"');
     } else {
-        let _ = write!(out, "{value:?}");
+        let _ = write!(Utf8Out(out), "{value:?}");
     }
 }
 
