@@ -550,7 +550,7 @@ async fn attempt(
     .clone();
     *request.headers_mut() = headers;
 
-    let response = match timeout_at(deadline, cred.client.request(request)).await {
+    let response = match timeout_at(deadline, cred.client.here().request(request)).await {
         Err(_) => return timed_out(),
         Ok(Err(e)) => {
             tracing::debug!(target = %t.label, error = %e, "upstream transport error");

@@ -68,6 +68,22 @@ pub struct Cli {
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Threads serving the data port, each with its own event loop, listening socket
+    /// and upstream connections, so a request stays on one thread from start to end.
+    /// Default: one per CPU core available to the process.
+    #[arg(long, env = "SWITCHBACK_THREADS", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+}
+
+impl Cli {
+    /// `--threads`, or the number of cores available.
+    pub fn threads(&self) -> usize {
+        self.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            usize::from,
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

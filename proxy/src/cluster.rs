@@ -477,7 +477,7 @@ mod tests {
                 );
             }
         });
-        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into()).unwrap());
+        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
         let _watch = watch(gw.clone(), client, GW);
         tokio::time::timeout(Duration::from_secs(2), async {
             while !gw.is_ready() {

@@ -94,11 +94,12 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// `lanes`: serving threads, one upstream pool each (see [`crate::upstream`]).
     /// Fails only when the upstream clients' TLS verifier cannot be set up.
-    pub fn new(max_body_bytes: usize, source: String) -> std::io::Result<Self> {
+    pub fn new(max_body_bytes: usize, source: String, lanes: usize) -> std::io::Result<Self> {
         Ok(Self {
             live: ArcSwap::from_pointee(Snapshot::default()),
-            clients: Clients::new()?,
+            clients: Clients::new(lanes)?,
             carried: Carried::default(),
             epoch: tokio::time::Instant::now(),
             ready: AtomicBool::new(false),

@@ -9,6 +9,7 @@ pub mod circuit;
 pub mod cli;
 pub mod cluster;
 pub mod gateway;
+mod lanes;
 pub mod limit;
 pub mod manifest;
 pub mod metrics;
@@ -48,6 +49,12 @@ pub struct Options {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub max_body_bytes: usize,
+    /// Data-port serving threads. 0 serves on the caller's runtime (tests, the demo);
+    /// N > 0 starts N threads, each with its own single-threaded runtime, its own
+    /// listening socket on the data address (`SO_REUSEPORT`: the kernel spreads
+    /// connections) and its own upstream pool, so a request never changes threads;
+    /// they serve for the rest of the process's life.
+    pub threads: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +111,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
             let gw = Arc::new(Gateway::new(
                 opts.max_body_bytes,
                 format!("manifests:{}", path.display()),
+                opts.threads,
             )?);
             let watcher =
                 reload::watch(gw.clone(), path.clone()).map_err(|source| StartError::Watch {
@@ -124,35 +132,49 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
             let gw = Arc::new(Gateway::new(
                 opts.max_body_bytes,
                 format!("cluster:{namespace}"),
+                opts.threads,
             )?);
             let client = cluster::connect().await?;
             let tasks = cluster::watch(gw.clone(), client, namespace).into_tasks();
             (gw, None, tasks)
         }
     };
-    let bind = |addr: SocketAddr| async move {
-        tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Listen { addr, source })
-    };
-    let data = bind(opts.listen).await?;
-    let admin = bind(opts.admin_listen).await?;
-    let data_addr = data.local_addr().map_err(|source| StartError::Listen {
+    let listen_error = |source| StartError::Listen {
         addr: opts.listen,
         source,
-    })?;
+    };
+    let admin = tokio::net::TcpListener::bind(opts.admin_listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: opts.admin_listen,
+            source,
+        })?;
     let admin_addr = admin.local_addr().map_err(|source| StartError::Listen {
         addr: opts.admin_listen,
         source,
     })?;
     let data_app = server::data_router(gw.clone());
     let admin_app = server::admin_router(gw.clone());
-    let mut tasks = vec![
-        tokio::spawn(async move {
+    let (data_addr, data_task) = if opts.threads == 0 {
+        let data = tokio::net::TcpListener::bind(opts.listen)
+            .await
+            .map_err(listen_error)?;
+        let addr = data.local_addr().map_err(listen_error)?;
+        let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(data.tap_io(no_delay), data_app).await {
                 tracing::error!(error = %e, "data listener stopped");
             }
-        }),
+        });
+        (addr, task)
+    } else {
+        let listeners = lanes::listeners(opts.listen, opts.threads).map_err(listen_error)?;
+        let addr = listeners[0].local_addr().map_err(listen_error)?;
+        let stopped = lanes::serve(listeners, data_app).map_err(listen_error)?;
+        // Ends when the first serving thread does (normally never).
+        (addr, tokio::spawn(stopped))
+    };
+    let mut tasks = vec![
+        data_task,
         tokio::spawn(async move {
             if let Err(e) = axum::serve(admin.tap_io(no_delay), admin_app).await {
                 tracing::error!(error = %e, "admin listener stopped");

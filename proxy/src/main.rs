@@ -14,6 +14,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    let threads = cli.threads();
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),
         (None, Some(namespace)) => Source::Cluster { namespace },
@@ -24,6 +25,7 @@ async fn main() -> std::process::ExitCode {
         listen: cli.listen,
         admin_listen: cli.admin_listen,
         max_body_bytes: cli.max_body_bytes,
+        threads,
     };
     match start(opts).await {
         Ok(running) => {

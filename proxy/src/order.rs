@@ -106,7 +106,7 @@ pub(crate) mod tests {
                 "http://x/c".parse().unwrap(),
             ],
             headers: None,
-            client: crate::upstream::Clients::new().unwrap().private,
+            client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
         });
         RouteRt {

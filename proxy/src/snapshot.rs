@@ -128,7 +128,7 @@ pub struct CredentialRt {
     pub urls: [http::Uri; 3],
     /// Static headers plus the auth header; `None` when the key is missing.
     pub headers: Option<HeaderMap>,
-    pub client: upstream::Client,
+    pub client: upstream::Lanes,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,
 }

@@ -60,6 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listen,
         admin_listen,
         max_body_bytes: 32 * 1024 * 1024,
+        threads: 0,
     })
     .await?;
     let base = format!("http://{}", proxy.data_addr);

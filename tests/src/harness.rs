@@ -63,9 +63,26 @@ impl TestProxy {
             .unwrap_or_else(|e| panic!("proxy did not start: {e}"))
     }
 
+    /// Like [`TestProxy::start`], with the data port served by `threads` threads of
+    /// their own (as the binary does) instead of the test's runtime. Those threads run
+    /// on the real clock and serve until the test process ends.
+    pub async fn start_threaded(manifests: &str, threads: usize) -> TestProxy {
+        Self::launch(manifests, 32 * 1024 * 1024, threads)
+            .await
+            .unwrap_or_else(|e| panic!("proxy did not start: {e}"))
+    }
+
     pub async fn try_start(
         manifests: &str,
         max_body_bytes: usize,
+    ) -> Result<TestProxy, switchback_proxy::StartError> {
+        Self::launch(manifests, max_body_bytes, 0).await
+    }
+
+    async fn launch(
+        manifests: &str,
+        max_body_bytes: usize,
+        threads: usize,
     ) -> Result<TestProxy, switchback_proxy::StartError> {
         let dir = tempfile::tempdir().expect("temp dir");
         let manifest = dir.path().join("switchback.yaml");
@@ -76,6 +93,7 @@ impl TestProxy {
             listen: loopback,
             admin_listen: loopback,
             max_body_bytes,
+            threads,
         })
         .await?;
         Ok(TestProxy {

@@ -700,3 +700,43 @@ async fn upstream_connections_are_pooled_and_reused() {
     );
     assert_eq!(primary.received()[0].version, reqwest::Version::HTTP_11);
 }
+
+/// The binary serves the data port from one thread per core, each with its own
+/// upstream pool: the pipeline works the same there (fallback, headers, streams, one
+/// shared circuit), on fresh connections spread over the threads.
+#[tokio::test]
+async fn data_port_served_by_threads_of_its_own_walks_targets_the_same() {
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    primary.set_default(Behavior::ServerError(503));
+    let manifests = format!(
+        "{}{}{}",
+        credential("primary", "openai", &primary.base_url(), "sk-primary"),
+        credential("backup", "openai", &backup.base_url(), "sk-backup"),
+        route(
+            "smart",
+            "  targets:\n    - credentialRef: { name: primary }\n    \
+             - credentialRef: { name: backup }\n"
+        )
+    );
+    let proxy = TestProxy::start_threaded(&manifests, 2).await;
+    for i in 0..8 {
+        // A client per request: a new connection each time.
+        let r = reqwest::Client::new()
+            .post(proxy.url("/v1/chat/completions"))
+            .json(&chat_body("smart", i % 2 == 1))
+            .send()
+            .await
+            .expect("proxy answers");
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-switchback-target"), "team-a/backup");
+        assert_eq!(header(&r, "x-switchback-fallbacks"), "1");
+        let text = r.text().await.expect("body");
+        assert!(text.contains("backup"), "{text}");
+    }
+    // One circuit for the whole proxy, whichever thread served: the default
+    // `consecutiveFailures: 5` opens it after five failures in all, then the primary
+    // is skipped.
+    assert_eq!(primary.hits(), 5);
+    assert_eq!(backup.hits(), 8);
+}
