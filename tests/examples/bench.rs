@@ -20,7 +20,12 @@
 //!    keep-alive, `proxy_buffering off`, buffered access log): the REFERENCE the budget
 //!    is set against ("a plain nginx reverse proxy reaches about 95% of direct here"),
 //!    measured in the same run on the same cores;
-//! 4. drives `POST /v1/chat/completions` from an in-process load generator (its own
+//! 4. by default pins the processes (`taskset`): this process (load generator and
+//!    simulator) on the first half of the cores, the proxy and nginx on the other half,
+//!    as in production, where a proxy does not share its cores with its clients and
+//!    providers (`BENCH_PIN=off` shares every core; see [`Layout`] for why pinning is
+//!    the default);
+//! 5. drives `POST /v1/chat/completions` from an in-process load generator (its own
 //!    tokio runtime; HTTP/1.1 keep-alive, one connection per worker, each worker sends
 //!    its next request as soon as the previous one ends) for every cell of
 //!    {paced, instant provider} × {unary, streaming} × {concurrency 1, 64, 256} ×
@@ -32,10 +37,10 @@
 //!      of requests per second through the proxy, and it is the setting in which the
 //!      issue's reference holds (nginx within a few percent of direct);
 //!    - `instant`: the simulator answers at once and streams its 20 events without a
-//!      gap. Nothing but CPU then limits the three processes sharing two cores, so the
-//!      throughput ratio is direct CPU / (direct CPU + the middle process's CPU): the
-//!      worst case for any proxy, nginx included, and the profile that shows the
-//!      proxy's own cost per request most clearly;
+//!      gap: the worst case for any proxy, nginx included. At concurrency 64 and 256
+//!      the middle's CPU per request decides; at concurrency 1 the latency of its two
+//!      extra loopback hops does (one request in flight, answered in ~30 µs direct, so
+//!      each wake-up of the middle's core counts);
 //!
 //!    right after the unary proxied cell at concurrency 1 and 64, a FAILOVER cell: route
 //!    `bench-failover` whose first target is a second simulator answering 503 to
@@ -46,7 +51,7 @@
 //!    checks it from the response headers (`x-switchback-attempts: 1`,
 //!    `x-switchback-target` = the backup), and the failing simulator's hit counter must
 //!    not move during the cell;
-//! 5. reads the proxy's `/metrics`, stops the proxy and nginx (by the pids of the
+//! 6. reads the proxy's `/metrics`, stops the proxy and nginx (by the pids of the
 //!    children it started), counts the proxy's per-request log lines and prints one set
 //!    of tables per profile.
 //!
@@ -91,10 +96,9 @@
 //! under a profiler, e.g. `BENCH_PROXY_WRAPPER="valgrind --tool=callgrind"` for
 //! instruction counts per request (`callgrind_control -z` / `-d` around a window).
 //!
-//! The generator, the simulator and the proxy share the machine's cores, so the
-//! absolute figures are those of a crowded box: direct cells measure generator +
-//! simulator, proxy cells measure generator + proxy + simulator on the same cores.
-//! Read the ratios, not the capacity.
+//! Everything runs on one small machine, so the absolute figures are those of a
+//! crowded box: direct cells measure generator + simulator, proxy cells generator +
+//! proxy + simulator. Read the ratios, not the capacity.
 
 use std::fmt::Write as _;
 use std::io::BufRead as _;
@@ -186,10 +190,13 @@ fn run() -> Result<(), String> {
     let measure = measure_window()?;
     let only = Only::from_env()?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let layout = Layout::from_env()?;
+    // The cores left to the generator and the simulator (all of them when shared).
+    let end_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let load_before = load_average();
 
     // The simulator lives on its own runtime so that its threads are not the generator's.
-    let sim_rt = runtime("sim", cores)?;
+    let sim_rt = runtime("sim", end_cores)?;
     let sim = sim_rt.block_on(SimProvider::start_named("bench", Flavor::OpenAi));
     sim.set_recording(false);
     // The failover route's first target: fails everything, so its circuit opens.
@@ -217,15 +224,15 @@ fn run() -> Result<(), String> {
 
     let bin = proxy_binary()?;
     let (data_addr, admin_addr) = free_ports()?;
-    let mut proxy = ProxyChild::spawn(&bin, &manifest, data_addr, admin_addr, dir.path())?;
+    let mut proxy = ProxyChild::spawn(&layout, &bin, &manifest, data_addr, admin_addr, dir.path())?;
     let pid = proxy.child.id();
 
-    let gen_rt = runtime("load", cores)?;
+    let gen_rt = runtime("load", end_cores)?;
     gen_rt.block_on(wait_ready(admin_addr, &mut proxy))?;
     gen_rt.block_on(smoke_test(sim.addr(), data_addr, &proxy))?;
     let nginx = match NginxChild::wanted()? {
         Some(program) => {
-            let n = NginxChild::spawn(&program, sim.addr(), dir.path())?;
+            let n = NginxChild::spawn(&layout, &program, sim.addr(), dir.path())?;
             gen_rt.block_on(n.wait_ready())?;
             Some(n)
         }
@@ -233,8 +240,9 @@ fn run() -> Result<(), String> {
     };
 
     eprintln!(
-        "bench: {cores} cores; {:.1} s warm-up + {:.1} s per cell; {} cells; proxy logging: {}; \
+        "bench: {cores} cores, {}; {:.1} s warm-up + {:.1} s per cell; {} cells; proxy logging: {}; \
          reference: {}",
+        layout.describe(),
         WARMUP.as_secs_f64(),
         measure.as_secs_f64(),
         only.cells(nginx.is_some()),
@@ -317,6 +325,7 @@ fn run() -> Result<(), String> {
         "{}",
         report(&Report {
             cores,
+            layout: &layout,
             measure,
             bin: &bin,
             peak_rss_kib,
@@ -456,7 +465,8 @@ impl Profile {
         if self.delay.is_zero() {
             format!(
                 "provider answers at once; streams: {STREAM_CHUNKS} SSE events, no gap \
-                 (CPU-bound: the proxy's share of the CPU is all that differs)"
+                 (the middle's own cost is all that differs: CPU at concurrency 64 and \
+                 256, the extra hops' latency at 1)"
             )
         } else {
             format!(
@@ -475,6 +485,101 @@ struct ProfileRun {
     profile: Profile,
     rows: Vec<Row>,
     failover: Vec<FailoverRow>,
+}
+
+/// Which cores run what. By default the process in the middle (the proxy, or nginx)
+/// gets half the cores and the two ends (this process: load generator and simulator)
+/// the other half, as in production, where the proxy never shares its cores with its
+/// clients or its providers. Sharing them measures the scheduler's interference
+/// between three busy processes more than the middle's cost: in a shared run the
+/// proxy's added latency fell from +0.6 ms p50 to +0.08 ms once it had a core of its
+/// own, and nginx reached only 50-65% of direct. `BENCH_PIN=off` shares every core.
+#[derive(Clone, Debug)]
+enum Layout {
+    Pinned { ends: String, middle: String },
+    Shared { why: &'static str },
+}
+
+impl Layout {
+    fn from_env() -> Result<Layout, String> {
+        if std::env::var("BENCH_PIN").is_ok_and(|v| v == "off") {
+            return Ok(Layout::Shared {
+                why: "BENCH_PIN=off",
+            });
+        }
+        let Some(cpus) = allowed_cpus() else {
+            return Ok(Layout::Shared {
+                why: "taskset not found or unreadable affinity, so not pinned",
+            });
+        };
+        if cpus.len() < 2 {
+            return Ok(Layout::Shared {
+                why: "one core only, so not pinned",
+            });
+        }
+        let half = cpus.len() / 2;
+        let list = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let layout = Layout::Pinned {
+            ends: list(&cpus[..half]),
+            middle: list(&cpus[half..]),
+        };
+        // Before any runtime exists: every thread made later inherits it.
+        let pid = std::process::id().to_string();
+        let Layout::Pinned { ends, .. } = &layout else {
+            unreachable!()
+        };
+        let pinned = Command::new("taskset")
+            .args(["-a", "-c", "-p", ends, &pid])
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| format!("taskset: {e}"))?;
+        if !pinned.success() {
+            return Err(format!("taskset -a -c -p {ends} {pid}: {pinned}"));
+        }
+        Ok(layout)
+    }
+
+    /// The command that starts `program` on the middle's cores.
+    fn command(&self, program: &Path) -> Command {
+        match self {
+            Layout::Pinned { middle, .. } => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", middle]).arg(program);
+                c
+            }
+            Layout::Shared { .. } => Command::new(program),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Layout::Pinned { ends, middle } => format!(
+                "pinned: load generator and simulator on cpu {ends}, the proxy (or nginx) \
+                 on cpu {middle}"
+            ),
+            Layout::Shared { why } => {
+                format!("shared: generator, simulator and proxy on every core ({why})")
+            }
+        }
+    }
+}
+
+/// The CPUs this process may run on, from `taskset -c -p` ("...: 0-3,6").
+fn allowed_cpus() -> Option<Vec<u32>> {
+    let out = Command::new("taskset")
+        .args(["-c", "-p", &std::process::id().to_string()])
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let list = text.rsplit(':').next()?.trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.trim().parse::<u32>().ok()?..=b.trim().parse().ok()?),
+            None => cpus.push(part.trim().parse().ok()?),
+        }
+    }
+    (!cpus.is_empty()).then_some(cpus)
 }
 
 fn measure_window() -> Result<Duration, String> {
@@ -611,6 +716,7 @@ struct ProxyChild {
 
 impl ProxyChild {
     fn spawn(
+        layout: &Layout,
         bin: &Path,
         manifest: &Path,
         data: SocketAddr,
@@ -626,11 +732,11 @@ impl ProxyChild {
         let mut words = wrapper.split_whitespace();
         let mut command = match words.next() {
             Some(program) => {
-                let mut c = Command::new(program);
+                let mut c = layout.command(Path::new(program));
                 c.args(words).arg(bin);
                 c
             }
-            None => Command::new(bin),
+            None => layout.command(bin),
         };
         let child = command
             .arg("--manifests")
@@ -747,14 +853,19 @@ impl NginxChild {
 
     fn describe(&self) -> String {
         format!(
-            "{} ({}) as a plain reverse proxy: worker_processes auto, upstream \
+            "{} ({}) as a plain reverse proxy: one worker per core it runs on, upstream \
              keep-alive, proxy_buffering off, access log on (buffered)",
             self.program.display(),
             self.version
         )
     }
 
-    fn spawn(program: &Path, upstream: SocketAddr, dir: &Path) -> Result<NginxChild, String> {
+    fn spawn(
+        layout: &Layout,
+        program: &Path,
+        upstream: SocketAddr,
+        dir: &Path,
+    ) -> Result<NginxChild, String> {
         let prefix = dir.join("nginx");
         std::fs::create_dir_all(prefix.join("logs")).map_err(|e| format!("nginx dir: {e}"))?;
         let listener =
@@ -769,8 +880,13 @@ impl NginxChild {
         // request (buffered, as production configurations do). `keepalive_requests`
         // lifted from its default 1000, which would close the generator's connections
         // mid-cell (the proxy never closes a client connection on its own).
+        // One worker per core it may use (`auto` counts the machine's, not its own).
+        let workers = match layout {
+            Layout::Pinned { middle, .. } => middle.split(',').count(),
+            Layout::Shared { .. } => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
         let conf = format!(
-            "worker_processes auto;\n\
+            "worker_processes {workers};\n\
              error_log {p}/logs/error.log warn;\n\
              pid {p}/nginx.pid;\n\
              events {{ worker_connections 4096; }}\n\
@@ -805,7 +921,8 @@ impl NginxChild {
             .unwrap_or_else(|_| "version unknown".into());
         let out = std::fs::File::create(prefix.join("logs/stderr.log"))
             .map_err(|e| format!("nginx log: {e}"))?;
-        let child = Command::new(program)
+        let child = layout
+            .command(program)
             .arg("-p")
             .arg(&prefix)
             .arg("-c")
@@ -1451,6 +1568,7 @@ fn pct_of(cell: &Cell, direct: &Cell) -> f64 {
 
 struct Report<'a> {
     cores: usize,
+    layout: &'a Layout,
     measure: Duration,
     bin: &'a Path,
     peak_rss_kib: Option<u64>,
@@ -1498,9 +1616,9 @@ fn report(r: &Report<'_>) -> String {
     let _ = writeln!(o, "Switchback proxy overhead benchmark");
     let _ = writeln!(
         o,
-        "machine: {} cores, shared by the load generator, the simulator and the proxy \
-         (figures are relative, not capacity)",
-        r.cores
+        "machine: {} cores; layout {} (figures are relative, not capacity)",
+        r.cores,
+        r.layout.describe()
     );
     let _ = writeln!(
         o,
