@@ -788,6 +788,7 @@ fn commit_stream(
     state.forward(&first, &mut pending);
     let body = CommittedStream {
         pending,
+        empty_turns: 0,
         idle_since: Instant::now(),
         idle_timer: Box::pin(sleep_until(Instant::now() + state.idle)),
         state,
@@ -795,16 +796,21 @@ fn commit_stream(
     relay(status, headers, Body::from_stream(body))
 }
 
-/// The body of a committed stream. Events already complete when it is polled go out
-/// together as one chunk (one write instead of one per event; nothing waits for
-/// that). The idle limit is one timer re-armed lazily: arriving data only moves
+/// The body of a committed stream. Events already complete when it is polled, or
+/// delivered by the upstream within a few event-loop turns, go out together as one
+/// chunk (one write instead of one per event; nothing waits for data not yet read). The idle limit is one timer re-armed lazily: arriving data only moves
 /// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
 const COALESCE_LIMIT: usize = 16 * 1024;
+/// Event-loop turns a held chunk waits for more upstream data before it is sent.
+const EMPTY_TURNS: u8 = 3;
 
 struct CommittedStream {
     state: Committed,
-    /// The first event, checked before commit, not yet sent (as forwarded).
+    /// Forwarded, not yet sent: the first event, checked before commit, or events
+    /// held while the upstream's connection task is let run (see `poll_next`).
     pending: BytesMut,
+    /// Event-loop turns since the last upstream chunk while holding events.
+    empty_turns: u8,
     idle_since: Instant,
     idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
@@ -832,6 +838,7 @@ impl futures_util::Stream for CommittedStream {
                 Poll::Ready(Some(Ok(chunk))) => {
                     st.framer.push(&chunk);
                     this.idle_since = Instant::now();
+                    this.empty_turns = 0;
                 }
                 Poll::Ready(None) => {
                     st.done = true;
@@ -849,6 +856,19 @@ impl futures_util::Stream for CommittedStream {
                 }
                 Poll::Pending => {
                     if !out.is_empty() {
+                        // hyper's client hands a body over one chunk at a time through
+                        // its connection task, which may already hold the next events
+                        // (a provider's burst arrives in one read). Let that task run
+                        // before writing, so the burst leaves as one write, not one
+                        // per event. It takes two turns of the event loop to deliver
+                        // a chunk already read; after EMPTY_TURNS turns without one,
+                        // send: nothing waits for data that has not arrived.
+                        if this.empty_turns < EMPTY_TURNS {
+                            this.empty_turns += 1;
+                            this.pending = out;
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
                         break;
                     }
                     // Nothing to send and nothing arriving: is the stream stalled? The
@@ -871,6 +891,7 @@ impl futures_util::Stream for CommittedStream {
                 }
             }
         }
+        this.empty_turns = 0;
         // Empty here only when the upstream is done and nothing is left to send.
         if out.is_empty() {
             Poll::Ready(None)
