@@ -1277,30 +1277,29 @@ impl CpuUse {
 /// A thread that ends during the window takes its time with it (tokio's workers
 /// live for the whole run; only idle blocking-pool threads come and go).
 fn cpu_ns(pid: &str) -> Option<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let Ok(task) = task else { continue };
-        // Gone between the listing and the read: nothing to count.
-        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
-            continue;
-        };
-        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
-    }
-    Some(total)
+    per_thread_sum(pid, "schedstat", |stat| stat.split_whitespace().next())
 }
 
 /// Sum of `voluntary_ctxt_switches` of every thread of `/proc/<pid>`.
 fn sleeps(pid: &str) -> Option<u64> {
+    per_thread_sum(pid, "status", |status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .map(str::trim)
+    })
+}
+
+/// Sums the number `field` finds in `/proc/<pid>/task/*/<file>`.
+fn per_thread_sum(pid: &str, file: &str, field: impl Fn(&str) -> Option<&str>) -> Option<u64> {
     let mut total = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let Ok(task) = task else { continue };
-        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+        // Gone between the listing and the read: nothing to count.
+        let Ok(text) = std::fs::read_to_string(task.path().join(file)) else {
             continue;
         };
-        let line = status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?;
-        total += line.trim().parse::<u64>().ok()?;
+        total += field(&text)?.parse::<u64>().ok()?;
     }
     Some(total)
 }
