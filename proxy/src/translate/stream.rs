@@ -623,12 +623,15 @@ struct StartMessage<'a> {
     usage: UsageOut,
 }
 
+/// Anthropic usage as the unary translation writes it (`response::anthropic_usage`):
+/// both cache fields always present, cache writes 0 (OpenAI reports none), so a client
+/// reads the same shape streamed or not.
 #[derive(Serialize)]
 struct UsageOut {
     input_tokens: u64,
     output_tokens: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: u64,
+    cache_read_input_tokens: u64,
 }
 
 #[derive(Serialize)]
@@ -775,7 +778,8 @@ impl FromOpenAi {
                     usage: UsageOut {
                         input_tokens: 0,
                         output_tokens: 0,
-                        cache_read_input_tokens: None,
+                        cache_creation_input_tokens: 0,
+                        cache_read_input_tokens: 0,
                     },
                 },
             },
@@ -890,7 +894,8 @@ impl FromOpenAi {
                 usage: UsageOut {
                     input_tokens: input,
                     output_tokens: output,
-                    cache_read_input_tokens: (cached > 0).then_some(cached),
+                    cache_creation_input_tokens: 0,
+                    cache_read_input_tokens: cached,
                 },
             },
         );
