@@ -732,9 +732,10 @@ fn is_not_relayed(name: &HeaderName) -> bool {
         )
 }
 
-/// A committed stream: what the body needs to forward the rest.
-struct Committed {
-    upstream: Upstream,
+/// A committed stream: what the body needs to forward the rest. Generic over the
+/// upstream body only so that tests can drive it with a scripted one.
+struct Committed<U = Upstream> {
+    upstream: U,
     framer: Framer,
     model: JsonStr,
     wire: Wire,
@@ -747,7 +748,7 @@ struct Committed {
     done: bool,
 }
 
-impl Committed {
+impl<U> Committed<U> {
     /// One upstream event on its way to the client, appended to `out`: usage
     /// counted, then either translated into the client's API or given the client's
     /// `model` name. May append nothing (an event the client's API has no
@@ -783,17 +784,11 @@ fn commit_stream(
     first: Bytes,
     state: Committed,
 ) -> Response<Body> {
-    let mut state = state;
-    let mut pending = BytesMut::new();
-    state.forward(&first, &mut pending);
-    let body = CommittedStream {
-        pending,
-        empty_turns: 0,
-        idle_since: Instant::now(),
-        idle_timer: Box::pin(sleep_until(Instant::now() + state.idle)),
-        state,
-    };
-    relay(status, headers, Body::from_stream(body))
+    relay(
+        status,
+        headers,
+        Body::from_stream(CommittedStream::new(&first, state)),
+    )
 }
 
 /// The body of a committed stream. Events already complete when it is polled, or
@@ -804,8 +799,8 @@ const COALESCE_LIMIT: usize = 16 * 1024;
 /// Event-loop turns a held chunk waits for more upstream data before it is sent.
 const EMPTY_TURNS: u8 = 3;
 
-struct CommittedStream {
-    state: Committed,
+struct CommittedStream<U = Upstream> {
+    state: Committed<U>,
     /// Forwarded, not yet sent: the first event, checked before commit, or events
     /// held while the upstream's connection task is let run (see `poll_next`).
     pending: BytesMut,
@@ -815,7 +810,25 @@ struct CommittedStream {
     idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
-impl futures_util::Stream for CommittedStream {
+impl<U> CommittedStream<U> {
+    /// `first`: the event checked before commit, sent first.
+    fn new(first: &[u8], mut state: Committed<U>) -> Self {
+        let mut pending = BytesMut::new();
+        state.forward(first, &mut pending);
+        CommittedStream {
+            pending,
+            empty_turns: 0,
+            idle_since: Instant::now(),
+            idle_timer: Box::pin(sleep_until(Instant::now() + state.idle)),
+            state,
+        }
+    }
+}
+
+impl<U> futures_util::Stream for CommittedStream<U>
+where
+    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
+{
     type Item = Result<Bytes, Infallible>;
 
     fn poll_next(
@@ -1000,6 +1013,93 @@ fn finish_failed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// An upstream body scripted like hyper's client body: each chunk it already holds
+    /// is handed over `turns` event-loop turns after the previous one was taken
+    /// (Pending with a wake-up in between). With `stall`, nothing comes after the
+    /// first chunk: no wake-up, ever (data that has not arrived).
+    struct Scripted {
+        chunks: VecDeque<&'static str>,
+        turns: u8,
+        waited: u8,
+        stall: bool,
+        taken: usize,
+    }
+
+    impl futures_util::Stream for Scripted {
+        type Item = Result<Bytes, hyper::Error>;
+
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            if self.stall && self.taken > 0 {
+                return Poll::Pending;
+            }
+            if self.waited < self.turns {
+                self.waited += 1;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.waited = 0;
+            self.taken += 1;
+            Poll::Ready(self.chunks.pop_front().map(|c| Ok(Bytes::from(c))))
+        }
+    }
+
+    fn committed(chunks: &[&'static str], stall: bool) -> CommittedStream<Scripted> {
+        let state = Committed {
+            upstream: Scripted {
+                chunks: chunks.iter().copied().collect(),
+                turns: 2,
+                waited: 0,
+                stall,
+                taken: 0,
+            },
+            framer: Framer::default(),
+            model: JsonStr::new("smart"),
+            wire: Wire::OpenAi,
+            translator: None,
+            idle: Duration::from_secs(60),
+            counters: Arc::default(),
+            _permit: None,
+            done: false,
+        };
+        CommittedStream::new(b"data: {\"model\":\"gpt-x\",\"n\":0}\n\n", state)
+    }
+
+    const EVENTS: [&str; 3] = [
+        "data: {\"model\":\"gpt-x\",\"n\":1}\n\n",
+        "data: {\"model\":\"gpt-x\",\"n\":2}\n\n",
+        "data: {\"model\":\"gpt-x\",\"n\":3}\n\n",
+    ];
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_the_upstream_already_holds_leaves_as_one_chunk() {
+        let mut body = committed(&EVENTS, false);
+        let mut sent = Vec::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            sent.push(chunk);
+        }
+        assert_eq!(sent.len(), 1, "one write for the burst: {sent:?}");
+        let text = std::str::from_utf8(&sent[0]).unwrap();
+        assert_eq!(text.matches("\"model\":\"smart\"").count(), 4, "{text}");
+        assert!(!text.contains("gpt-x"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_has_arrived_is_sent_without_waiting_for_more() {
+        let mut body = committed(&EVENTS, true);
+        // Paused clock: if the stream waited on anything but its own turns, the
+        // runtime would jump to this timeout.
+        let first = tokio::time::timeout(Duration::from_millis(1), body.next())
+            .await
+            .expect("sent without waiting for more upstream data")
+            .unwrap()
+            .unwrap();
+        let text = std::str::from_utf8(&first).unwrap();
+        assert_eq!(text.matches("\"model\":\"smart\"").count(), 2, "{text}");
+    }
 
     #[test]
     fn relayed_answers_keep_provider_headers_but_not_hop_by_hop_ones() {
