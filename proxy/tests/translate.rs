@@ -318,6 +318,50 @@ fn translate_errors_render_in_the_client_shape() {
     );
 }
 
+/// Assistant turns in an Anthropic client's history become OpenAI assistant messages
+/// by the same rules as answers: text joined, tool calls kept, thinking left out; a
+/// block with no chat completions form is refused with its path.
+#[test]
+fn assistant_history_blocks_are_kept_dropped_or_refused() {
+    let body = br#"{"model":"m","max_tokens":10,"messages":[
+        {"role":"user","content":"hi"},
+        {"role":"assistant","content":[
+            {"type":"thinking","thinking":"hmm","signature":"s"},
+            {"type":"text","text":"Let me "},
+            {"type":"text","text":"look."},
+            {"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},
+        {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}]}"#;
+    let out = translate::request(
+        Direction::AnthropicToOpenAi,
+        body,
+        "gpt",
+        &Defaults::default(),
+    )
+    .expect("translates");
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    let assistant = &v["messages"][1];
+    assert_eq!(assistant["role"], "assistant");
+    assert_eq!(assistant["content"], "Let me look.");
+    assert_eq!(assistant["tool_calls"][0]["id"], "t1");
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["arguments"],
+        r#"{"a":1}"#
+    );
+
+    let body = br#"{"model":"m","max_tokens":10,"messages":[
+        {"role":"user","content":"hi"},
+        {"role":"assistant","content":[{"type":"text","text":"x"},{"type":"server_tool_use","id":"s","name":"web_search","input":{}}]}]}"#;
+    let err = translate::request(
+        Direction::AnthropicToOpenAi,
+        body,
+        "gpt",
+        &Defaults::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.status(), 400);
+    assert_eq!(err.param(), Some("messages[1].content[1].type"));
+}
+
 #[test]
 fn directions_follow_surface_and_provider() {
     use Direction::*;

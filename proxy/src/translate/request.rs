@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::vocab::{openai_tool_call, parse_data_url, parse_object, present, tool_input};
+use super::vocab::{openai_assistant, parse_data_url, parse_object, present, tool_input};
 use super::{Defaults, TranslateError};
 
 const ANTHROPIC: &str = "cannot be served by an Anthropic target";
@@ -819,42 +819,18 @@ fn anthropic_user(blocks: &[Value], i: usize, out: &mut Vec<Value>) -> Result<()
 }
 
 fn anthropic_assistant(blocks: &[Value], i: usize) -> Result<Value, TranslateError> {
-    let mut text = String::new();
-    let mut has_text = false;
-    let mut tool_calls = Vec::new();
-    for (j, b) in blocks.iter().enumerate() {
-        match b.get("type").and_then(Value::as_str) {
-            Some("text") => {
-                has_text = true;
-                text.push_str(b.get("text").and_then(Value::as_str).unwrap_or(""));
-            }
-            Some("tool_use") => {
-                tool_calls.push(openai_tool_call(b));
-            }
-            Some("thinking" | "redacted_thinking") => {}
-            other => {
-                return Err(refuse(
-                    format!("messages[{i}].content[{j}].type"),
-                    &format!(
-                        "a block of type {:?} in an assistant message",
-                        other.unwrap_or("")
-                    ),
-                    OPENAI,
-                ));
-            }
-        }
-    }
-    let mut msg = Map::new();
-    msg.insert("role".into(), "assistant".into());
-    let content = if has_text || tool_calls.is_empty() {
-        Value::String(text)
-    } else {
-        Value::Null
-    };
-    msg.insert("content".into(), content);
-    if !tool_calls.is_empty() {
-        msg.insert("tool_calls".into(), Value::Array(tool_calls));
-    }
+    let msg = openai_assistant(blocks, |j, ty| match ty {
+        // Earlier reasoning has no chat completions form; the answer stands without it.
+        Some("thinking" | "redacted_thinking") => Ok(()),
+        other => Err(refuse(
+            format!("messages[{i}].content[{j}].type"),
+            &format!(
+                "a block of type {:?} in an assistant message",
+                other.unwrap_or("")
+            ),
+            OPENAI,
+        )),
+    })?;
     Ok(Value::Object(msg))
 }
 

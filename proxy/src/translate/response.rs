@@ -4,7 +4,7 @@ use serde_json::{Map, Value, json};
 
 use super::TranslateError;
 use super::vocab::{
-    anthropic_id, as_u64, finish_reason, openai_id, openai_tool_call, stop_reason, tool_id,
+    anthropic_id, as_u64, finish_reason, openai_assistant, openai_id, stop_reason, tool_id,
     tool_input,
 };
 
@@ -52,39 +52,14 @@ pub(super) fn messages_to_chat(
 ) -> Result<Value, TranslateError> {
     let msg = parse(body)?;
     let id = msg.get("id").and_then(Value::as_str).unwrap_or("");
-    let mut text = String::new();
-    let mut has_text = false;
-    let mut tool_calls = Vec::new();
-    if let Some(blocks) = msg.get("content").and_then(Value::as_array) {
-        for b in blocks {
-            match b.get("type").and_then(Value::as_str) {
-                Some("text") => {
-                    has_text = true;
-                    text.push_str(b.get("text").and_then(Value::as_str).unwrap_or(""));
-                }
-                Some("tool_use") => {
-                    tool_calls.push(openai_tool_call(b));
-                }
-                // thinking and server-tool blocks have no chat completions form (and
-                // translated requests never ask for them).
-                _ => {}
-            }
-        }
-    }
-    let mut message = Map::new();
-    message.insert("role".into(), "assistant".into());
-    message.insert(
-        "content".into(),
-        if has_text || tool_calls.is_empty() {
-            Value::String(text)
-        } else {
-            Value::Null
-        },
-    );
+    let blocks = msg
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    // Thinking and server-tool blocks have no chat completions form (and translated
+    // requests never ask for them): left out.
+    let Ok::<_, std::convert::Infallible>(mut message) = openai_assistant(blocks, |_, _| Ok(()));
     message.insert("refusal".into(), Value::Null);
-    if !tool_calls.is_empty() {
-        message.insert("tool_calls".into(), Value::Array(tool_calls));
-    }
     let finish = msg
         .get("stop_reason")
         .and_then(Value::as_str)

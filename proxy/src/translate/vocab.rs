@@ -111,9 +111,45 @@ pub(super) fn as_u64(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// Anthropic content blocks as an OpenAI assistant message (`role`, `content`, and
+/// `tool_calls` when there are any), for answers and for assistant turns in a
+/// request's history alike. Text blocks are joined; `content` is `null` only when
+/// there are tool calls and no text. A block of another type goes to `other` with its
+/// index: an error refuses the whole message, `Ok` leaves the block out.
+pub(super) fn openai_assistant<E>(
+    blocks: &[Value],
+    mut other: impl FnMut(usize, Option<&str>) -> Result<(), E>,
+) -> Result<Map<String, Value>, E> {
+    let mut text = String::new();
+    let mut has_text = false;
+    let mut tool_calls = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                has_text = true;
+                text.push_str(b.get("text").and_then(Value::as_str).unwrap_or(""));
+            }
+            Some("tool_use") => tool_calls.push(openai_tool_call(b)),
+            ty => other(j, ty)?,
+        }
+    }
+    let mut msg = Map::new();
+    msg.insert("role".into(), "assistant".into());
+    let content = if has_text || tool_calls.is_empty() {
+        Value::String(text)
+    } else {
+        Value::Null
+    };
+    msg.insert("content".into(), content);
+    if !tool_calls.is_empty() {
+        msg.insert("tool_calls".into(), Value::Array(tool_calls));
+    }
+    Ok(msg)
+}
+
 /// An Anthropic `tool_use` block as an OpenAI `tool_calls` entry (arguments as a
 /// JSON string), for answers and for assistant turns in a request's history alike.
-pub(super) fn openai_tool_call(block: &Value) -> Value {
+fn openai_tool_call(block: &Value) -> Value {
     let input = block
         .get("input")
         .cloned()
