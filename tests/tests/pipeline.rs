@@ -11,6 +11,12 @@ use tokio::time::Instant;
 
 /// Two OpenAI-flavoured providers, `primary` and `backup`, behind route `smart`.
 async fn setup(spec: &str) -> (SimProvider, SimProvider, TestProxy) {
+    let (primary, backup, manifests) = two_providers(spec).await;
+    (primary, backup, TestProxy::start(&manifests).await)
+}
+
+/// The providers and manifests of [`setup`], for a proxy started another way.
+async fn two_providers(spec: &str) -> (SimProvider, SimProvider, String) {
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
     let manifests = format!(
@@ -19,7 +25,7 @@ async fn setup(spec: &str) -> (SimProvider, SimProvider, TestProxy) {
         credential("backup", "openai", &backup.base_url(), "sk-backup"),
         route("smart", spec)
     );
-    (primary, backup, TestProxy::start(&manifests).await)
+    (primary, backup, manifests)
 }
 
 const TWO_TARGETS: &str = "  targets:
@@ -706,19 +712,12 @@ async fn upstream_connections_are_pooled_and_reused() {
 /// shared circuit), on fresh connections spread over the threads.
 #[tokio::test]
 async fn data_port_served_by_threads_of_its_own_walks_targets_the_same() {
-    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
-    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let (primary, backup, manifests) = two_providers(
+        "  targets:\n    - credentialRef: { name: primary }\n    \
+         - credentialRef: { name: backup }\n",
+    )
+    .await;
     primary.set_default(Behavior::ServerError(503));
-    let manifests = format!(
-        "{}{}{}",
-        credential("primary", "openai", &primary.base_url(), "sk-primary"),
-        credential("backup", "openai", &backup.base_url(), "sk-backup"),
-        route(
-            "smart",
-            "  targets:\n    - credentialRef: { name: primary }\n    \
-             - credentialRef: { name: backup }\n"
-        )
-    );
     let proxy = TestProxy::start_threaded(&manifests, 2).await;
     for i in 0..8 {
         // A client per request: a new connection each time.
