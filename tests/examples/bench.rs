@@ -1713,7 +1713,7 @@ fn profile_report(run: &ProfileRun) -> String {
             n.map_or_else(|| "-".into(), |n| format!("{:.0}", n.rps())),
             row.nginx_pct()
                 .map_or_else(|| "-".into(), |v| format!("{v:.1}")),
-            signed(n.and_then(|n| { added(percentile(&d.ttlb, 0.99), percentile(&n.ttlb, 0.99)) })),
+            signed(n.and_then(|n| added(percentile(&d.ttlb, 0.99), percentile(&n.ttlb, 0.99)))),
             d.errors + p.errors + n.map_or(0, |n| n.errors)
         );
     }
@@ -1840,7 +1840,7 @@ fn failover_table(rows: &[Row], failover: &[FailoverRow]) -> String {
             .find(|row| row.mode == Mode::Unary && row.conc == f.conc)
             .map(|row| &row.proxied);
         let (h, c) = (healthy.map(|h| h.ttlb.as_slice()).unwrap_or(&[]), &f.cell);
-        let pct = healthy.map(|h| 100.0 * c.rps() / h.rps().max(f64::MIN_POSITIVE));
+        let pct = healthy.map(|h| pct_of(c, h));
         let _ = writeln!(
             o,
             "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>10.0} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>6} | {}",
