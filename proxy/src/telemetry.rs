@@ -133,18 +133,26 @@ impl Batch {
     }
 }
 
-impl std::io::Write for BatchedWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+impl BatchedWriter {
+    /// Queue `line` (whole) for the next flush, or count it dropped when too much is
+    /// already pending.
+    pub fn append(&self, line: &[u8]) {
         let mut pending = self
             .shared
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if pending.len() + buf.len() > MAX_PENDING {
+        if pending.len() + line.len() > MAX_PENDING {
             self.shared.dropped.fetch_add(1, Ordering::Relaxed);
         } else {
-            pending.extend_from_slice(buf);
+            pending.extend_from_slice(line);
         }
+    }
+}
+
+impl std::io::Write for BatchedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.append(buf);
         Ok(buf.len())
     }
 

@@ -6,7 +6,6 @@
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
@@ -73,7 +72,7 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for RequestLines {
             };
             line.clear();
             self.line(event, &mut line);
-            let _ = self.writer.clone().write_all(&line);
+            self.writer.append(&line);
         });
     }
 }
