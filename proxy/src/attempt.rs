@@ -791,14 +791,16 @@ fn commit_stream(
     )
 }
 
-/// The body of a committed stream. Events already complete when it is polled, or
-/// delivered by the upstream within a few event-loop turns, go out together as one
-/// chunk (one write instead of one per event; nothing waits for data not yet read). The idle limit is one timer re-armed lazily: arriving data only moves
-/// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
+/// Bytes of forwarded events that make one write on their own.
 const COALESCE_LIMIT: usize = 16 * 1024;
 /// Event-loop turns a held chunk waits for more upstream data before it is sent.
 const EMPTY_TURNS: u8 = 3;
 
+/// The body of a committed stream. Events already complete when it is polled, or
+/// delivered by the upstream within a few event-loop turns, go out together as one
+/// chunk (one write instead of one per event; nothing waits for data not yet read).
+/// The idle limit is one timer re-armed lazily: arriving data only moves
+/// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
 struct CommittedStream<U = Upstream> {
     state: Committed<U>,
     /// Forwarded, not yet sent: the first event, checked before commit, or events

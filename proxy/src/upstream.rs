@@ -39,8 +39,9 @@ pub struct Clients {
 }
 
 impl Clients {
-    /// `lanes` clients of each kind (at least one), sharing one TLS setup. Fails only
-    /// when the platform's certificate verifier cannot be set up.
+    /// `lanes` clients of each kind (at least one); the lanes of a kind share one
+    /// connector and its TLS setup. Fails only when the platform's certificate
+    /// verifier cannot be set up.
     pub fn new(lanes: usize) -> std::io::Result<Clients> {
         Ok(Clients {
             public: Lanes::new(connector(Resolver { public_only: true })?, lanes),
