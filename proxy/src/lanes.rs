@@ -12,7 +12,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::serve::ListenerExt;
 
 /// `n` non-blocking listening sockets on `addr`, all with `SO_REUSEPORT`; when `addr`
 /// has port 0, the first socket's port is used for the others.
@@ -59,12 +58,9 @@ pub(crate) fn serve(
             .spawn(move || {
                 crate::upstream::enter_lane(lane);
                 runtime.block_on(async move {
-                    let served = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => axum::serve(l.tap_io(crate::no_delay), app).await,
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = served {
-                        tracing::error!(error = %e, lane, "data listener stopped");
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => crate::serve(l, app, "data").await,
+                        Err(e) => tracing::error!(error = %e, lane, "data listener stopped"),
                     }
                 });
                 let _ = stopped.try_send(());

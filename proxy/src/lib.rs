@@ -106,13 +106,13 @@ impl Drop for Running {
 /// Load the config (it must load: a proxy never starts on a broken config), bind
 /// both listeners and serve.
 pub async fn start(opts: Options) -> Result<Running, StartError> {
-    let (gw, watcher, watch_tasks) = match &opts.source {
+    let source = match &opts.source {
+        Source::Manifests(path) => format!("manifests:{}", path.display()),
+        Source::Cluster { namespace } => format!("cluster:{namespace}"),
+    };
+    let gw = Arc::new(Gateway::new(opts.max_body_bytes, source, opts.threads)?);
+    let (watcher, watch_tasks) = match &opts.source {
         Source::Manifests(path) => {
-            let gw = Arc::new(Gateway::new(
-                opts.max_body_bytes,
-                format!("manifests:{}", path.display()),
-                opts.threads,
-            )?);
             let watcher =
                 reload::watch(gw.clone(), path.clone()).map_err(|source| StartError::Watch {
                     path: path.clone(),
@@ -125,62 +125,43 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
                     .map_err(|e| StartError::Config(vec![problem(e.to_string())]))?
                     .map_err(StartError::Config)?;
             }
-            (gw, Some(watcher), Vec::new())
+            (Some(watcher), Vec::new())
         }
         // Serves (not ready) at once; ready when the rendered objects are applied.
         Source::Cluster { namespace } => {
-            let gw = Arc::new(Gateway::new(
-                opts.max_body_bytes,
-                format!("cluster:{namespace}"),
-                opts.threads,
-            )?);
             let client = cluster::connect().await?;
-            let tasks = cluster::watch(gw.clone(), client, namespace).into_tasks();
-            (gw, None, tasks)
+            (
+                None,
+                cluster::watch(gw.clone(), client, namespace).into_tasks(),
+            )
         }
     };
-    let listen_error = |source| StartError::Listen {
-        addr: opts.listen,
-        source,
-    };
+    let listen_error = |addr| move |source| StartError::Listen { addr, source };
     let admin = tokio::net::TcpListener::bind(opts.admin_listen)
         .await
-        .map_err(|source| StartError::Listen {
-            addr: opts.admin_listen,
-            source,
-        })?;
-    let admin_addr = admin.local_addr().map_err(|source| StartError::Listen {
-        addr: opts.admin_listen,
-        source,
-    })?;
+        .map_err(listen_error(opts.admin_listen))?;
+    let admin_addr = admin
+        .local_addr()
+        .map_err(listen_error(opts.admin_listen))?;
     let data_app = server::data_router(gw.clone());
     let admin_app = server::admin_router(gw.clone());
     let (data_addr, data_task) = if opts.threads == 0 {
         let data = tokio::net::TcpListener::bind(opts.listen)
             .await
-            .map_err(listen_error)?;
-        let addr = data.local_addr().map_err(listen_error)?;
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(data.tap_io(no_delay), data_app).await {
-                tracing::error!(error = %e, "data listener stopped");
-            }
-        });
-        (addr, task)
+            .map_err(listen_error(opts.listen))?;
+        let addr = data.local_addr().map_err(listen_error(opts.listen))?;
+        (addr, tokio::spawn(serve(data, data_app, "data")))
     } else {
-        let listeners = lanes::listeners(opts.listen, opts.threads).map_err(listen_error)?;
-        let addr = listeners[0].local_addr().map_err(listen_error)?;
-        let stopped = lanes::serve(listeners, data_app).map_err(listen_error)?;
+        let listeners =
+            lanes::listeners(opts.listen, opts.threads).map_err(listen_error(opts.listen))?;
+        let addr = listeners[0]
+            .local_addr()
+            .map_err(listen_error(opts.listen))?;
+        let stopped = lanes::serve(listeners, data_app).map_err(listen_error(opts.listen))?;
         // Ends when the first serving thread does (normally never).
         (addr, tokio::spawn(stopped))
     };
-    let mut tasks = vec![
-        data_task,
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(admin.tap_io(no_delay), admin_app).await {
-                tracing::error!(error = %e, "admin listener stopped");
-            }
-        }),
-    ];
+    let mut tasks = vec![data_task, tokio::spawn(serve(admin, admin_app, "admin"))];
     tasks.extend(watch_tasks);
     Ok(Running {
         data_addr,
@@ -189,6 +170,13 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         tasks,
         _watcher: watcher,
     })
+}
+
+/// Serves `app` on `listener` until it fails, and says so in the log.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router, which: &'static str) {
+    if let Err(e) = axum::serve(listener.tap_io(no_delay), app).await {
+        tracing::error!(error = %e, listener = which, "listener stopped");
+    }
 }
 
 /// Every accepted connection sends small writes (SSE events, short JSON) at once:
