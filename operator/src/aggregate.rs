@@ -173,13 +173,14 @@ impl Aggregator {
     /// with their instance, and a route recreated under the same name must not count a
     /// proxy's earlier cumulative counters as new traffic.
     pub fn retain_routes(&mut self, exists: impl Fn(&ObjectId) -> bool) {
-        let served = |view: Option<&RouteView>| view.is_some_and(|v| !v.generations.is_empty());
-        let last = &self.last;
-        self.routes
-            .retain(|id, _| exists(id) || served(last.routes.get(id)));
+        // A view has generations iff a replica served the route in the last round.
         self.last
             .routes
-            .retain(|id, view| exists(id) || served(Some(view)));
+            .retain(|id, view| exists(id) || !view.generations.is_empty());
+        // Every accumulated route has a view (`observe` builds one per route), so the
+        // views left say which accumulators stay.
+        self.routes
+            .retain(|id, _| self.last.routes.contains_key(id));
     }
 
     /// Takes one scrape round (every ready replica) at `now_ms`, returning the circuit
