@@ -163,6 +163,11 @@ mod tests {
                 error: "kube",
             })
             .inc();
+        m.events
+            .get_or_create(&ReasonLabels {
+                reason: "CircuitOpened",
+            })
+            .inc();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         assert!(
@@ -172,5 +177,9 @@ mod tests {
         assert!(out.contains(
             "switchback_operator_reconcile_errors_total{controller=\"llmroute\",error=\"kube\"} 1"
         ));
+        assert!(
+            out.contains("switchback_operator_events_total{reason=\"CircuitOpened\"} 1"),
+            "{out}"
+        );
     }
 }
