@@ -944,18 +944,9 @@ impl NginxChild {
     async fn wait_ready(&self) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let probe = async {
-                let mut sender = connect(self.addr).await?;
-                let body = Bytes::from(chat_body(ROUTE, false).to_string());
-                sender.ready().await?;
-                let resp = sender.send_request(chat_request(self.addr, body)?).await?;
-                let status = resp.status();
-                resp.into_body().collect().await?;
-                Ok::<_, BoxError>(status)
-            };
-            match timeout_at(deadline, probe).await {
-                Ok(Ok(StatusCode::OK)) => return Ok(()),
-                Ok(Ok(status)) => return Err(format!("nginx answered {status}")),
+            match timeout_at(deadline, chat_once(self.addr)).await {
+                Ok(Ok((StatusCode::OK, _))) => return Ok(()),
+                Ok(Ok((status, _))) => return Err(format!("nginx answered {status}")),
                 Ok(Err(_)) if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -1055,6 +1046,16 @@ async fn requests_metric(admin: SocketAddr) -> Option<u64> {
     total
 }
 
+/// One unary chat request on route [`ROUTE`], on a connection of its own: status and body.
+async fn chat_once(addr: SocketAddr) -> Result<(StatusCode, Bytes), BoxError> {
+    let mut sender = connect(addr).await?;
+    let body = Bytes::from(chat_body(ROUTE, false).to_string());
+    sender.ready().await?;
+    let resp = sender.send_request(chat_request(addr, body)?).await?;
+    let status = resp.status();
+    Ok((status, resp.into_body().collect().await?.to_bytes()))
+}
+
 /// One request each way before measuring, so a broken setup fails loudly instead of
 /// producing a table of errors.
 async fn smoke_test(
@@ -1063,19 +1064,10 @@ async fn smoke_test(
     child: &ProxyChild,
 ) -> Result<(), String> {
     for (name, addr) in [("simulator", direct), ("proxy", proxy)] {
-        let mut sender = connect(addr)
+        let (status, body) = chat_once(addr)
             .await
-            .map_err(|e| format!("connect to the {name} at {addr}: {e}"))?;
-        let body = Bytes::from(chat_body(ROUTE, false).to_string());
-        let (status, text) = async {
-            sender.ready().await?;
-            let resp = sender.send_request(chat_request(addr, body)?).await?;
-            let status = resp.status();
-            let bytes = resp.into_body().collect().await?.to_bytes();
-            Ok::<_, BoxError>((status, String::from_utf8_lossy(&bytes).into_owned()))
-        }
-        .await
-        .map_err(|e| format!("request to the {name}: {e}\n{}", child.log_tail()))?;
+            .map_err(|e| format!("request to the {name} at {addr}: {e}\n{}", child.log_tail()))?;
+        let text = String::from_utf8_lossy(&body);
         if status != StatusCode::OK || !text.contains("chat.completion") {
             return Err(format!(
                 "the {name} answered {status}: {text}\n{}",
