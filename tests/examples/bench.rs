@@ -1165,6 +1165,11 @@ impl Cell {
     }
 }
 
+/// A table's column heads, then a rule as wide as they are.
+fn heads(o: &mut String, heads: &str) {
+    let _ = writeln!(o, "{heads}\n{}", "-".repeat(heads.chars().count()));
+}
+
 /// Nearest-rank percentile of sorted samples (ns).
 fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
     if sorted.is_empty() {
@@ -1665,26 +1670,27 @@ fn profile_report(run: &ProfileRun) -> String {
         run.profile.describe()
     );
     let _ = writeln!(o);
-    let _ = writeln!(
-        o,
-        "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6}",
-        "mode",
-        "conc",
-        "direct/s",
-        "p50 µs",
-        "p99 µs",
-        "proxy/s",
-        "p50 µs",
-        "p99 µs",
-        "thru %",
-        "+p50 µs",
-        "+p99 µs",
-        "nginx/s",
-        "thru %",
-        "+p99 µs",
-        "errors"
+    heads(
+        &mut o,
+        &format!(
+            "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>9} {:>7} {:>7} | {:>6}",
+            "mode",
+            "conc",
+            "direct/s",
+            "p50 µs",
+            "p99 µs",
+            "proxy/s",
+            "p50 µs",
+            "p99 µs",
+            "thru %",
+            "+p50 µs",
+            "+p99 µs",
+            "nginx/s",
+            "thru %",
+            "+p99 µs",
+            "errors"
+        ),
     );
-    let _ = writeln!(o, "{}", "-".repeat(133));
     for row in &run.rows {
         let (d, p) = (&row.direct, &row.proxied);
         let n = row.nginx.as_ref();
@@ -1712,12 +1718,13 @@ fn profile_report(run: &ProfileRun) -> String {
     if run.rows.iter().any(|row| row.mode == Mode::Stream) {
         let _ = writeln!(o);
         let _ = writeln!(o, "stream time to first byte (first SSE event):");
-        let _ = writeln!(
-            o,
-            "{:<6} {:>4} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
-            "mode", "conc", "dir p50", "dir p99", "prx p50", "prx p99", "+p50 µs", "+p99 µs"
+        heads(
+            &mut o,
+            &format!(
+                "{:<6} {:>4} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
+                "mode", "conc", "dir p50", "dir p99", "prx p50", "prx p99", "+p50 µs", "+p99 µs"
+            ),
         );
-        let _ = writeln!(o, "{}", "-".repeat(68));
         for row in run.rows.iter().filter(|row| row.mode == Mode::Stream) {
             let (d, p) = (&row.direct.ttfb, &row.proxied.ttfb);
             let _ = writeln!(
@@ -1757,21 +1764,22 @@ fn cpu_table(rows: &[Row]) -> String {
          and simulator; proxy and nginx: their own processes; sleeps = times their \
          threads blocked waiting, per request, each a wake-up later):"
     );
-    let _ = writeln!(
-        o,
-        "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9} | {:>12} {:>12}",
-        "mode",
-        "conc",
-        "dir gen+sim",
-        "prx gen+sim",
-        "proxy",
-        "total",
-        "direct/total",
-        "nginx",
-        "proxy sleeps",
-        "nginx sleeps"
+    heads(
+        &mut o,
+        &format!(
+            "{:<6} {:>4} | {:>11} | {:>11} {:>9} {:>9} | {:>12} | {:>9} | {:>12} {:>12}",
+            "mode",
+            "conc",
+            "dir gen+sim",
+            "prx gen+sim",
+            "proxy",
+            "total",
+            "direct/total",
+            "nginx",
+            "proxy sleeps",
+            "nginx sleeps"
+        ),
     );
-    let _ = writeln!(o, "{}", "-".repeat(119));
     for row in rows {
         let (d_bench, _) = row.direct.cpu_per_request();
         let (p_bench, p_proxy) = row.proxied.cpu_per_request();
@@ -1809,23 +1817,24 @@ fn failover_table(rows: &[Row], failover: &[FailoverRow]) -> String {
          unary proxied cell run just before; +p50/+p99 = added latency beyond one \
          skipped target"
     );
-    let _ = writeln!(
-        o,
-        "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>10} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>6} | circuit",
-        "mode",
-        "conc",
-        "healthy/s",
-        "p50 µs",
-        "p99 µs",
-        "failover/s",
-        "p50 µs",
-        "p99 µs",
-        "thru %",
-        "+p50 µs",
-        "+p99 µs",
-        "errors"
+    heads(
+        &mut o,
+        &format!(
+            "{:<6} {:>4} | {:>9} {:>7} {:>7} | {:>10} {:>7} {:>7} | {:>6} {:>7} {:>7} | {:>6} | circuit",
+            "mode",
+            "conc",
+            "healthy/s",
+            "p50 µs",
+            "p99 µs",
+            "failover/s",
+            "p50 µs",
+            "p99 µs",
+            "thru %",
+            "+p50 µs",
+            "+p99 µs",
+            "errors"
+        ),
     );
-    let _ = writeln!(o, "{}", "-".repeat(116));
     for f in failover {
         let healthy = rows
             .iter()
