@@ -414,6 +414,16 @@ mod tests {
     }
 
     #[test]
+    fn upstream_tool_arguments_that_are_not_an_object_are_a_502() {
+        let body = br#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt","choices":[{
+            "index":0,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,
+            "tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"[1]"}}]}}]}"#;
+        let err = response(Direction::AnthropicToOpenAi, body, "smart").unwrap_err();
+        assert_eq!(err.status(), 502);
+        assert!(err.message().contains(r#"tool "f""#), "{}", err.message());
+    }
+
+    #[test]
     fn null_parameters_count_as_absent() {
         let v = chat(
             serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "q"}],
