@@ -519,24 +519,18 @@ impl Layout {
         }
         let half = cpus.len() / 2;
         let list = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-        let layout = Layout::Pinned {
-            ends: list(&cpus[..half]),
-            middle: list(&cpus[half..]),
-        };
+        let (ends, middle) = (list(&cpus[..half]), list(&cpus[half..]));
         // Before any runtime exists: every thread made later inherits it.
         let pid = std::process::id().to_string();
-        let Layout::Pinned { ends, .. } = &layout else {
-            unreachable!()
-        };
         let pinned = Command::new("taskset")
-            .args(["-a", "-c", "-p", ends, &pid])
+            .args(["-a", "-c", "-p", &ends, &pid])
             .stdout(Stdio::null())
             .status()
             .map_err(|e| format!("taskset: {e}"))?;
         if !pinned.success() {
             return Err(format!("taskset -a -c -p {ends} {pid}: {pinned}"));
         }
-        Ok(layout)
+        Ok(Layout::Pinned { ends, middle })
     }
 
     /// The command that starts `program` on the middle's cores.
