@@ -309,7 +309,6 @@ fn run() -> Result<(), String> {
             failover,
         });
     }
-    sim.set_default(Behavior::Answer);
     let peak_rss_kib = proxy.peak_rss_kib();
     let rss_now_kib = proxy.status_kib("VmRSS:");
     let metric_requests = gen_rt.block_on(requests_metric(admin_addr));
