@@ -31,12 +31,13 @@
 //!    {paced, instant provider} × {unary, streaming} × {concurrency 1, 64, 256} ×
 //!    {DIRECT to the simulator, THROUGH the proxy, through NGINX}:
 //!    - `paced`: the simulator answers after `BENCH_PROVIDER_MS` (default 10 ms), and a
-//!      stream sends its first event after that delay, then 20 events 1 ms apart. Any
+//!      stream sends its first event after that delay, then the rest 1 ms apart (23
+//!      SSE events: a role event, 20 text chunks, a stop event and `[DONE]`). Any
 //!      hosted model takes far longer than that (hundreds of ms to a first token), so
 //!      this is a provider that is fast beyond any real one: it still drives thousands
 //!      of requests per second through the proxy, and it is the setting in which the
 //!      issue's reference holds (nginx within a few percent of direct);
-//!    - `instant`: the simulator answers at once and streams its 20 events without a
+//!    - `instant`: the simulator answers at once and streams its 23 events without a
 //!      gap: the worst case for any proxy, nginx included. At concurrency 64 and 256
 //!      the middle's CPU per request decides; at concurrency 1 the latency of its two
 //!      extra loopback hops does (one request in flight, answered in ~30 µs direct, so
@@ -134,8 +135,11 @@ const MAX_REQUESTS_PER_CELL: u64 = 2_000_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the proxy may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// SSE events per simulated stream.
+/// Text chunks per simulated stream.
 const STREAM_CHUNKS: usize = 20;
+/// SSE events per simulated stream: the simulator's OpenAI stream sends a role event
+/// before the text chunks, and a stop event and `data: [DONE]` after them.
+const STREAM_EVENTS: usize = STREAM_CHUNKS + 3;
 /// The route (and so the model name) the proxy serves.
 const ROUTE: &str = "bench";
 /// The failover route: a failing first target with a circuit breaker, then `sim`.
@@ -463,14 +467,15 @@ impl Profile {
     fn describe(&self) -> String {
         if self.delay.is_zero() {
             format!(
-                "provider answers at once; streams: {STREAM_CHUNKS} SSE events, no gap \
+                "provider answers at once; streams: {STREAM_EVENTS} SSE events \
+                 ({STREAM_CHUNKS} of text), no gap \
                  (the middle's own cost is all that differs: CPU at concurrency 64 and \
                  256, the extra hops' latency at 1)"
             )
         } else {
             format!(
-                "provider answers after {} ms; streams: first event after {} ms, then \
-                 {STREAM_CHUNKS} events {} ms apart",
+                "provider answers after {} ms; streams: {STREAM_EVENTS} SSE events \
+                 ({STREAM_CHUNKS} of text), the first after {} ms, then {} ms apart",
                 self.delay.as_millis(),
                 self.delay.as_millis(),
                 self.interval.as_millis()
