@@ -497,7 +497,8 @@ struct ProfileRun {
 /// clients or its providers. Sharing them measures the scheduler's interference
 /// between three busy processes more than the middle's cost: in a shared run the
 /// proxy's added latency fell from +0.6 ms p50 to +0.08 ms once it had a core of its
-/// own, and nginx reached only 50-65% of direct. `BENCH_PIN=off` shares every core.
+/// own, and nginx reached only 50-65% of direct with the instant provider (90-99% with
+/// the paced one). `BENCH_PIN=off` shares every core.
 #[derive(Clone, Debug)]
 enum Layout {
     Pinned { ends: String, middle: String },
