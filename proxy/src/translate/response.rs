@@ -4,8 +4,8 @@ use serde_json::{Map, Value, json};
 
 use super::TranslateError;
 use super::vocab::{
-    anthropic_id, as_u64, finish_reason, openai_assistant, openai_id, stop_reason, tool_id,
-    tool_input,
+    AnthropicCounts, AnthropicUsage, anthropic_id, as_u64, finish_reason, openai_assistant,
+    openai_id, stop_reason, tool_id, tool_input,
 };
 
 fn parse(body: &[u8]) -> Result<Map<String, Value>, TranslateError> {
@@ -17,31 +17,26 @@ fn parse(body: &[u8]) -> Result<Map<String, Value>, TranslateError> {
     }
 }
 
-/// Anthropic usage → OpenAI usage (cached tokens count in OpenAI's prompt tokens).
+/// Anthropic usage → OpenAI usage.
 pub(super) fn openai_usage(u: &Value) -> Value {
-    let input = as_u64(&u["input_tokens"]);
-    let cache_read = as_u64(&u["cache_read_input_tokens"]);
-    let cache_write = as_u64(&u["cache_creation_input_tokens"]);
-    let output = as_u64(&u["output_tokens"]);
-    let prompt = input + cache_read + cache_write;
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": output,
-        "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": cache_read},
-    })
+    json!(
+        AnthropicCounts {
+            input: as_u64(&u["input_tokens"]),
+            output: as_u64(&u["output_tokens"]),
+            cache_read: as_u64(&u["cache_read_input_tokens"]),
+            cache_write: as_u64(&u["cache_creation_input_tokens"]),
+        }
+        .openai()
+    )
 }
 
 /// OpenAI usage → Anthropic usage.
 pub(super) fn anthropic_usage(u: &Value) -> Value {
-    let prompt = as_u64(&u["prompt_tokens"]);
-    let cached = as_u64(&u["prompt_tokens_details"]["cached_tokens"]);
-    json!({
-        "input_tokens": prompt.saturating_sub(cached),
-        "output_tokens": as_u64(&u["completion_tokens"]),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-    })
+    json!(AnthropicUsage::from_openai(
+        as_u64(&u["prompt_tokens"]),
+        as_u64(&u["completion_tokens"]),
+        as_u64(&u["prompt_tokens_details"]["cached_tokens"]),
+    ))
 }
 
 /// An Anthropic message → an OpenAI chat completion.

@@ -10,7 +10,10 @@ use std::borrow::Cow;
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use super::vocab::{anthropic_id, finish_reason, fresh_id, now, openai_id, stop_reason, tool_id};
+use super::vocab::{
+    AnthropicCounts, AnthropicUsage, OpenAiUsage, anthropic_id, finish_reason, fresh_id, now,
+    openai_id, stop_reason, tool_id,
+};
 use super::{Direction, errors};
 use crate::sse;
 
@@ -44,7 +47,7 @@ impl StreamTranslator {
                 include_usage,
                 tool_of_block: Vec::new(),
                 tools: 0,
-                usage: Usage::default(),
+                usage: AnthropicCounts::default(),
                 finish: None,
             }),
             Direction::AnthropicToOpenAi => Inner::FromOpenAi(FromOpenAi {
@@ -218,16 +221,8 @@ struct AnUsage {
     cache_read_input_tokens: Option<u64>,
 }
 
-/// Anthropic's counts so far (each event reports cumulative values).
-#[derive(Default)]
-struct Usage {
-    input: u64,
-    output: u64,
-    cache_read: u64,
-    cache_write: u64,
-}
-
-impl Usage {
+/// Anthropic's counts so far: each event reports cumulative values.
+impl AnthropicCounts {
     fn update(&mut self, u: &AnUsage) {
         let set = |slot: &mut u64, v: Option<u64>| {
             if let Some(v) = v {
@@ -238,18 +233,6 @@ impl Usage {
         set(&mut self.output, u.output_tokens);
         set(&mut self.cache_read, u.cache_read_input_tokens);
         set(&mut self.cache_write, u.cache_creation_input_tokens);
-    }
-
-    fn openai(&self) -> OaUsage {
-        let prompt = self.input + self.cache_read + self.cache_write;
-        OaUsage {
-            prompt_tokens: prompt,
-            completion_tokens: self.output,
-            total_tokens: prompt + self.output,
-            prompt_tokens_details: Cached {
-                cached_tokens: self.cache_read,
-            },
-        }
     }
 }
 
@@ -262,7 +245,7 @@ struct Chunk<'a> {
     choices: &'a [Choice<'a>],
     /// Absent unless the client asked for usage; then `null` except in the last chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Option<OaUsage>>,
+    usage: Option<Option<OpenAiUsage>>,
 }
 
 #[derive(Serialize)]
@@ -301,19 +284,6 @@ struct FunctionDelta<'a> {
     arguments: Option<&'a str>,
 }
 
-#[derive(Serialize)]
-struct OaUsage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    total_tokens: u64,
-    prompt_tokens_details: Cached,
-}
-
-#[derive(Serialize)]
-struct Cached {
-    cached_tokens: u64,
-}
-
 struct FromAnthropic {
     id: String,
     model: String,
@@ -322,7 +292,7 @@ struct FromAnthropic {
     /// Content block index → tool call ordinal (OpenAI's `tool_calls[].index`).
     tool_of_block: Vec<Option<u32>>,
     tools: u32,
-    usage: Usage,
+    usage: AnthropicCounts,
     /// The finish reason, once the finish chunk has been written.
     finish: Option<&'static str>,
 }
@@ -343,7 +313,7 @@ impl FromAnthropic {
         &self,
         out: &mut BytesMut,
         choices: &[Choice<'_>],
-        usage: Option<Option<OaUsage>>,
+        usage: Option<Option<OpenAiUsage>>,
     ) {
         out.put_slice(b"data: ");
         write_json(
@@ -620,18 +590,7 @@ struct StartMessage<'a> {
     content: [(); 0],
     stop_reason: Option<()>,
     stop_sequence: Option<()>,
-    usage: UsageOut,
-}
-
-/// Anthropic usage as the unary translation writes it (`response::anthropic_usage`):
-/// both cache fields always present, cache writes 0 (OpenAI reports none), so a client
-/// reads the same shape streamed or not.
-#[derive(Serialize)]
-struct UsageOut {
-    input_tokens: u64,
-    output_tokens: u64,
-    cache_creation_input_tokens: u64,
-    cache_read_input_tokens: u64,
+    usage: AnthropicUsage,
 }
 
 #[derive(Serialize)]
@@ -663,7 +622,7 @@ struct MessageDelta<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     delta: StopDelta<'a>,
-    usage: UsageOut,
+    usage: AnthropicUsage,
 }
 
 #[derive(Serialize)]
@@ -694,8 +653,7 @@ struct FromOpenAi {
     tools: Vec<(u32, String, usize)>,
     stop: Option<&'static str>,
     refused: bool,
-    /// (input tokens without cache reads, output tokens, cache reads).
-    usage: Option<(u64, u64, u64)>,
+    usage: Option<AnthropicUsage>,
 }
 
 impl FromOpenAi {
@@ -732,16 +690,14 @@ impl FromOpenAi {
             }
         }
         if let Some(u) = &chunk.usage {
-            let prompt = u.prompt_tokens.unwrap_or(0);
             let cached = u
                 .prompt_tokens_details
                 .as_ref()
-                .and_then(|d| d.cached_tokens)
-                .unwrap_or(0);
-            self.usage = Some((
-                prompt.saturating_sub(cached),
+                .and_then(|d| d.cached_tokens);
+            self.usage = Some(AnthropicUsage::from_openai(
+                u.prompt_tokens.unwrap_or(0),
                 u.completion_tokens.unwrap_or(0),
-                cached,
+                cached.unwrap_or(0),
             ));
         }
         // Anthropic reports the stop reason and usage together: write them as soon as
@@ -775,12 +731,8 @@ impl FromOpenAi {
                     content: [],
                     stop_reason: None,
                     stop_sequence: None,
-                    usage: UsageOut {
-                        input_tokens: 0,
-                        output_tokens: 0,
-                        cache_creation_input_tokens: 0,
-                        cache_read_input_tokens: 0,
-                    },
+                    // Input tokens are known only at the end (see the module docs).
+                    usage: AnthropicUsage::default(),
                 },
             },
         );
@@ -881,7 +833,6 @@ impl FromOpenAi {
     fn end(&mut self, out: &mut BytesMut) {
         self.start(None, out);
         self.close(out);
-        let (input, output, cached) = self.usage.unwrap_or_default();
         write_anthropic(
             out,
             "message_delta",
@@ -891,12 +842,7 @@ impl FromOpenAi {
                     stop_reason: self.stop.unwrap_or("end_turn"),
                     stop_sequence: None,
                 },
-                usage: UsageOut {
-                    input_tokens: input,
-                    output_tokens: output,
-                    cache_creation_input_tokens: 0,
-                    cache_read_input_tokens: cached,
-                },
+                usage: self.usage.unwrap_or_default(),
             },
         );
         write_anthropic(

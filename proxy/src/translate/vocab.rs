@@ -1,6 +1,7 @@
-//! The vocabulary both directions share: ids, stop and finish reasons, data URLs, and
-//! typed access to JSON objects.
+//! The vocabulary both directions share: ids, stop and finish reasons, usage, data
+//! URLs, and typed access to JSON objects.
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::TranslateError;
@@ -109,6 +110,67 @@ pub(super) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TranslateE
 
 pub(super) fn as_u64(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
+}
+
+/// Anthropic token counts, as a message or a stream reports them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct AnthropicCounts {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+impl AnthropicCounts {
+    /// OpenAI `usage`: cache reads and writes count in the prompt; reads are also
+    /// reported apart.
+    pub(super) fn openai(&self) -> OpenAiUsage {
+        let prompt = self.input + self.cache_read + self.cache_write;
+        OpenAiUsage {
+            prompt_tokens: prompt,
+            completion_tokens: self.output,
+            total_tokens: prompt + self.output,
+            prompt_tokens_details: Cached {
+                cached_tokens: self.cache_read,
+            },
+        }
+    }
+}
+
+/// OpenAI `usage`, unary and streamed alike.
+#[derive(Serialize)]
+pub(super) struct OpenAiUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    prompt_tokens_details: Cached,
+}
+
+#[derive(Serialize)]
+struct Cached {
+    cached_tokens: u64,
+}
+
+/// Anthropic `usage`, unary and streamed alike: both cache fields always present.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub(super) struct AnthropicUsage {
+    input_tokens: u64,
+    output_tokens: u64,
+    cache_creation_input_tokens: u64,
+    cache_read_input_tokens: u64,
+}
+
+impl AnthropicUsage {
+    /// From OpenAI counts: cached tokens leave the input tokens (OpenAI counts them in
+    /// the prompt); OpenAI reports no cache writes.
+    pub(super) fn from_openai(prompt: u64, completion: u64, cached: u64) -> Self {
+        Self {
+            input_tokens: prompt.saturating_sub(cached),
+            output_tokens: completion,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: cached,
+        }
+    }
 }
 
 /// Anthropic content blocks as an OpenAI assistant message (`role`, `content`, and
