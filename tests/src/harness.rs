@@ -46,6 +46,9 @@ spec:
     )
 }
 
+/// The proxy's default `--max-body-bytes`.
+const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
 /// A proxy serving the manifests in its own temporary folder.
 pub struct TestProxy {
     pub running: Running,
@@ -58,7 +61,7 @@ impl TestProxy {
     /// Start on `127.0.0.1:0` with the default body limit. Panics with the load errors
     /// if the manifests do not load.
     pub async fn start(manifests: &str) -> TestProxy {
-        Self::try_start(manifests, 32 * 1024 * 1024)
+        Self::try_start(manifests, DEFAULT_MAX_BODY_BYTES)
             .await
             .unwrap_or_else(|e| panic!("proxy did not start: {e}"))
     }
@@ -67,7 +70,7 @@ impl TestProxy {
     /// their own (as the binary does) instead of the test's runtime. Those threads run
     /// on the real clock and serve until the test process ends.
     pub async fn start_threaded(manifests: &str, threads: usize) -> TestProxy {
-        Self::launch(manifests, 32 * 1024 * 1024, threads)
+        Self::launch(manifests, DEFAULT_MAX_BODY_BYTES, threads)
             .await
             .unwrap_or_else(|e| panic!("proxy did not start: {e}"))
     }
