@@ -7,9 +7,32 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end }}
 
-{{/* Image reference for a component. */}}
+{{/* The labels that select a component's pods: (dict "root" . "component" "proxy"). */}}
+{{- define "switchback.selectorLabels" -}}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Image reference: (dict "root" . "image" .Values.proxy.image). */}}
 {{- define "switchback.image" -}}
-{{ .root.Values.image.repository }}/switchback-{{ .component }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
+{{ .image.repository }}:{{ .image.tag | default .root.Chart.AppVersion }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints of a component, each with the component's labelSelector
+unless it names its own: (dict "root" . "component" "proxy" "constraints" list).
+*/}}
+{{- define "switchback.topologySpread" -}}
+{{- $selector := dict "matchLabels" (include "switchback.selectorLabels" . | fromYaml) }}
+{{- $out := list }}
+{{- range .constraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" $selector }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}
 
 {{- define "switchback.operator" -}}{{ .Release.Name }}-operator{{- end }}
