@@ -18,7 +18,7 @@ spec:
       timeout: 20s
       retry: { attempts: 3, initialBackoff: 100ms, maxBackoff: 1m30s }
     - credentialRef: { name: anthropic-prod }
-  fallback: { on: [status5xx, authError], maxRetryAfter: 30s }
+  fallback: { onFailures: [status5xx, authError], maxRetryAfter: 30s }
   circuitBreaker: { openFor: 30s }
   timeout: 60s
 "#;
@@ -167,7 +167,7 @@ fn route_rules_agree() {
                     &["targets"],
                     "[{credentialRef: {name: openai-prod}}, {credentialRef: {name: openai-prod}}]",
                 );
-                set(s, &["fallback", "on"], "[status5xx]");
+                set(s, &["fallback", "onFailures"], "[status5xx]");
             }),
             true,
         ),

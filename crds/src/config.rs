@@ -136,7 +136,7 @@ pub struct Price {
     pub output_per_million: f64,
 }
 
-/// Failure classes a route may advance on (`spec.fallback.on`).
+/// Failure classes a route may advance on (`spec.fallback.onFailures`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum FailureClass {
@@ -149,7 +149,7 @@ pub enum FailureClass {
 }
 
 impl FailureClass {
-    /// The name used in `fallback.on`, stats, logs and the `attempts` list.
+    /// The name used in `fallback.onFailures`, stats, logs and the `attempts` list.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Status5xx => "status5xx",
@@ -161,8 +161,8 @@ impl FailureClass {
         }
     }
 
-    /// `fallback.on` when the route does not say.
-    pub const DEFAULT_ON: [FailureClass; 5] = [
+    /// `fallback.onFailures` when the route does not say.
+    pub const DEFAULT_ON_FAILURES: [FailureClass; 5] = [
         Self::Status5xx,
         Self::RateLimited,
         Self::Timeout,
@@ -180,7 +180,7 @@ impl fmt::Display for FailureClass {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Fallback {
-    pub on: Vec<FailureClass>,
+    pub on_failures: Vec<FailureClass>,
     /// Extra statuses that advance to the next target.
     pub on_status_codes: Vec<u16>,
     /// A longer Retry-After abandons the target at once.
@@ -190,7 +190,7 @@ pub struct Fallback {
 impl Default for Fallback {
     fn default() -> Self {
         Self {
-            on: FailureClass::DEFAULT_ON.to_vec(),
+            on_failures: FailureClass::DEFAULT_ON_FAILURES.to_vec(),
             on_status_codes: Vec::new(),
             max_retry_after_ms: 30_000,
         }

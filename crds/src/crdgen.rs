@@ -201,7 +201,7 @@ mod tests {
 
         let fallback = &p["fallback"]["properties"];
         assert_eq!(
-            fallback["on"]["items"]["enum"],
+            fallback["onFailures"]["items"]["enum"],
             json!([
                 "status5xx",
                 "rateLimited",
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(
             rules(spec),
             [
-                "!has(self.fallback) || !has(self.fallback.on) || !('authError' in self.fallback.on) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
+                "!has(self.fallback) || !has(self.fallback.onFailures) || !('authError' in self.fallback.onFailures) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
             ]
         );
 

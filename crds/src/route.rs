@@ -37,8 +37,8 @@ use crate::schema;
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new(
-    "!has(self.fallback) || !has(self.fallback.on) || !('authError' in self.fallback.on) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
-).message("authError in fallback.on needs at least two targets on different credentials").field_path(".fallback.on"))]
+    "!has(self.fallback) || !has(self.fallback.onFailures) || !('authError' in self.fallback.onFailures) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
+).message("authError in fallback.onFailures needs at least two targets on different credentials").field_path(".fallback.onFailures"))]
 pub struct LLMRouteSpec {
     /// Model names clients send in the request's "model" field. Each name is served by
     /// one route only: when two routes claim a name, the older route keeps it and the
@@ -194,7 +194,7 @@ pub struct FallbackSpec {
     /// list never advances. Default: all but authError.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::failure_classes")]
-    pub on: Option<Vec<String>>,
+    pub on_failures: Option<Vec<String>>,
 
     /// Extra HTTP statuses that advance to the next target, each 100 to 599, at most 32.
     /// Default: none.
@@ -356,7 +356,7 @@ spec:
     - credentialRef: { name: anthropic-prod }
       model: claude-sonnet-4-5
   fallback:
-    on: [status5xx, rateLimited, timeout, connectionError, contextLength]
+    onFailures: [status5xx, rateLimited, timeout, connectionError, contextLength]
     onStatusCodes: []
     maxRetryAfter: 30s
   circuitBreaker: { consecutiveFailures: 5, openFor: 30s }

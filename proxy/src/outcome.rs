@@ -99,7 +99,7 @@ impl Reason {
         }
     }
 
-    /// The `fallback.on` class this failure belongs to, if any.
+    /// The `fallback.onFailures` class this failure belongs to, if any.
     pub fn class(self) -> Option<FailureClass> {
         Some(match self {
             Self::Status5xx => FailureClass::Status5xx,
@@ -197,7 +197,9 @@ pub fn may_advance(reason: Reason, status: Option<u16>, fallback: &Fallback) -> 
     match reason {
         // Skips always advance: nothing was sent, so nothing else could answer.
         r if r.is_skip() => true,
-        other => other.class().is_some_and(|c| fallback.on.contains(&c)),
+        other => other
+            .class()
+            .is_some_and(|c| fallback.on_failures.contains(&c)),
     }
 }
 
@@ -335,7 +337,7 @@ mod tests {
         );
         assert!(!may_advance(Reason::ClientError, Some(400), &f));
         let f = Fallback {
-            on: vec![FailureClass::AuthError],
+            on_failures: vec![FailureClass::AuthError],
             on_status_codes: vec![404],
             ..Fallback::default()
         };

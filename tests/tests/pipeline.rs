@@ -270,7 +270,7 @@ async fn auth_errors_are_returned_unchanged_unless_opted_in() {
     assert_eq!(backup.hits(), 0);
 
     let spec = format!(
-        "{TWO_TARGETS}  fallback: {{ on: [status5xx, rateLimited, timeout, connectionError, contextLength, authError] }}\n"
+        "{TWO_TARGETS}  fallback: {{ onFailures: [status5xx, rateLimited, timeout, connectionError, contextLength, authError] }}\n"
     );
     let (primary, backup, proxy) = setup(&spec).await;
     primary.push(Behavior::Status {
@@ -317,7 +317,7 @@ async fn extra_fallback_statuses_advance() {
 
 #[tokio::test(start_paused = true)]
 async fn a_class_missing_from_fallback_on_stops_the_chain() {
-    let spec = format!("{TWO_TARGETS}  fallback: {{ on: [timeout] }}\n");
+    let spec = format!("{TWO_TARGETS}  fallback: {{ onFailures: [timeout] }}\n");
     let (primary, backup, proxy) = setup(&spec).await;
     primary.set_default(Behavior::ServerError(502));
     let r = proxy.chat("smart", false).await;

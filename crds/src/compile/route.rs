@@ -73,7 +73,7 @@ pub(crate) fn compile(
         .collect();
 
     let fallback = fallback(&mut c, spec.fallback.as_ref());
-    if fallback.on.contains(&FailureClass::AuthError) {
+    if fallback.on_failures.contains(&FailureClass::AuthError) {
         let first = spec.targets.first().map(|t| t.credential_ref.name.as_str());
         let distinct = spec
             .targets
@@ -81,7 +81,7 @@ pub(crate) fn compile(
             .any(|t| Some(t.credential_ref.name.as_str()) != first);
         if !distinct {
             c.invalid(
-                "spec.fallback.on",
+                "spec.fallback.onFailures",
                 "authError needs at least two targets on different credentials",
             );
         }
@@ -296,12 +296,12 @@ fn fallback(c: &mut Checker, spec: Option<&FallbackSpec>) -> Fallback {
     let Some(spec) = spec else {
         return defaults;
     };
-    let on = match &spec.on {
-        None => defaults.on,
+    let on = match &spec.on_failures {
+        None => defaults.on_failures,
         Some(names) => {
             fields::list_len(
                 c,
-                "spec.fallback.on",
+                "spec.fallback.onFailures",
                 names.len(),
                 0,
                 FAILURE_CLASSES.len(),
@@ -309,8 +309,12 @@ fn fallback(c: &mut Checker, spec: Option<&FallbackSpec>) -> Fallback {
             );
             let mut on: Vec<FailureClass> = Vec::with_capacity(names.len());
             for (i, name) in names.iter().enumerate() {
-                let class =
-                    fields::one_of(c, &format!("spec.fallback.on[{i}]"), name, &FAILURE_CLASSES);
+                let class = fields::one_of(
+                    c,
+                    &format!("spec.fallback.onFailures[{i}]"),
+                    name,
+                    &FAILURE_CLASSES,
+                );
                 // A repeated class changes nothing; keep the first.
                 if let Some(class) = class
                     && !on.contains(&class)
@@ -341,7 +345,7 @@ fn fallback(c: &mut Checker, spec: Option<&FallbackSpec>) -> Fallback {
         false,
     );
     Fallback {
-        on,
+        on_failures: on,
         on_status_codes,
         max_retry_after_ms,
     }

@@ -66,7 +66,7 @@ spec:
     - credentialRef: { name: anthropic-prod }
       model: claude-sonnet-4-5
   fallback:
-    on: [status5xx, timeout, authError]
+    onFailures: [status5xx, timeout, authError]
     onStatusCodes: [404]
     maxRetryAfter: 10s
   circuitBreaker: { consecutiveFailures: 3, openFor: 1m }
@@ -235,7 +235,7 @@ fn sample_compiles_to_the_expected_config() {
                     price: None,
                 }],
                 fallback: Fallback {
-                    on: vec![
+                    on_failures: vec![
                         FailureClass::Status5xx,
                         FailureClass::RateLimited,
                         FailureClass::Timeout,
@@ -284,7 +284,7 @@ fn sample_compiles_to_the_expected_config() {
                     },
                 ],
                 fallback: Fallback {
-                    on: vec![
+                    on_failures: vec![
                         FailureClass::Status5xx,
                         FailureClass::Timeout,
                         FailureClass::AuthError,
@@ -433,7 +433,7 @@ fn duplicate_model() {
 fn auth_error_with_one_credential() {
     rejects(
         |s| s.target(1).credential_ref.name = "openai-prod".into(),
-        "team-a/smart: spec.fallback.on: authError needs at least two targets on different credentials",
+        "team-a/smart: spec.fallback.onFailures: authError needs at least two targets on different credentials",
     );
 }
 
@@ -473,11 +473,11 @@ fn unknown_failure_class() {
     rejects(
         |s| {
             s.smart().fallback = Some(FallbackSpec {
-                on: Some(vec!["status5xx".into(), "status4xx".into()]),
+                on_failures: Some(vec!["status5xx".into(), "status4xx".into()]),
                 ..Default::default()
             })
         },
-        "team-a/smart: spec.fallback.on[1]: \"status4xx\" is not one of status5xx, rateLimited, timeout, connectionError, contextLength, authError",
+        "team-a/smart: spec.fallback.onFailures[1]: \"status4xx\" is not one of status5xx, rateLimited, timeout, connectionError, contextLength, authError",
     );
 }
 

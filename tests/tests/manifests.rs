@@ -1,0 +1,171 @@
+//! The YAML users copy and kubectl reads: every generated CRD, chart file, example
+//! and README block.
+//!
+//! kubectl (and most GitOps tools) read YAML 1.1, where an unquoted `on`, `off`,
+//! `yes`, `no`, `y` or `n` key is a boolean. A CRD property with such a name reaches the
+//! API server as `"true"`, and a user's `on:` does not match the field, so no key
+//! anywhere may be one of those words (SPEC §2). Example manifests also load and
+//! compile as they are.
+
+use std::path::{Path, PathBuf};
+
+use serde_yaml_ng::Value;
+use switchback_tests::binaries::workspace;
+
+/// YAML 1.1's boolean words, in every case its resolver accepts.
+const YAML_1_1_BOOLEANS: &[&str] = &[
+    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE", "false",
+    "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF",
+];
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every ```yaml block of a Markdown file, with the line it starts on.
+fn yaml_blocks(markdown: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for (i, line) in markdown.lines().enumerate() {
+        let fence = line.trim_start();
+        match &mut current {
+            None if fence.starts_with("```yaml") => current = Some((i + 2, String::new())),
+            Some(_) if fence.starts_with("```") => blocks.push(current.take().unwrap()),
+            Some((_, text)) => {
+                text.push_str(line);
+                text.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// The path of every mapping key that YAML 1.1 would read as a boolean.
+fn boolean_keys(value: &Value, path: &str, found: &mut Vec<String>) {
+    match value {
+        Value::Mapping(map) => {
+            for (k, v) in map {
+                let name = match k {
+                    Value::String(s) => s.clone(),
+                    Value::Bool(b) => b.to_string(),
+                    other => format!("{other:?}"),
+                };
+                let here = format!("{path}.{name}");
+                if matches!(k, Value::Bool(_)) || YAML_1_1_BOOLEANS.contains(&name.as_str()) {
+                    found.push(here.clone());
+                }
+                boolean_keys(v, &here, found);
+            }
+        }
+        Value::Sequence(items) => {
+            for (i, v) in items.iter().enumerate() {
+                boolean_keys(v, &format!("{path}[{i}]"), found);
+            }
+        }
+        Value::Tagged(t) => boolean_keys(&t.value, path, found),
+        _ => {}
+    }
+}
+
+fn check(source: &str, text: &str, found: &mut Vec<String>) {
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = <Value as serde::Deserialize>::deserialize(doc)
+            .unwrap_or_else(|e| panic!("{source}: document {}: {e}", i + 1));
+        let mut keys = Vec::new();
+        boolean_keys(&value, "", &mut keys);
+        found.extend(
+            keys.into_iter()
+                .map(|k| format!("{source} (document {}): {k}", i + 1)),
+        );
+    }
+}
+
+#[test]
+fn no_key_is_a_yaml_1_1_boolean() {
+    let root = workspace();
+    let mut files = Vec::new();
+    for dir in [
+        "crds",
+        "crds/examples",
+        "charts/switchback/crds",
+        "charts/switchback",
+    ] {
+        files.extend(yaml_files(&root.join(dir)));
+    }
+    let ci_values = root.join("charts/switchback/ci");
+    if ci_values.is_dir() {
+        files.extend(yaml_files(&ci_values));
+    }
+    let mut found = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        check(&file.display().to_string(), &text, &mut found);
+        checked += 1;
+    }
+    for md in [
+        "README.md",
+        "crds/README.md",
+        "operator/README.md",
+        "charts/switchback/README.md",
+    ] {
+        let Ok(text) = std::fs::read_to_string(root.join(md)) else {
+            continue;
+        };
+        for (line, block) in yaml_blocks(&text) {
+            check(&format!("{md}:{line}"), &block, &mut found);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "found only {checked} YAML sources: {files:?}");
+    assert!(
+        found.is_empty(),
+        "keys YAML 1.1 reads as booleans:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_finds_an_unquoted_on_key() {
+    let mut found = Vec::new();
+    check(
+        "inline",
+        "spec:\n  fallback:\n    on: [timeout]\n",
+        &mut found,
+    );
+    check("inline", "list:\n  - yes: 1\n", &mut found);
+    assert_eq!(
+        found,
+        [
+            "inline (document 1): .spec.fallback.on",
+            "inline (document 1): .list[0].yes"
+        ]
+    );
+}
+
+#[test]
+fn every_example_compiles() {
+    let dir = workspace().join("crds/examples");
+    let files = yaml_files(&dir);
+    assert!(!files.is_empty(), "no examples in {}", dir.display());
+    for file in files {
+        match switchback_proxy::reload::compile_manifests(&file) {
+            Ok((compiled, warnings)) => {
+                assert!(
+                    !compiled.config.routes.is_empty(),
+                    "{}: no route compiled",
+                    file.display()
+                );
+                assert!(warnings.is_empty(), "{}: {warnings:?}", file.display());
+            }
+            Err(problems) => panic!("{}: {problems:?}", file.display()),
+        }
+    }
+}
