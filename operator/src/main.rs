@@ -61,6 +61,9 @@ async fn run(args: RunArgs) -> ExitCode {
             .with_env_filter(filter)
             .init(),
     }
+    // The one process-wide rustls provider (the workspace compiles in only aws-lc-rs),
+    // installed before kube or reqwest builds a TLS config.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let client = match Client::try_default().await {
         Ok(c) => c,
         Err(e) => {

@@ -7,6 +7,9 @@ use switchback_proxy::{Options, Source, start, telemetry};
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The one process-wide rustls provider (the workspace compiles in only aws-lc-rs),
+    // installed before kube or any upstream client builds a TLS config.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let _telemetry = match telemetry::init(cli.log_format, cli.otlp_endpoint.as_deref()) {
         Ok(t) => t,
         Err(e) => {

@@ -4,5 +4,6 @@
 //! integration tests, demos and benchmarks share one set of simulated providers (and,
 //! later, one harness that starts the proxy against them).
 
+pub mod binaries;
 pub mod harness;
 pub mod sim;

@@ -20,10 +20,11 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use switchback_tests::binaries::{Process, workspace};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 
 /// One operator at a time: it watches every namespace.
@@ -38,30 +39,6 @@ fn enabled(test: &str) -> bool {
          KUBECONFIG names (they need kubectl and create, then delete, their own namespaces)"
     );
     false
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Builds the two binaries and returns the folder holding them.
-fn binaries() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "switchback-operator",
-            "-p",
-            "switchback-proxy",
-        ])
-        .current_dir(workspace())
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "building the binaries failed");
-    // target/debug/deps/e2e-<hash> -> target/debug
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
 fn free_port() -> u16 {
@@ -191,42 +168,6 @@ async fn eventually_async<T, Fut: std::future::Future<Output = Option<T>>>(
     }
 }
 
-/// A child process killed on drop.
-struct Process {
-    name: &'static str,
-    child: Child,
-}
-
-impl Process {
-    fn start(name: &'static str, bin: &Path, args: &[String]) -> Process {
-        let child = Command::new(bin)
-            .args(args)
-            .env("SWITCHBACK_LOG", "info")
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        Process { name, child }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            eprintln!("{} had exited: {status}", self.name);
-        }
-        self.stop();
-    }
-}
-
 /// Namespaces created by a test, deleted (finalizers released) on drop.
 struct Namespaces(Vec<String>);
 
@@ -298,7 +239,7 @@ struct Stack {
 
 impl Stack {
     fn start(gateway: &str, extra_operator_args: &[&str]) -> Stack {
-        let bin = binaries();
+        let bin = switchback_tests::binaries::build();
         let (data, admin, operator_admin) = (free_port(), free_port(), free_port());
         let proxy = Self::proxy(&bin, gateway, data, admin);
         let mut args: Vec<String> = [

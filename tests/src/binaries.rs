@@ -1,0 +1,86 @@
+//! The real `switchback-operator` and `switchback-proxy` binaries, built once by cargo
+//! and run as child processes that are killed when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds the two binaries (debug profile, as the tests themselves) and returns the
+/// folder holding them.
+pub fn build() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "-p",
+            "switchback-operator",
+            "-p",
+            "switchback-proxy",
+        ])
+        .current_dir(workspace())
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "building the binaries failed");
+    // target/debug/deps/<test>-<hash> -> target/debug
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// A child process, killed on drop.
+pub struct Process {
+    name: &'static str,
+    child: Child,
+}
+
+impl Process {
+    /// Starts `bin` with `args`, logging at info, with these extra environment variables.
+    pub fn start_with_env(
+        name: &'static str,
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Process {
+        let child = Command::new(bin)
+            .args(args)
+            .env("SWITCHBACK_LOG", "info")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        Process { name, child }
+    }
+
+    pub fn start(name: &'static str, bin: &Path, args: &[String]) -> Process {
+        Self::start_with_env(name, bin, args, &[])
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status, if the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(status) = self.exited() {
+            eprintln!("{} had exited: {status}", self.name);
+        }
+        self.stop();
+    }
+}
