@@ -21,7 +21,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use futures_util::{FutureExt as _, StreamExt};
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -47,6 +47,7 @@ use crate::metrics::{
 use crate::render::{Rendering, render};
 use crate::scrape::{self, Replicas};
 use crate::status::{self, CredentialFacts, RouteFacts};
+use crate::synced::{Cache, Synced};
 
 /// Field manager of every write.
 pub const MANAGER: &str = "switchback-operator";
@@ -103,6 +104,9 @@ pub struct Stores {
     pub secrets: Store<PartialObjectMeta<KubeSecret>>,
     pub rendered_maps: Store<ConfigMap>,
     pub rendered_secrets: Store<KubeSecret>,
+    /// Whether all of the above have listed once (never await the stores themselves:
+    /// see `synced`).
+    pub synced: Synced,
 }
 
 /// Where delivery queues objects whose facts changed.
@@ -749,13 +753,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
         let transitions = agg.observe(Timestamp::now().as_millisecond() as u64, &scrapes);
         // Deleted routes are forgotten, but only against a synced cache: an empty store
         // at start-up would wipe the totals of every route.
-        let synced = ctx
-            .stores
-            .routes
-            .wait_until_ready()
-            .now_or_never()
-            .is_some_and(|r| r.is_ok());
-        if synced {
+        if ctx.stores.synced.is_synced() {
             let exists = |id: &ObjectId| {
                 ctx.stores
                     .routes
@@ -832,14 +830,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
 /// Waits for a poke (or the resync period), then delivers; retries failures with
 /// backoff.
 async fn delivery_loop(ctx: Arc<Context>, poke: Arc<Notify>, health: Arc<Health>) {
-    let s = &ctx.stores;
-    let _ = futures_util::join!(
-        s.routes.wait_until_ready(),
-        s.credentials.wait_until_ready(),
-        s.secrets.wait_until_ready(),
-        s.rendered_maps.wait_until_ready(),
-        s.rendered_secrets.wait_until_ready(),
-    );
+    ctx.stores.synced.wait().await;
     health
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
@@ -888,11 +879,13 @@ pub async fn run(
     let gw = settings.gateway_namespace.clone();
     let rendered = watcher::Config::default().labels(delivery::LABEL);
     let poke = Arc::new(Notify::new());
+    let synced = Synced::default();
 
     let (routes, w) = reflector::store();
     let route_events =
         reflector::reflector(w, watcher(Api::<LLMRoute>::all(client.clone()), wc.clone()))
             .default_backoff()
+            .inspect(synced.on_init_done(Cache::Routes))
             .inspect(poke_on(poke.clone()))
             .applied_objects();
     let (credentials, w) = reflector::store();
@@ -901,6 +894,7 @@ pub async fn run(
         watcher(Api::<ProviderCredential>::all(client.clone()), wc.clone()),
     )
     .default_backoff()
+    .inspect(synced.on_init_done(Cache::Credentials))
     .inspect(poke_on(poke.clone()))
     .applied_objects();
     let (secrets, w) = reflector::store::<PartialObjectMeta<KubeSecret>>();
@@ -915,6 +909,7 @@ pub async fn run(
             ),
         )
         .default_backoff()
+        .inspect(synced.on_init_done(Cache::Secrets))
         .inspect(move |ev| {
             // Only Secrets some credential references matter.
             let touched = match ev {
@@ -942,6 +937,7 @@ pub async fn run(
         ),
     )
     .default_backoff()
+    .inspect(synced.on_init_done(Cache::RenderedMaps))
     .inspect(poke_on(poke.clone()));
     let (rendered_secrets, w) = reflector::store();
     let key_events = reflector::reflector(
@@ -949,6 +945,7 @@ pub async fn run(
         watcher(Api::<KubeSecret>::namespaced(client.clone(), &gw), rendered),
     )
     .default_backoff()
+    .inspect(synced.on_init_done(Cache::RenderedSecrets))
     .inspect(poke_on(poke.clone()));
 
     let (route_tx, route_rx) = mpsc::unbounded_channel();
@@ -959,6 +956,7 @@ pub async fn run(
         secrets,
         rendered_maps,
         rendered_secrets,
+        synced,
     };
     let ctx = Arc::new(Context::new(
         client,

@@ -177,6 +177,7 @@ impl Context {
                 secrets,
                 rendered_maps,
                 rendered_secrets,
+                synced: Default::default(),
             },
             Metrics::default(),
             recorder,

@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod render;
 pub mod scrape;
 pub mod status;
+pub mod synced;
 
 #[cfg(test)]
 mod fixtures;
