@@ -61,6 +61,24 @@ impl Process {
         Self::start_with_env(name, bin, args, &[])
     }
 
+    /// Starts `bin` with its stdout and stderr appended to `log`.
+    pub fn start_logged(name: &'static str, bin: &Path, args: &[String], log: &Path) -> Process {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let child = Command::new(bin)
+            .args(args)
+            .env("SWITCHBACK_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("a second handle on the log"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        Process { name, child }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
