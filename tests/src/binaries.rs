@@ -37,6 +37,8 @@ pub fn build() -> PathBuf {
 pub struct Process {
     name: &'static str,
     child: Child,
+    /// Ended by [`Process::stop`], so its exit is no news.
+    stopped: bool,
 }
 
 impl Process {
@@ -54,7 +56,11 @@ impl Process {
             .stdin(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        Process { name, child }
+        Process {
+            name,
+            child,
+            stopped: false,
+        }
     }
 
     pub fn start(name: &'static str, bin: &Path, args: &[String]) -> Process {
@@ -76,7 +82,11 @@ impl Process {
             .stderr(file)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        Process { name, child }
+        Process {
+            name,
+            child,
+            stopped: false,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -89,6 +99,7 @@ impl Process {
     }
 
     pub fn stop(&mut self) {
+        self.stopped = true;
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -96,7 +107,9 @@ impl Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
-        if let Some(status) = self.exited() {
+        if !self.stopped
+            && let Some(status) = self.exited()
+        {
             eprintln!("{} had exited: {status}", self.name);
         }
         self.stop();

@@ -450,10 +450,31 @@ fn served_by(r: &reqwest::Response) -> String {
         .to_string()
 }
 
-/// Splits `kubectl get` output into rows of columns.
+/// Splits `kubectl get` output into rows of columns, cut where the header's columns
+/// start (an empty cell stays an empty string).
 fn table(out: &str) -> Vec<Vec<String>> {
-    out.lines()
-        .map(|l| l.split_whitespace().map(str::to_string).collect())
+    let mut lines = out.lines();
+    let header = lines.next().unwrap_or_default();
+    let starts: Vec<usize> = header
+        .char_indices()
+        .filter(|&(i, c)| c != ' ' && (i == 0 || header.as_bytes()[i - 1] == b' '))
+        .map(|(i, _)| i)
+        .collect();
+    std::iter::once(header)
+        .chain(lines)
+        .map(|line| {
+            starts
+                .iter()
+                .enumerate()
+                .map(|(n, &from)| {
+                    let to = starts.get(n + 1).copied().unwrap_or(line.len());
+                    line.get(from.min(line.len())..to.min(line.len()))
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string()
+                })
+                .collect()
+        })
         .collect()
 }
 
@@ -823,7 +844,11 @@ async fn operator_and_proxy_against_a_real_api_server() {
     let rows = table(&ok(&["get", "llmroutes", "-A"]));
     assert_eq!(rows[0][0], "NAMESPACE");
     let copycat = rows.iter().find(|r| r[1] == "copycat").unwrap();
-    assert_eq!(copycat[4], "False", "copycat is not programmed: {rows:?}");
+    assert_eq!(
+        &copycat[2..5],
+        ["fallback", "", "False"],
+        "copycat is neither rendered nor programmed: {rows:?}"
+    );
     let category = ok(&["get", "switchback", "-n", &a]);
     assert!(
         category.contains("llmroute.switchback.dev/smart")
