@@ -25,7 +25,7 @@ use crate::gateway::Gateway;
 use crate::limit::Refused;
 use crate::order::order;
 use crate::outcome::{self, Reason, attempt_deadline, classify_status, may_advance, retryable};
-use crate::rewrite::{JsonStr, replace_model, replace_model_into};
+use crate::rewrite::{JsonStr, replace_model, replace_model_into, replace_top_level_model};
 use crate::server::X_REQUEST_ID;
 use crate::snapshot::{RouteRt, TargetRt};
 use crate::sse::{self, Framer};
@@ -258,7 +258,9 @@ impl Walk<'_, '_> {
                 }
             }
             None => match &t.upstream_model_json {
-                Some(m) => replace_model(&call.body, m).unwrap_or_else(|| call.body.clone()),
+                Some(m) => {
+                    replace_top_level_model(&call.body, m).unwrap_or_else(|| call.body.clone())
+                }
                 None => call.body.clone(),
             },
         };

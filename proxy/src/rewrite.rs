@@ -1,9 +1,13 @@
 //! Rewriting the `"model"` value inside JSON bytes without parsing them.
 //!
-//! Requests get the target's upstream model; responses and every stream event get
-//! the name the client sent. A byte-level rewrite keeps the hot path free of a JSON
-//! parse + re-serialise per chunk. It is sound because a raw `"model"` followed by
-//! `:` can only be an object key: inside a JSON string every `"` is escaped.
+//! Requests get the target's upstream model in exactly the top-level member the
+//! router read, whatever its spelling (`"m\u006fdel"` decodes to `model`), and no
+//! other (`metadata.model` is the client's business): [`replace_top_level_model`].
+//! Responses and every stream event get the name the client sent wherever a provider
+//! puts a model (Anthropic nests it in `message_start`): [`replace_model`]. A
+//! byte-level rewrite keeps the hot path free of a JSON parse + re-serialise per
+//! chunk. It is sound because a raw `"model"` followed by `:` can only be an object
+//! key: inside a JSON string every `"` is escaped.
 
 use std::sync::LazyLock;
 
@@ -67,6 +71,105 @@ fn string_end(doc: &[u8], open: usize) -> Option<usize> {
         }
     }
     None
+}
+
+/// The span (quotes included) of the string value of the top-level member whose key
+/// decodes to `name`, in a document that is a JSON object. `None` when there is no
+/// such member, its value is not a string, or the document is not an object. The
+/// router reads the body with serde, which refuses duplicate members, so the first
+/// match is the one it read.
+fn top_level_string(doc: &[u8], name: &str) -> Option<(usize, usize)> {
+    let mut i = skip_ws(doc, 0);
+    if doc.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = skip_ws(doc, i);
+        match doc.get(i)? {
+            b'"' => {}
+            b',' => {
+                i += 1;
+                continue;
+            }
+            _ => return None,
+        }
+        let key_end = string_end(doc, i)?;
+        let wanted = key_is(&doc[i..key_end], name);
+        i = skip_ws(doc, key_end);
+        if doc.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(doc, i + 1);
+        let value_end = value_end(doc, i)?;
+        if wanted {
+            return (doc[i] == b'"').then_some((i, value_end));
+        }
+        i = value_end;
+    }
+}
+
+/// Whether the JSON string literal `key` (quotes included) decodes to `name`.
+fn key_is(key: &[u8], name: &str) -> bool {
+    let inner = &key[1..key.len() - 1];
+    if !inner.contains(&b'\\') {
+        return inner == name.as_bytes();
+    }
+    // Escaped keys are rare: decode properly.
+    serde_json::from_slice::<String>(key).is_ok_and(|k| k == name)
+}
+
+/// Index just past the JSON value starting at `i`.
+fn value_end(doc: &[u8], i: usize) -> Option<usize> {
+    match doc.get(i)? {
+        b'"' => string_end(doc, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < doc.len() {
+                match doc[j] {
+                    b'"' => {
+                        j = string_end(doc, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            None
+        }
+        _ => {
+            let mut j = i;
+            while j < doc.len()
+                && !matches!(doc[j], b',' | b'}' | b']' | b' ' | b'\t' | b'\r' | b'\n')
+            {
+                j += 1;
+            }
+            Some(j)
+        }
+    }
+}
+
+/// Replace the value of the top-level `"model"` member (however its key is spelled)
+/// with `to`, leaving every nested `model` alone. `None` when there is nothing to
+/// change, so callers can forward the original bytes without a copy.
+pub fn replace_top_level_model(doc: &[u8], to: &JsonStr) -> Option<Bytes> {
+    let (start, end) = top_level_string(doc, "model")?;
+    if &doc[start..end] == to.as_bytes() {
+        return None;
+    }
+    let mut out = BytesMut::with_capacity(doc.len() - (end - start) + to.as_bytes().len());
+    out.extend_from_slice(&doc[..start]);
+    out.extend_from_slice(to.as_bytes());
+    out.extend_from_slice(&doc[end..]);
+    Some(out.freeze())
 }
 
 /// Replace the value of every `"model"` key with `to`. Returns `None` when there is
@@ -142,6 +245,67 @@ mod tests {
         assert_eq!(rw(r#"{"model":"a"}"#, "we\"ird"), r#"{"model":"we\"ird"}"#);
         assert!(replace_model(br#"{"model":"same"}"#, &JsonStr::new("same")).is_none());
         assert!(replace_model(b"data: [DONE]", &JsonStr::new("x")).is_none());
+    }
+
+    fn rw_top(doc: &str, to: &str) -> String {
+        match replace_top_level_model(doc.as_bytes(), &JsonStr::new(to)) {
+            Some(b) => String::from_utf8(b.to_vec()).unwrap(),
+            None => doc.to_string(),
+        }
+    }
+
+    #[test]
+    fn requests_rewrite_the_top_level_member_the_router_read_and_no_other() {
+        // The spelling serde decodes to `model` is the one rewritten.
+        assert_eq!(
+            rw_top(r#"{"m\u006fdel":"smart","messages":[]}"#, "gpt-4o"),
+            r#"{"m\u006fdel":"gpt-4o","messages":[]}"#
+        );
+        // Nested models are the client's business.
+        assert_eq!(
+            rw_top(
+                r#"{"metadata":{"model":"mine"},"tools":[{"model":"t"}],"model" : "smart"}"#,
+                "gpt-4o"
+            ),
+            r#"{"metadata":{"model":"mine"},"tools":[{"model":"t"}],"model" : "gpt-4o"}"#
+        );
+        // Strings that merely contain the key, values of other types, numbers and
+        // literals are skipped correctly on the way.
+        assert_eq!(
+            rw_top(
+                r#"{"a":"\"model\":\"x\"","n":-1.5e3,"t":true,"z":null,"model":"s"}"#,
+                "m"
+            ),
+            r#"{"a":"\"model\":\"x\"","n":-1.5e3,"t":true,"z":null,"model":"m"}"#
+        );
+        assert!(replace_top_level_model(br#"{"model":"same"}"#, &JsonStr::new("same")).is_none());
+        assert!(replace_top_level_model(br#"{"model":null}"#, &JsonStr::new("x")).is_none());
+        assert!(replace_top_level_model(br#"{"x":{"model":"a"}}"#, &JsonStr::new("x")).is_none());
+        assert!(replace_top_level_model(br#"["model"]"#, &JsonStr::new("x")).is_none());
+        assert!(
+            replace_top_level_model(br#"{"model":"unterminated"#, &JsonStr::new("x")).is_none()
+        );
+    }
+
+    /// Whatever the document, the top-level rewrite agrees with serde about which
+    /// member is `model`: parse, rewrite, parse again.
+    #[test]
+    fn top_level_rewrite_agrees_with_serde() {
+        let docs = [
+            r#"{"model":"a"}"#,
+            r#"{ "\u006d\u006f\u0064\u0065\u006c" : "a" , "x" : [1, {"model": "b"}] }"#,
+            r#"{"x":"}","y":"{\"","model":"a","z":{"model":"c"}}"#,
+            r#"{"deep":[[[{"model":"n"}]]],"model":"a"}"#,
+        ];
+        for doc in docs {
+            let out = rw_top(doc, "rewritten");
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["model"], "rewritten", "{doc} -> {out}");
+            let before: serde_json::Value = serde_json::from_str(doc).unwrap();
+            let mut expected = before.clone();
+            expected["model"] = "rewritten".into();
+            assert_eq!(v, expected, "only the top-level member changed: {doc}");
+        }
     }
 
     #[test]

@@ -86,6 +86,30 @@ async fn first_target_answers_with_headers_and_the_clients_model_name() {
     );
 }
 
+/// The model the router read is the one rewritten, however the client spelled its key,
+/// and nothing nested is touched (issue 11, item 7).
+#[tokio::test(start_paused = true)]
+async fn the_upstream_model_replaces_exactly_the_member_the_router_read() {
+    let (primary, _backup, proxy) = setup(TWO_TARGETS).await;
+    let body = r#"{"m\u006fdel":"smart","metadata":{"model":"the-clients-own"},"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = proxy
+        .http
+        .post(proxy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-switchback-route"), "team-a/smart");
+    let got = &primary.received()[0];
+    assert_eq!(got.model(), Some("gpt-primary"), "{:?}", got.json);
+    assert_eq!(
+        got.json.as_ref().unwrap()["metadata"]["model"],
+        "the-clients-own"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn server_errors_are_retried_with_backoff_then_fall_back() {
     let (primary, backup, proxy) = setup(TWO_TARGETS).await;
