@@ -215,15 +215,17 @@ pub fn load_text(file: &Path, text: &str, set: &mut ManifestSet, errors: &mut Ve
             continue;
         }
         let parsed = match key {
-            KindKey::Route => typed::<LLMRoute>(&doc).map(|mut r| {
+            KindKey::Route => typed::<LLMRoute>(&doc, Redact::Never).map(|mut r| {
                 r.metadata.namespace = Some(id.namespace.clone());
                 set.routes.push(r)
             }),
-            KindKey::Credential => typed::<ProviderCredential>(&doc).map(|mut c| {
-                c.metadata.namespace = Some(id.namespace.clone());
-                set.credentials.push(c)
-            }),
-            KindKey::Secret => typed::<Secret>(&doc).map(|mut s| {
+            KindKey::Credential => {
+                typed::<ProviderCredential>(&doc, Redact::KeyFields).map(|mut c| {
+                    c.metadata.namespace = Some(id.namespace.clone());
+                    set.credentials.push(c)
+                })
+            }
+            KindKey::Secret => typed::<Secret>(&doc, Redact::Always).map(|mut s| {
                 s.metadata.namespace = Some(id.namespace.clone());
                 set.secrets.push(s)
             }),
@@ -237,8 +239,64 @@ pub fn load_text(file: &Path, text: &str, set: &mut ManifestSet, errors: &mut Ve
     }
 }
 
+/// Which parse errors must not quote the value they found: a key pasted into the
+/// wrong place (`stringData: sk-…`, `secretRef: sk-…`) would otherwise reach the log and
+/// the unauthenticated `/admin/v1/config` verbatim.
+#[derive(Clone, Copy)]
+enum Redact {
+    Never,
+    /// Every field: Secrets hold nothing else.
+    Always,
+    /// `spec.secretRef`, `spec.headers`, or the whole spec of a ProviderCredential.
+    KeyFields,
+}
+
+impl Redact {
+    fn applies(self, path: &str) -> bool {
+        match self {
+            Redact::Never => false,
+            Redact::Always => true,
+            Redact::KeyFields => {
+                matches!(path, "" | "." | "spec")
+                    || path.starts_with("spec.secretRef")
+                    || path.starts_with("spec.headers")
+            }
+        }
+    }
+}
+
+/// `msg` with every double-quoted string (serde's way of quoting what it found)
+/// replaced by a placeholder; field names, which serde puts in backquotes, stay.
+fn hide_values(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(open) = rest.find('"') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let mut close = None;
+        let mut escaped = false;
+        for (i, ch) in after.char_indices() {
+            match ch {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    close = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        out.push_str("(value hidden)");
+        match close {
+            Some(i) => rest = &after[i + 1..],
+            None => return out,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Deserialize with the failing field's path and line.
-fn typed<T: DeserializeOwned>(doc: &str) -> Result<T, (Option<usize>, String)> {
+fn typed<T: DeserializeOwned>(doc: &str, redact: Redact) -> Result<T, (Option<usize>, String)> {
     let de = serde_yaml_ng::Deserializer::from_str(doc);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -250,6 +308,11 @@ fn typed<T: DeserializeOwned>(doc: &str) -> Result<T, (Option<usize>, String)> {
             .strip_prefix(&format!("{path}: "))
             .unwrap_or(&msg)
             .to_string();
+        let msg = if redact.applies(&path) {
+            hide_values(&msg)
+        } else {
+            msg
+        };
         let message = if path == "." || path.is_empty() {
             msg
         } else {
@@ -318,6 +381,62 @@ mod tests {
                 line: 5
             }
         );
+    }
+
+    /// A key pasted where a map or name belongs is never quoted back (issue 11,
+    /// item 6); route errors still quote what they found.
+    #[test]
+    fn parse_errors_never_quote_key_material() {
+        let key = "sk-live-0123456789abcdef";
+        for (doc, field) in [
+            (
+                format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: k}}\nstringData: {key}\n"),
+                "stringData",
+            ),
+            (
+                format!(
+                    "apiVersion: v1\nkind: Secret\nmetadata: {{name: k}}\ndata: {{apiKey: [{key}]}}\n"
+                ),
+                "data",
+            ),
+            (
+                format!(
+                    "apiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\nmetadata: {{name: c}}\n\
+                     spec: {{provider: openai, secretRef: {key}}}\n"
+                ),
+                "spec.secretRef",
+            ),
+            (
+                format!(
+                    "apiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\nmetadata: {{name: c}}\n\
+                     spec: {key}\n"
+                ),
+                "spec",
+            ),
+        ] {
+            let mut set = ManifestSet::default();
+            let mut errors = Vec::new();
+            load_text(Path::new("m.yaml"), &doc, &mut set, &mut errors);
+            assert_eq!(errors.len(), 1, "{doc}: {errors:?}");
+            let shown = errors[0].to_string();
+            assert!(!shown.contains(key), "{shown}");
+            assert!(shown.contains(field), "names the field {field}: {shown}");
+        }
+        let mut set = ManifestSet::default();
+        let mut errors = Vec::new();
+        let route = "apiVersion: switchback.dev/v1alpha1\nkind: LLMRoute\nmetadata: {name: r}\n\
+                     spec: {targets: [{credentialRef: {name: c}, weight: sideways}]}\n";
+        load_text(Path::new("m.yaml"), route, &mut set, &mut errors);
+        assert!(errors[0].to_string().contains("sideways"), "{errors:?}");
+    }
+
+    #[test]
+    fn hide_values_keeps_field_names() {
+        assert_eq!(
+            hide_values(r#"invalid type: string "sk-1\"x", expected struct `SecretKeyRef`"#),
+            "invalid type: string (value hidden), expected struct `SecretKeyRef`"
+        );
+        assert_eq!(hide_values(r#"cut "sk-1"#), "cut (value hidden)");
     }
 
     #[test]
