@@ -9,7 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// True when `ip` is loopback, private (RFC 1918, IPv6 ULA fc00::/7), shared address
 /// space (100.64.0.0/10), link-local (169.254.0.0/16, fe80::/10), unspecified, or an
-/// IPv4-mapped / IPv4-compatible IPv6 address of one of those.
+/// IPv4-mapped / IPv4-compatible / NAT64 (64:ff9b::/96, RFC 6052) / 6to4 (2002::/16,
+/// RFC 3056) IPv6 address of one of those: each of these reaches the IPv4 address it
+/// embeds through a translator or relay.
 pub fn is_private_ip(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_private_v4(v4),
@@ -37,13 +39,16 @@ fn is_private_v6(ip: Ipv6Addr) -> bool {
     let segments = ip.segments();
     // Deprecated IPv4-compatible form ::a.b.c.d (but not :: or ::1, handled below).
     if segments[..6].iter().all(|s| *s == 0) && segments[6] != 0 {
-        let [a, b, c, d] = [
-            (segments[6] >> 8) as u8,
-            segments[6] as u8,
-            (segments[7] >> 8) as u8,
-            segments[7] as u8,
-        ];
-        return is_private_v4(Ipv4Addr::new(a, b, c, d));
+        return is_private_v4(v4_of(segments[6], segments[7]));
+    }
+    // NAT64 well-known prefix 64:ff9b::/96 (and the local-use 64:ff9b:1::/48): the
+    // last 32 bits are the IPv4 destination.
+    if (segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0]) || segments[..3] == [0x64, 0xff9b, 1] {
+        return is_private_v4(v4_of(segments[6], segments[7]));
+    }
+    // 6to4 2002:AABB:CCDD::/48 embeds AA.BB.CC.DD.
+    if segments[0] == 0x2002 {
+        return is_private_v4(v4_of(segments[1], segments[2]));
     }
     ip.is_loopback()
         || ip.is_unspecified()
@@ -51,6 +56,10 @@ fn is_private_v6(ip: Ipv6Addr) -> bool {
         || (segments[0] & 0xfe00) == 0xfc00
         // Link-local fe80::/10.
         || (segments[0] & 0xffc0) == 0xfe80
+}
+
+fn v4_of(high: u16, low: u16) -> Ipv4Addr {
+    Ipv4Addr::new((high >> 8) as u8, high as u8, (low >> 8) as u8, low as u8)
 }
 
 /// True when a URL host names this machine or a private network: `localhost` (and
@@ -97,6 +106,13 @@ mod tests {
             "::ffff:10.0.0.1",
             "::ffff:127.0.0.1",
             "::169.254.169.254",
+            "64:ff9b::7f00:1",
+            "64:ff9b::10.1.2.3",
+            "64:ff9b::169.254.169.254",
+            "64:ff9b:1::a00:1",
+            "2002:7f00:1::1",
+            "2002:c0a8:101::",
+            "2002:a9fe:a9fe::1",
         ] {
             assert!(private(ip), "{ip} should be private");
         }
@@ -112,6 +128,8 @@ mod tests {
             "100.63.255.255",
             "2606:4700::1111",
             "::ffff:8.8.8.8",
+            "64:ff9b::8.8.8.8",
+            "2002:808:808::1",
         ] {
             assert!(!private(ip), "{ip} should be public");
         }
