@@ -42,18 +42,30 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `bin` with `args`, logging at info, with these extra environment variables.
-    pub fn start_with_env(
+    /// Starts `bin` with `args`, logging at info, with these extra environment
+    /// variables; its output goes to `log` (appended) or, without one, to ours.
+    pub fn spawn(
         name: &'static str,
         bin: &Path,
         args: &[String],
         env: &[(&str, &str)],
+        log: Option<&Path>,
     ) -> Process {
-        let child = Command::new(bin)
-            .args(args)
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
             .env("SWITCHBACK_LOG", "info")
             .envs(env.iter().copied())
-            .stdin(Stdio::null())
+            .stdin(Stdio::null());
+        if let Some(log) = log {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+            cmd.stdout(file.try_clone().expect("a second handle on the log"))
+                .stderr(file);
+        }
+        let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         Process {
@@ -64,29 +76,12 @@ impl Process {
     }
 
     pub fn start(name: &'static str, bin: &Path, args: &[String]) -> Process {
-        Self::start_with_env(name, bin, args, &[])
+        Self::spawn(name, bin, args, &[], None)
     }
 
     /// Starts `bin` with its stdout and stderr appended to `log`.
     pub fn start_logged(name: &'static str, bin: &Path, args: &[String], log: &Path) -> Process {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-        let child = Command::new(bin)
-            .args(args)
-            .env("SWITCHBACK_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("a second handle on the log"))
-            .stderr(file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        Process {
-            name,
-            child,
-            stopped: false,
-        }
+        Self::spawn(name, bin, args, &[], Some(log))
     }
 
     pub fn pid(&self) -> u32 {

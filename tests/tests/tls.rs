@@ -120,11 +120,12 @@ async fn reaches_the_api_over_tls(
 ) {
     let bin = binaries::build().join(name);
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let mut process = Process::start_with_env(
+    let mut process = Process::spawn(
         name,
         &bin,
         &args,
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+        None,
     );
     server.take_requests();
     let start = Instant::now();
