@@ -8,6 +8,7 @@ pub mod credential;
 pub mod delivery;
 pub mod duration;
 pub mod network;
+pub mod revision;
 pub mod route;
 pub mod schema;
 pub mod secret;

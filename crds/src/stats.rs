@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ObjectId;
+use crate::revision::Revision;
 
 /// Bump on an incompatible change of this document.
 pub const STATS_VERSION: u32 = 1;
@@ -37,6 +38,10 @@ pub struct RouteStats {
     pub route: ObjectId,
     /// The LLMRoute generation this replica serves now.
     pub generation: i64,
+    /// What it serves that generation with: route, credentials and keys (see
+    /// [`crate::revision`]). `None` from a proxy older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<Revision>,
     /// Client requests routed here.
     pub requests: u64,
     /// Upstream requests sent.
@@ -108,4 +113,25 @@ pub struct Latency {
     pub smoothed_ms: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_reported_without_a_revision_still_parses() {
+        let older = r#"{"route":{"namespace":"team-a","name":"smart"},"generation":4,
+            "requests":0,"attempts":0,"fallbacks":0,"failed":0,"targets":[]}"#;
+        let r: RouteStats = serde_json::from_str(older).unwrap();
+        assert_eq!((r.generation, r.revision), (4, None));
+        let newer = r#"{"route":{"namespace":"team-a","name":"smart"},"generation":4,
+            "revision":"00000000000000ff","requests":0,"attempts":0,"fallbacks":0,
+            "failed":0,"targets":[]}"#;
+        let r: RouteStats = serde_json::from_str(newer).unwrap();
+        assert_eq!(
+            r.revision.map(|r| r.to_string()).as_deref(),
+            Some("00000000000000ff")
+        );
+    }
 }

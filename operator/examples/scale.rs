@@ -202,29 +202,33 @@ fn main() {
         config_error: None,
         routes: routes
             .iter()
-            .map(|r| RouteStats {
-                route: ObjectId::new(
+            .map(|r| {
+                let id = ObjectId::new(
                     r.metadata.namespace.clone().unwrap(),
                     r.metadata.name.clone().unwrap(),
-                ),
-                generation: 1,
-                requests: 100 * round,
-                attempts: 110 * round,
-                fallbacks: 3 * round,
-                failed: round,
-                targets: r
-                    .spec
-                    .targets
-                    .iter()
-                    .map(|t| TargetStats {
-                        credential: ObjectId::new(
-                            r.metadata.namespace.clone().unwrap(),
-                            &t.credential_ref.name,
-                        ),
-                        model: t.model.clone(),
-                        ..Default::default()
-                    })
-                    .collect(),
+                );
+                RouteStats {
+                    revision: rendering.served.get(&id).map(|s| s.revision),
+                    route: id,
+                    generation: 1,
+                    requests: 100 * round,
+                    attempts: 110 * round,
+                    fallbacks: 3 * round,
+                    failed: round,
+                    targets: r
+                        .spec
+                        .targets
+                        .iter()
+                        .map(|t| TargetStats {
+                            credential: ObjectId::new(
+                                r.metadata.namespace.clone().unwrap(),
+                                &t.credential_ref.name,
+                            ),
+                            model: t.model.clone(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }
             })
             .collect(),
     };

@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use switchback_crds::config::ObjectId;
+use switchback_crds::revision::Revision;
 use switchback_crds::stats::{CircuitState, LastFailure, StatsReport};
 
 const BUCKET_MS: u64 = 10_000;
@@ -88,6 +89,8 @@ pub struct TargetView {
 pub struct RouteView {
     /// Generation served, per replica that serves the route.
     pub generations: BTreeMap<String, i64>,
+    /// Revision served (route, credentials, keys), per replica that reports one.
+    pub revisions: BTreeMap<String, Revision>,
     pub targets: Vec<TargetView>,
     /// Counters over the rolling window.
     pub window: Counters,
@@ -275,6 +278,9 @@ impl Aggregator {
             if let Some(reports) = per_route.get(&id) {
                 for (endpoint, r) in reports {
                     view.generations.insert(endpoint.to_string(), r.generation);
+                    if let Some(revision) = r.revision {
+                        view.revisions.insert(endpoint.to_string(), revision);
+                    }
                 }
                 view.targets = targets(reports);
             }
@@ -405,6 +411,7 @@ mod tests {
             routes: vec![RouteStats {
                 route: id(),
                 generation: 3,
+                revision: Some(revision("00000000000000aa")),
                 requests,
                 attempts: requests * 2,
                 fallbacks: requests / 2,
@@ -417,6 +424,10 @@ mod tests {
                 }],
             }],
         }
+    }
+
+    fn revision(hex: &str) -> Revision {
+        hex.parse().unwrap()
     }
 
     fn ok(endpoint: &str, r: StatsReport) -> Scrape {
@@ -611,6 +622,41 @@ mod tests {
         agg.observe(START + 50_000, &[]);
         agg.retain_routes(kept);
         assert_eq!(agg.snapshot().routes[&id()].totals.requests, 9);
+    }
+
+    #[test]
+    fn each_replica_keeps_the_revision_it_reports() {
+        let mut agg = Aggregator::new(300_000, START);
+        let mut rotated = report("i2", &at(0), 1, CircuitState::Closed);
+        rotated.routes[0].revision = Some(revision("00000000000000bb"));
+        let mut older = report("i3", &at(0), 1, CircuitState::Closed);
+        older.routes[0].revision = None; // a proxy older than the field
+        agg.observe(
+            START + 1_000,
+            &[
+                ok("a", report("i1", &at(0), 1, CircuitState::Closed)),
+                ok("b", rotated),
+                ok("c", older),
+            ],
+        );
+        let view = &agg.snapshot().routes[&id()];
+        assert_eq!(view.generations.len(), 3);
+        assert_eq!(
+            view.revisions,
+            BTreeMap::from([
+                ("a".to_string(), revision("00000000000000aa")),
+                ("b".to_string(), revision("00000000000000bb")),
+            ])
+        );
+        // Once b serves the new revision too, its entry follows.
+        let mut caught_up = report("i1", &at(0), 2, CircuitState::Closed);
+        caught_up.routes[0].revision = Some(revision("00000000000000bb"));
+        agg.observe(START + 2_000, &[ok("a", caught_up)]);
+        let view = &agg.snapshot().routes[&id()];
+        assert_eq!(
+            view.revisions,
+            BTreeMap::from([("a".to_string(), revision("00000000000000bb"))])
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use switchback_crds::compile::{Compiled, Diagnostic, Inputs, Kind, Severity, compile, reason};
 use switchback_crds::config::{CompiledConfig, ObjectId, Route};
 use switchback_crds::delivery::{self, NamespaceConfig};
+use switchback_crds::revision::{Revision, Revisions};
 
 /// What a route is served as in the rendered config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,6 +25,9 @@ pub struct Served {
     pub last_good: bool,
     /// Targets in the rendered route.
     pub targets: usize,
+    /// The route with its credentials and keys as rendered: what a proxy reports once
+    /// it serves this very content, credential edits and rotated keys included.
+    pub revision: Revision,
 }
 
 /// The outcome of one render.
@@ -65,19 +69,8 @@ pub fn is_reference_reason(reason: &str) -> bool {
 pub fn render(inputs: &Inputs<'_>, previous: &BTreeMap<String, CompiledConfig>) -> Rendering {
     let compiled = compile(inputs);
     let mut routes: Vec<Route> = compiled.config.routes.clone();
-    let mut served: BTreeMap<ObjectId, Served> = routes
-        .iter()
-        .map(|r| {
-            (
-                r.id.clone(),
-                Served {
-                    generation: r.generation,
-                    last_good: false,
-                    targets: r.targets.len(),
-                },
-            )
-        })
-        .collect();
+    let current: BTreeSet<&ObjectId> = compiled.config.routes.iter().map(|r| &r.id).collect();
+    let mut last_good: BTreeSet<ObjectId> = BTreeSet::new();
 
     // Last good versions, for routes rejected on references only.
     let credentials: BTreeSet<&ObjectId> =
@@ -93,7 +86,7 @@ pub fn render(inputs: &Inputs<'_>, previous: &BTreeMap<String, CompiledConfig>) 
         *only_refs &= is_reference_reason(d.reason);
     }
     for (id, only_refs) in rejected {
-        if !only_refs || served.contains_key(id) {
+        if !only_refs || current.contains(id) {
             continue;
         }
         let Some(old) = previous
@@ -109,14 +102,7 @@ pub fn render(inputs: &Inputs<'_>, previous: &BTreeMap<String, CompiledConfig>) 
             && old.models.iter().all(|m| !claimed.contains(m));
         if usable {
             claimed.extend(old.models.iter().cloned());
-            served.insert(
-                id.clone(),
-                Served {
-                    generation: old.generation,
-                    last_good: true,
-                    targets: old.targets.len(),
-                },
-            );
+            last_good.insert(id.clone());
             routes.push(old.clone());
         }
     }
@@ -130,6 +116,21 @@ pub fn render(inputs: &Inputs<'_>, previous: &BTreeMap<String, CompiledConfig>) 
         keys: compiled.keys.clone(),
         diagnostics: Vec::new(),
     };
+    let revisions = Revisions::new(&with_last_good.config, &with_last_good.keys);
+    let served = with_last_good
+        .config
+        .routes
+        .iter()
+        .map(|r| {
+            let served = Served {
+                generation: r.generation,
+                last_good: last_good.contains(&r.id),
+                targets: r.targets.len(),
+                revision: revisions.route(r),
+            };
+            (r.id.clone(), served)
+        })
+        .collect();
     Rendering {
         namespaces: delivery::split(&with_last_good),
         compiled,
@@ -191,13 +192,55 @@ mod tests {
         let a = &r.namespaces["team-a"];
         assert_eq!(a.config.routes[0].generation, 2);
         assert_eq!(a.keys.0.len(), 1);
+        let s = r.served[&ObjectId::new("team-a", "smart")];
+        assert_eq!((s.generation, s.last_good, s.targets), (2, false, 1));
+    }
+
+    #[test]
+    fn the_revision_follows_the_credentials_and_keys_a_route_uses() {
+        let id = ObjectId::new("team-a", "smart");
+        let revision = |base_url: &str, key: &str, other_key: &str| {
+            let mut openai = credential("team-a", "openai", "keys", "openai");
+            openai.spec.base_url = Some(base_url.into());
+            let r = inputs_render(
+                &[
+                    route("team-a", "smart", 1, &["openai"]),
+                    route("team-a", "other", 1, &["other"]),
+                ],
+                &[openai, credential("team-a", "other", "keys", "other")],
+                &[secret(
+                    "team-a",
+                    "keys",
+                    &[("openai", key), ("other", other_key)],
+                )],
+                &BTreeMap::new(),
+            );
+            // What the proxy computes from the delivered objects: the same.
+            let part = &r.namespaces["team-a"];
+            let smart = part.config.routes.iter().find(|r| r.id == id).unwrap();
+            assert_eq!(
+                Revisions::new(&part.config, &part.keys).route(smart),
+                r.served[&id].revision
+            );
+            r.served[&id].revision
+        };
+        let before = revision("https://api.openai.com/v1", "sk-a", "sk-o");
         assert_eq!(
-            r.served[&ObjectId::new("team-a", "smart")],
-            Served {
-                generation: 2,
-                last_good: false,
-                targets: 1
-            }
+            revision("https://api.openai.com/v1", "sk-a", "sk-o"),
+            before
+        );
+        assert_ne!(
+            revision("https://api.openai.com/v1", "sk-b", "sk-o"),
+            before
+        );
+        assert_ne!(
+            revision("https://gateway.example/v1", "sk-a", "sk-o"),
+            before
+        );
+        assert_eq!(
+            revision("https://api.openai.com/v1", "sk-a", "sk-other"),
+            before,
+            "a key another route uses"
         );
     }
 
@@ -230,14 +273,9 @@ mod tests {
             &previous_of(&v1),
         );
         let id = ObjectId::new("team-a", "smart");
-        assert_eq!(
-            v2.served[&id],
-            Served {
-                generation: 1,
-                last_good: true,
-                targets: 1
-            }
-        );
+        let s = v2.served[&id];
+        assert_eq!((s.generation, s.last_good, s.targets), (1, true, 1));
+        assert_eq!(s.revision, v1.served[&id].revision);
         assert_eq!(
             v2.namespaces["team-a"].config,
             v1.namespaces["team-a"].config

@@ -31,9 +31,11 @@ pub mod reasons {
     pub const ACCEPTED: &str = "Accepted";
     /// ResolvedRefs=True.
     pub const RESOLVED_REFS: &str = "ResolvedRefs";
-    /// Programmed=True: every ready proxy replica serves observedGeneration.
+    /// Programmed=True: every ready proxy replica serves observedGeneration, with the
+    /// credentials and keys rendered now (the route's revision).
     pub const PROGRAMMED: &str = "Programmed";
-    /// Programmed=False: rendered, not yet served by every ready replica.
+    /// Programmed=False: rendered, not yet served by every ready replica (another
+    /// generation, or this one with an older credential or key).
     pub const PENDING: &str = "Pending";
     /// Programmed=False: no ready proxy replica was found to serve it.
     pub const NO_READY_REPLICAS: &str = "NoReadyReplicas";
@@ -298,20 +300,33 @@ fn programmed(
             "no ready proxy replica found to serve the route".into(),
         );
     }
+    // The generation alone misses credential edits and rotated keys: the revision
+    // covers them (see `switchback_crds::revision`).
+    let revision = served.revision;
     let mut behind = Vec::new();
     for replica in &f.proxies.replicas {
-        let serves = view.and_then(|v| v.generations.get(&replica.endpoint));
-        match (&replica.error, serves) {
-            (Some(e), _) => behind.push(format!("{}: not scraped: {e}", replica.endpoint)),
-            (None, Some(g)) if *g == wanted => {}
-            (None, got) => {
+        let endpoint = &replica.endpoint;
+        let generation = view.and_then(|v| v.generations.get(endpoint));
+        let serves = view.and_then(|v| v.revisions.get(endpoint));
+        let refused = replica
+            .config_error
+            .as_deref()
+            .map(|e| format!(" (it refused the last config: {e})"))
+            .unwrap_or_default();
+        match (&replica.error, generation, serves) {
+            (Some(e), _, _) => behind.push(format!("{endpoint}: not scraped: {e}")),
+            (None, Some(g), Some(r)) if *g == wanted && *r == revision => {}
+            (None, Some(g), Some(r)) if *g == wanted => behind.push(format!(
+                "{endpoint} serves generation {g} at revision {r}, not {revision} \
+                 (a credential or key it uses changed){refused}"
+            )),
+            (None, Some(g), None) if *g == wanted => behind.push(format!(
+                "{endpoint} serves generation {g} but reports no revision \
+                 (a proxy older than this operator){refused}"
+            )),
+            (None, got, _) => {
                 let got = got.map_or("no generation".to_string(), |g| format!("generation {g}"));
-                let refused = replica
-                    .config_error
-                    .as_deref()
-                    .map(|e| format!(" (it refused the last config: {e})"))
-                    .unwrap_or_default();
-                behind.push(format!("{} serves {got}{refused}", replica.endpoint));
+                behind.push(format!("{endpoint} serves {got}{refused}"));
             }
         }
     }
@@ -319,14 +334,17 @@ fn programmed(
         (
             true,
             reasons::PROGRAMMED,
-            format!("all {total} ready proxy replicas serve generation {wanted}"),
+            format!(
+                "all {total} ready proxy replicas serve generation {wanted} at revision {revision}"
+            ),
         )
     } else {
         (
             false,
             reasons::PENDING,
             format!(
-                "{} of {total} ready proxy replicas serve generation {wanted}; {}",
+                "{} of {total} ready proxy replicas serve generation {wanted} at revision \
+                 {revision}; {}",
                 total - behind.len(),
                 behind.join("; ")
             ),
@@ -448,6 +466,7 @@ mod tests {
     use crate::fixtures::{route, time};
     use switchback_crds::compile::Kind;
     use switchback_crds::config::ObjectId;
+    use switchback_crds::revision::Revision;
 
     fn diag(reason: &'static str, severity: Severity) -> Diagnostic {
         Diagnostic {
@@ -460,10 +479,19 @@ mod tests {
         }
     }
 
+    /// The revision the rendered route has in these tests.
+    const REVISION: &str = "00000000000000aa";
+
+    fn revision(hex: &str) -> Revision {
+        hex.parse().unwrap()
+    }
+
+    /// Replicas serving these generations, every one at [`REVISION`].
     fn replicas(generations: &[(&str, i64)]) -> Snapshot {
         let mut view = RouteView::default();
         for (e, g) in generations {
             view.generations.insert(e.to_string(), *g);
+            view.revisions.insert(e.to_string(), revision(REVISION));
         }
         view.targets.push(TargetView {
             credential: ObjectId::new("team-a", "openai"),
@@ -493,6 +521,7 @@ mod tests {
             generation,
             last_good: false,
             targets: 1,
+            revision: revision(REVISION),
         })
     }
 
@@ -541,6 +570,68 @@ mod tests {
     }
 
     #[test]
+    fn the_right_generation_at_an_older_revision_is_not_programmed() {
+        let r = route("team-a", "smart", 4, &["openai"]);
+        let mut proxies = replicas(&[("127.0.0.1:9090", 4), ("127.0.0.1:9091", 4)]);
+        // 9091 still serves the key (or credential) from before the change.
+        let view = proxies.routes.values_mut().next().unwrap();
+        view.revisions
+            .insert("127.0.0.1:9091".into(), revision("00000000000000bb"));
+        let facts = RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(4),
+            proxies: &proxies,
+            seed: TotalStats::default(),
+            now: time(10),
+        };
+        let s = route_status(&facts);
+        let p = get(&s, types::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("False", reasons::PENDING)
+        );
+        assert_eq!(p.observed_generation, Some(4));
+        assert_eq!(
+            p.message,
+            "1 of 2 ready proxy replicas serve generation 4 at revision 00000000000000aa; \
+             127.0.0.1:9091 serves generation 4 at revision 00000000000000bb, not \
+             00000000000000aa (a credential or key it uses changed)"
+        );
+
+        // A proxy that reports no revision at all cannot be shown to serve it.
+        let mut older = replicas(&[("127.0.0.1:9090", 4)]);
+        older.routes.values_mut().next().unwrap().revisions.clear();
+        let s = route_status(&RouteFacts {
+            proxies: &older,
+            ..facts
+        });
+        let p = get(&s, types::PROGRAMMED);
+        assert_eq!(p.status, "False");
+        assert!(p.message.contains("reports no revision"), "{}", p.message);
+
+        // Once it serves the rendered revision: Programmed.
+        let caught_up = replicas(&[("127.0.0.1:9090", 4), ("127.0.0.1:9091", 4)]);
+        let s = route_status(&RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(4),
+            proxies: &caught_up,
+            seed: TotalStats::default(),
+            now: time(20),
+        });
+        let p = get(&s, types::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.observed_generation),
+            ("True", Some(4))
+        );
+        assert_eq!(
+            p.message,
+            "all 2 ready proxy replicas serve generation 4 at revision 00000000000000aa"
+        );
+    }
+
+    #[test]
     fn no_replicas_is_not_programmed() {
         let r = route("team-a", "smart", 1, &["openai"]);
         let s = route_status(&RouteFacts {
@@ -569,6 +660,7 @@ mod tests {
                 generation: 4,
                 last_good: true,
                 targets: 1,
+                revision: revision(REVISION),
             }),
             proxies: &proxies,
             seed: TotalStats::default(),

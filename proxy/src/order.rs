@@ -121,6 +121,7 @@ pub(crate) mod tests {
                 timeout_ms: 1000,
             },
             route_header: HeaderValue::from_static("ns/r"),
+            revision: Default::default(),
             counters: Default::default(),
             targets: targets
                 .into_iter()

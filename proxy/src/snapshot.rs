@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use switchback_crds::compile::Compiled;
 use switchback_crds::config::{CompiledConfig, Credential, ObjectId, Provider, Route, Target};
+use switchback_crds::revision::{Revision, Revisions};
 
 use crate::circuit::Breaker;
 use crate::limit::Limiter;
@@ -148,6 +149,9 @@ pub struct TargetRt {
 #[derive(Debug)]
 pub struct RouteRt {
     pub spec: Route,
+    /// Digest of the route, its credentials and keys as served, reported in
+    /// `/admin/v1/stats` so the operator sees credential and key changes arrive.
+    pub revision: Revision,
     pub route_header: HeaderValue,
     pub targets: Vec<TargetRt>,
     pub counters: Arc<RouteCounters>,
@@ -221,6 +225,7 @@ pub fn prepare(
     }
     let mut routes = HashMap::new();
     let mut route_list = Vec::new();
+    let revisions = Revisions::new(&compiled.config, &compiled.keys);
     for r in &compiled.config.routes {
         let mut targets = Vec::with_capacity(r.targets.len());
         for (index, t) in r.targets.iter().enumerate() {
@@ -247,6 +252,7 @@ pub fn prepare(
         let route = Arc::new(RouteRt {
             counters: carried(&mut maps.routes, r.id.clone()),
             route_header: header_value(&r.id.to_string()),
+            revision: revisions.route(r),
             spec: r.clone(),
             targets,
         });

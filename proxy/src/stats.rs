@@ -262,6 +262,7 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
         .map(|r| doc::RouteStats {
             route: r.spec.id.clone(),
             generation: r.spec.generation,
+            revision: Some(r.revision),
             requests: get(&r.counters.requests),
             attempts: get(&r.counters.attempts),
             fallbacks: get(&r.counters.fallbacks),

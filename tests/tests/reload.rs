@@ -1,10 +1,11 @@
 //! Standalone reloads: a good edit is served, in-flight requests finish on the config
 //! they started with, a bad edit keeps the last good config and reports file, line
-//! and field, and a rotated Secret's new key is used. Real clock: these wait on the
-//! file watcher.
+//! and field, and a rotated Secret's new key is used (and changes the route's
+//! revision in `/admin/v1/stats`). Real clock: these wait on the file watcher.
 
 use std::time::Duration;
 
+use switchback_crds::revision::Revisions;
 use switchback_tests::harness::{TestProxy, credential, header, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 
@@ -169,6 +170,58 @@ async fn a_rotated_secret_is_used_for_the_next_request() {
         primary.received().last().unwrap().header("authorization") == Some("Bearer sk-new")
     })
     .await;
+}
+
+/// The revision `/admin/v1/stats` reports for the one route.
+async fn revision(proxy: &TestProxy) -> String {
+    let stats: serde_json::Value = proxy
+        .http
+        .get(proxy.admin_url("/admin/v1/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    stats["routes"][0]["revision"].as_str().unwrap().to_string()
+}
+
+/// The revision the operator would expect: the same function over the same manifests.
+fn expected(proxy: &TestProxy) -> String {
+    let (compiled, _) = switchback_proxy::reload::compile_manifests(&proxy.manifest).unwrap();
+    Revisions::new(&compiled.config, &compiled.keys)
+        .route(&compiled.config.routes[0])
+        .to_string()
+}
+
+#[tokio::test]
+async fn stats_report_the_revision_served_which_a_key_rotation_changes() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-old", "")).await;
+    let first = revision(&proxy).await;
+    assert_eq!(first, expected(&proxy));
+
+    // Same route, same generation, new key: only the revision tells.
+    proxy.rewrite(&manifests(&primary, &backup, "primary", "sk-new", ""));
+    eventually("the rotated key's revision is reported", || async {
+        revision(&proxy).await != first
+    })
+    .await;
+    assert_eq!(revision(&proxy).await, expected(&proxy));
+
+    // A key the route does not use (backup's) reloads without changing it.
+    let rotated = revision(&proxy).await;
+    let loaded = proxy.admin_config().await["load"]["generation"]
+        .as_u64()
+        .unwrap();
+    let unrelated = manifests(&primary, &backup, "primary", "sk-new", "")
+        .replace("apiKey: sk-backup", "apiKey: sk-backup-2");
+    proxy.rewrite(&unrelated);
+    eventually("the unrelated edit is loaded", || async {
+        proxy.admin_config().await["load"]["generation"].as_u64() > Some(loaded)
+    })
+    .await;
+    assert_eq!(revision(&proxy).await, rotated);
 }
 
 #[tokio::test]
