@@ -1,10 +1,11 @@
 //! `switchback-operator` as a library: the binary, its tests and the benchmark share
-//! these modules. Pure parts (`render`, `status`, `aggregate`, `budget`) do no IO;
+//! these modules. Pure parts (`render`, `status`, `aggregate`, `budget`, `circuit_events`) do no IO;
 //! `controller` wires them to the API server, `scrape` to the proxies, `leader` to a
 //! Lease and `metrics` to Prometheus. Nothing here touches global state.
 
 pub mod aggregate;
 pub mod budget;
+pub mod circuit_events;
 pub mod cli;
 pub mod controller;
 pub mod leader;
