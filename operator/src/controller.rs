@@ -34,13 +34,14 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::{CompiledConfig, ObjectId};
-use switchback_crds::delivery::{self, DeliveryError};
+use switchback_crds::delivery::{self, DeliveryError, NamespaceConfig};
 use switchback_crds::route::TotalStats;
 use switchback_crds::{LLMRoute, ProviderCredential};
 use tokio::sync::{Notify, mpsc};
 
 use crate::aggregate::{Aggregator, Snapshot};
 use crate::budget::{Permit, StatusBudget};
+use crate::circuit_events::CircuitEvents;
 use crate::metrics::{
     ControllerLabels, ErrorLabels, Health, KindLabels, Metrics, ReasonLabels, ResultLabels,
 };
@@ -57,8 +58,13 @@ pub const FINALIZER: &str = "switchback.dev/credential-in-use";
 const RESYNC: Duration = Duration::from_secs(300);
 /// Quiet time collecting changes before one delivery.
 const DEBOUNCE: Duration = Duration::from_millis(50);
-/// Minimum time between two circuit Events for one target.
-const CIRCUIT_EVENT_EVERY: Duration = Duration::from_secs(60);
+/// Namespaces whose rendered objects are written at once.
+const DELIVERY_WRITERS: usize = 8;
+/// Longest a status write waits for a route's delivery and its loading by the
+/// proxies (see `held`).
+const HOLD: Duration = Duration::from_secs(5);
+/// How often a held route looks again.
+const HOLD_RECHECK: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -121,6 +127,11 @@ pub struct World {
     pub rendering: Rendering,
     route_digests: HashMap<ObjectId, u64>,
     credential_digests: HashMap<ObjectId, u64>,
+    /// When each route's `Served` (generation and revision) was first delivered, to
+    /// tell how long the proxies have had to load it.
+    served_since: HashMap<ObjectId, tokio::time::Instant>,
+    /// The generation of each LLMRoute this rendering was computed from.
+    generations: HashMap<ObjectId, i64>,
 }
 
 impl World {
@@ -147,6 +158,8 @@ impl World {
             .iter()
             .map(|r| {
                 let id = object_id(r);
+                // `Served` carries the revision: a credential edit or a rotated key
+                // alone re-queues the routes using it, so Programmed is recomputed.
                 let served = rendering.served.get(&id).copied();
                 let d = digest(Kind::LLMRoute, &id, &|h| served.hash(h));
                 (id, d)
@@ -166,7 +179,30 @@ impl World {
             rendering,
             route_digests,
             credential_digests,
+            served_since: HashMap::new(),
+            generations: routes
+                .iter()
+                .map(|r| (object_id(r), r.metadata.generation.unwrap_or(0)))
+                .collect(),
         }
+    }
+
+    /// Dates each route's `Served`: kept from `old` when unchanged, else `now`.
+    pub fn dated(mut self, old: Option<&World>, now: tokio::time::Instant) -> Self {
+        self.served_since = self
+            .rendering
+            .served
+            .iter()
+            .map(|(id, served)| {
+                let kept = old.and_then(|o| {
+                    (o.rendering.served.get(id) == Some(served))
+                        .then(|| o.served_since.get(id).copied())
+                        .flatten()
+                });
+                (id.clone(), kept.unwrap_or(now))
+            })
+            .collect();
+        self
     }
 
     /// Objects whose facts differ from `old`.
@@ -217,6 +253,9 @@ pub struct Context {
     pub triggers: Triggers,
     pub world: RwLock<Option<Arc<World>>>,
     pub proxies: RwLock<Arc<Snapshot>>,
+    /// Routes whose status write is held until their generation is rendered: the
+    /// generation and when it was first seen unrendered.
+    unrendered: Mutex<HashMap<ObjectId, (i64, tokio::time::Instant)>>,
     pub budget: Mutex<StatusBudget>,
     /// `status.totals` found when this process first saw each route.
     seeds: Mutex<HashMap<ObjectId, TotalStats>>,
@@ -249,6 +288,7 @@ impl Context {
             triggers,
             world: RwLock::new(None),
             proxies: RwLock::new(Arc::new(Snapshot::default())),
+            unrendered: Mutex::new(HashMap::new()),
             budget: Mutex::new(budget),
             seeds: Mutex::new(HashMap::new()),
             secret_cache: Mutex::new(HashMap::new()),
@@ -392,29 +432,19 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), gw);
     let keys: Api<KubeSecret> = Api::namespaced(ctx.client.clone(), gw);
     let apply = PatchParams::apply(MANAGER).force();
-    for (ns, part) in &rendering.namespaces {
-        // Keys first: a config never arrives before the keys it needs.
-        let secret = delivery::keys_secret(gw, ns, &part.keys)?;
-        let name = delivery::keys_name(ns);
-        let current = ctx
-            .stores
-            .rendered_secrets
-            .get(&ObjectRef::new(&name).within(gw));
-        if current.is_none_or(|c| c.data != secret.data || !has_labels(&*c, &secret)) {
-            keys.patch(&name, &apply, &Patch::Apply(&secret)).await?;
-            ctx.wrote(&ctx.metrics.config_writes, "Secret");
-        }
-        let map = delivery::config_map(gw, ns, &part.config)?;
-        let name = delivery::routes_name(ns);
-        let current = ctx
-            .stores
-            .rendered_maps
-            .get(&ObjectRef::new(&name).within(gw));
-        if current.is_none_or(|c| c.data != map.data || !has_labels(&*c, &map)) {
-            maps.patch(&name, &apply, &Patch::Apply(&map)).await?;
-            ctx.wrote(&ctx.metrics.config_writes, "ConfigMap");
-        }
+    // Namespaces are written concurrently (a bulk apply touches every one of them
+    // in each delivery); within one, keys first: a config never arrives before the
+    // keys it needs.
+    let writes: Vec<_> = rendering
+        .namespaces
+        .iter()
+        .map(|(ns, part)| write_namespace(ctx, &maps, &keys, &apply, ns, part))
+        .collect();
+    let mut writes = futures_util::stream::iter(writes).buffer_unordered(DELIVERY_WRITERS);
+    while let Some(written) = writes.next().await {
+        written?;
     }
+    drop(writes);
     let stale = |name: &str, prefix: &'static str| {
         delivery::source_namespace(name, prefix)
             .map(|ns| !rendering.namespaces.contains_key(ns))
@@ -435,7 +465,9 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         }
     }
 
-    let world = Arc::new(World::new(rendering, &routes, &credentials));
+    let world = World::new(rendering, &routes, &credentials)
+        .dated(ctx.world().as_deref(), tokio::time::Instant::now());
+    let world = Arc::new(world);
     let old = ctx
         .world
         .write()
@@ -455,6 +487,40 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
                 .credentials
                 .send(ObjectRef::new(&id.name).within(&id.namespace));
         }
+    }
+    Ok(())
+}
+
+/// Writes one namespace's rendered keys Secret, then its ConfigMap, each only when it
+/// differs from what the cache holds.
+async fn write_namespace(
+    ctx: &Context,
+    maps: &Api<ConfigMap>,
+    keys: &Api<KubeSecret>,
+    apply: &PatchParams,
+    ns: &str,
+    part: &NamespaceConfig,
+) -> Result<(), Error> {
+    let gw = &ctx.settings.gateway_namespace;
+    let secret = delivery::keys_secret(gw, ns, &part.keys)?;
+    let name = delivery::keys_name(ns);
+    let current = ctx
+        .stores
+        .rendered_secrets
+        .get(&ObjectRef::new(&name).within(gw));
+    if current.is_none_or(|c| c.data != secret.data || !has_labels(&*c, &secret)) {
+        keys.patch(&name, apply, &Patch::Apply(&secret)).await?;
+        ctx.wrote(&ctx.metrics.config_writes, "Secret");
+    }
+    let map = delivery::config_map(gw, ns, &part.config)?;
+    let name = delivery::routes_name(ns);
+    let current = ctx
+        .stores
+        .rendered_maps
+        .get(&ObjectRef::new(&name).within(gw));
+    if current.is_none_or(|c| c.data != map.data || !has_labels(&*c, &map)) {
+        maps.patch(&name, apply, &Patch::Apply(&map)).await?;
+        ctx.wrote(&ctx.metrics.config_writes, "ConfigMap");
     }
     Ok(())
 }
@@ -526,13 +592,69 @@ pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<
     if desired == current {
         return Ok(Action::requeue(RESYNC));
     }
+    if let Some(wait) = held(&ctx, &world, &route, &id, &desired) {
+        return Ok(Action::requeue(wait));
+    }
     let urgent = !status::only_traffic_changed(&current, &desired);
     if let Permit::Wait(wait) = ctx.permit(&format!("LLMRoute/{id}"), urgent) {
         return Ok(Action::requeue(wait));
     }
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        // Which top-level status fields this write changes: why a route is written.
+        let (c, d) = (json!(current), json!(desired));
+        let changed: Vec<&String> = d
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, v)| c.get(k.as_str()) != Some(v))
+            .map(|(k, _)| k)
+            .collect();
+        tracing::debug!(route = %id, ?changed, "writing status");
+    }
     let api: Api<LLMRoute> = Api::namespaced(ctx.client.clone(), &ns);
     apply_status(&ctx, &api, &route.name_any(), "LLMRoute", &desired).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// Whether to hold a status write that would only say "not there yet": the route's
+/// generation is not rendered yet (a delivery is on its way: it re-queues the route),
+/// or it is rendered and the proxies have not loaded it yet (`Programmed=Pending`;
+/// the scrape that sees it served re-queues the route). Either is most likely over
+/// within a second, and writing it would cost a second write moments later: a bulk
+/// apply would need two or three writes per route instead of one. A hold lasts at
+/// most [`HOLD`] from when the content was first seen, so a stalled delivery or
+/// proxy never hides a route's conditions for long. Returns when to look again.
+fn held(
+    ctx: &Context,
+    world: &World,
+    route: &LLMRoute,
+    id: &ObjectId,
+    desired: &switchback_crds::route::LLMRouteStatus,
+) -> Option<Duration> {
+    let now = tokio::time::Instant::now();
+    let generation = route.metadata.generation.unwrap_or(0);
+    let since = if world.generations.get(id) != Some(&generation) {
+        let mut first = ctx.unrendered.lock().unwrap_or_else(|p| p.into_inner());
+        let at = first.entry(id.clone()).or_insert((generation, now));
+        if at.0 != generation {
+            *at = (generation, now);
+        }
+        at.1
+    } else {
+        ctx.unrendered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        let pending = desired
+            .conditions
+            .iter()
+            .any(|c| c.type_ == status::types::PROGRAMMED && c.reason == status::reasons::PENDING);
+        if !pending {
+            return None;
+        }
+        *world.served_since.get(id)?
+    };
+    (now.saturating_duration_since(since) < HOLD).then_some(HOLD_RECHECK)
 }
 
 /// Server-side apply of a computed status (the operator owns every status field),
@@ -657,7 +779,14 @@ pub async fn reconcile_credential(
     if credential.status.as_ref() == Some(&desired) {
         return Ok(requeue);
     }
-    if let Permit::Wait(wait) = ctx.permit(&format!("ProviderCredential/{id}"), true) {
+    // The count of routes using it is a fact that moves with every route applied: on
+    // its own it waits for the per-object interval, as traffic facts do.
+    let urgent = deleting
+        || credential.status.as_ref().is_none_or(|s| {
+            s.conditions != desired.conditions
+                || s.observed_generation != desired.observed_generation
+        });
+    if let Permit::Wait(wait) = ctx.permit(&format!("ProviderCredential/{id}"), urgent) {
         return Ok(Action::requeue(wait));
     }
     apply_status(&ctx, &api, &name, "ProviderCredential", &desired).await?;
@@ -715,7 +844,7 @@ pub struct ScrapeOptions {
 }
 
 /// Scrapes the proxies forever: aggregate, queue routes whose facts changed, publish
-/// circuit Events (at most one per target per minute).
+/// circuit Events (as `circuit_events` decides: every change, flapping held back).
 pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     let http = match reqwest::Client::builder().no_proxy().build() {
         Ok(h) => h,
@@ -726,8 +855,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     };
     let started = Timestamp::now().as_millisecond() as u64;
     let mut agg = Aggregator::new(opts.window.as_millis() as u64, started);
-    let mut last_event: HashMap<(ObjectId, ObjectId, Option<String>), tokio::time::Instant> =
-        HashMap::new();
+    let mut events = CircuitEvents::default();
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -765,6 +893,10 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|id, _| exists(id));
+            ctx.unrendered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|id, _| exists(id));
         }
         let after = Arc::new(agg.snapshot().clone());
         *ctx.proxies.write().unwrap_or_else(|p| p.into_inner()) = after.clone();
@@ -776,14 +908,15 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 let _ = ctx.triggers.routes.send(ObjectRef::from_obj(&*route));
             }
         }
-        // Past the minute an entry only remembers a target that may be long gone.
-        let now = tokio::time::Instant::now();
-        last_event.retain(|_, at| now.duration_since(*at) < CIRCUIT_EVENT_EVERY);
-        for t in transitions {
-            let key = (t.route.clone(), t.credential.clone(), t.model.clone());
-            if last_event.contains_key(&key) {
-                continue;
-            }
+        if ctx.stores.synced.is_synced() {
+            events.retain_routes(|id| {
+                ctx.stores
+                    .routes
+                    .get(&ObjectRef::new(&id.name).within(&id.namespace))
+                    .is_some()
+            });
+        }
+        for t in events.observe(tokio::time::Instant::now(), transitions) {
             let Some(route) = ctx
                 .stores
                 .routes
@@ -791,7 +924,6 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
             else {
                 continue;
             };
-            last_event.insert(key, now);
             let target = match &t.model {
                 Some(m) => format!("{} (model {m})", t.credential.name),
                 None => t.credential.name.clone(),

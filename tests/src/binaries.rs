@@ -42,7 +42,8 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `bin` with `args`, logging at info, with these extra environment
+    /// Starts `bin` with `args`, logging at info (or `SWITCHBACK_TEST_LOG`, a
+    /// `SWITCHBACK_LOG` filter for every child of a test run), with these extra environment
     /// variables; its output goes to `log` (appended) or, without one, to ours.
     pub fn spawn(
         name: &'static str,
@@ -53,7 +54,10 @@ impl Process {
     ) -> Process {
         let mut cmd = Command::new(bin);
         cmd.args(args)
-            .env("SWITCHBACK_LOG", "info")
+            .env(
+                "SWITCHBACK_LOG",
+                std::env::var("SWITCHBACK_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(env.iter().copied())
             .stdin(Stdio::null());
         if let Some(log) = log {

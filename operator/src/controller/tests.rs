@@ -211,6 +211,49 @@ async fn delivery_queues_the_users_of_a_changed_secret() {
 }
 
 #[tokio::test]
+async fn delivery_queues_the_users_of_a_rotated_key() {
+    let mut t = Context::test();
+    let routes = [route("team-a", "smart", 1, &["openai"])];
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    world_for(
+        &t.ctx,
+        &routes,
+        &creds,
+        &[secret("team-a", "keys", &[("openai", "sk-old")])],
+    );
+    // Same objects, same generations and diagnostics; only the key is new.
+    let mut rotated = secret("team-a", "keys", &[("openai", "sk-new")]);
+    rotated.metadata.resource_version = Some("2".into());
+    t.caches.add_route(routes[0].clone());
+    t.caches.add_credential(creds[0].clone());
+    t.caches.add_secret(&rotated);
+    let server = t.api.run(vec![
+        Expect::new(Method::GET, "/api/v1/namespaces/team-a/secrets/keys", {
+            let rotated = rotated.clone();
+            move |_| (200, serde_json::to_value(&rotated).unwrap())
+        }),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a{SSA}"),
+            echo,
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a{SSA}"),
+            echo,
+        ),
+    ]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+    let queued = t.route_triggers.try_recv().expect("the route is queued");
+    assert_eq!(queued.name, "smart");
+    assert!(
+        t.credential_triggers.try_recv().is_err(),
+        "the credential's own facts did not change"
+    );
+}
+
+#[tokio::test]
 async fn route_status_goes_to_the_status_subresource_by_server_side_apply() {
     let t = Context::test();
     let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
@@ -272,6 +315,80 @@ async fn an_unchanged_route_status_is_not_written() {
     quick(reconcile_route(Arc::new(r), t.ctx.clone()))
         .await
         .unwrap();
+}
+
+/// A route status PATCH whose Programmed condition has `reason`.
+fn programmed_patch(r: &LLMRoute, reason: &'static str) -> Expect {
+    let answer = serde_json::to_value(r).unwrap();
+    Expect::new(
+        Method::PATCH,
+        format!("/apis/switchback.dev/v1alpha1/namespaces/team-a/llmroutes/smart/status{SSA}"),
+        move |body| {
+            assert_eq!(
+                body.as_ref().unwrap()["status"]["conditions"][2]["reason"],
+                reason
+            );
+            with_status(&answer, body)
+        },
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_route_not_rendered_yet_is_held_then_written_after_the_hold() {
+    let t = Context::test();
+    let r = route("team-a", "smart", 3, &["openai"]);
+    // The last delivery predates the route: its status would say nothing yet.
+    world_for(&t.ctx, &[], &[], &[]);
+    // No API call may happen (nothing answers one: `quick` would fail).
+    let action = quick(reconcile_route(Arc::new(r.clone()), t.ctx.clone()))
+        .await
+        .unwrap();
+    assert_eq!(action, Action::requeue(HOLD_RECHECK));
+    // A delivery that never comes does not hide the route's status for long.
+    tokio::time::advance(HOLD).await;
+    let server = t.api.run(vec![programmed_patch(&r, "NotRendered")]);
+    quick(reconcile_route(Arc::new(r), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pending_route_is_held_until_the_proxies_serve_it_or_the_hold_ends() {
+    let t = Context::test();
+    let r = route("team-a", "smart", 3, &["openai"]);
+    let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    let rendering = render(
+        &Inputs {
+            routes: std::slice::from_ref(&r),
+            credentials: &creds,
+            secrets: &[keys],
+        },
+        &BTreeMap::new(),
+    );
+    let world = World::new(rendering, std::slice::from_ref(&r), &creds)
+        .dated(None, tokio::time::Instant::now());
+    *t.ctx.world.write().unwrap() = Some(Arc::new(world));
+    // One ready replica that does not serve the route yet: Programmed=Pending.
+    *t.ctx.proxies.write().unwrap() = Arc::new(Snapshot {
+        replicas: vec![crate::aggregate::Replica {
+            endpoint: "127.0.0.1:9090".into(),
+            error: None,
+            config_error: None,
+        }],
+        ..Snapshot::default()
+    });
+    let action = quick(reconcile_route(Arc::new(r.clone()), t.ctx.clone()))
+        .await
+        .unwrap();
+    assert_eq!(action, Action::requeue(HOLD_RECHECK));
+    tokio::time::advance(HOLD).await;
+    let server = t.api.run(vec![programmed_patch(&r, "Pending")]);
+    quick(reconcile_route(Arc::new(r), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
 }
 
 #[tokio::test]
