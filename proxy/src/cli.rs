@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
@@ -59,6 +60,46 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_MAX_BODY_BYTES", value_name = "BYTES", default_value_t = 32 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Time a client has from a request's first byte to the end of its headers; past
+    /// it the connection is closed.
+    #[arg(long, env = "SWITCHBACK_HEADER_READ_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Time a client has from the end of the headers to the end of the request body;
+    /// past it the answer is 408.
+    #[arg(long, env = "SWITCHBACK_BODY_READ_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_read_timeout: Duration,
+
+    /// A keep-alive client connection with no request in progress is closed after this long.
+    #[arg(long, env = "SWITCHBACK_IDLE_TIMEOUT", value_name = "DURATION", default_value = "90s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Open client connections on the data port; past it new connections wait in the
+    /// kernel's accept queue until one closes.
+    #[arg(long, env = "SWITCHBACK_MAX_CONNECTIONS", value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Request body bytes held in memory at once, all requests together; a request
+    /// whose body does not fit gets 503 `overloaded` with `Retry-After: 1`.
+    #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_BODY_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub max_inflight_body_bytes: usize,
+
+    /// On SIGTERM/SIGINT, /readyz turns 503 at once, and the data port keeps accepting
+    /// for this long (for endpoints to notice) before it stops.
+    #[arg(long, env = "SWITCHBACK_DRAIN_DELAY", value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub drain_delay: Duration,
+
+    /// After the drain delay, the time requests in flight have to finish; streams still
+    /// open then are ended with the error event, and the process exits 0.
+    #[arg(long, env = "SWITCHBACK_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Serve a manifest set with no LLMRoute at all. Without it such a load is refused
+    /// like any broken edit (at start the proxy does not start; on reload the last good
+    /// config keeps serving).
+    #[arg(long, env = "SWITCHBACK_ALLOW_EMPTY_CONFIG")]
+    pub allow_empty_config: bool,
+
     /// OpenTelemetry: send traces over OTLP/HTTP to this collector base URL (spans are
     /// posted to URL/v1/traces): one span per request, one per upstream attempt, with
     /// GenAI semantic-convention attributes. Off when unset.
@@ -77,6 +118,17 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// The client-side limits given by the flags.
+    pub fn client_limits(&self) -> crate::front::ClientLimits {
+        crate::front::ClientLimits {
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections as usize,
+            max_inflight_body_bytes: self.max_inflight_body_bytes,
+        }
+    }
+
     /// `--threads`, or the number of cores available.
     pub fn threads(&self) -> usize {
         self.threads.map_or_else(
@@ -108,5 +160,38 @@ mod tests {
             Cli::try_parse_from(["switchback-proxy", "--manifests", "x", "--namespace", "n"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn limit_defaults_are_the_specs() {
+        let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
+        let l = cli.client_limits();
+        let d = crate::front::ClientLimits::default();
+        assert_eq!(l.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(l.body_read_timeout, Duration::from_secs(30));
+        assert_eq!(l.idle_timeout, Duration::from_secs(90));
+        assert_eq!(l.max_connections, 10_000);
+        assert_eq!(l.max_inflight_body_bytes, 256 << 20);
+        assert_eq!(
+            (l.header_read_timeout, l.body_read_timeout, l.idle_timeout),
+            (d.header_read_timeout, d.body_read_timeout, d.idle_timeout)
+        );
+        assert_eq!(cli.drain_delay, Duration::from_secs(5));
+        assert_eq!(cli.shutdown_grace, Duration::from_secs(30));
+        assert!(!cli.allow_empty_config);
+        let cli = Cli::try_parse_from([
+            "switchback-proxy",
+            "--manifests",
+            "x.yaml",
+            "--header-read-timeout",
+            "250ms",
+            "--shutdown-grace",
+            "1m",
+            "--allow-empty-config",
+        ])
+        .unwrap();
+        assert_eq!(cli.header_read_timeout, Duration::from_millis(250));
+        assert_eq!(cli.shutdown_grace, Duration::from_secs(60));
+        assert!(cli.allow_empty_config);
     }
 }

@@ -91,6 +91,10 @@ pub struct Gateway {
     pub started_at: SystemTime,
     pub reloads_applied: std::sync::atomic::AtomicU64,
     pub reloads_refused: std::sync::atomic::AtomicU64,
+    /// The client-side limits and the drain state, shared by every serving lane.
+    pub front: Arc<crate::front::Front>,
+    /// Serve a config with no LLMRoute instead of refusing it (`--allow-empty-config`).
+    pub allow_empty_config: bool,
 }
 
 impl Gateway {
@@ -112,6 +116,8 @@ impl Gateway {
             started_at: SystemTime::now(),
             reloads_applied: Default::default(),
             reloads_refused: Default::default(),
+            front: Arc::new(crate::front::Front::new(Default::default(), lanes)),
+            allow_empty_config: false,
         })
     }
 

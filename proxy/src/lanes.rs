@@ -13,6 +13,8 @@ use std::net::SocketAddr;
 
 use axum::Router;
 
+use crate::front::Front;
+
 /// `n` non-blocking listening sockets on `addr`, all with `SO_REUSEPORT`; when `addr`
 /// has port 0, the first socket's port is used for the others.
 pub(crate) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
@@ -42,14 +44,16 @@ pub(crate) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::
 }
 
 /// Starts one thread per listener; the returned future ends when the first of them
-/// stops serving.
+/// stops accepting. A lane that stopped accepting for a shutdown keeps running the
+/// connections it has until the process exits (the drain decides when).
 pub(crate) fn serve(
     listeners: Vec<std::net::TcpListener>,
     app: Router,
+    front: std::sync::Arc<Front>,
 ) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     let (stopped, mut first) = tokio::sync::mpsc::channel::<()>(listeners.len());
     for (lane, listener) in listeners.into_iter().enumerate() {
-        let (app, stopped) = (app.clone(), stopped.clone());
+        let (app, stopped, front) = (app.clone(), stopped.clone(), front.clone());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -59,11 +63,15 @@ pub(crate) fn serve(
                 crate::upstream::enter_lane(lane);
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => crate::serve(l, app, "data").await,
+                        Ok(l) => crate::front::conn::serve(l, app, front.clone()).await,
                         Err(e) => tracing::error!(error = %e, lane, "data listener stopped"),
                     }
+                    let _ = stopped.try_send(());
+                    if front.stop_accepting.is_set() {
+                        // Draining: the connections spawned on this runtime live on.
+                        std::future::pending::<()>().await;
+                    }
                 });
-                let _ = stopped.try_send(());
             })?;
     }
     Ok(async move {
@@ -100,7 +108,7 @@ mod tests {
         );
         let ls = listeners("127.0.0.1:0".parse().unwrap(), 2).unwrap();
         let addr = ls[0].local_addr().unwrap();
-        let _stopped = serve(ls, app).unwrap();
+        let _stopped = serve(ls, app, Default::default()).unwrap();
         let mut seen = std::collections::BTreeSet::new();
         // New connections each time: the kernel spreads them over the two sockets.
         for _ in 0..64 {

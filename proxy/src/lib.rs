@@ -8,6 +8,7 @@ pub mod attempt;
 pub mod circuit;
 pub mod cli;
 pub mod cluster;
+pub mod front;
 pub mod gateway;
 mod lanes;
 pub mod limit;
@@ -55,6 +56,10 @@ pub struct Options {
     /// connections) and its own upstream pool, so a request never changes threads;
     /// they serve for the rest of the process's life.
     pub threads: usize,
+    /// Client-side limits: timeouts, the connection cap, the in-flight body budget.
+    pub limits: front::ClientLimits,
+    /// Serve a manifest set with no LLMRoute instead of refusing it.
+    pub allow_empty_config: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,9 +94,22 @@ pub struct Running {
 impl Running {
     /// Serve until one of the listeners stops (normally never).
     pub async fn wait(mut self) {
+        self.stopped().await;
+    }
+
+    /// Ends when the data listener stops (normally never, except by [`Running::drain`]).
+    pub async fn stopped(&mut self) {
         if let Some(t) = self.tasks.first_mut() {
             let _ = t.await;
         }
+    }
+
+    /// Shut down gracefully (SPEC §8, see [`front::drain`]): not ready at once, stop
+    /// accepting after `delay`, let requests in flight finish, end the streams still
+    /// open after `grace` with the error event. The admin port answers until the
+    /// returned future ends (and `self` is dropped).
+    pub async fn drain(self, delay: std::time::Duration, grace: std::time::Duration) {
+        front::drain::drain(&self.gateway.front, delay, grace).await;
     }
 }
 
@@ -110,7 +128,10 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         Source::Manifests(path) => format!("manifests:{}", path.display()),
         Source::Cluster { namespace } => format!("cluster:{namespace}"),
     };
-    let gw = Arc::new(Gateway::new(opts.max_body_bytes, source, opts.threads)?);
+    let mut gw = Gateway::new(opts.max_body_bytes, source, opts.threads)?;
+    gw.front = Arc::new(front::Front::new(opts.limits.clone(), opts.threads));
+    gw.allow_empty_config = opts.allow_empty_config;
+    let gw = Arc::new(gw);
     let (watcher, watch_tasks) = match &opts.source {
         Source::Manifests(path) => {
             let watcher =
@@ -150,14 +171,18 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
             .await
             .map_err(listen_error(opts.listen))?;
         let addr = data.local_addr().map_err(listen_error(opts.listen))?;
-        (addr, tokio::spawn(serve(data, data_app, "data")))
+        (
+            addr,
+            tokio::spawn(front::conn::serve(data, data_app, gw.front.clone())),
+        )
     } else {
         let listeners =
             lanes::listeners(opts.listen, opts.threads).map_err(listen_error(opts.listen))?;
         let addr = listeners[0]
             .local_addr()
             .map_err(listen_error(opts.listen))?;
-        let stopped = lanes::serve(listeners, data_app).map_err(listen_error(opts.listen))?;
+        let stopped = lanes::serve(listeners, data_app, gw.front.clone())
+            .map_err(listen_error(opts.listen))?;
         // Ends when the first serving thread does (normally never).
         (addr, tokio::spawn(stopped))
     };

@@ -7,6 +7,14 @@ use switchback_proxy::{Options, Source, start, telemetry};
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Before anything else: a SIGTERM during start-up is a shutdown too, not a kill.
+    let mut shutdown = match ShutdownSignals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot listen for signals: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     // The one process-wide rustls provider (the workspace compiles in only aws-lc-rs),
     // installed before kube or any upstream client builds a TLS config.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -18,6 +26,8 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let threads = cli.threads();
+    let limits = cli.client_limits();
+    let (drain_delay, shutdown_grace) = (cli.drain_delay, cli.shutdown_grace);
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),
         (None, Some(namespace)) => Source::Cluster { namespace },
@@ -29,17 +39,67 @@ async fn main() -> std::process::ExitCode {
         admin_listen: cli.admin_listen,
         max_body_bytes: cli.max_body_bytes,
         threads,
+        limits,
+        allow_empty_config: cli.allow_empty_config,
     };
-    match start(opts).await {
-        Ok(running) => {
+    let started = tokio::select! {
+        r = start(opts) => r,
+        () = shutdown.next() => return std::process::ExitCode::SUCCESS,
+    };
+    match started {
+        Ok(mut running) => {
             tracing::info!(data = %running.data_addr, admin = %running.admin_addr, "switchback-proxy serving");
-            running.wait().await;
+            tokio::select! {
+                () = running.stopped() => {
+                    tracing::error!("the data listener stopped");
+                    return std::process::ExitCode::FAILURE;
+                }
+                () = shutdown.next() => {}
+            }
+            tokio::select! {
+                () = running.drain(drain_delay, shutdown_grace) => {}
+                () = shutdown.next() => tracing::warn!("second signal: exiting without waiting"),
+            }
+            // `_telemetry` is dropped on the way out: the request log is flushed.
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("error: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// SIGTERM (what Kubernetes sends) and SIGINT (Ctrl-C).
+struct ShutdownSignals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn new() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM"),
+            _ = self.int.recv() => tracing::info!("SIGINT"),
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -17,6 +17,9 @@
 //! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams |
 //! | `switchback_config_generation` | gauge | configs applied since start |
 //! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
+//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`) |
+//! | `switchback_client_connections` | gauge | open client connections on the data port |
+//! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -281,6 +284,47 @@ impl Collector for Metrics {
                 ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
             }
         }
+        client_limits(&mut enc, &gw.front)?;
         Ok(())
     }
+}
+
+/// What the client-side limits refused (SPEC §8), and what they hold now.
+fn client_limits(enc: &mut DescriptorEncoder<'_>, front: &crate::front::Front) -> Fmt {
+    let r = &front.refusals;
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_limit_refusals",
+            "What each client-side limit refused (for max_connections: times new connections had to wait)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (limit, n) in [
+            ("header_read_timeout", &r.header_timeouts),
+            ("body_read_timeout", &r.body_timeouts),
+            ("idle_timeout", &r.idle_timeouts),
+            ("max_connections", &r.connection_waits),
+            ("max_body_bytes", &r.too_large),
+            ("max_inflight_body_bytes", &r.over_budget),
+        ] {
+            ConstCounter::new(n.load(Ordering::Relaxed))
+                .encode(m.encode_family(&[("limit", limit)])?)?;
+        }
+    }
+    for (name, help, value) in [
+        (
+            "switchback_client_connections",
+            "Open client connections on the data port",
+            front.open_connections(),
+        ),
+        (
+            "switchback_request_body_bytes_held",
+            "Request body bytes held in the in-flight budget",
+            front.body_bytes_held(),
+        ),
+    ] {
+        let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(m)?;
+    }
+    Ok(())
 }

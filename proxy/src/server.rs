@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
 use crate::attempt::{self, Call};
+use crate::front::intake::{self, Refused};
 use crate::gateway::Gateway;
 use crate::metrics;
 use crate::snapshot::RouteRt;
@@ -29,14 +29,13 @@ pub const X_FALLBACKS: HeaderName = HeaderName::from_static("x-switchback-fallba
 pub const X_TARGET: HeaderName = HeaderName::from_static("x-switchback-target");
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The body limit and timeout are applied by [`intake`], not by an extractor.
 pub fn data_router(gw: Arc<Gateway>) -> Router {
-    let limit = gw.max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(gw)
 }
 
@@ -69,28 +68,16 @@ async fn stats_doc(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     json_response(StatusCode::OK, &crate::stats::report(&gw))
 }
 
-async fn chat(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response<Body> {
-    handle(&gw, Surface::ChatCompletions, headers, body).await
+async fn chat(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
+    handle(&gw, Surface::ChatCompletions, request).await
 }
 
-async fn embeddings(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response<Body> {
-    handle(&gw, Surface::Embeddings, headers, body).await
+async fn embeddings(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
+    handle(&gw, Surface::Embeddings, request).await
 }
 
-async fn messages(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response<Body> {
-    handle(&gw, Surface::Messages, headers, body).await
+async fn messages(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
+    handle(&gw, Surface::Messages, request).await
 }
 
 /// The two fields the proxy reads from a request body; everything else is forwarded
@@ -103,12 +90,9 @@ struct Peek<'a> {
     stream: Option<bool>,
 }
 
-async fn handle(
-    gw: &Gateway,
-    surface: Surface,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response<Body> {
+async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     // Carried apart from the client's headers (which keep whatever the client sent):
     // the attempt pipeline forwards this one.
     let request_id = match headers.get(X_REQUEST_ID) {
@@ -117,22 +101,58 @@ async fn handle(
             .unwrap_or_else(|_| HeaderValue::from_static("unknown")),
     };
     let wire = surface.wire();
-    let mut response = match body {
-        Err(rejection) => {
-            let status = rejection.status();
-            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                format!(
-                    "the request body is larger than the limit of {} bytes",
-                    gw.max_body_bytes
-                )
-            } else {
-                rejection.body_text()
-            };
-            gateway_error(wire, status, "invalid_request", &message)
-        }
-        Ok(body) => route_and_run(gw, surface, &headers, &request_id, body).await,
+    let mut response = match intake::read(&gw.front, gw.max_body_bytes, body).await {
+        Err(refused) => refusal(wire, refused, gw),
+        // The body's budget bytes are held until the answer head is out.
+        Ok((body, _held)) => route_and_run(gw, surface, &headers, &request_id, body).await,
     };
     response.headers_mut().insert(X_REQUEST_ID, request_id);
+    response
+}
+
+/// The answer to a body [`intake`] did not take. The connection is closed after it:
+/// the rest of the body may still be on its way.
+fn refusal(wire: Wire, refused: Refused, gw: &Gateway) -> Response<Body> {
+    let mut response = match refused {
+        Refused::TooLarge => gateway_error(
+            wire,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request",
+            &format!(
+                "the request body is larger than the limit of {} bytes",
+                gw.max_body_bytes
+            ),
+        ),
+        Refused::Overloaded => {
+            let mut r = gateway_error(
+                wire,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "the gateway holds as many request bodies as it may; retry in a second",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        }
+        Refused::Timeout => gateway_error(
+            wire,
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            &format!(
+                "the request body was not received within {} ms",
+                gw.front.limits.body_read_timeout.as_millis()
+            ),
+        ),
+        Refused::Broken(e) => gateway_error(
+            wire,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            &format!("the request body could not be read: {e}"),
+        ),
+    };
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
@@ -214,6 +234,10 @@ async fn route_and_run(
     span.record("switchback.fallbacks", outcome.fallbacks);
     log_request(route, &model, &outcome, started.elapsed());
     let mut response = outcome.response;
+    if call.stream && response.status().is_success() {
+        let front = gw.front.clone();
+        response = response.map(|b| crate::front::drain::until_shutdown(front, wire, b));
+    }
     let h = response.headers_mut();
     // Room for these and `x-request-id` at once, instead of growing on the way.
     h.reserve(5);
@@ -327,7 +351,9 @@ fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<B
 }
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> (StatusCode, &'static str) {
-    if gw.is_ready() {
+    if gw.front.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    } else if gw.is_ready() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "no config loaded yet\n")

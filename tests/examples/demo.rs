@@ -61,6 +61,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         admin_listen,
         max_body_bytes: 32 * 1024 * 1024,
         threads: 0,
+        limits: Default::default(),
+        allow_empty_config: false,
     })
     .await?;
     let base = format!("http://{}", proxy.data_addr);

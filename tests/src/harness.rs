@@ -87,24 +87,50 @@ impl TestProxy {
         max_body_bytes: usize,
         threads: usize,
     ) -> Result<TestProxy, switchback_proxy::StartError> {
+        Self::try_start_configured(manifests, |o| {
+            o.max_body_bytes = max_body_bytes;
+            o.threads = threads;
+        })
+        .await
+    }
+
+    /// Start on loopback with the default options as changed by `configure` (limits,
+    /// threads, ...).
+    pub async fn try_start_configured(
+        manifests: &str,
+        configure: impl FnOnce(&mut Options),
+    ) -> Result<TestProxy, switchback_proxy::StartError> {
         let dir = tempfile::tempdir().expect("temp dir");
         let manifest = dir.path().join("switchback.yaml");
         std::fs::write(&manifest, manifests).expect("write manifests");
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-        let running = switchback_proxy::start(Options {
+        let mut options = Options {
             source: Source::Manifests(manifest.clone()),
             listen: loopback,
             admin_listen: loopback,
-            max_body_bytes,
-            threads,
-        })
-        .await?;
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            threads: 0,
+            limits: Default::default(),
+            allow_empty_config: false,
+        };
+        configure(&mut options);
+        let running = switchback_proxy::start(options).await?;
         Ok(TestProxy {
             running,
             dir,
             manifest,
             http: reqwest::Client::new(),
         })
+    }
+
+    /// Like [`TestProxy::try_start_configured`]; panics with the load errors.
+    pub async fn start_configured(
+        manifests: &str,
+        configure: impl FnOnce(&mut Options),
+    ) -> TestProxy {
+        Self::try_start_configured(manifests, configure)
+            .await
+            .unwrap_or_else(|e| panic!("proxy did not start: {e}"))
     }
 
     pub fn url(&self, path: &str) -> String {
