@@ -7,7 +7,8 @@
 //! not take the others down: its source namespace keeps its last good config, the
 //! rest is applied, and the problem is recorded as a refusal (`/admin/v1/config`,
 //! `/admin/v1/stats`) until the operator rewrites the object. A merged config that
-//! cannot be prepared is refused whole and the last good one keeps serving.
+//! cannot be prepared, or that has no LLMRoute at all (SPEC §8, unless
+//! `--allow-empty-config`), is refused whole and the last good one keeps serving.
 //!
 //! Needs only get/list/watch on ConfigMaps and Secrets of NS.
 
@@ -188,7 +189,9 @@ impl Drop for ClusterWatch {
 }
 
 /// Starts watching `namespace`; the gateway becomes ready once both lists are read
-/// and applied (an empty namespace gives an empty, ready config).
+/// and applied. A namespace with no route rendered gives a config with no LLMRoute,
+/// refused unless [`Gateway::allow_empty_config`]: until a route is delivered the
+/// gateway is not ready, and `/readyz` says why.
 pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch {
     let config = watcher::Config::default().labels(delivery::LABEL);
     let changed = Arc::new(Notify::new());
@@ -434,18 +437,40 @@ mod tests {
         assert!(m.problems[0].message.contains("already served by team-a/x"));
     }
 
-    /// The watch wiring against kube's mock service: both lists are answered, the
-    /// watches stay open, and the gateway serves what was listed.
-    #[tokio::test]
-    async fn lists_are_applied_and_the_gateway_becomes_ready() {
+    /// A fake API server on kube's mock service: lists `maps` and `secrets` (of the
+    /// gateway namespace, selected by label) and keeps every watch open; when
+    /// `delete_maps` fires, the first ConfigMap watch reports each listed map deleted.
+    fn fake_api(
+        maps: Vec<Arc<ConfigMap>>,
+        secrets: Vec<Arc<KubeSecret>>,
+        delete_maps: Option<tokio::sync::oneshot::Receiver<()>>,
+    ) -> (Client, tokio::task::JoinHandle<()>) {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let cm = map("team-a", &config("team-a", "smart", "smart"));
-        let s = secret("team-a", &keys("team-a", "sk-a"));
         let server = tokio::spawn(async move {
             let mut open_watches = Vec::new();
+            let mut map_watch = None;
+            let mut delete_maps = delete_maps;
             loop {
-                let Some((request, send)) = handle.next_request().await else {
+                let next = tokio::select! {
+                    next = handle.next_request() => next,
+                    Ok(()) = async { delete_maps.as_mut().unwrap().await }, if delete_maps.is_some() && map_watch.is_some() => {
+                        delete_maps = None;
+                        let send: tower_test::mock::SendResponse<Response<Body>> =
+                            map_watch.take().unwrap();
+                        let mut events = Vec::new();
+                        for cm in &maps {
+                            let mut object = serde_json::to_value(&**cm).unwrap();
+                            object["metadata"]["resourceVersion"] = json!("11");
+                            let line = json!({"type": "DELETED", "object": object});
+                            events.extend(serde_json::to_vec(&line).unwrap());
+                            events.push(b'\n');
+                        }
+                        send.send_response(Response::builder().body(Body::from(events)).unwrap());
+                        continue;
+                    }
+                };
+                let Some((request, send)) = next else {
                     return;
                 };
                 let uri = request.uri().to_string();
@@ -453,22 +478,37 @@ mod tests {
                     uri.contains("labelSelector=switchback.dev%2Fconfig"),
                     "selects by label: {uri}"
                 );
+                let of_maps = uri.starts_with(&format!("/api/v1/namespaces/{GW}/configmaps"));
                 if uri.contains("watch=true") {
-                    open_watches.push(send); // never answered: the watch stays open
+                    if of_maps && map_watch.is_none() && delete_maps.is_some() {
+                        map_watch = Some(send);
+                    } else {
+                        open_watches.push(send); // never answered: the watch stays open
+                    }
                     continue;
                 }
-                let (kind, item) =
-                    if uri.starts_with(&format!("/api/v1/namespaces/{GW}/configmaps")) {
-                        ("ConfigMapList", serde_json::to_value(&*cm).unwrap())
-                    } else if uri.starts_with(&format!("/api/v1/namespaces/{GW}/secrets")) {
-                        ("SecretList", serde_json::to_value(&*s).unwrap())
-                    } else {
-                        panic!("unexpected call {uri}");
-                    };
+                let (kind, items) = if of_maps {
+                    (
+                        "ConfigMapList",
+                        maps.iter()
+                            .map(|m| serde_json::to_value(&**m).unwrap())
+                            .collect::<Vec<_>>(),
+                    )
+                } else if uri.starts_with(&format!("/api/v1/namespaces/{GW}/secrets")) {
+                    (
+                        "SecretList",
+                        secrets
+                            .iter()
+                            .map(|m| serde_json::to_value(&**m).unwrap())
+                            .collect(),
+                    )
+                } else {
+                    panic!("unexpected call {uri}");
+                };
                 let list = json!({
                     "apiVersion": "v1", "kind": kind,
                     "metadata": {"resourceVersion": "10"},
-                    "items": [item],
+                    "items": items,
                 });
                 send.send_response(
                     Response::builder()
@@ -477,15 +517,35 @@ mod tests {
                 );
             }
         });
-        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
-        let _watch = watch(gw.clone(), client, GW);
+        (client, server)
+    }
+
+    /// Waits (at most 2 s) until `done` holds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
         tokio::time::timeout(Duration::from_secs(2), async {
-            while !gw.is_ready() {
+            while !done() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
         .await
-        .expect("the gateway becomes ready within 2 s");
+        .unwrap_or_else(|_| panic!("{what}, within 2 s"));
+    }
+
+    fn refusal(gw: &Gateway) -> Option<String> {
+        let error = gw.report().last_error?;
+        Some(error.problems.iter().map(|p| p.to_string()).collect())
+    }
+
+    /// The watch wiring against kube's mock service: both lists are answered, the
+    /// watches stay open, and the gateway serves what was listed.
+    #[tokio::test]
+    async fn lists_are_applied_and_the_gateway_becomes_ready() {
+        let cm = map("team-a", &config("team-a", "smart", "smart"));
+        let s = secret("team-a", &keys("team-a", "sk-a"));
+        let (client, server) = fake_api(vec![cm], vec![s], None);
+        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
+        let _watch = watch(gw.clone(), client, GW);
+        until("the gateway becomes ready", || gw.is_ready()).await;
         let snapshot = gw.snapshot();
         assert_eq!(snapshot.config.routes.len(), 1);
         assert!(
@@ -493,6 +553,63 @@ mod tests {
             "{:?}",
             gw.report().warnings
         );
+        drop(_watch);
+        server.abort();
+    }
+
+    /// SPEC §8: a delivered config with no LLMRoute is refused, so a namespace with
+    /// nothing rendered leaves the gateway not ready (saying why), unless
+    /// `--allow-empty-config`.
+    #[tokio::test]
+    async fn a_delivery_with_no_route_is_refused_at_start_unless_allowed() {
+        let (client, server) = fake_api(Vec::new(), Vec::new(), None);
+        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
+        let _watch = watch(gw.clone(), client, GW);
+        until("the empty delivery is refused", || refusal(&gw).is_some()).await;
+        let why = refusal(&gw).unwrap();
+        assert!(why.contains("no LLMRoute"), "{why}");
+        assert!(why.contains("--allow-empty-config"), "{why}");
+        assert!(!gw.is_ready());
+        assert_eq!(gw.report().generation, 0);
+        drop(_watch);
+        server.abort();
+
+        let (client, server) = fake_api(Vec::new(), Vec::new(), None);
+        let mut allowed = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
+        allowed.allow_empty_config = true;
+        let allowed = Arc::new(allowed);
+        let _watch = watch(allowed.clone(), client, GW);
+        until("the empty delivery is served when allowed", || {
+            allowed.is_ready()
+        })
+        .await;
+        assert!(allowed.snapshot().config.routes.is_empty());
+        assert!(allowed.report().last_error.is_none());
+        drop(_watch);
+        server.abort();
+    }
+
+    /// Every rendered route going away (the operator's objects deleted) is a delivery
+    /// with no LLMRoute: refused, and the last good config keeps serving, ready.
+    #[tokio::test]
+    async fn a_delivery_that_drops_every_route_keeps_the_last_good_config() {
+        let cm = map("team-a", &config("team-a", "smart", "smart"));
+        let s = secret("team-a", &keys("team-a", "sk-a"));
+        let (delete, deleted) = tokio::sync::oneshot::channel();
+        let (client, server) = fake_api(vec![cm], vec![s], Some(deleted));
+        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
+        let _watch = watch(gw.clone(), client, GW);
+        until("the gateway becomes ready", || gw.is_ready()).await;
+        delete.send(()).unwrap();
+        until("the delivery without routes is refused", || {
+            refusal(&gw).is_some()
+        })
+        .await;
+        let why = refusal(&gw).unwrap();
+        assert!(why.contains("no LLMRoute"), "{why}");
+        assert!(gw.is_ready(), "still ready on the last good config");
+        assert_eq!(gw.snapshot().config.routes.len(), 1);
+        assert_eq!(gw.report().generation, 1);
         drop(_watch);
         server.abort();
     }

@@ -78,6 +78,20 @@ fn ser_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok,
     }
 }
 
+/// Why a config was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Most likely a truncated file or a lost delivery, not a wish to serve nothing:
+    /// refused like any broken edit (SPEC §8).
+    #[error(
+        "the config has no LLMRoute, so every request would get 404; refused (start the \
+         proxy with --allow-empty-config to serve an empty config)"
+    )]
+    NoRoute,
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+}
+
 pub struct Gateway {
     live: ArcSwap<Snapshot>,
     clients: Clients,
@@ -135,8 +149,12 @@ impl Gateway {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// Prepare then swap: a config that cannot be prepared changes nothing.
-    pub fn apply(&self, compiled: &Compiled, warnings: Vec<Problem>) -> Result<(), PrepareError> {
+    /// Prepare then swap: a config that cannot be prepared, or that has no LLMRoute
+    /// (unless [`Gateway::allow_empty_config`]), changes nothing.
+    pub fn apply(&self, compiled: &Compiled, warnings: Vec<Problem>) -> Result<(), ApplyError> {
+        if compiled.config.routes.is_empty() && !self.allow_empty_config {
+            return Err(ApplyError::NoRoute);
+        }
         let snapshot = prepare(compiled, &self.clients, &self.carried)?;
         self.live.store(Arc::new(snapshot));
         self.ready.store(true, Ordering::Release);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use switchback_crds::compile::{Compiled, Inputs, Severity, compile};
 
-use crate::gateway::{Gateway, Problem};
+use crate::gateway::{ApplyError, Gateway, Problem};
 use crate::manifest::{self, ManifestSet};
 
 /// Quiet time after the last file event before reloading: editors and
@@ -83,7 +83,8 @@ pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
     }
     gw.apply(&compiled, warnings).map_err(|e| {
         vec![Problem {
-            file: None,
+            // No route anywhere: the files read are what is wrong (a truncated file).
+            file: matches!(e, ApplyError::NoRoute).then(|| path.display().to_string()),
             line: None,
             object: None,
             field: None,

@@ -350,13 +350,33 @@ fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<B
     surface::json_response(status, serde_json::to_vec_pretty(body).unwrap_or_default())
 }
 
-async fn readyz(State(gw): State<Arc<Gateway>>) -> (StatusCode, &'static str) {
+async fn readyz(State(gw): State<Arc<Gateway>>) -> (StatusCode, Cow<'static, str>) {
     if gw.front.is_draining() {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into())
     } else if gw.is_ready() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".into())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no config loaded yet\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            not_ready_because(&gw).into(),
+        )
+    }
+}
+
+/// Why a gateway that serves no config yet is not ready: nothing delivered yet, or
+/// what was delivered was refused (and why).
+fn not_ready_because(gw: &Gateway) -> String {
+    match gw.report().last_error {
+        Some(refused) => {
+            let mut text = String::from("no config loaded yet: the config was refused:\n");
+            for p in &refused.problems {
+                text.push_str("  ");
+                text.push_str(&p.to_string());
+                text.push('\n');
+            }
+            text
+        }
+        None => "no config loaded yet\n".into(),
     }
 }
 
@@ -396,6 +416,39 @@ mod tests {
     use super::*;
     use crate::attempt::AttemptLog;
     use crate::outcome::Reason;
+
+    #[tokio::test]
+    async fn readyz_says_why_the_gateway_is_not_ready() {
+        let gw = Arc::new(Gateway::new(1024, "test".into(), 1).unwrap());
+        let (status, text) = readyz(State(gw.clone())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(text, "no config loaded yet\n");
+
+        let e = gw
+            .apply(&switchback_crds::compile::Compiled::default(), Vec::new())
+            .unwrap_err();
+        assert!(matches!(e, crate::gateway::ApplyError::NoRoute), "{e}");
+        gw.refuse(vec![crate::gateway::Problem {
+            file: Some("switchback.yaml".into()),
+            line: None,
+            object: None,
+            field: None,
+            message: e.to_string(),
+        }]);
+        let (status, text) = readyz(State(gw.clone())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            text.contains("switchback.yaml: the config has no LLMRoute"),
+            "{text}"
+        );
+        assert!(text.contains("--allow-empty-config"), "{text}");
+        assert!(!gw.is_ready());
+
+        gw.front
+            .draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        assert_eq!(readyz(State(gw)).await.1, "shutting down\n");
+    }
 
     #[test]
     fn the_attempt_log_is_compact_json() {

@@ -951,7 +951,10 @@ async fn operator_and_proxy_against_a_real_api_server() {
     }
 
     // 14. Delete the routes: the credential goes, copycat takes the model over, and
-    //     once it goes too the namespaces' rendered objects go and the proxy says 404.
+    //     once it goes too the namespaces' rendered objects go. A delivered config
+    //     with no LLMRoute is refused like a broken one (SPEC §8, no
+    //     --allow-empty-config here): the proxies keep serving the last good config
+    //     and say why on /admin/v1/config.
     ok(&["delete", "llmroute", "-n", &a, "smart"]);
     ok(&[
         "wait",
@@ -982,17 +985,26 @@ async fn operator_and_proxy_against_a_real_api_server() {
     )
     .await;
     eventually_async(
-        "the proxies to stop serving the deleted routes",
+        "the proxies to refuse the config without routes",
         Duration::from_secs(10),
         || async {
-            let mut gone = true;
-            for i in 0..2 {
-                gone &= stack.chat_on(i, "smart").await.status() == 404;
+            for proxy in &stack.proxies {
+                let url = format!("{}/admin/v1/config", proxy.admin_url());
+                let config: Value = stack.http.get(url).send().await.ok()?.json().await.ok()?;
+                let refused = config["load"]["lastError"]["problems"].to_string();
+                if !refused.contains("no LLMRoute") {
+                    return None;
+                }
             }
-            gone.then_some(())
+            Some(())
         },
     )
     .await;
+    for i in 0..2 {
+        let r = stack.chat_on(i, "smart").await;
+        assert_eq!(r.status(), 200, "the last good config keeps serving");
+        assert_eq!(served_by(&r), format!("{b}/steady"));
+    }
     assert!(
         stack.operator.exited().is_none(),
         "the operator kept running"

@@ -272,3 +272,98 @@ async fn admin_health_and_readiness() {
         assert_eq!(r.status(), 200, "{path}");
     }
 }
+
+/// Issue 11 item 10: a manifest truncated to nothing used to be applied, serving no
+/// route while `/readyz` stayed ready.
+#[tokio::test]
+async fn an_emptied_manifest_is_refused_and_the_last_good_config_keeps_serving() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-1", "")).await;
+    proxy.rewrite("");
+    eventually("the empty manifest is refused", || async {
+        !proxy.admin_config().await["load"]["lastError"].is_null()
+    })
+    .await;
+    let config = proxy.admin_config().await;
+    let problem = &config["load"]["lastError"]["problems"][0];
+    assert_eq!(problem["file"], proxy.manifest.display().to_string());
+    let message = problem["message"].as_str().unwrap();
+    assert!(message.contains("no LLMRoute"), "{message}");
+    assert!(message.contains("--allow-empty-config"), "{message}");
+    assert_eq!(config["load"]["generation"], 1);
+    assert_eq!(target_of(&proxy).await, "team-a/primary");
+    let ready = proxy
+        .http
+        .get(proxy.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200, "still ready on the last good config");
+
+    // Credentials alone are no route either.
+    proxy.rewrite(&credential(
+        "primary",
+        "openai",
+        &primary.base_url(),
+        "sk-1",
+    ));
+    eventually("the route-less manifest is refused", || async {
+        proxy.admin_config().await["load"]["lastError"]["at"] != config["load"]["lastError"]["at"]
+    })
+    .await;
+    assert_eq!(proxy.admin_config().await["load"]["generation"], 1);
+    assert_eq!(target_of(&proxy).await, "team-a/primary");
+}
+
+#[tokio::test]
+async fn with_allow_empty_config_an_emptied_manifest_is_served() {
+    let (primary, backup) = two().await;
+    let proxy =
+        TestProxy::start_configured(&manifests(&primary, &backup, "primary", "sk-1", ""), |o| {
+            o.allow_empty_config = true
+        })
+        .await;
+    proxy.rewrite("");
+    eventually("the empty manifest is served", || async {
+        proxy.admin_config().await["load"]["generation"] == 2
+    })
+    .await;
+    assert_eq!(proxy.chat("smart", false).await.status(), 404);
+    let ready = proxy
+        .http
+        .get(proxy.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
+#[tokio::test]
+async fn an_empty_manifest_at_startup_is_refused_saying_why() {
+    let err = match TestProxy::try_start("", 1024).await {
+        Ok(_) => panic!("an empty manifest must not start a proxy"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("switchback.yaml: "), "{err}");
+    assert!(err.contains("no LLMRoute"), "{err}");
+    assert!(err.contains("--allow-empty-config"), "{err}");
+
+    let proxy = TestProxy::start_configured("", |o| o.allow_empty_config = true).await;
+    let ready = proxy
+        .http
+        .get(proxy.admin_url("/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let models: serde_json::Value = proxy
+        .http
+        .get(proxy.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"], serde_json::json!([]));
+}
