@@ -5,6 +5,10 @@
 //!
 //! A change is applied whole or not at all: one broken route never takes the rest of
 //! an edit with it half-applied.
+//!
+//! The watcher counts only the events of the manifests themselves (see [`Manifests`]:
+//! not a log file written beside them) and reloads once they pause for [`DEBOUNCE`],
+//! or [`MAX_WAIT`] after the first one at the latest.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -17,9 +21,13 @@ use switchback_crds::compile::{Compiled, Inputs, Severity, compile};
 use crate::gateway::{ApplyError, Gateway, Problem};
 use crate::manifest::{self, ManifestSet};
 
-/// Quiet time after the last file event before reloading: editors and
+/// Quiet time after the last manifest event before reloading: editors and
 /// `kubectl cp`-style writers touch files several times per save.
 const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// The longest a reload waits after the first event for that quiet time: events that
+/// never pause (a writer in a loop) still get the change loaded.
+const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// A compiled manifest set, or every problem that stops it.
 pub fn compile_manifests(path: &Path) -> Result<(Compiled, Vec<Problem>), Vec<Problem>> {
@@ -123,33 +131,30 @@ impl Drop for ManifestWatcher {
 /// Start watching. Call before the first load: nothing written after this call is missed.
 pub fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+    let manifests = Manifests::new(&path)?;
+    // Watch the folder holding a single file: editors and ConfigMap mounts replace
+    // files by rename, which a watch on the file itself would lose.
+    let (watched, mode) = if manifests.folder {
+        (manifests.root.clone(), RecursiveMode::Recursive)
+    } else {
+        let parent = manifests.root.parent().unwrap_or(Path::new("/"));
+        (parent.to_path_buf(), RecursiveMode::NonRecursive)
+    };
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access()) {
+        if event.is_ok_and(|e| !e.kind.is_access() && manifests.concerned_by(&e)) {
             // A full channel already means "reload pending".
             let _ = tx.try_send(());
         }
     })?;
-    // Watch the folder holding a single file: editors and ConfigMap mounts replace
-    // files by rename, which a watch on the file itself would lose.
-    let (watched, mode) = if path.is_dir() {
-        (path.clone(), RecursiveMode::Recursive)
-    } else {
-        let parent = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        (parent.to_path_buf(), RecursiveMode::NonRecursive)
-    };
     watcher.watch(&watched, mode)?;
     // Taken now, before the caller's first load, so that an edit racing that load
     // still differs from it and is picked up.
     let mut last = fingerprint(&path);
     let task = tokio::spawn(async move {
         while rx.recv().await.is_some() {
-            while tokio::time::timeout(DEBOUNCE, rx.recv())
-                .await
-                .is_ok_and(|m| m.is_some())
-            {}
+            if !settle(&mut rx).await {
+                return;
+            }
             let now = fingerprint(&path);
             if now == last {
                 continue; // touched, not changed
@@ -166,6 +171,84 @@ pub fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher>
     })
 }
 
+/// After a first event: waits until events pause for [`DEBOUNCE`], or [`MAX_WAIT`]
+/// after that first event at the latest. False when the watcher is gone.
+async fn settle(rx: &mut tokio::sync::mpsc::Receiver<()>) -> bool {
+    let latest = tokio::time::Instant::now() + MAX_WAIT;
+    loop {
+        let quiet = (tokio::time::Instant::now() + DEBOUNCE).min(latest);
+        match tokio::time::timeout_at(quiet, rx.recv()).await {
+            // An event is taken before the timer is looked at: past `latest`, stop
+            // waiting even when one is always there.
+            Ok(Some(())) if tokio::time::Instant::now() < latest => {}
+            Ok(Some(())) | Err(_) => return true,
+            Ok(None) => return false,
+        }
+    }
+}
+
+/// What the watcher reacts to: events on the manifest files themselves, not on
+/// other files of their folder (a log written beside the manifest would otherwise
+/// keep restarting the quiet time).
+#[derive(Debug)]
+struct Manifests {
+    /// The file or folder given, absolute (as notify reports paths).
+    root: PathBuf,
+    folder: bool,
+}
+
+impl Manifests {
+    fn new(path: &Path) -> notify::Result<Self> {
+        let root = if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map_err(notify::Error::io)?
+                .join(path)
+        };
+        Ok(Self {
+            folder: path.is_dir(),
+            root,
+        })
+    }
+
+    fn concerned_by(&self, event: &notify::Event) -> bool {
+        event.paths.iter().any(|p| self.concerns(p))
+    }
+
+    /// True when `changed` is (or may hold) one of the manifests: the file itself;
+    /// in a folder, a `*.yaml`/`*.yml` file or a folder (what [`manifest::files`]
+    /// reads); and the `..data`-style entries by which a mounted ConfigMap or Secret
+    /// swaps all its files at once.
+    fn concerns(&self, changed: &Path) -> bool {
+        let name = changed.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !self.folder {
+            return changed == self.root
+                || (name.starts_with("..") && changed.parent() == self.root.parent());
+        }
+        let Ok(inside) = changed.strip_prefix(&self.root) else {
+            return false;
+        };
+        let mut hidden = false;
+        for c in inside.components() {
+            let c = c.as_os_str().to_str().unwrap_or("");
+            if c.starts_with("..") {
+                return true;
+            }
+            hidden |= c.starts_with('.');
+        }
+        if hidden {
+            return false;
+        }
+        // A folder, or one that was just moved or removed (so not known any more):
+        // the manifests in it may have come or gone with it.
+        name.ends_with(".yaml")
+            || name.ends_with(".yml")
+            || changed.extension().is_none()
+            || changed.is_dir()
+    }
+}
+
 /// A cheap identity of the manifests' content, to skip reloads that change nothing.
 fn fingerprint(path: &Path) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -176,4 +259,124 @@ fn fingerprint(path: &Path) -> u64 {
         }
     }
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{DataChange, EventKind, ModifyKind, RenameMode};
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// The watcher's loop: the first event is taken, then `settle` waits.
+    async fn settled_after_first(rx: &mut mpsc::Receiver<()>) -> (bool, Duration) {
+        rx.recv().await.unwrap();
+        let started = Instant::now();
+        // On the paused clock: a minute is a bound that cannot flake, and a failure
+        // rather than a hang when events would hold the reload back for ever.
+        let open = tokio::time::timeout(Duration::from_secs(60), settle(rx))
+            .await
+            .expect("settled");
+        (open, started.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_waits_for_a_pause_in_the_events() {
+        let (tx, mut rx) = mpsc::channel(1);
+        tx.send(()).await.unwrap();
+        let writer = tokio::spawn(async move {
+            // Three more events, 100 ms apart: each restarts the quiet time.
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                tx.send(()).await.unwrap();
+            }
+            tx
+        });
+        let (open, took) = settled_after_first(&mut rx).await;
+        assert!(open);
+        assert_eq!(took, Duration::from_millis(300) + DEBOUNCE);
+        drop(writer.await.unwrap());
+        assert!(!settle(&mut rx).await, "the watcher is gone");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_that_never_pause_hold_a_reload_back_for_a_second_at_most() {
+        let (tx, mut rx) = mpsc::channel(1);
+        tx.send(()).await.unwrap();
+        let _writer = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if tx.send(()).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let (open, took) = settled_after_first(&mut rx).await;
+        assert!(open);
+        assert_eq!(took, MAX_WAIT);
+        // And the next change is loaded within a second again.
+        let (_, took) = settled_after_first(&mut rx).await;
+        assert_eq!(took, MAX_WAIT);
+    }
+
+    fn event(paths: &[&str]) -> notify::Event {
+        paths.iter().fold(
+            notify::Event::new(EventKind::Modify(ModifyKind::Data(DataChange::Content))),
+            |e, p| e.add_path(PathBuf::from(p)),
+        )
+    }
+
+    #[test]
+    fn only_events_of_the_manifest_file_count() {
+        let m = Manifests {
+            root: "/srv/sb/switchback.yaml".into(),
+            folder: false,
+        };
+        assert!(m.concerned_by(&event(&["/srv/sb/switchback.yaml"])));
+        // A log written beside it, an editor's swap file, other files: not counted.
+        for other in [
+            "/srv/sb/proxy.log",
+            "/srv/sb/.switchback.yaml.swp",
+            "/srv/sb/other.yaml",
+            "/srv/switchback.yaml",
+            "/srv/sb",
+        ] {
+            assert!(!m.concerned_by(&event(&[other])), "{other}");
+        }
+        // Saved by rename from a temporary file, as editors and `sed -i` do.
+        let renamed = notify::Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Both)))
+            .add_path("/srv/sb/.switchback.yaml.tmp".into())
+            .add_path("/srv/sb/switchback.yaml".into());
+        assert!(m.concerned_by(&renamed));
+        // A mounted ConfigMap swaps its files by renaming `..data`.
+        assert!(m.concerned_by(&event(&["/srv/sb/..data_tmp"])));
+        assert!(m.concerned_by(&event(&["/srv/sb/..data"])));
+    }
+
+    #[test]
+    fn in_a_folder_only_events_of_manifests_count() {
+        let m = Manifests {
+            root: "/srv/sb".into(),
+            folder: true,
+        };
+        for counted in [
+            "/srv/sb/routes.yaml",
+            "/srv/sb/team-a/keys.yml",
+            "/srv/sb/team-b",
+            "/srv/sb/..data",
+            "/srv/sb/..2026_12_01_22_44_16.123/routes.yaml",
+        ] {
+            assert!(m.concerned_by(&event(&[counted])), "{counted}");
+        }
+        for other in [
+            "/srv/sb/proxy.log",
+            "/srv/sb/team-a/notes.txt",
+            "/srv/sb/.hidden.yaml",
+            "/srv/sb/.git/config",
+            "/srv/other/routes.yaml",
+        ] {
+            assert!(!m.concerned_by(&event(&[other])), "{other}");
+        }
+    }
 }

@@ -273,6 +273,94 @@ async fn admin_health_and_readiness() {
     }
 }
 
+/// Writes in a loop on a thread of its own until dropped.
+struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Writer {
+    fn start(mut write: impl FnMut(usize) + Send + 'static) -> Writer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut n = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                write(n);
+                n += 1;
+                // Well under the watcher's quiet time.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            n
+        });
+        Writer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops it; how many writes it made.
+    fn stop(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 11 item 11: the proxy's own log written beside the manifest (`> proxy.log`)
+/// used to restart the watcher's quiet time for ever, so no edit was ever loaded.
+#[tokio::test]
+async fn a_file_beside_the_manifest_that_keeps_changing_does_not_hold_edits_back() {
+    use std::io::Write;
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-1", "")).await;
+    let mut log = std::fs::File::create(proxy.dir.path().join("proxy.log")).unwrap();
+    let writer = Writer::start(move |n| {
+        writeln!(log, "line {n}").unwrap();
+        log.flush().unwrap();
+    });
+    proxy.rewrite(&manifests(&primary, &backup, "backup", "sk-1", ""));
+    eventually("the edit is served while the log keeps growing", || async {
+        target_of(&proxy).await == "team-a/backup"
+    })
+    .await;
+    proxy.rewrite(&manifests(&primary, &backup, "primary", "sk-2", ""));
+    eventually("the key rotation is used", || async {
+        proxy.chat("smart", false).await;
+        primary.received().last().unwrap().header("authorization") == Some("Bearer sk-2")
+    })
+    .await;
+    assert!(writer.stop() > 0);
+    assert_eq!(proxy.admin_config().await["load"]["generation"], 3);
+}
+
+/// A writer that never pauses on the manifest itself: the change is loaded anyway
+/// (at most a second after the first event), not once the writes stop.
+#[tokio::test]
+async fn a_manifest_written_without_pause_is_still_reloaded() {
+    let (primary, backup) = two().await;
+    let proxy = TestProxy::start(&manifests(&primary, &backup, "primary", "sk-1", "")).await;
+    let edit = manifests(&primary, &backup, "backup", "sk-1", "");
+    let (dir, manifest) = (proxy.dir.path().to_path_buf(), proxy.manifest.clone());
+    // Replaced whole by rename each time, as editors save: never seen half-written.
+    let writer = Writer::start(move |n| {
+        let tmp = dir.join(format!(".switchback.yaml.{n}"));
+        std::fs::write(&tmp, &edit).unwrap();
+        std::fs::rename(&tmp, &manifest).unwrap();
+    });
+    eventually("the edit is served while the writes go on", || async {
+        target_of(&proxy).await == "team-a/backup"
+    })
+    .await;
+    assert!(writer.stop() > 0);
+    assert!(proxy.admin_config().await["load"]["lastError"].is_null());
+}
+
 /// Issue 11 item 10: a manifest truncated to nothing used to be applied, serving no
 /// route while `/readyz` stayed ready.
 #[tokio::test]
