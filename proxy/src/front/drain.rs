@@ -134,3 +134,153 @@ impl hyper::body::Body for EndAtShutdown {
         SizeHint::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::routing::get;
+    use futures_util::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::front::{ClientLimits, conn};
+
+    const DELAY: Duration = Duration::from_secs(5);
+    const GRACE: Duration = Duration::from_secs(30);
+
+    /// `/slow`: a unary answer after 10 s; `/stream`: one event, then nothing, ended
+    /// only by the shutdown.
+    fn app(front: &Arc<Front>) -> Router {
+        let f = front.clone();
+        Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    "ok"
+                }),
+            )
+            .route(
+                "/stream",
+                get(move || {
+                    let front = f.clone();
+                    async move {
+                        let events = futures_util::stream::iter([Ok::<_, std::io::Error>(
+                            Bytes::from_static(b"data: {\"n\":1}\n\n"),
+                        )])
+                        .chain(futures_util::stream::pending());
+                        until_shutdown(front, Wire::OpenAi, Body::from_stream(events))
+                    }
+                }),
+            )
+    }
+
+    /// A client connection holding a slot, as the accept loop gives it one.
+    fn open(front: &Arc<Front>) -> DuplexStream {
+        let permit = front.slots.clone().try_acquire_owned().unwrap();
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (app, front) = (app(front), front.clone());
+        tokio::spawn(async move {
+            conn::connection(server, app, front).await;
+            drop(permit);
+        });
+        client
+    }
+
+    async fn request(c: &mut DuplexStream, path: &str) {
+        c.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+    }
+
+    /// Everything the server sends until it closes the connection.
+    async fn rest(c: &mut DuplexStream) -> String {
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_ready_at_once_accepting_until_the_delay_then_streams_end_after_the_grace() {
+        let front = Arc::new(Front::new(ClientLimits::default(), 1));
+        let mut unary = open(&front);
+        let mut stream = open(&front);
+        let mut idle = open(&front);
+        request(&mut unary, "/slow").await;
+        request(&mut stream, "/stream").await;
+        let mut first = [0u8; 512];
+        let n = stream.read(&mut first).await.unwrap();
+        assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+
+        let started = Instant::now();
+        let drained = tokio::spawn({
+            let front = front.clone();
+            async move {
+                drain(&front, DELAY, GRACE).await;
+                started.elapsed()
+            }
+        });
+        tokio::task::yield_now().await;
+        assert!(front.is_draining(), "/readyz answers 503 at once");
+        assert!(!front.stop_accepting.is_set(), "still accepting");
+
+        // The idle connection is closed when accepting stops, not before.
+        assert_eq!(rest(&mut idle).await, "");
+        assert_eq!(started.elapsed(), DELAY);
+        assert!(front.stop_accepting.is_set());
+        assert!(!front.end_streams.is_set());
+
+        // The unary call in flight finishes (10 s), told the connection closes.
+        let answer = rest(&mut unary).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+
+        // The stream is left alone for the grace, then ended with the error event.
+        let tail = rest(&mut stream).await;
+        assert_eq!(started.elapsed(), DELAY + GRACE);
+        assert!(tail.contains(SHUTDOWN_MESSAGE), "{tail}");
+        assert!(tail.contains("stream_interrupted"), "{tail}");
+        assert!(
+            tail.ends_with("0\r\n\r\n"),
+            "the body ends cleanly: {tail:?}"
+        );
+        assert_eq!(drained.await.unwrap(), DELAY + GRACE);
+        assert_eq!(front.open_connections(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_ends_as_soon_as_the_last_request_is_answered() {
+        let front = Arc::new(Front::new(ClientLimits::default(), 1));
+        let mut unary = open(&front);
+        request(&mut unary, "/slow").await;
+        tokio::task::yield_now().await;
+        let started = Instant::now();
+        drain(&front, DELAY, GRACE).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        assert!(!front.end_streams.is_set(), "nothing needed ending");
+        assert!(rest(&mut unary).await.ends_with("ok"));
+
+        // With nothing open it ends right after the delay.
+        let front = Arc::new(Front::new(ClientLimits::default(), 1));
+        let started = Instant::now();
+        drain(&front, DELAY, GRACE).await;
+        assert_eq!(started.elapsed(), DELAY);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_committed_after_the_grace_ends_at_once_in_its_wire() {
+        let front = Arc::new(Front::default());
+        front.end_streams.set();
+        let body = until_shutdown(
+            front,
+            Wire::Anthropic,
+            Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>()),
+        );
+        let all = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        let text = String::from_utf8_lossy(&all);
+        assert!(text.starts_with("event: error\n"), "{text}");
+        assert!(text.contains(SHUTDOWN_MESSAGE), "{text}");
+    }
+}
