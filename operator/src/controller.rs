@@ -779,12 +779,15 @@ pub async fn reconcile_credential(
     if credential.status.as_ref() == Some(&desired) {
         return Ok(requeue);
     }
-    // The count of routes using it is a fact that moves with every route applied: on
-    // its own it waits for the per-object interval, as traffic facts do.
+    // The count of routes using it moves with every route applied: on its own it
+    // waits for the per-object interval, as traffic facts do, except when the
+    // credential goes from unused to used or back.
+    let used = |routes: Option<i32>| routes.unwrap_or(0) > 0;
     let urgent = deleting
         || credential.status.as_ref().is_none_or(|s| {
             s.conditions != desired.conditions
                 || s.observed_generation != desired.observed_generation
+                || used(s.routes) != used(desired.routes)
         });
     if let Permit::Wait(wait) = ctx.permit(&format!("ProviderCredential/{id}"), urgent) {
         return Ok(Action::requeue(wait));

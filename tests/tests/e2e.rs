@@ -950,11 +950,19 @@ async fn operator_and_proxy_against_a_real_api_server() {
         );
     }
 
-    // 14. Delete the routes: the credential goes, copycat takes the model over, and
-    //     once it goes too the namespaces' rendered objects go. A delivered config
-    //     with no LLMRoute is refused like a broken one (SPEC §8, no
-    //     --allow-empty-config here): the proxies keep serving the last good config
-    //     and say why on /admin/v1/config.
+    // 14. Delete the routes: the credential goes, copycat takes the model over; once
+    //     it goes too, namespace a's rendered objects are gone and the proxies answer
+    //     404 for `smart` while b's `keeper` still serves. Deleting that last route
+    //     leaves a config with no LLMRoute, which is refused like a broken one (SPEC
+    //     §8, no --allow-empty-config here): the last good config keeps serving and
+    //     /admin/v1/config says why.
+    apply(&route(
+        &b,
+        "keeper",
+        "keeper",
+        "[ { credentialRef: { name: steady } } ]",
+    ));
+    wait_programmed(&b, "keeper");
     ok(&["delete", "llmroute", "-n", &a, "smart"]);
     ok(&[
         "wait",
@@ -972,16 +980,34 @@ async fn operator_and_proxy_against_a_real_api_server() {
     .await;
     wait_programmed(&b, "copycat");
     ok(&["delete", "llmroute", "-n", &b, "copycat"]);
+    let gone = |ns: &str| {
+        get_json(&["configmap", "-n", &gw, &format!("switchback-routes-{ns}")]).is_none()
+            && get_json(&["secret", "-n", &gw, &format!("switchback-keys-{ns}")]).is_none()
+    };
     eventually(
-        "the rendered objects of namespaces without routes to go",
+        "the rendered objects of the namespace without routes to go",
         Duration::from_secs(20),
-        || {
-            let gone = |ns: &str| {
-                get_json(&["configmap", "-n", &gw, &format!("switchback-routes-{ns}")]).is_none()
-                    && get_json(&["secret", "-n", &gw, &format!("switchback-keys-{ns}")]).is_none()
-            };
-            (gone(&a) && gone(&b)).then_some(())
+        || gone(&a).then_some(()),
+    )
+    .await;
+    eventually_async(
+        "the proxies to stop serving the deleted routes",
+        Duration::from_secs(10),
+        || async {
+            let mut answered = true;
+            for i in 0..2 {
+                answered &= stack.chat_on(i, "smart").await.status() == 404
+                    && stack.chat_on(i, "keeper").await.status() == 200;
+            }
+            answered.then_some(())
         },
+    )
+    .await;
+    ok(&["delete", "llmroute", "-n", &b, "keeper"]);
+    eventually(
+        "the last namespace's rendered objects to go",
+        Duration::from_secs(20),
+        || gone(&b).then_some(()),
     )
     .await;
     eventually_async(
@@ -1001,7 +1027,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
     )
     .await;
     for i in 0..2 {
-        let r = stack.chat_on(i, "smart").await;
+        let r = stack.chat_on(i, "keeper").await;
         assert_eq!(r.status(), 200, "the last good config keeps serving");
         assert_eq!(served_by(&r), format!("{b}/steady"));
     }
