@@ -7,6 +7,7 @@ pub mod crdgen;
 pub mod credential;
 pub mod delivery;
 pub mod duration;
+pub mod keyhash;
 pub mod network;
 pub mod revision;
 pub mod route;
