@@ -186,6 +186,26 @@ fn route_rules_agree() {
             Box::new(|s| set(s, &["fallback", "maxRetryAfter"], "0s")),
             true,
         ),
+        (
+            "sharedWith two namespaces",
+            Box::new(|s| set(s, &["sharedWith"], "[team-b, team-c]")),
+            true,
+        ),
+        (
+            "sharedWith every namespace",
+            Box::new(|s| set(s, &["sharedWith"], "['*']")),
+            true,
+        ),
+        (
+            "sharedWith a namespace twice",
+            Box::new(|s| set(s, &["sharedWith"], "[team-b, team-c, team-b]")),
+            false,
+        ),
+        (
+            "sharedWith every namespace and one more",
+            Box::new(|s| set(s, &["sharedWith"], "[team-b, '*']")),
+            false,
+        ),
     ];
     for (name, change, accepted) in cases {
         assert_eq!(route_verdicts(change), (accepted, accepted), "{name}");

@@ -76,7 +76,27 @@ pub struct Route {
     pub circuit_breaker: CircuitBreaker,
     /// Budget for the whole call: every attempt, wait and fallback.
     pub timeout_ms: u64,
+    /// Other namespaces whose clients may call this route (`spec.sharedWith`), sorted;
+    /// `["*"]` = every namespace. Empty (and then absent from the JSON, so a route's
+    /// revision does not change) = only clients of its own namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_with: Vec<String>,
 }
+
+impl Route {
+    /// Whether a client in `namespace` may be given this route: its own namespace, or
+    /// one it is shared with.
+    pub fn is_offered_to(&self, namespace: &str) -> bool {
+        self.id.namespace == namespace
+            || self
+                .shared_with
+                .iter()
+                .any(|ns| ns == SHARED_WITH_ALL || ns == namespace)
+    }
+}
+
+/// The `sharedWith` entry that offers a route to every namespace.
+pub const SHARED_WITH_ALL: &str = "*";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

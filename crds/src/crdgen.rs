@@ -230,6 +230,20 @@ mod tests {
             ]
         );
 
+        let shared_with = &p["sharedWith"];
+        assert_eq!(shared_with["maxItems"], json!(64));
+        assert_eq!(
+            shared_with["items"]["pattern"],
+            r"^(\*|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$"
+        );
+        assert_eq!(
+            rules(shared_with),
+            [
+                "self.all(m, self.exists_one(n, n == m))",
+                "!('*' in self) || self.size() == 1"
+            ]
+        );
+
         let status =
             &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
         assert_eq!(

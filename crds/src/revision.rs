@@ -181,6 +181,7 @@ mod tests {
             fallback: Fallback::default(),
             circuit_breaker: CircuitBreaker::default(),
             timeout_ms: 60_000,
+            shared_with: Vec::new(),
         }
     }
 
@@ -236,6 +237,10 @@ mod tests {
         edited.credentials[1].base_url = "https://proxy.example/v1".into();
         assert_ne!(smart(&edited, &keys), before, "second target's credential");
 
+        let mut edited = config.clone();
+        edited.routes[0].shared_with = vec!["team-b".into()];
+        assert_ne!(smart(&edited, &keys), before, "sharedWith");
+
         let mut rotated = keys.clone();
         rotated
             .0
@@ -269,5 +274,15 @@ mod tests {
             before,
             "keys of other credentials"
         );
+    }
+
+    #[test]
+    fn a_route_without_sharing_serializes_as_before_sharing_existed() {
+        // Revisions of routes that do not use sharedWith survive the upgrade that
+        // added it: their JSON, and so their digest, is unchanged.
+        let (config, _) = sample();
+        let json = String::from_utf8(json(&config.routes[0])).unwrap();
+        assert!(!json.contains("sharedWith"), "{json}");
+        assert!(!serde_json::to_string(&config).unwrap().contains("clients"));
     }
 }

@@ -1,5 +1,6 @@
 //! The `LLMRoute` custom resource: which model names a route serves and the ordered
-//! provider targets behind them, with retries, fallback, circuit breaking and a budget.
+//! provider targets behind them, with retries, fallback, circuit breaking and a budget,
+//! and which other namespaces' clients may call it.
 //!
 //! These are the raw types, exactly as written in a manifest: optional fields stay
 //! `Option` (unset is distinguishable from set), durations and prices stay strings.
@@ -74,6 +75,16 @@ pub struct LLMRouteSpec {
     #[schemars(schema_with = "schema::duration")]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be above 0"))]
     pub timeout: Option<String>,
+
+    /// Other namespaces whose LLMClients may call this route, naming it
+    /// `<namespace>/<name>` in their spec.routes; "*" alone offers it to every
+    /// namespace. Clients of the route's own namespace never need it. At most 64
+    /// unique namespace names. Default: none (the route is private to its namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::shared_with")]
+    #[x_kube(validation = Rule::new("self.all(m, self.exists_one(n, n == m))").message("namespaces must be unique"))]
+    #[x_kube(validation = Rule::new("!('*' in self) || self.size() == 1").message("\"*\" shares with every namespace and must be the only entry"))]
+    pub shared_with: Option<Vec<String>>,
 }
 
 /// How the order of targets is chosen.
@@ -361,6 +372,7 @@ spec:
     maxRetryAfter: 30s
   circuitBreaker: { consecutiveFailures: 5, openFor: 30s }
   timeout: 60s
+  sharedWith: [team-b]
 "#;
 
     #[test]
@@ -401,6 +413,7 @@ spec:
             ("inputPerMillion", "inputPerMilion"),
             ("    maxRetryAfter: 30s", "    maxRetryAfer: 30s"),
             ("consecutiveFailures", "consecutiveFailure"),
+            ("sharedWith", "sharedwith"),
         ] {
             let yaml = ROUTE.replacen(typo, fixed, 1);
             assert_ne!(yaml, ROUTE, "{typo} not found");

@@ -1,5 +1,6 @@
-//! Schema fragments shared by both resources: the Gateway API duration form, the
-//! decimal price form, enum lists kept as plain strings, and condition lists.
+//! Schema fragments shared by the resources: the Gateway API duration form, the
+//! decimal price form, enum lists kept as plain strings, namespace names, and
+//! condition lists.
 //!
 //! Enum-like fields are `String`s in the raw types (the schema carries the `enum`) so
 //! that a standalone manifest with a bad value gets a diagnostic naming the field from
@@ -23,6 +24,12 @@ pub const MAX_STATUS_CODES: u32 = 32;
 pub const MAX_HEADERS: u32 = 32;
 pub const MAX_HEADER_VALUE_LEN: u32 = 4096;
 pub const MAX_URL_LEN: u32 = 2048;
+/// Namespaces a route may list in `sharedWith`.
+pub const MAX_SHARED_WITH: u32 = 64;
+/// A namespace name: an RFC 1123 label, at most 63 characters.
+pub const MAX_NAMESPACE_LEN: u32 = 63;
+/// `sharedWith` entries: a namespace name, or `*` for every namespace.
+pub const SHARED_WITH_PATTERN: &str = r"^(\*|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$";
 
 pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
 pub const PROVIDERS: [&str; 3] = ["openai", "anthropic", "openai-compatible"];
@@ -96,6 +103,14 @@ pub(crate) fn headers(_: &mut SchemaGenerator) -> Schema {
         "type": "object",
         "maxProperties": MAX_HEADERS,
         "additionalProperties": { "type": "string", "maxLength": MAX_HEADER_VALUE_LEN },
+    })
+}
+
+pub(crate) fn shared_with(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_SHARED_WITH,
+        "items": { "type": "string", "minLength": 1, "maxLength": MAX_NAMESPACE_LEN, "pattern": SHARED_WITH_PATTERN },
     })
 }
 

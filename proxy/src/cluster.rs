@@ -323,6 +323,7 @@ mod tests {
                 fallback: Fallback::default(),
                 circuit_breaker: CircuitBreaker::default(),
                 timeout_ms: 60_000,
+                shared_with: Vec::new(),
             }],
             credentials: vec![Credential {
                 id: credential,

@@ -119,6 +119,7 @@ pub(crate) mod tests {
                 fallback: Fallback::default(),
                 circuit_breaker: CircuitBreaker::default(),
                 timeout_ms: 1000,
+                shared_with: Vec::new(),
             },
             route_header: HeaderValue::from_static("ns/r"),
             revision: Default::default(),

@@ -88,6 +88,20 @@ pub(crate) fn int_in_range(
     u32::try_from(value).unwrap_or(default)
 }
 
+/// An RFC 1123 label (a namespace name): lower-case alphanumerics and `-`, starting
+/// and ending alphanumeric, 1 to 63 characters.
+pub(crate) fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && is_label(s)
+}
+
+fn is_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    b.first().is_some_and(edge)
+        && b.last().is_some_and(edge)
+        && b.iter().all(|c| edge(c) || *c == b'-')
+}
+
 /// A Gateway API duration in milliseconds, or `default_ms` when unset. `positive`
 /// adds the CEL rule `duration(self) > duration('0s')`.
 pub(crate) fn duration_ms(

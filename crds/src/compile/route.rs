@@ -1,6 +1,7 @@
 //! LLMRoute → [`Route`]: models, strategy, targets (retry, price, credential
-//! reference), fallback, circuit breaker and budget, each field checked against the
-//! same rule as the CRD schema and CEL, with every default of `config.rs` applied.
+//! reference), fallback, circuit breaker, budget and sharing, each field checked
+//! against the same rule as the CRD schema and CEL, with every default of `config.rs`
+//! applied.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -8,11 +9,14 @@ use crate::compile::credential::Outcome;
 use crate::compile::fields::{self, Checker};
 use crate::compile::{Diagnostic, Kind, reason};
 use crate::config::{
-    CircuitBreaker, FailureClass, Fallback, ObjectId, Price, Retry, Route, Strategy, Target,
+    CircuitBreaker, FailureClass, Fallback, ObjectId, Price, Retry, Route, SHARED_WITH_ALL,
+    Strategy, Target,
 };
 use crate::duration::format_ms;
 use crate::route::{CircuitBreakerSpec, FallbackSpec, LLMRouteSpec, RetrySpec, TargetSpec};
-use crate::schema::{MAX_MODEL_LEN, MAX_MODELS, MAX_NAME_LEN, MAX_STATUS_CODES, MAX_TARGETS};
+use crate::schema::{
+    MAX_MODEL_LEN, MAX_MODELS, MAX_NAME_LEN, MAX_SHARED_WITH, MAX_STATUS_CODES, MAX_TARGETS,
+};
 
 const MODES: [(&str, Strategy); 4] = [
     ("fallback", Strategy::Fallback),
@@ -94,6 +98,7 @@ pub(crate) fn compile(
         DEFAULT_TIMEOUT_MS,
         true,
     );
+    let shared_with = shared_with(&mut c, spec.shared_with.as_deref());
 
     let route = (!c.has_errors()).then(|| Route {
         id: id.clone(),
@@ -104,8 +109,46 @@ pub(crate) fn compile(
         fallback,
         circuit_breaker,
         timeout_ms,
+        shared_with,
     });
     (route, c.diagnostics)
+}
+
+/// `spec.sharedWith`: at most 64 unique namespace names, or `*` alone; sorted.
+fn shared_with(c: &mut Checker, spec: Option<&[String]>) -> Vec<String> {
+    let Some(entries) = spec else {
+        return Vec::new();
+    };
+    fields::list_len(
+        c,
+        "spec.sharedWith",
+        entries.len(),
+        0,
+        MAX_SHARED_WITH as usize,
+        "namespaces",
+    );
+    let mut seen = HashSet::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let field = format!("spec.sharedWith[{i}]");
+        if entry != SHARED_WITH_ALL && !fields::is_dns_label(entry) {
+            c.invalid(
+                &field,
+                format!("{entry:?} is not a namespace name (a lower-case RFC 1123 label) or \"*\""),
+            );
+        } else if !seen.insert(entry.as_str()) {
+            c.invalid(&field, format!("{entry:?} is listed more than once"));
+        }
+    }
+    if entries.len() > 1 && seen.contains(SHARED_WITH_ALL) {
+        c.invalid(
+            "spec.sharedWith",
+            "\"*\" shares with every namespace and must be the only entry",
+        );
+    }
+    let mut out = entries.to_vec();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// `spec.models`, default `[metadata.name]`: 1..=32 unique names of 1..=256 characters.

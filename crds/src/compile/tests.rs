@@ -71,6 +71,7 @@ spec:
     maxRetryAfter: 10s
   circuitBreaker: { consecutiveFailures: 3, openFor: 1m }
   timeout: 45s
+  sharedWith: [team-b]
 ---
 apiVersion: switchback.dev/v1alpha1
 kind: LLMRoute
@@ -250,6 +251,7 @@ fn sample_compiles_to_the_expected_config() {
                     open_for_ms: 30_000,
                 },
                 timeout_ms: 60_000,
+                shared_with: vec![],
             },
             Route {
                 id: id("smart"),
@@ -297,6 +299,7 @@ fn sample_compiles_to_the_expected_config() {
                     open_for_ms: 60_000,
                 },
                 timeout_ms: 45_000,
+                shared_with: vec!["team-b".into()],
             },
         ],
         credentials: vec![
@@ -876,4 +879,58 @@ fn defaulted_fields_left_unset_in_a_target_spec() {
     let smart = &compiled.config.routes[1];
     assert_eq!(smart.targets[2].weight, 1);
     assert_eq!(smart.targets[2].retry, Retry::default());
+}
+
+// ---- sharedWith ----
+
+#[test]
+fn shared_with_is_sorted_and_deduplicated_nowhere_else() {
+    let mut s = sample();
+    s.smart().shared_with = Some(vec!["team-c".into(), "team-b".into()]);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    assert_eq!(
+        compiled.config.routes[1].shared_with,
+        vec!["team-b", "team-c"]
+    );
+    assert!(compiled.config.routes[1].is_offered_to("team-c"));
+    assert!(compiled.config.routes[1].is_offered_to("team-a"));
+    assert!(!compiled.config.routes[1].is_offered_to("team-d"));
+    assert!(!compiled.config.routes[0].is_offered_to("team-b"));
+}
+
+#[test]
+fn shared_with_a_bad_namespace_name() {
+    rejects(
+        |s| s.smart().shared_with = Some(vec!["team-b".into(), "Team_C".into()]),
+        "team-a/smart: spec.sharedWith[1]: \"Team_C\" is not a namespace name (a lower-case RFC 1123 label) or \"*\"",
+    );
+}
+
+#[test]
+fn shared_with_a_namespace_twice() {
+    rejects(
+        |s| s.smart().shared_with = Some(vec!["team-b".into(), "team-b".into()]),
+        "team-a/smart: spec.sharedWith[1]: \"team-b\" is listed more than once",
+    );
+}
+
+#[test]
+fn shared_with_star_and_more() {
+    rejects(
+        |s| s.smart().shared_with = Some(vec!["*".into(), "team-b".into()]),
+        "team-a/smart: spec.sharedWith: \"*\" shares with every namespace and must be the only entry",
+    );
+}
+
+#[test]
+fn shared_with_too_many() {
+    rejects(
+        |s| {
+            let mut namespaces: Vec<String> = (0..64).map(|i| format!("ns-{i}")).collect();
+            namespaces.push("team-b".into());
+            s.smart().shared_with = Some(namespaces);
+        },
+        "team-a/smart: spec.sharedWith: has 65 namespaces; the maximum is 64",
+    );
 }
