@@ -5,7 +5,7 @@
 use kube::core::cel::validate_cel;
 
 use crate::compile::{Inputs, compile};
-use crate::{LLMRoute, ProviderCredential};
+use crate::{LLMClient, LLMRoute, ProviderCredential};
 
 const ROUTE: &str = r#"
 apiVersion: switchback.dev/v1alpha1
@@ -32,6 +32,17 @@ spec:
   secretRef: { name: key, key: apiKey }
 "#;
 
+const CLIENT: &str = r#"
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: { name: checkout, namespace: team-a }
+spec:
+  keySecretRef: { name: checkout-llm, key: apiKey }
+  routes: [smart, team-b/shared]
+  limits: { requestsPerMinute: 600 }
+  budget: { tokensPerDay: 5000000, usdPerMonth: "200.00" }
+"#;
+
 fn credentials() -> Vec<ProviderCredential> {
     ["openai-prod", "anthropic-prod"]
         .into_iter()
@@ -50,7 +61,7 @@ fn route_verdicts(change: impl FnOnce(&mut serde_yaml_ng::Value)) -> (bool, bool
     let compiled = compile(&Inputs {
         routes: std::slice::from_ref(&route),
         credentials: &credentials(),
-        secrets: &[],
+        ..Default::default()
     });
     (cel.is_ok(), compiled.config.routes.len() == 1)
 }
@@ -65,9 +76,21 @@ fn credential_verdicts(change: impl FnOnce(&mut serde_yaml_ng::Value)) -> (bool,
     let compiled = compile(&Inputs {
         routes: &[],
         credentials: std::slice::from_ref(&credential),
-        secrets: &[],
+        ..Default::default()
     });
     (cel.is_ok(), compiled.config.credentials.len() == 1)
+}
+
+fn client_verdicts(change: impl FnOnce(&mut serde_yaml_ng::Value)) -> (bool, bool) {
+    let mut value: serde_yaml_ng::Value = serde_yaml_ng::from_str(CLIENT).expect("client is YAML");
+    change(&mut value["spec"]);
+    let client: LLMClient = serde_yaml_ng::from_value(value).expect("client parses");
+    let cel = validate_cel(&client);
+    let compiled = compile(&Inputs {
+        clients: std::slice::from_ref(&client),
+        ..Default::default()
+    });
+    (cel.is_ok(), compiled.config.clients.len() == 1)
 }
 
 /// A named change to a spec and whether the result must be accepted.
@@ -89,6 +112,7 @@ fn set(spec: &mut serde_yaml_ng::Value, path: &[&str], yaml: &str) {
 fn the_sample_passes_both() {
     assert_eq!(route_verdicts(|_| {}), (true, true));
     assert_eq!(credential_verdicts(|_| {}), (true, true));
+    assert_eq!(client_verdicts(|_| {}), (true, true));
 }
 
 #[test]
@@ -244,5 +268,48 @@ fn credential_rules_agree() {
     ];
     for (name, change, accepted) in cases {
         assert_eq!(credential_verdicts(change), (accepted, accepted), "{name}");
+    }
+}
+
+#[test]
+fn client_rules_agree() {
+    let cases: Vec<Case> = vec![
+        (
+            "a route listed twice",
+            Box::new(|s| set(s, &["routes"], "[smart, team-b/shared, smart]")),
+            false,
+        ),
+        (
+            "zero USD budget",
+            Box::new(|s| set(s, &["budget", "usdPerMonth"], "'0.00'")),
+            false,
+        ),
+        (
+            "zero USD budget, no fraction",
+            Box::new(|s| set(s, &["budget", "usdPerMonth"], "'0'")),
+            false,
+        ),
+        (
+            "one cent",
+            Box::new(|s| set(s, &["budget", "usdPerMonth"], "'0.01'")),
+            true,
+        ),
+        (
+            "a whole number of dollars",
+            Box::new(|s| set(s, &["budget", "usdPerMonth"], "'10'")),
+            true,
+        ),
+        (
+            "no budget at all",
+            Box::new(|s| {
+                if let Some(spec) = s.as_mapping_mut() {
+                    spec.remove("budget");
+                }
+            }),
+            true,
+        ),
+    ];
+    for (name, change, accepted) in cases {
+        assert_eq!(client_verdicts(change), (accepted, accepted), "{name}");
     }
 }

@@ -1,13 +1,15 @@
 //! `compile`: the one pure function from raw resources (LLMRoute, ProviderCredential,
-//! Secret) to the compiled config, shared by the operator and the proxy.
+//! LLMClient, Secret) to the compiled config, shared by the operator and the proxy.
 //!
 //! It enforces every rule the CRD schema and its CEL rules enforce, and more: in
 //! standalone mode there is no API server, and in a cluster the operator must not
 //! trust that the CRD installed is the current one. Each object is checked on its own
-//! first (`credential`, `route`, built from the per-field checks in `fields`), then
-//! across objects: credential and Secret references, and model names claimed by two
-//! routes (the older route keeps them). No IO, no clock: same inputs, same output.
+//! first (`credential`, `route`, `client`, built from the per-field checks in
+//! `fields`), then across objects: credential, Secret and route references, model names
+//! claimed by two routes (the older route keeps them), and client keys used by two
+//! clients (the older client keeps it). No IO, no clock: same inputs, same output.
 
+mod client;
 mod credential;
 mod fields;
 mod route;
@@ -19,16 +21,27 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use crate::config::{CompiledConfig, Keys, ObjectId, Route};
-use crate::{LLMRoute, ProviderCredential};
+pub use client::MIN_KEY_LEN as MIN_CLIENT_KEY_LEN;
+
+use crate::config::{Client, CompiledConfig, Keys, ObjectId, Route};
+use crate::credential::SecretKeySelector;
+use crate::keyhash::KeyHasher;
+use crate::secret::Secret;
+use crate::{LLMClient, LLMRoute, ProviderCredential};
 
 /// What `compile` reads. Objects of any namespace may be mixed; a route only ever
-/// sees credentials and Secrets of its own namespace.
+/// sees credentials and Secrets of its own namespace, a client only Secrets of its own
+/// namespace and routes of its own or offered to it by `sharedWith`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Inputs<'a> {
     pub routes: &'a [LLMRoute],
     pub credentials: &'a [ProviderCredential],
+    pub clients: &'a [LLMClient],
     pub secrets: &'a [KubeSecret],
+    /// The per-cluster secret client keys are hashed with. `None` compiles and checks
+    /// clients all the same but leaves every [`Client::key_hash`] empty, so nobody can
+    /// authenticate with that config: for callers that do not serve clients.
+    pub client_key_hasher: Option<&'a KeyHasher>,
 }
 
 /// The compiled routes and credentials, the keys they need, and one diagnostic per
@@ -45,6 +58,7 @@ pub struct Compiled {
 pub enum Kind {
     LLMRoute,
     ProviderCredential,
+    LLMClient,
     Secret,
 }
 
@@ -93,6 +107,17 @@ pub mod reason {
     pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
     /// The credential's baseURL is a private address and allowPrivateNetwork is off.
     pub const PRIVATE_NETWORK: &str = "PrivateNetwork";
+    /// A client's key Secret, or the key in it, is missing, unusable or too short:
+    /// nobody can authenticate as the client.
+    pub const KEY_MISSING: &str = "KeyMissing";
+    /// A client's key is already the key of an older client; a key identifies one
+    /// client, so the newer one cannot authenticate with it.
+    pub const KEY_CONFLICT: &str = "KeyConflict";
+    /// A client names a route that does not exist or is not shared with its namespace
+    /// (or its namespace has no route at all and it names none).
+    pub const ROUTE_NOT_FOUND: &str = "RouteNotFound";
+    /// A client spent a budget (set by the operator from usage, never by `compile`).
+    pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
 }
 
 /// Namespace of an object whose metadata has none (a standalone manifest).
@@ -124,7 +149,8 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
     }
 
     let mut candidates: Vec<Candidate> = Vec::new();
-    let mut seen_routes: BTreeMap<ObjectId, ()> = BTreeMap::new();
+    // Every route object, accepted or not, for the clients' `routes`.
+    let mut seen_routes = client::RouteIndex::new();
     for (index, raw) in inputs.routes.iter().enumerate() {
         let Some(id) = object_id(
             Kind::LLMRoute,
@@ -134,7 +160,7 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
         ) else {
             continue;
         };
-        seen_routes.insert(id.clone(), ());
+        seen_routes.insert(id.clone(), raw.spec.shared_with.clone().unwrap_or_default());
         let generation = raw.metadata.generation.unwrap_or(0);
         let (route, route_diagnostics) = route::compile(&id, generation, &raw.spec, &credentials);
         diagnostics.extend(route_diagnostics);
@@ -150,6 +176,38 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
 
     let routes = resolve_model_conflicts(candidates, &mut diagnostics);
 
+    let mut clients: Vec<ClientCandidate> = Vec::new();
+    let mut seen_clients: BTreeMap<ObjectId, ()> = BTreeMap::new();
+    for (index, raw) in inputs.clients.iter().enumerate() {
+        let Some(id) = object_id(
+            Kind::LLMClient,
+            &raw.metadata,
+            &seen_clients,
+            &mut diagnostics,
+        ) else {
+            continue;
+        };
+        seen_clients.insert(id.clone(), ());
+        let outcome = client::compile(
+            &id,
+            raw.metadata.generation.unwrap_or(0),
+            &raw.spec,
+            &seen_routes,
+            &secrets,
+            inputs.client_key_hasher,
+        );
+        diagnostics.extend(outcome.diagnostics);
+        if let Some(client) = outcome.client {
+            clients.push(ClientCandidate {
+                index,
+                created: raw.metadata.creation_timestamp.clone(),
+                key: outcome.key,
+                client,
+            });
+        }
+    }
+    let clients = resolve_key_conflicts(clients, &mut diagnostics);
+
     let mut keys = Keys::default();
     let mut config = CompiledConfig::default();
     for (id, outcome) in credentials {
@@ -161,6 +219,7 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
         }
     }
     config.routes = routes;
+    config.clients = clients;
 
     // Stable: within one object, diagnostics keep the order the fields were checked in.
     diagnostics.sort_by(|a, b| (kind_rank(a.kind), &a.object).cmp(&(kind_rank(b.kind), &b.object)));
@@ -175,7 +234,8 @@ fn kind_rank(kind: Kind) -> u8 {
     match kind {
         Kind::LLMRoute => 0,
         Kind::ProviderCredential => 1,
-        Kind::Secret => 2,
+        Kind::LLMClient => 2,
+        Kind::Secret => 3,
     }
 }
 
@@ -240,6 +300,118 @@ fn index_secrets(secrets: &[KubeSecret], diagnostics: &mut Vec<Diagnostic>) -> S
         index.insert(id, values);
     }
     index
+}
+
+/// Why a Secret key reference gives no key: the field (`<path>.name` or `<path>.key`)
+/// and the message of the diagnostic.
+pub(crate) struct KeyProblem {
+    pub(crate) field: String,
+    pub(crate) message: String,
+}
+
+/// The value of the Secret key `selector` names in `namespace`, trimmed of surrounding
+/// whitespace (a key written with `echo` into a file ends in a newline, which no HTTP
+/// header carries). `path` is the selector's field path, e.g. `spec.secretRef`.
+pub(crate) fn secret_key(
+    namespace: &str,
+    selector: &SecretKeySelector,
+    path: &str,
+    secrets: &SecretIndex,
+) -> Result<String, KeyProblem> {
+    let problem = |field: &str, message: String| KeyProblem {
+        field: format!("{path}.{field}"),
+        message,
+    };
+    let secret_id = ObjectId::new(namespace, selector.name.clone());
+    let Some(secret) = secrets.get(&secret_id) else {
+        return Err(problem(
+            "name",
+            format!(
+                "Secret {:?} not found in namespace {namespace}",
+                selector.name
+            ),
+        ));
+    };
+    let Some(bytes) = secret.get(&selector.key) else {
+        return Err(problem(
+            "key",
+            format!("Secret {:?} has no key {:?}", selector.name, selector.key),
+        ));
+    };
+    let unusable = |what: &str| {
+        problem(
+            "key",
+            format!(
+                "key {:?} of Secret {:?} {what}",
+                selector.key, selector.name
+            ),
+        )
+    };
+    let text = std::str::from_utf8(bytes).map_err(|_| unusable("is not UTF-8 text"))?;
+    let key = text.trim();
+    if key.is_empty() {
+        return Err(unusable("is empty"));
+    }
+    if !fields::is_header_value(key) {
+        return Err(unusable("has characters an HTTP header cannot carry"));
+    }
+    Ok(key.to_string())
+}
+
+/// A client that passed its own checks, waiting for its key to be found unique.
+struct ClientCandidate {
+    /// Position in `Inputs.clients`: the tie-breaker between equal ages.
+    index: usize,
+    created: Option<Time>,
+    key: Option<Secret<String>>,
+    client: Client,
+}
+
+/// Gives each key to the oldest client that has it (age as for model conflicts); a
+/// newer client with the same key keeps its place but loses the key (KeyConflict), so
+/// a key always names exactly one client and a newcomer cannot lock the owner out.
+/// Another namespace's client is not named in the message.
+fn resolve_key_conflicts(
+    mut candidates: Vec<ClientCandidate>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Vec<Client> {
+    candidates.sort_by(|a, b| {
+        let age = |c: &ClientCandidate| (c.created.is_none(), c.created.clone(), c.index);
+        age(a).cmp(&age(b))
+    });
+    let mut owners: HashMap<String, ObjectId> = HashMap::new();
+    let mut clients = Vec::with_capacity(candidates.len());
+    for candidate in candidates {
+        let mut client = candidate.client;
+        if let Some(key) = candidate.key {
+            match owners.get(key.expose()) {
+                None => {
+                    owners.insert(key.expose().clone(), client.id.clone());
+                }
+                Some(owner) => {
+                    let who = if owner.namespace == client.id.namespace {
+                        format!("the older LLMClient {owner}")
+                    } else {
+                        "an older LLMClient of another namespace".to_string()
+                    };
+                    diagnostics.push(Diagnostic {
+                        kind: Kind::LLMClient,
+                        object: client.id.clone(),
+                        severity: Severity::Warning,
+                        reason: reason::KEY_CONFLICT,
+                        field: "spec.keySecretRef".to_string(),
+                        message: format!(
+                            "the key is already used by {who}; a key identifies one client, so nobody can authenticate as this one until its key changes"
+                        ),
+                    });
+                    client.key_hash = None;
+                }
+            }
+        }
+        clients.push(client);
+    }
+    clients.sort_by(|a, b| a.id.cmp(&b.id));
+    clients
 }
 
 /// A route that passed every other check, waiting for its models.

@@ -1,29 +1,40 @@
-//! The compiled config: the validated, defaulted form of routes and credentials that
-//! `compile` produces, the operator writes into ConfigMaps and the proxy loads.
+//! The compiled config: the validated, defaulted form of routes, credentials and
+//! clients that `compile` produces, the operator writes into ConfigMaps and the proxy
+//! loads.
 //!
 //! Every default is already applied and every duration is in milliseconds, so a
 //! consumer never re-validates or re-defaults. The shape is versioned
 //! ([`CONFIG_VERSION`]): a proxy refuses a config whose version it does not know
-//! instead of guessing. No key material ever lives here; keys travel separately as
-//! [`Keys`].
+//! instead of guessing. No key material ever lives here: provider keys travel
+//! separately as [`Keys`], and a client is known only by the keyed hash of its key
+//! ([`KeyHash`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::keyhash::KeyHash;
 use crate::secret::Secret;
 
 /// Version of the compiled config format. Bump on any incompatible change.
 pub const CONFIG_VERSION: u32 = 1;
 
-/// All routes and credentials of one source (a namespace, or a standalone manifest set).
+/// All routes, credentials and clients of one source (a namespace, or a standalone
+/// manifest set).
+///
+/// `clients` is left out of the JSON when empty, so a config without LLMClients is
+/// byte for byte what it was before clients existed (same [`CONFIG_VERSION`], same
+/// route revisions); a proxy too old to know clients refuses a config that has them
+/// (unknown field) instead of serving it without authentication.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CompiledConfig {
     pub version: u32,
     pub routes: Vec<Route>,
     pub credentials: Vec<Credential>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<Client>,
 }
 
 impl Default for CompiledConfig {
@@ -32,6 +43,7 @@ impl Default for CompiledConfig {
             version: CONFIG_VERSION,
             routes: Vec::new(),
             credentials: Vec::new(),
+            clients: Vec::new(),
         }
     }
 }
@@ -283,6 +295,52 @@ pub struct Credential {
 pub struct SecretKeyRef {
     pub name: String,
     pub key: String,
+}
+
+/// One `LLMClient`, validated and defaulted: who it is (the hash of its key), which
+/// routes it may call, and its limits and budgets, cluster-wide (the operator renders
+/// each replica's share).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Client {
+    pub id: ObjectId,
+    /// `metadata.generation` of the LLMClient (0 when unknown).
+    pub generation: i64,
+    /// HMAC-SHA256 of the key under the per-cluster secret. `None` when the key is
+    /// missing or unusable, when an older client has the same key, or when `compile`
+    /// was given no hasher: nobody can authenticate as this client (fail closed, so
+    /// deleting the Secret revokes the key once the new config is delivered).
+    pub key_hash: Option<KeyHash>,
+    /// Where the key came from, for status and diagnostics (never the key).
+    pub key_secret_ref: SecretKeyRef,
+    /// Routes the client may call, sorted and unique: `spec.routes` resolved, or every
+    /// LLMRoute of its namespace when unset. Only routes that exist and are offered to
+    /// the client's namespace; the proxy checks [`Route::is_offered_to`] again on the
+    /// route it serves.
+    pub routes: Vec<ObjectId>,
+    pub limits: ClientLimits,
+    pub budget: ClientBudget,
+}
+
+/// Cluster-wide limits of one client; `None` = unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientLimits {
+    pub requests_per_minute: Option<u32>,
+    /// Input + output tokens per minute.
+    pub tokens_per_minute: Option<u32>,
+    /// Requests in flight at once.
+    pub max_concurrency: Option<u32>,
+}
+
+/// Spending caps of one client; `None` = no cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientBudget {
+    /// Input + output tokens per UTC day.
+    pub tokens_per_day: Option<u64>,
+    /// USD per UTC calendar month, from the targets' prices.
+    pub usd_per_month: Option<f64>,
 }
 
 /// API keys by credential. Kept apart from [`CompiledConfig`] so the config can be

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use kube::CustomResourceExt;
 
-use crate::{LLMRoute, ProviderCredential};
+use crate::{LLMClient, LLMRoute, ProviderCredential};
 
 /// The command that rewrites the checked-in files, quoted by the staleness test.
 pub const REGENERATE: &str = "cargo run -p switchback-operator -- crds --write crds/";
@@ -13,6 +13,10 @@ pub const REGENERATE: &str = "cargo run -p switchback-operator -- crds --write c
 /// One CRD per file, named `<plural>.<group>.yaml`, in alphabetical order.
 pub fn crd_files() -> Vec<(String, String)> {
     vec![
+        (
+            format!("{}.yaml", LLMClient::crd_name()),
+            document(&LLMClient::crd()),
+        ),
         (
             format!("{}.yaml", LLMRoute::crd_name()),
             document(&LLMRoute::crd()),
@@ -24,7 +28,7 @@ pub fn crd_files() -> Vec<(String, String)> {
     ]
 }
 
-/// Both CRDs as one multi-document YAML stream: the exact concatenation of the
+/// Every CRD as one multi-document YAML stream: the exact concatenation of the
 /// checked-in files.
 pub fn crd_yaml() -> String {
     crd_files().into_iter().map(|(_, yaml)| yaml).collect()
@@ -75,11 +79,15 @@ mod tests {
         assert_eq!(
             names,
             [
+                "llmclients.switchback.dev.yaml",
                 "llmroutes.switchback.dev.yaml",
                 "providercredentials.switchback.dev.yaml"
             ]
         );
-        assert_eq!(crd_yaml(), format!("{}{}", files[0].1, files[1].1));
+        assert_eq!(
+            crd_yaml(),
+            format!("{}{}{}", files[0].1, files[1].1, files[2].1)
+        );
         for (_, yaml) in &files {
             assert!(yaml.starts_with("---\n"));
             assert_eq!(yaml.matches("\n---\n").count(), 0, "one document per file");
@@ -257,6 +265,86 @@ mod tests {
     }
 
     #[test]
+    fn llmclient_schema() {
+        let crd = crd::<LLMClient>();
+        assert_eq!(crd["metadata"]["name"], "llmclients.switchback.dev");
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        assert_eq!(crd["spec"]["names"]["shortNames"], json!(["llmc"]));
+        assert_eq!(crd["spec"]["names"]["categories"], json!(["switchback"]));
+        assert_eq!(crd["spec"]["versions"][0]["name"], "v1alpha1");
+        assert_eq!(
+            crd["spec"]["versions"][0]["subresources"],
+            json!({ "status": {} })
+        );
+        assert_eq!(
+            columns(&crd),
+            [
+                ("ROUTES", ".status.routes"),
+                ("RPM", ".status.requestsPerMinute"),
+                ("TOKENS TODAY", ".status.usage.today.tokens"),
+                ("USD MONTH", ".status.usage.thisMonth.usd"),
+                ("BUDGET", ".status.budgetUsedPercent"),
+                ("READY", ".status.conditions[?(@.type==\"Ready\")].status"),
+                ("AGE", ".metadata.creationTimestamp"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+
+        let spec = spec_schema(&crd);
+        assert_eq!(spec["required"], json!(["keySecretRef"]));
+        let p = &spec["properties"];
+        assert_eq!(p["keySecretRef"]["required"], json!(["key", "name"]));
+        let routes = &p["routes"];
+        assert_eq!(
+            (&routes["minItems"], &routes["maxItems"]),
+            (&json!(1), &json!(64))
+        );
+        assert_eq!(routes["items"]["maxLength"], json!(317));
+        assert_eq!(rules(routes), ["self.all(m, self.exists_one(n, n == m))"]);
+        let limits = &p["limits"]["properties"];
+        assert_eq!(
+            range(&limits["requestsPerMinute"]),
+            (json!(1.0), json!(1_000_000.0))
+        );
+        assert_eq!(
+            range(&limits["tokensPerMinute"]),
+            (json!(1.0), json!(1_000_000_000.0))
+        );
+        assert_eq!(
+            range(&limits["maxConcurrency"]),
+            (json!(1.0), json!(100_000.0))
+        );
+        let budget = &p["budget"]["properties"];
+        assert_eq!(
+            range(&budget["tokensPerDay"]),
+            (json!(1.0), json!(1_000_000_000_000.0))
+        );
+        assert_eq!(budget["tokensPerDay"]["format"], "int64");
+        assert_eq!(
+            budget["usdPerMonth"]["pattern"],
+            r"^[0-9]{1,9}(\.[0-9]{1,9})?$"
+        );
+        assert_eq!(rules(&budget["usdPerMonth"]), ["self.matches('[1-9]')"]);
+
+        let status =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        let s = &status["properties"];
+        assert_eq!(s["conditions"]["x-kubernetes-list-type"], "map");
+        for period in ["today", "thisMonth"] {
+            assert_eq!(
+                s["usage"]["properties"][period]["required"],
+                json!(["inputTokens", "outputTokens", "requests", "tokens", "usd"]),
+                "{period}"
+            );
+        }
+        assert_eq!(
+            s["throttled"]["required"],
+            json!(["budgetExhausted", "rateLimited"])
+        );
+        assert_eq!(s["lastRequestAt"]["format"], "date-time");
+    }
+
+    #[test]
     fn provider_credential_schema() {
         let crd = crd::<ProviderCredential>();
         assert_eq!(
@@ -327,6 +415,11 @@ mod tests {
         walk(
             "providercredential.spec",
             spec_schema(&crd::<ProviderCredential>()),
+            &mut missing,
+        );
+        walk(
+            "llmclient.spec",
+            spec_schema(&crd::<LLMClient>()),
             &mut missing,
         );
         assert_eq!(missing, Vec::<String>::new());

@@ -335,6 +335,13 @@ fn check_namespace(
             return Err(foreign("credential", &credential.id));
         }
     }
+    // A client belongs to its own namespace's config; the routes it may call can be
+    // in other namespaces (sharedWith).
+    for client in &config.clients {
+        if client.id.namespace != namespace {
+            return Err(foreign("client", &client.id));
+        }
+    }
     Ok(())
 }
 
@@ -401,6 +408,7 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
             routes: &routes,
             credentials: &credentials,
             secrets: &secrets,
+            ..Default::default()
         });
         assert!(out.diagnostics.is_empty(), "{:?}", out.diagnostics);
         out

@@ -1,6 +1,8 @@
-//! Switchback's API: the `LLMRoute` and `ProviderCredential` custom resources, their
-//! validation, and the compiled config that the operator renders and the proxy loads.
+//! Switchback's API: the `LLMRoute`, `ProviderCredential` and `LLMClient` custom
+//! resources, their validation, and the compiled config that the operator renders and
+//! the proxy loads.
 
+pub mod client;
 pub mod compile;
 pub mod config;
 pub mod crdgen;
@@ -18,6 +20,7 @@ pub mod stats;
 #[cfg(test)]
 mod cel_parity;
 
+pub use client::{LLMClient, LLMClientSpec, LLMClientStatus};
 pub use compile::{Compiled, Diagnostic, Inputs, compile, reason};
 pub use crdgen::crd_yaml;
 pub use credential::{ProviderCredential, ProviderCredentialSpec, ProviderCredentialStatus};

@@ -1,6 +1,6 @@
 //! Schema fragments shared by the resources: the Gateway API duration form, the
-//! decimal price form, enum lists kept as plain strings, namespace names, and
-//! condition lists.
+//! decimal price form, enum lists kept as plain strings, namespace and route
+//! references, and condition lists.
 //!
 //! Enum-like fields are `String`s in the raw types (the schema carries the `enum`) so
 //! that a standalone manifest with a bad value gets a diagnostic naming the field from
@@ -24,12 +24,24 @@ pub const MAX_STATUS_CODES: u32 = 32;
 pub const MAX_HEADERS: u32 = 32;
 pub const MAX_HEADER_VALUE_LEN: u32 = 4096;
 pub const MAX_URL_LEN: u32 = 2048;
-/// Namespaces a route may list in `sharedWith`.
+/// Namespaces a route may list in `sharedWith`, and routes a client may list.
 pub const MAX_SHARED_WITH: u32 = 64;
+pub const MAX_CLIENT_ROUTES: u32 = 64;
 /// A namespace name: an RFC 1123 label, at most 63 characters.
 pub const MAX_NAMESPACE_LEN: u32 = 63;
 /// `sharedWith` entries: a namespace name, or `*` for every namespace.
 pub const SHARED_WITH_PATTERN: &str = r"^(\*|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$";
+/// `LLMClient.spec.routes` entries: `name` (the client's namespace) or `namespace/name`;
+/// route names are RFC 1123 subdomains like every object name.
+pub const ROUTE_REF_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+pub const MAX_ROUTE_REF_LEN: u32 = MAX_NAMESPACE_LEN + 1 + MAX_NAME_LEN;
+
+/// Ranges of an LLMClient's limits and budgets. Generous upper bounds: they exist to
+/// catch a misplaced digit and to keep per-replica arithmetic far from overflow.
+pub const MAX_REQUESTS_PER_MINUTE: i32 = 1_000_000;
+pub const MAX_TOKENS_PER_MINUTE: i32 = 1_000_000_000;
+pub const MAX_CLIENT_CONCURRENCY: i32 = 100_000;
+pub const MAX_TOKENS_PER_DAY: i64 = 1_000_000_000_000;
 
 pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
 pub const PROVIDERS: [&str; 3] = ["openai", "anthropic", "openai-compatible"];
@@ -111,6 +123,15 @@ pub(crate) fn shared_with(_: &mut SchemaGenerator) -> Schema {
         "type": "array",
         "maxItems": MAX_SHARED_WITH,
         "items": { "type": "string", "minLength": 1, "maxLength": MAX_NAMESPACE_LEN, "pattern": SHARED_WITH_PATTERN },
+    })
+}
+
+pub(crate) fn client_routes(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_CLIENT_ROUTES,
+        "items": { "type": "string", "minLength": 1, "maxLength": MAX_ROUTE_REF_LEN, "pattern": ROUTE_REF_PATTERN },
     })
 }
 

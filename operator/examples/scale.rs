@@ -131,6 +131,7 @@ fn main() {
         routes: &routes,
         credentials: &credentials,
         secrets: &secrets,
+        ..Default::default()
     };
     println!(
         "{ROUTES} LLMRoutes, {} ProviderCredentials, {NAMESPACES} namespaces, {REPLICAS} proxy replicas\n",

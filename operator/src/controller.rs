@@ -424,6 +424,9 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
             routes: &routes,
             credentials: &credentials,
             secrets: &secrets,
+            // LLMClients are not watched yet (issue 12 builds the resource first):
+            // rendered configs carry no clients.
+            ..Default::default()
         },
         &previous,
     );

@@ -154,6 +154,7 @@ mod tests {
                 routes,
                 credentials,
                 secrets,
+                ..Default::default()
             },
             previous,
         )

@@ -1,5 +1,5 @@
 //! Reading standalone manifests: a YAML file or a folder of them (LLMRoute,
-//! ProviderCredential, and Secret with `data` or `stringData`), every object
+//! ProviderCredential, LLMClient, and Secret with `data` or `stringData`), every object
 //! remembered with the file and line it came from so that each error can point there.
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Secret;
 use serde::de::DeserializeOwned;
 use switchback_crds::compile::Kind;
 use switchback_crds::config::ObjectId;
-use switchback_crds::{LLMRoute, ProviderCredential};
+use switchback_crds::{LLMClient, LLMRoute, ProviderCredential};
 
 const API_VERSION: &str = "switchback.dev/v1alpha1";
 const DEFAULT_NAMESPACE: &str = "default";
@@ -50,6 +50,7 @@ impl fmt::Display for ManifestError {
 pub struct ManifestSet {
     pub routes: Vec<LLMRoute>,
     pub credentials: Vec<ProviderCredential>,
+    pub clients: Vec<LLMClient>,
     pub secrets: Vec<Secret>,
     pub origins: HashMap<(KindKey, ObjectId), Origin>,
     /// Documents of other kinds, skipped (a folder may hold unrelated manifests).
@@ -61,6 +62,7 @@ pub struct ManifestSet {
 pub enum KindKey {
     Route,
     Credential,
+    Client,
     Secret,
 }
 
@@ -69,6 +71,7 @@ impl From<Kind> for KindKey {
         match k {
             Kind::LLMRoute => Self::Route,
             Kind::ProviderCredential => Self::Credential,
+            Kind::LLMClient => Self::Client,
             Kind::Secret => Self::Secret,
         }
     }
@@ -184,8 +187,9 @@ pub fn load_text(file: &Path, text: &str, set: &mut ManifestSet, errors: &mut Ve
         let key = match (api_version, kind) {
             (API_VERSION, "LLMRoute") => KindKey::Route,
             (API_VERSION, "ProviderCredential") => KindKey::Credential,
+            (API_VERSION, "LLMClient") => KindKey::Client,
             ("v1", "Secret") => KindKey::Secret,
-            (v, k @ ("LLMRoute" | "ProviderCredential")) => {
+            (v, k @ ("LLMRoute" | "ProviderCredential" | "LLMClient")) => {
                 errors.push(at(
                     None,
                     format!("{k} {id}: apiVersion {v:?} is not {API_VERSION:?}"),
@@ -225,6 +229,10 @@ pub fn load_text(file: &Path, text: &str, set: &mut ManifestSet, errors: &mut Ve
                     set.credentials.push(c)
                 })
             }
+            KindKey::Client => typed::<LLMClient>(&doc, Redact::KeyFields).map(|mut c| {
+                c.metadata.namespace = Some(id.namespace.clone());
+                set.clients.push(c)
+            }),
             KindKey::Secret => typed::<Secret>(&doc, Redact::Always).map(|mut s| {
                 s.metadata.namespace = Some(id.namespace.clone());
                 set.secrets.push(s)
@@ -247,7 +255,8 @@ enum Redact {
     Never,
     /// Every field: Secrets hold nothing else.
     Always,
-    /// `spec.secretRef`, `spec.headers`, or the whole spec of a ProviderCredential.
+    /// `spec.secretRef`, `spec.keySecretRef`, `spec.headers`, or the whole spec of a
+    /// ProviderCredential or LLMClient.
     KeyFields,
 }
 
@@ -259,6 +268,7 @@ impl Redact {
             Redact::KeyFields => {
                 matches!(path, "" | "." | "spec")
                     || path.starts_with("spec.secretRef")
+                    || path.starts_with("spec.keySecretRef")
                     || path.starts_with("spec.headers")
             }
         }
@@ -413,6 +423,20 @@ mod tests {
                 ),
                 "spec",
             ),
+            (
+                format!(
+                    "apiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{name: c}}\n\
+                     spec: {{keySecretRef: {key}}}\n"
+                ),
+                "spec.keySecretRef",
+            ),
+            (
+                format!(
+                    "apiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{name: c}}\n\
+                     spec: {key}\n"
+                ),
+                "spec",
+            ),
         ] {
             let mut set = ManifestSet::default();
             let mut errors = Vec::new();
@@ -428,6 +452,31 @@ mod tests {
                      spec: {targets: [{credentialRef: {name: c}, weight: sideways}]}\n";
         load_text(Path::new("m.yaml"), route, &mut set, &mut errors);
         assert!(errors[0].to_string().contains("sideways"), "{errors:?}");
+    }
+
+    #[test]
+    fn llm_clients_are_read_into_their_namespace() {
+        let mut set = ManifestSet::default();
+        let mut errors = Vec::new();
+        let text = "apiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {name: app}\n\
+                    spec: {keySecretRef: {name: k, key: apiKey}, routes: [smart]}\n---\n\
+                    apiVersion: switchback.dev/v1\nkind: LLMClient\nmetadata: {name: old}\nspec: {}\n";
+        load_text(Path::new("m.yaml"), text, &mut set, &mut errors);
+        assert_eq!(set.clients.len(), 1);
+        assert_eq!(
+            set.clients[0].metadata.namespace.as_deref(),
+            Some("default")
+        );
+        assert!(
+            set.origins
+                .contains_key(&(KindKey::Client, ObjectId::new("default", "app")))
+        );
+        assert_eq!(
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            vec![
+                "m.yaml:6: LLMClient default/old: apiVersion \"switchback.dev/v1\" is not \"switchback.dev/v1alpha1\""
+            ]
+        );
     }
 
     #[test]

@@ -221,6 +221,7 @@ fn install_crds() {
         "wait",
         "--for=condition=Established",
         "--timeout=60s",
+        "crd/llmclients.switchback.dev",
         "crd/llmroutes.switchback.dev",
         "crd/providercredentials.switchback.dev",
     ]);

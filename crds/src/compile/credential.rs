@@ -118,13 +118,18 @@ pub(crate) fn compile(
         };
     };
 
-    let (key, key_problem) = match resolve_key(id, spec, secrets) {
-        Ok(key) => (Some(key), None),
-        Err((field, message)) => {
-            c.warning(reason::SECRET_KEY_MISSING, field, message.clone());
-            (None, Some(message))
-        }
-    };
+    let (key, key_problem) =
+        match super::secret_key(&id.namespace, &spec.secret_ref, "spec.secretRef", secrets) {
+            Ok(key) => (Some(Secret::new(key)), None),
+            Err(problem) => {
+                c.warning(
+                    reason::SECRET_KEY_MISSING,
+                    problem.field,
+                    problem.message.clone(),
+                );
+                (None, Some(problem.message))
+            }
+        };
 
     Outcome {
         credential: Some(Credential {
@@ -228,7 +233,7 @@ fn headers(
                     value.len()
                 ),
             );
-        } else if !is_header_value(value) {
+        } else if !fields::is_header_value(value) {
             c.invalid(
                 &field,
                 "value is not a valid HTTP header value (visible ASCII, spaces and tabs only)",
@@ -244,59 +249,4 @@ fn is_header_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// Visible ASCII, space and tab: what every HTTP client accepts without escaping.
-fn is_header_value(value: &str) -> bool {
-    value
-        .bytes()
-        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
-}
-
-/// The key named by `secretRef`, or the field and message of a Warning. Surrounding
-/// whitespace is trimmed: a key written with `echo` into a file ends in a newline,
-/// which no provider accepts.
-fn resolve_key(
-    id: &ObjectId,
-    spec: &ProviderCredentialSpec,
-    secrets: &SecretIndex,
-) -> Result<Secret<String>, (&'static str, String)> {
-    let secret_ref = &spec.secret_ref;
-    let secret_id = ObjectId::new(id.namespace.clone(), secret_ref.name.clone());
-    let Some(secret) = secrets.get(&secret_id) else {
-        return Err((
-            "spec.secretRef.name",
-            format!(
-                "Secret {:?} not found in namespace {}",
-                secret_ref.name, id.namespace
-            ),
-        ));
-    };
-    let Some(bytes) = secret.get(&secret_ref.key) else {
-        return Err((
-            "spec.secretRef.key",
-            format!(
-                "Secret {:?} has no key {:?}",
-                secret_ref.name, secret_ref.key
-            ),
-        ));
-    };
-    let problem = |what: &str| {
-        (
-            "spec.secretRef.key",
-            format!(
-                "key {:?} of Secret {:?} {what}",
-                secret_ref.key, secret_ref.name
-            ),
-        )
-    };
-    let text = std::str::from_utf8(bytes).map_err(|_| problem("is not UTF-8 text"))?;
-    let key = text.trim();
-    if key.is_empty() {
-        return Err(problem("is empty"));
-    }
-    if !is_header_value(key) {
-        return Err(problem("has characters an HTTP header cannot carry"));
-    }
-    Ok(Secret::new(key.to_string()))
 }

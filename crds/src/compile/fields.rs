@@ -1,4 +1,4 @@
-//! Per-field checks shared by the route and credential compilers. Each takes the
+//! Per-field checks shared by the route, credential and client compilers. Each takes the
 //! field's path from the object's root, records a diagnostic when the value breaks a
 //! rule, and returns the value to use (a harmless stand-in after an error: an object
 //! with any error is dropped anyway, and carrying on finds its other problems too).
@@ -88,10 +88,36 @@ pub(crate) fn int_in_range(
     u32::try_from(value).unwrap_or(default)
 }
 
+/// A 64-bit integer within `min..=max`, or `None` when unset or out of range.
+pub(crate) fn int64_in_range(
+    c: &mut Checker,
+    field: &str,
+    value: Option<i64>,
+    min: i64,
+    max: i64,
+) -> Option<u64> {
+    let value = value?;
+    if value < min {
+        c.invalid(field, format!("{value} is below the minimum {min}"));
+        return None;
+    }
+    if value > max {
+        c.invalid(field, format!("{value} is above the maximum {max}"));
+        return None;
+    }
+    u64::try_from(value).ok()
+}
+
 /// An RFC 1123 label (a namespace name): lower-case alphanumerics and `-`, starting
 /// and ending alphanumeric, 1 to 63 characters.
 pub(crate) fn is_dns_label(s: &str) -> bool {
     s.len() <= 63 && is_label(s)
+}
+
+/// An RFC 1123 subdomain (an object name): dot-separated labels, at most 253
+/// characters (as the API server checks it: no limit per label).
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_label)
 }
 
 fn is_label(s: &str) -> bool {
@@ -240,4 +266,11 @@ pub(crate) fn decimal(c: &mut Checker, field: &str, value: &str) -> f64 {
         format!("{value:?} is not a decimal number like \"2.50\""),
     );
     0.0
+}
+
+/// Visible ASCII, space and tab: what every HTTP client accepts without escaping.
+pub(crate) fn is_header_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
 }

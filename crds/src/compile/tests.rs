@@ -1,6 +1,7 @@
-//! One valid sample (two credentials, their Secrets, a full route and a minimal one)
-//! compiled to the whole expected config; then one test per rule, each breaking one
-//! field of the sample and asserting the exact diagnostic.
+//! One valid sample (two credentials, their Secrets, a full route and a minimal one,
+//! three clients in two namespaces) compiled to the whole expected config; then one
+//! test per rule, each breaking one field of the sample and asserting the exact
+//! diagnostic.
 
 use std::collections::BTreeMap;
 
@@ -9,11 +10,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Deserialize;
 
 use super::*;
+use crate::client::{BudgetSpec, ClientLimitsSpec, LLMClientSpec};
 use crate::config::{
-    CircuitBreaker, Credential, FailureClass, Fallback, Price, Provider, Retry, SecretKeyRef,
-    Strategy, Target,
+    CircuitBreaker, ClientBudget, ClientLimits, Credential, FailureClass, Fallback, Price,
+    Provider, Retry, SecretKeyRef, Strategy, Target,
 };
 use crate::credential::ProviderCredentialSpec;
+use crate::keyhash::KeyHasher;
 use crate::route::{FallbackSpec, LLMRouteSpec, RetrySpec, TargetSpec};
 
 const SAMPLE: &str = r#"
@@ -79,11 +82,52 @@ metadata: { name: fast, namespace: team-a }
 spec:
   targets:
     - credentialRef: { name: anthropic-prod }
+---
+apiVersion: v1
+kind: Secret
+metadata: { name: checkout-llm, namespace: team-a }
+stringData: { apiKey: "sk-checkout-0123456789\n" }
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: { name: checkout, namespace: team-a, generation: 2 }
+spec:
+  keySecretRef: { name: checkout-llm, key: apiKey }
+  routes: [smart, team-a/fast]
+  limits: { requestsPerMinute: 600, tokensPerMinute: 200000, maxConcurrency: 50 }
+  budget: { tokensPerDay: 5000000, usdPerMonth: "200.00" }
+---
+apiVersion: v1
+kind: Secret
+metadata: { name: batch-llm, namespace: team-a }
+data: { apiKey: c2stYmF0Y2gtYWJjZGVmZ2hpamtsbW5vcA== }
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: { name: batch, namespace: team-a }
+spec:
+  keySecretRef: { name: batch-llm, key: apiKey }
+---
+apiVersion: v1
+kind: Secret
+metadata: { name: reports-llm, namespace: team-b }
+stringData: { token: sk-reports-0123456789 }
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: { name: reports, namespace: team-b }
+spec:
+  keySecretRef: { name: reports-llm, key: token }
+  routes: [team-a/smart]
 "#;
+
+/// The cluster secret of the tests that hash keys.
+const HMAC_SECRET: &[u8] = b"switchback test cluster secret, 32+ bytes";
 
 struct Sample {
     routes: Vec<LLMRoute>,
     credentials: Vec<ProviderCredential>,
+    clients: Vec<LLMClient>,
     secrets: Vec<KubeSecret>,
 }
 
@@ -92,6 +136,7 @@ impl Sample {
         let mut sample = Sample {
             routes: Vec::new(),
             credentials: Vec::new(),
+            clients: Vec::new(),
             secrets: Vec::new(),
         };
         for document in serde_yaml_ng::Deserializer::from_str(yaml) {
@@ -103,6 +148,9 @@ impl Sample {
                 Some("ProviderCredential") => sample
                     .credentials
                     .push(serde_yaml_ng::from_value(value).expect("credential")),
+                Some("LLMClient") => sample
+                    .clients
+                    .push(serde_yaml_ng::from_value(value).expect("client")),
                 Some("Secret") => sample
                     .secrets
                     .push(serde_yaml_ng::from_value(value).expect("secret")),
@@ -113,11 +161,33 @@ impl Sample {
     }
 
     fn compile(&self) -> Compiled {
+        self.compile_with(None)
+    }
+
+    fn compile_with(&self, hasher: Option<&KeyHasher>) -> Compiled {
         compile(&Inputs {
             routes: &self.routes,
             credentials: &self.credentials,
+            clients: &self.clients,
             secrets: &self.secrets,
+            client_key_hasher: hasher,
         })
+    }
+
+    fn client(&mut self, name: &str) -> &mut LLMClientSpec {
+        &mut self
+            .clients
+            .iter_mut()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .expect("client in sample")
+            .spec
+    }
+
+    fn secret(&mut self, name: &str) -> &mut KubeSecret {
+        self.secrets
+            .iter_mut()
+            .find(|s| s.metadata.name.as_deref() == Some(name))
+            .expect("secret in sample")
     }
 
     fn route(&mut self, name: &str) -> &mut LLMRouteSpec {
@@ -172,6 +242,24 @@ fn route_ids(compiled: &Compiled) -> Vec<String> {
         .collect()
 }
 
+fn client_ids(compiled: &Compiled) -> Vec<String> {
+    compiled
+        .config
+        .clients
+        .iter()
+        .map(|c| c.id.to_string())
+        .collect()
+}
+
+fn compiled_client<'a>(compiled: &'a Compiled, id: &str) -> &'a Client {
+    compiled
+        .config
+        .clients
+        .iter()
+        .find(|c| c.id.to_string() == id)
+        .unwrap_or_else(|| panic!("{id} not compiled"))
+}
+
 fn credential_ids(compiled: &Compiled) -> Vec<String> {
     compiled
         .config
@@ -192,6 +280,7 @@ fn rejects(change: impl FnOnce(&mut Sample), expected: &str) -> Compiled {
     assert_eq!(diagnostic.severity, Severity::Error);
     let ids = match diagnostic.kind {
         Kind::LLMRoute => route_ids(&compiled),
+        Kind::LLMClient => client_ids(&compiled),
         _ => credential_ids(&compiled),
     };
     assert!(
@@ -330,6 +419,52 @@ fn sample_compiles_to_the_expected_config() {
                 },
             },
         ],
+        clients: vec![
+            Client {
+                id: id("batch"),
+                generation: 0,
+                key_hash: None,
+                key_secret_ref: SecretKeyRef {
+                    name: "batch-llm".into(),
+                    key: "apiKey".into(),
+                },
+                // Unset: every route of its namespace.
+                routes: vec![id("fast"), id("smart")],
+                limits: ClientLimits::default(),
+                budget: ClientBudget::default(),
+            },
+            Client {
+                id: id("checkout"),
+                generation: 2,
+                key_hash: None,
+                key_secret_ref: SecretKeyRef {
+                    name: "checkout-llm".into(),
+                    key: "apiKey".into(),
+                },
+                routes: vec![id("fast"), id("smart")],
+                limits: ClientLimits {
+                    requests_per_minute: Some(600),
+                    tokens_per_minute: Some(200_000),
+                    max_concurrency: Some(50),
+                },
+                budget: ClientBudget {
+                    tokens_per_day: Some(5_000_000),
+                    usd_per_month: Some(200.0),
+                },
+            },
+            Client {
+                id: ObjectId::new("team-b", "reports"),
+                generation: 0,
+                key_hash: None,
+                key_secret_ref: SecretKeyRef {
+                    name: "reports-llm".into(),
+                    key: "token".into(),
+                },
+                routes: vec![id("smart")],
+                limits: ClientLimits::default(),
+                budget: ClientBudget::default(),
+            },
+        ],
     };
     assert_eq!(compiled.config, expected);
 
@@ -365,6 +500,7 @@ fn output_does_not_depend_on_input_order() {
     reversed.routes.reverse();
     reversed.credentials.reverse();
     reversed.secrets.reverse();
+    reversed.clients.reverse();
     assert_eq!(reversed.compile().config, forward.config);
 }
 
@@ -840,12 +976,30 @@ fn namespace_defaults_to_default() {
     for secret in &mut s.secrets {
         secret.metadata.namespace = None;
     }
+    s.clients
+        .retain(|c| c.metadata.namespace.as_deref() == Some("team-a"));
+    for client in &mut s.clients {
+        client.metadata.namespace = None;
+    }
+    // `team-a/fast` names a namespace explicitly; the defaulted one is `default`.
+    s.client("checkout").routes = Some(vec!["smart".into(), "default/fast".into()]);
     let compiled = s.compile();
     assert_eq!(messages(&compiled), Vec::<String>::new());
     assert_eq!(route_ids(&compiled), vec!["default/fast", "default/smart"]);
     assert_eq!(
         compiled.config.routes[0].targets[0].credential,
         ObjectId::new("default", "anthropic-prod")
+    );
+    assert_eq!(
+        client_ids(&compiled),
+        vec!["default/batch", "default/checkout"]
+    );
+    assert_eq!(
+        compiled.config.clients[0].routes,
+        vec![
+            ObjectId::new("default", "fast"),
+            ObjectId::new("default", "smart")
+        ]
     );
 }
 
@@ -932,5 +1086,458 @@ fn shared_with_too_many() {
             s.smart().shared_with = Some(namespaces);
         },
         "team-a/smart: spec.sharedWith: has 65 namespaces; the maximum is 64",
+    );
+}
+
+// ---- LLMClient ----
+
+#[test]
+fn client_keys_are_hashed_and_never_kept() {
+    let hasher = KeyHasher::new(HMAC_SECRET).unwrap();
+    let compiled = sample().compile_with(Some(&hasher));
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    // stringData trimmed, data decoded: the hash is of the key the app sends.
+    for (client, key) in [
+        ("team-a/checkout", "sk-checkout-0123456789"),
+        ("team-a/batch", "sk-batch-abcdefghijklmnop"),
+        ("team-b/reports", "sk-reports-0123456789"),
+    ] {
+        assert_eq!(
+            compiled_client(&compiled, client).key_hash,
+            Some(hasher.hash(key.as_bytes())),
+            "{client}"
+        );
+    }
+    let json = serde_json::to_string(&compiled.config).expect("serializes");
+    assert!(!json.contains("sk-"), "no client key in the config: {json}");
+    let back: CompiledConfig = serde_json::from_str(&json).expect("deserializes");
+    assert_eq!(back, compiled.config);
+    // Not in the provider keys either.
+    assert_eq!(compiled.keys.0.len(), 2);
+}
+
+#[test]
+fn client_limits_out_of_range() {
+    fn limits(s: &mut Sample) -> &mut ClientLimitsSpec {
+        s.client("checkout")
+            .limits
+            .get_or_insert_with(Default::default)
+    }
+    rejects(
+        |s| limits(s).requests_per_minute = Some(0),
+        "team-a/checkout: spec.limits.requestsPerMinute: 0 is below the minimum 1",
+    );
+    rejects(
+        |s| limits(s).tokens_per_minute = Some(1_000_000_001),
+        "team-a/checkout: spec.limits.tokensPerMinute: 1000000001 is above the maximum 1000000000",
+    );
+    rejects(
+        |s| limits(s).max_concurrency = Some(100_001),
+        "team-a/checkout: spec.limits.maxConcurrency: 100001 is above the maximum 100000",
+    );
+    rejects(
+        |s| limits(s).max_concurrency = Some(-1),
+        "team-a/checkout: spec.limits.maxConcurrency: -1 is below the minimum 1",
+    );
+}
+
+#[test]
+fn client_budget_out_of_range() {
+    fn budget(s: &mut Sample) -> &mut BudgetSpec {
+        s.client("checkout")
+            .budget
+            .get_or_insert_with(Default::default)
+    }
+    rejects(
+        |s| budget(s).tokens_per_day = Some(0),
+        "team-a/checkout: spec.budget.tokensPerDay: 0 is below the minimum 1",
+    );
+    rejects(
+        |s| budget(s).tokens_per_day = Some(1_000_000_000_001),
+        "team-a/checkout: spec.budget.tokensPerDay: 1000000000001 is above the maximum 1000000000000",
+    );
+    rejects(
+        |s| budget(s).usd_per_month = Some("0.00".into()),
+        "team-a/checkout: spec.budget.usdPerMonth: \"0.00\" must be above 0",
+    );
+    rejects(
+        |s| budget(s).usd_per_month = Some("200,00".into()),
+        "team-a/checkout: spec.budget.usdPerMonth: \"200,00\" is not a decimal number like \"2.50\"",
+    );
+}
+
+#[test]
+fn client_budget_and_limits_may_be_partial() {
+    let mut s = sample();
+    s.client("checkout").limits = Some(ClientLimitsSpec {
+        max_concurrency: Some(1),
+        ..Default::default()
+    });
+    s.client("checkout").budget = Some(BudgetSpec {
+        usd_per_month: Some("0.01".into()),
+        ..Default::default()
+    });
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let checkout = compiled_client(&compiled, "team-a/checkout");
+    assert_eq!(
+        checkout.limits,
+        ClientLimits {
+            requests_per_minute: None,
+            tokens_per_minute: None,
+            max_concurrency: Some(1),
+        }
+    );
+    assert_eq!(
+        checkout.budget,
+        ClientBudget {
+            tokens_per_day: None,
+            usd_per_month: Some(0.01),
+        }
+    );
+}
+
+#[test]
+fn client_names_an_unknown_route() {
+    let mut s = sample();
+    s.client("checkout").routes = Some(vec!["smart".into(), "smrt".into()]);
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-a/checkout: spec.routes[1]: LLMRoute \"smrt\" not found in namespace team-a"]
+    );
+    let d = &compiled.diagnostics[0];
+    assert_eq!(
+        (d.severity, d.reason),
+        (Severity::Warning, reason::ROUTE_NOT_FOUND)
+    );
+    // Kept, with the routes that were found.
+    assert_eq!(
+        compiled_client(&compiled, "team-a/checkout").routes,
+        vec![id("smart")]
+    );
+}
+
+#[test]
+fn client_names_a_route_of_another_namespace_not_shared_with_it() {
+    for (route, shared_with) in [
+        ("team-a/fast", None),
+        ("team-a/smart", Some(vec!["team-c".to_string()])),
+        ("team-a/nothing", None),
+        ("team-c/smart", None),
+    ] {
+        let mut s = sample();
+        s.smart().shared_with = shared_with;
+        s.client("reports").routes = Some(vec![route.into()]);
+        let compiled = s.compile();
+        // The same words whether the route exists or not.
+        assert_eq!(
+            messages(&compiled),
+            vec![format!(
+                "team-b/reports: spec.routes[0]: LLMRoute {route} not found, or not shared with namespace team-b"
+            )],
+            "{route}"
+        );
+        assert_eq!(compiled.diagnostics[0].reason, reason::ROUTE_NOT_FOUND);
+        assert_eq!(
+            compiled_client(&compiled, "team-b/reports").routes,
+            Vec::<ObjectId>::new()
+        );
+    }
+}
+
+#[test]
+fn a_route_shared_with_every_namespace() {
+    let mut s = sample();
+    s.smart().shared_with = Some(vec!["*".into()]);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    assert_eq!(
+        compiled_client(&compiled, "team-b/reports").routes,
+        vec![id("smart")]
+    );
+}
+
+#[test]
+fn the_default_routes_are_only_the_clients_own_namespace() {
+    let mut s = sample();
+    s.client("reports").routes = None;
+    let compiled = s.compile();
+    // team-a/smart is shared with team-b, but only an explicit entry takes it.
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-b/reports: spec.routes: no LLMRoute in namespace team-b; this client can call none until one is created"
+        ]
+    );
+    assert_eq!(compiled.diagnostics[0].severity, Severity::Warning);
+    assert!(
+        compiled_client(&compiled, "team-b/reports")
+            .routes
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_rejected_route_can_still_be_named() {
+    // It may still serve its last good version; its own status tells why it is not
+    // accepted, the client's does not repeat it.
+    let mut s = sample();
+    s.route("fast").targets.clear();
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-a/fast: spec.targets: has no targets; at least 1 is required"]
+    );
+    assert_eq!(
+        compiled_client(&compiled, "team-a/checkout").routes,
+        vec![id("fast"), id("smart")]
+    );
+}
+
+#[test]
+fn a_route_named_both_ways_is_listed_once() {
+    let mut s = sample();
+    s.client("checkout").routes = Some(vec!["smart".into(), "team-a/smart".into()]);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    assert_eq!(
+        compiled_client(&compiled, "team-a/checkout").routes,
+        vec![id("smart")]
+    );
+}
+
+#[test]
+fn client_route_entry_malformed() {
+    for (entry, message) in [
+        (
+            "Smart",
+            "\"Smart\" is neither an LLMRoute name nor namespace/name (lower-case RFC 1123 names)",
+        ),
+        (
+            "team-a/b/c",
+            "\"team-a/b/c\" is neither an LLMRoute name nor namespace/name (lower-case RFC 1123 names)",
+        ),
+        (
+            "/smart",
+            "\"/smart\" is neither an LLMRoute name nor namespace/name (lower-case RFC 1123 names)",
+        ),
+        ("", "must not be empty"),
+    ] {
+        rejects(
+            |s| s.client("checkout").routes = Some(vec!["smart".into(), entry.into()]),
+            &format!("team-a/checkout: spec.routes[1]: {message}"),
+        );
+    }
+}
+
+#[test]
+fn client_route_listed_twice() {
+    rejects(
+        |s| s.client("checkout").routes = Some(vec!["smart".into(), "smart".into()]),
+        "team-a/checkout: spec.routes[1]: \"smart\" is listed more than once",
+    );
+}
+
+#[test]
+fn client_routes_empty_or_too_many() {
+    rejects(
+        |s| s.client("checkout").routes = Some(vec![]),
+        "team-a/checkout: spec.routes: has no routes; at least 1 is required",
+    );
+    rejects(
+        |s| s.client("checkout").routes = Some((0..65).map(|i| format!("r-{i}")).collect()),
+        "team-a/checkout: spec.routes: has 65 routes; the maximum is 64",
+    );
+}
+
+#[test]
+fn client_key_secret_missing() {
+    let hasher = KeyHasher::new(HMAC_SECRET).unwrap();
+    let mut s = sample();
+    s.secrets
+        .retain(|secret| secret.metadata.name.as_deref() != Some("checkout-llm"));
+    let compiled = s.compile_with(Some(&hasher));
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-a/checkout: spec.keySecretRef.name: Secret \"checkout-llm\" not found in namespace team-a; nobody can authenticate as this client"
+        ]
+    );
+    let d = &compiled.diagnostics[0];
+    assert_eq!(
+        (d.severity, d.reason),
+        (Severity::Warning, reason::KEY_MISSING)
+    );
+    // Kept (limits, routes, status go on), but without a key: fail closed.
+    let checkout = compiled_client(&compiled, "team-a/checkout");
+    assert_eq!(checkout.key_hash, None);
+    assert_eq!(checkout.routes, vec![id("fast"), id("smart")]);
+    assert!(
+        compiled_client(&compiled, "team-a/batch")
+            .key_hash
+            .is_some()
+    );
+}
+
+#[test]
+fn client_key_missing_in_the_secret() {
+    let mut s = sample();
+    s.client("reports").key_secret_ref.key = "apiKey".into();
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-b/reports: spec.keySecretRef.key: Secret \"reports-llm\" has no key \"apiKey\"; nobody can authenticate as this client"
+        ]
+    );
+    assert_eq!(compiled.diagnostics[0].reason, reason::KEY_MISSING);
+}
+
+#[test]
+fn client_key_secret_of_another_namespace_is_not_found() {
+    let mut s = sample();
+    s.secret("reports-llm").metadata.namespace = Some("team-a".into());
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-b/reports: spec.keySecretRef.name: Secret \"reports-llm\" not found in namespace team-b; nobody can authenticate as this client"
+        ]
+    );
+}
+
+#[test]
+fn client_key_too_short_or_unusable() {
+    for (value, problem) in [
+        (
+            "sk-short\n",
+            "is 8 characters long; at least 16 are required (e.g. `openssl rand -hex 24`)",
+        ),
+        ("   \n", "is empty"),
+        (
+            "sk-with-a\nline-break-inside",
+            "has characters an HTTP header cannot carry",
+        ),
+    ] {
+        let hasher = KeyHasher::new(HMAC_SECRET).unwrap();
+        let mut s = sample();
+        s.secret("checkout-llm").string_data =
+            Some(BTreeMap::from([("apiKey".into(), value.into())]));
+        let compiled = s.compile_with(Some(&hasher));
+        assert_eq!(
+            messages(&compiled),
+            vec![format!(
+                "team-a/checkout: spec.keySecretRef.key: key \"apiKey\" of Secret \"checkout-llm\" {problem}; nobody can authenticate as this client"
+            )],
+            "{value:?}"
+        );
+        assert_eq!(compiled.diagnostics[0].reason, reason::KEY_MISSING);
+        assert_eq!(compiled_client(&compiled, "team-a/checkout").key_hash, None);
+    }
+}
+
+#[test]
+fn a_key_used_by_two_clients_stays_with_the_older() {
+    let hasher = KeyHasher::new(HMAC_SECRET).unwrap();
+    let mut s = sample();
+    // batch (older) and checkout both use checkout's key.
+    s.client("batch").key_secret_ref.name = "checkout-llm".into();
+    s.clients[0].metadata.creation_timestamp = created(2_000);
+    s.clients[1].metadata.creation_timestamp = created(1_000);
+    let compiled = s.compile_with(Some(&hasher));
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-a/checkout: spec.keySecretRef: the key is already used by the older LLMClient team-a/batch; a key identifies one client, so nobody can authenticate as this one until its key changes"
+        ]
+    );
+    let d = &compiled.diagnostics[0];
+    assert_eq!(
+        (d.severity, d.reason),
+        (Severity::Warning, reason::KEY_CONFLICT)
+    );
+    assert_eq!(compiled_client(&compiled, "team-a/checkout").key_hash, None);
+    assert_eq!(
+        compiled_client(&compiled, "team-a/batch").key_hash,
+        Some(hasher.hash(b"sk-checkout-0123456789"))
+    );
+}
+
+#[test]
+fn a_key_conflict_across_namespaces_does_not_name_the_other_client() {
+    let mut s = sample();
+    // Same key, after trimming, in team-b; no timestamps: input order decides.
+    s.secret("reports-llm").string_data = Some(BTreeMap::from([(
+        "token".into(),
+        "  sk-checkout-0123456789 ".into(),
+    )]));
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-b/reports: spec.keySecretRef: the key is already used by an older LLMClient of another namespace; a key identifies one client, so nobody can authenticate as this one until its key changes"
+        ]
+    );
+}
+
+#[test]
+fn an_invalid_client_has_no_key_problems_reported() {
+    // Like credentials: the key is resolved only for a client that is otherwise valid.
+    let mut s = sample();
+    s.secrets
+        .retain(|secret| secret.metadata.name.as_deref() != Some("checkout-llm"));
+    s.client("checkout").limits = Some(ClientLimitsSpec {
+        requests_per_minute: Some(0),
+        ..Default::default()
+    });
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec!["team-a/checkout: spec.limits.requestsPerMinute: 0 is below the minimum 1"]
+    );
+    assert_eq!(
+        client_ids(&compiled),
+        vec!["team-a/batch", "team-b/reports"]
+    );
+}
+
+#[test]
+fn client_key_secret_ref_empty_fields() {
+    rejects(
+        |s| s.client("checkout").key_secret_ref.key = String::new(),
+        "team-a/checkout: spec.keySecretRef.key: must not be empty",
+    );
+}
+
+#[test]
+fn duplicate_clients_keep_the_first() {
+    let mut s = sample();
+    let mut copy = s.clients[0].clone();
+    copy.spec.routes = Some(vec!["fast".into()]);
+    s.clients.push(copy);
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-a/checkout: metadata.name: is defined more than once; the first definition is used"
+        ]
+    );
+    assert_eq!(compiled.diagnostics[0].kind, Kind::LLMClient);
+    assert_eq!(
+        compiled_client(&compiled, "team-a/checkout").routes,
+        vec![id("fast"), id("smart")]
+    );
+}
+
+#[test]
+fn client_diagnostics_come_after_routes_and_credentials() {
+    let mut s = sample();
+    s.client("checkout").routes = Some(vec!["nope".into()]);
+    s.credential("openai-prod").secret_ref.key = "missing".into();
+    let kinds: Vec<Kind> = s.compile().diagnostics.iter().map(|d| d.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![Kind::LLMRoute, Kind::ProviderCredential, Kind::LLMClient]
     );
 }

@@ -31,6 +31,7 @@ fn world_for(
             routes,
             credentials: creds,
             secrets,
+            ..Default::default()
         },
         &BTreeMap::new(),
     );
@@ -123,6 +124,7 @@ async fn delivery_writes_nothing_when_the_rendered_objects_match() {
             routes: &routes,
             credentials: &creds,
             secrets: std::slice::from_ref(&keys),
+            ..Default::default()
         },
         &BTreeMap::new(),
     );
@@ -364,6 +366,7 @@ async fn a_pending_route_is_held_until_the_proxies_serve_it_or_the_hold_ends() {
             routes: std::slice::from_ref(&r),
             credentials: &creds,
             secrets: &[keys],
+            ..Default::default()
         },
         &BTreeMap::new(),
     );
