@@ -5,7 +5,7 @@
 //! `yes`, `no`, `y` or `n` key is a boolean. A CRD property with such a name reaches the
 //! API server as `"true"`, and a user's `on:` does not match the field, so no key
 //! anywhere may be one of those words (SPEC §2). Example manifests also load and
-//! compile as they are.
+//! compile as they are, their LLMClients included.
 
 use std::path::{Path, PathBuf};
 
@@ -164,6 +164,23 @@ fn every_example_compiles() {
                     file.display()
                 );
                 assert!(warnings.is_empty(), "{}: {warnings:?}", file.display());
+                // Every LLMClient of the example compiled too, each with a route.
+                let text = std::fs::read_to_string(&file).unwrap();
+                let declared = text.matches("\nkind: LLMClient\n").count();
+                assert_eq!(
+                    compiled.config.clients.len(),
+                    declared,
+                    "{}: LLMClients compiled",
+                    file.display()
+                );
+                for client in &compiled.config.clients {
+                    assert!(
+                        !client.routes.is_empty(),
+                        "{}: {} may call no route",
+                        file.display(),
+                        client.id
+                    );
+                }
             }
             Err(problems) => panic!("{}: {problems:?}", file.display()),
         }
