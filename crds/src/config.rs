@@ -128,7 +128,7 @@ pub struct Target {
     pub model: Option<String>,
     /// 1..=100, read by `loadbalance` only.
     pub weight: u32,
-    /// One attempt: unary = whole response, stream = until the first event.
+    /// One attempt: unary = whole response, stream = until the first content event.
     /// `None` = bounded only by the route's budget.
     pub timeout_ms: Option<u64>,
     pub retry: Retry,
@@ -177,6 +177,9 @@ pub enum FailureClass {
     Timeout,
     ConnectionError,
     ContextLength,
+    /// A 2xx that cannot be used: not the surface's JSON, a stream with no content
+    /// event, or an answer over the response size limit.
+    InvalidResponse,
     AuthError,
 }
 
@@ -189,17 +192,19 @@ impl FailureClass {
             Self::Timeout => "timeout",
             Self::ConnectionError => "connectionError",
             Self::ContextLength => "contextLength",
+            Self::InvalidResponse => "invalidResponse",
             Self::AuthError => "authError",
         }
     }
 
     /// `fallback.onFailures` when the route does not say.
-    pub const DEFAULT_ON_FAILURES: [FailureClass; 5] = [
+    pub const DEFAULT_ON_FAILURES: [FailureClass; 6] = [
         Self::Status5xx,
         Self::RateLimited,
         Self::Timeout,
         Self::ConnectionError,
         Self::ContextLength,
+        Self::InvalidResponse,
     ];
 }
 

@@ -216,6 +216,7 @@ mod tests {
                 "timeout",
                 "connectionError",
                 "contextLength",
+                "invalidResponse",
                 "authError"
             ])
         );

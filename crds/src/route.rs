@@ -60,7 +60,7 @@ pub struct LLMRouteSpec {
     pub targets: Vec<TargetSpec>,
 
     /// When a failed target hands the request to the next one. Default: advance on
-    /// status5xx, rateLimited, timeout, connectionError and contextLength.
+    /// status5xx, rateLimited, timeout, connectionError, contextLength and invalidResponse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<FallbackSpec>,
 
@@ -121,7 +121,7 @@ pub struct TargetSpec {
     pub weight: Option<i32>,
 
     /// Time allowed for one attempt: a unary call's whole response, or a stream's first
-    /// event. A timeout advances to the next target at once. A Gateway API duration
+    /// content event (the commit). A timeout advances to the next target at once. A Gateway API duration
     /// above 0. Default: none, only the route's timeout applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::duration")]
@@ -200,7 +200,8 @@ pub struct PriceSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FallbackSpec {
     /// Failure classes that advance to the next target: status5xx, rateLimited, timeout,
-    /// connectionError, contextLength, authError (401/403; needs two targets on
+    /// connectionError, contextLength, invalidResponse (a 2xx that cannot be used),
+    /// authError (401/403; needs two targets on
     /// different credentials). Any other failure is returned to the client. An empty
     /// list never advances. Default: all but authError.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -213,8 +214,9 @@ pub struct FallbackSpec {
     #[schemars(schema_with = "schema::status_codes")]
     pub on_status_codes: Option<Vec<i32>>,
 
-    /// A 429 whose Retry-After is longer than this abandons the target at once instead
-    /// of waiting. A Gateway API duration. Default: 30s.
+    /// A Retry-After (on a 429 or 503) longer than this abandons the target at once
+    /// instead of waiting; a 429's park of the target for later requests never lasts
+    /// longer. A Gateway API duration. Default: 30s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::duration")]
     pub max_retry_after: Option<String>,
@@ -367,7 +369,7 @@ spec:
     - credentialRef: { name: anthropic-prod }
       model: claude-sonnet-4-5
   fallback:
-    onFailures: [status5xx, rateLimited, timeout, connectionError, contextLength]
+    onFailures: [status5xx, rateLimited, timeout, connectionError, contextLength, invalidResponse]
     onStatusCodes: []
     maxRetryAfter: 30s
   circuitBreaker: { consecutiveFailures: 5, openFor: 30s }

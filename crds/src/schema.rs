@@ -45,12 +45,13 @@ pub const MAX_TOKENS_PER_DAY: i64 = 1_000_000_000_000;
 
 pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
 pub const PROVIDERS: [&str; 3] = ["openai", "anthropic", "openai-compatible"];
-pub const FAILURE_CLASSES: [&str; 6] = [
+pub const FAILURE_CLASSES: [&str; 7] = [
     "status5xx",
     "rateLimited",
     "timeout",
     "connectionError",
     "contextLength",
+    "invalidResponse",
     "authError",
 ];
 

@@ -69,7 +69,8 @@ pub struct TargetStats {
     /// Requests it answered.
     pub successes: u64,
     /// Failed attempts and skips, by reason (`status5xx`, `rateLimited`, `timeout`,
-    /// `connectionError`, `contextLength`, `authError`, `clientError`,
+    /// `connectionError`, `contextLength`, `invalidResponse`, `responseTooLarge`,
+    /// `authError`, `clientError`,
     /// `budgetExhausted`, `missingKey`, `unsupportedSurface`, `parked`,
     /// `circuitOpen`, `queueFull`).
     pub failures: BTreeMap<String, u64>,
@@ -105,7 +106,7 @@ pub struct LastFailure {
     pub at: String,
 }
 
-/// Milliseconds: time to the full answer (unary) or to the first event (streams).
+/// Milliseconds: time to the full answer (unary) or to the first content event (streams).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Latency {

@@ -25,12 +25,13 @@ const MODES: [(&str, Strategy); 4] = [
     ("cost-optimized", Strategy::CostOptimized),
 ];
 
-const FAILURE_CLASSES: [(&str, FailureClass); 6] = [
+const FAILURE_CLASSES: [(&str, FailureClass); 7] = [
     ("status5xx", FailureClass::Status5xx),
     ("rateLimited", FailureClass::RateLimited),
     ("timeout", FailureClass::Timeout),
     ("connectionError", FailureClass::ConnectionError),
     ("contextLength", FailureClass::ContextLength),
+    ("invalidResponse", FailureClass::InvalidResponse),
     ("authError", FailureClass::AuthError),
 ];
 

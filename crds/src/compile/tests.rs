@@ -331,6 +331,7 @@ fn sample_compiles_to_the_expected_config() {
                         FailureClass::Timeout,
                         FailureClass::ConnectionError,
                         FailureClass::ContextLength,
+                        FailureClass::InvalidResponse,
                     ],
                     on_status_codes: vec![],
                     max_retry_after_ms: 30_000,
@@ -616,7 +617,7 @@ fn unknown_failure_class() {
                 ..Default::default()
             })
         },
-        "team-a/smart: spec.fallback.onFailures[1]: \"status4xx\" is not one of status5xx, rateLimited, timeout, connectionError, contextLength, authError",
+        "team-a/smart: spec.fallback.onFailures[1]: \"status4xx\" is not one of status5xx, rateLimited, timeout, connectionError, contextLength, invalidResponse, authError",
     );
 }
 
