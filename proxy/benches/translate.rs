@@ -42,7 +42,7 @@ fn files(sub: &str, prefix: &str, suffix: &str) -> Vec<Vec<u8>> {
 fn events(stream: &[u8]) -> Vec<bytes::Bytes> {
     let mut f = Framer::default();
     f.push(stream);
-    std::iter::from_fn(|| f.next_event()).collect()
+    std::iter::from_fn(|| f.next_event().ok().flatten()).collect()
 }
 
 /// Microseconds per item of `run`, over `ROUNDS` rounds of `items` items.

@@ -7,16 +7,13 @@
 //! the future (the client went away) drops the in-flight upstream request with it,
 //! so nothing more is sent upstream.
 
-use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
-use http_body_util::{BodyDataStream, BodyExt};
-use hyper::body::Incoming;
+use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
@@ -25,14 +22,14 @@ use crate::gateway::Gateway;
 use crate::limit::Refused;
 use crate::order::order;
 use crate::outcome::{self, Reason, attempt_deadline, classify_status, may_advance, retryable};
-use crate::rewrite::{JsonStr, replace_model, replace_model_into, replace_top_level_model};
+use crate::relay::{self, LineSlot, NotCommitted, relay};
+use crate::rewrite::{JsonStr, replace_model, replace_top_level_model};
 use crate::server::X_REQUEST_ID;
 use crate::snapshot::{RouteRt, TargetRt};
-use crate::sse::{self, Framer};
-use crate::stats::{self, RouteTargetCounters};
+use crate::stats;
 use crate::surface::{self, AttemptView, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
-use crate::translate::{self, Direction, StreamTranslator};
+use crate::translate::{self, Direction};
 use crate::upstream;
 use switchback_crds::config::Provider;
 use tracing::Instrument;
@@ -85,6 +82,9 @@ pub struct Outcome {
     /// Index of the target that answered (in the route's declared order), if one did.
     pub answered_by: Option<u8>,
     pub log: Vec<AttemptLog>,
+    /// For a committed stream: where to leave the request's log line, which the
+    /// stream writes when it ends (with its real duration and how it ended).
+    pub stream_line: Option<Arc<LineSlot>>,
 }
 
 /// An upstream answer that is not a success, kept so it can be relayed unchanged.
@@ -113,8 +113,8 @@ impl Failure {
 }
 
 enum Attempted {
-    /// The response, and whether it is a stream.
-    Committed(Response<Body>, bool),
+    /// The response, and for a stream where its log line goes.
+    Committed(Response<Body>, Option<Arc<LineSlot>>),
     Failed(Failure),
 }
 
@@ -143,7 +143,9 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
             position = pos as u32;
             let t = &route.targets[i as usize];
             let failure = match walk.target(i, false).await {
-                Tried::Answered(response) => break 'walk walk.answered(response, pos as u32, i),
+                Tried::Answered(response, line) => {
+                    break 'walk walk.answered(response, line, pos as u32, i);
+                }
                 Tried::Skipped(reason) => {
                     skipped += 1;
                     skipped_open += usize::from(reason == Reason::CircuitOpen);
@@ -170,7 +172,7 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
         if walk.sent == 0 && skipped > 0 && skipped_open == skipped {
             let first = order[0];
             break 'walk match walk.target(first, true).await {
-                Tried::Answered(response) => walk.answered(response, 0, first),
+                Tried::Answered(response, line) => walk.answered(response, line, 0, first),
                 Tried::Failed(_) | Tried::Skipped(_) => {
                     walk.failed(Failure::bare(Reason::CircuitOpen), position)
                 }
@@ -206,7 +208,7 @@ struct Walk<'a, 'c> {
 }
 
 enum Tried {
-    Answered(Response<Body>),
+    Answered(Response<Body>, Option<Arc<LineSlot>>),
     Skipped(Reason),
     Failed(Failure),
 }
@@ -297,7 +299,19 @@ impl Walk<'_, '_> {
             let deadline = attempt_deadline(now, &t.spec, self.budget);
             let span = attempt_span(t, call, tries);
             let budget = self.budget;
-            let send = || attempt(t, call, dir, body.clone(), deadline, budget, route, permit);
+            let send = || {
+                attempt(
+                    gw,
+                    t,
+                    call,
+                    dir,
+                    body.clone(),
+                    deadline,
+                    budget,
+                    route,
+                    permit,
+                )
+            };
             // Without traces the span is disabled: skip the wrapper. The future is made
             // in each branch, not bound to a local: an awaited local is kept in this
             // future's state twice (before and after the move into `.await`).
@@ -318,8 +332,13 @@ impl Walk<'_, '_> {
             self.waited += elapsed;
             t.counters.attempt_duration.observe(elapsed);
             let f = match result {
-                Attempted::Committed(response, streamed) => {
-                    if breaker.success(probe.is_some()) == Transition::Closed {
+                Attempted::Committed(response, line) => {
+                    // A stream's verdict (success or failure, for stats and the
+                    // circuit) comes at its end, see `relay::Ending`; its first
+                    // content closes a half-open circuit.
+                    let streamed = line.is_some();
+                    let verdict = !streamed || probe.is_some();
+                    if verdict && breaker.success(probe.is_some()) == Transition::Closed {
                         tracing::info!(target_credential = %t.label, model = ?t.spec.model, "circuit closed");
                     }
                     if let Some(p) = probe.take() {
@@ -329,9 +348,10 @@ impl Walk<'_, '_> {
                     t.state.latency.observe(elapsed);
                     if streamed {
                         t.counters.ttfb.observe(elapsed);
+                    } else {
+                        stats::inc(&t.counters.successes);
                     }
-                    stats::inc(&t.counters.successes);
-                    return Tried::Answered(response);
+                    return Tried::Answered(response, line);
                 }
                 Attempted::Failed(f) => f,
             };
@@ -392,7 +412,13 @@ impl Walk<'_, '_> {
         }
     }
 
-    fn answered(&mut self, response: Response<Body>, pos: u32, i: u8) -> Outcome {
+    fn answered(
+        &mut self,
+        response: Response<Body>,
+        stream_line: Option<Arc<LineSlot>>,
+        pos: u32,
+        i: u8,
+    ) -> Outcome {
         if pos > 0 {
             stats::inc(&self.route.counters.fallbacks);
         }
@@ -408,6 +434,7 @@ impl Walk<'_, '_> {
             ),
             answered_by: Some(i),
             log: std::mem::take(&mut self.log),
+            stream_line,
         }
     }
 
@@ -428,6 +455,7 @@ impl Walk<'_, '_> {
                 target: None,
                 answered_by: None,
                 log: std::mem::take(&mut self.log),
+                stream_line: None,
             };
         }
         finish_failed(
@@ -507,6 +535,7 @@ fn skip_reason(gw: &Gateway, t: &TargetRt, surface: Surface) -> Option<Reason> {
 
 #[allow(clippy::too_many_arguments)]
 async fn attempt(
+    gw: &Gateway,
     t: &TargetRt,
     call: &Call<'_>,
     dir: Option<Direction>,
@@ -567,79 +596,48 @@ async fn attempt(
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
+        let limits = &gw.upstream_limits;
         if call.stream && is_sse {
-            let idle = Duration::from_millis(t.spec.timeout_ms.unwrap_or(route.spec.timeout_ms));
-            return match timeout_at(deadline, first_event(response)).await {
-                Err(_) => timed_out(),
-                Ok(Err(_)) => Attempted::Failed(Failure::bare(Reason::ConnectionError)),
-                Ok(Ok((first, upstream, framer))) => match sse::error_event(&first) {
-                    Some(e) if !classify_status(e.status, &e.body).returns_upstream_answer() => {
-                        Attempted::Failed(Failure {
-                            reason: classify_status(e.status, &e.body),
-                            status: Some(e.status),
-                            retry_after: None,
-                            answer: None,
-                        })
-                    }
-                    _ => Attempted::Committed(
-                        commit_stream(
-                            status,
-                            headers,
-                            first,
-                            Committed {
-                                upstream,
-                                framer,
-                                model: call.client_model_json.clone(),
-                                wire: call.surface.wire(),
-                                translator: dir.map(|d| {
-                                    StreamTranslator::new(
-                                        d,
-                                        call.client_model,
-                                        translate::include_usage(&call.body),
-                                    )
-                                }),
-                                idle,
-                                counters: t.counters.clone(),
-                                _permit: permit,
-                                done: false,
-                            },
-                        ),
-                        true,
-                    ),
-                },
+            let stream = relay::StreamAttempt {
+                target: t,
+                route,
+                max_event_bytes: limits.max_event_bytes,
+                refused: &gw.refused,
+                model: &call.client_model_json,
+                wire: call.surface.wire(),
+                translator: dir
+                    .map(|d| (d, call.client_model, translate::include_usage(&call.body))),
+                permit,
+            };
+            return match relay::start_stream(status, headers, response, deadline, stream).await {
+                Ok((response, line)) => Attempted::Committed(response, Some(line)),
+                Err(NotCommitted::TimedOut) => timed_out(),
+                Err(NotCommitted::Failed(reason, status)) => Attempted::Failed(Failure {
+                    reason,
+                    status,
+                    retry_after: None,
+                    answer: None,
+                }),
             };
         }
-        return match timeout_at(deadline, response.collect()).await {
-            Err(_) => timed_out(),
-            Ok(Err(_)) => Attempted::Failed(Failure::bare(Reason::ConnectionError)),
-            Ok(Ok(collected)) => {
-                let bytes = collected.to_bytes();
-                if let Some(u) = stats::usage(&bytes) {
-                    t.counters.add_usage(u);
-                    tracing::Span::current()
-                        .record("gen_ai.usage.input_tokens", u.input_tokens)
-                        .record("gen_ai.usage.output_tokens", u.output_tokens);
-                }
-                let (status, bytes) = match dir {
-                    None => (
-                        status,
-                        replace_model(&bytes, &call.client_model_json).unwrap_or(bytes),
-                    ),
-                    Some(d) => match translate::response(d, &bytes, call.client_model) {
-                        Ok(b) => (status, b),
-                        // A success the client's API cannot express.
-                        Err(e) => (
-                            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY),
-                            e.body(d.client_wire()),
-                        ),
-                    },
-                };
-                Attempted::Committed(relay(status, headers, Body::from(bytes)), false)
+        let bytes = match timeout_at(
+            deadline,
+            relay::read_capped(response, limits.max_response_bytes),
+        )
+        .await
+        {
+            Err(_) => return timed_out(),
+            Ok(Err(_)) => return Attempted::Failed(Failure::bare(Reason::ConnectionError)),
+            Ok(Ok(None)) => {
+                gw.refused.responses.fetch_add(1, Ordering::Relaxed);
+                return Attempted::Failed(Failure::bare(Reason::ResponseTooLarge));
             }
+            Ok(Ok(Some(bytes))) => bytes,
         };
+        return unary_answer(t, call, dir, status, headers, bytes);
     }
 
-    let body = match timeout_at(deadline, read_capped(response, MAX_ERROR_BODY)).await {
+    let body = match timeout_at(deadline, relay::read_cut(response, MAX_ERROR_BODY)).await {
         Err(_) => return timed_out(),
         Ok(Err(_)) => return Attempted::Failed(Failure::bare(Reason::ConnectionError)),
         Ok(Ok(b)) => b,
@@ -665,257 +663,47 @@ async fn attempt(
     })
 }
 
-/// A committed stream's upstream body, chunk by chunk as it arrives.
-type Upstream = BodyDataStream<Incoming>;
-
-/// Read until the first complete SSE event; the rest stays in the framer/stream.
-async fn first_event(response: Incoming) -> Result<(Bytes, Upstream, Framer), hyper::Error> {
-    let mut upstream = BodyDataStream::new(response);
-    let mut framer = Framer::default();
-    loop {
-        if let Some(ev) = framer.next_event() {
-            return Ok((ev, upstream, framer));
-        }
-        match upstream.next().await {
-            Some(chunk) => framer.push(&chunk?),
-            None => {
-                let rest = framer.take_rest().unwrap_or_default();
-                return Ok((rest, upstream, framer));
-            }
-        }
-    }
-}
-
-async fn read_capped(response: Incoming, cap: usize) -> Result<Bytes, hyper::Error> {
-    let mut buf = bytes::BytesMut::new();
-    let mut body = BodyDataStream::new(response);
-    while let Some(chunk) = body.next().await.transpose()? {
-        let room = cap.saturating_sub(buf.len());
-        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if buf.len() >= cap {
-            break;
-        }
-    }
-    Ok(buf.freeze())
-}
-
-/// An upstream answer on its way out. Hop-by-hop and framing headers are the
-/// gateway's own business, and `x-request-id` is the client's.
-fn relay(status: StatusCode, mut headers: HeaderMap, body: Body) -> Response<Body> {
-    // One pass over the few headers present, then removal of those found: cheaper
-    // than looking up all nine names in every answer.
-    let mut found: [Option<HeaderName>; 9] = Default::default();
-    let mut n = 0;
-    for name in headers.keys() {
-        if n < found.len() && is_not_relayed(name) {
-            found[n] = Some(name.clone());
-            n += 1;
-        }
-    }
-    for name in found.into_iter().flatten() {
-        headers.remove(name);
-    }
-    let mut r = Response::new(body);
-    *r.status_mut() = status;
-    *r.headers_mut() = headers;
-    r
-}
-
-fn is_not_relayed(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TRANSFER_ENCODING
-        || name == header::CONTENT_LENGTH
-        || name == header::UPGRADE
-        || name == header::TE
-        || name == header::TRAILER
-        || matches!(
-            name.as_str(),
-            "keep-alive" | "proxy-connection" | "x-request-id"
-        )
-}
-
-/// A committed stream: what the body needs to forward the rest. Generic over the
-/// upstream body only so that tests can drive it with a scripted one.
-struct Committed<U = Upstream> {
-    upstream: U,
-    framer: Framer,
-    model: JsonStr,
-    wire: Wire,
-    /// Set when the upstream speaks the other API.
-    translator: Option<StreamTranslator>,
-    idle: Duration,
-    counters: Arc<RouteTargetCounters>,
-    /// The concurrency slot, held until the stream ends.
-    _permit: Option<OwnedSemaphorePermit>,
-    done: bool,
-}
-
-impl<U> Committed<U> {
-    /// One upstream event on its way to the client, appended to `out`: usage
-    /// counted, then either translated into the client's API or given the client's
-    /// `model` name. May append nothing (an event the client's API has no
-    /// counterpart for).
-    fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
-        if let Some(u) = stats::usage(ev) {
-            self.counters.add_usage(u);
-        }
-        match &mut self.translator {
-            None => replace_model_into(ev, &self.model, out),
-            Some(t) => t.event(ev, out),
-        }
-    }
-
-    /// The upstream ended normally: its unterminated tail, and whatever the
-    /// translation still owes the client.
-    fn finish(&mut self, out: &mut BytesMut) {
-        if let Some(tail) = self.framer.take_rest() {
-            self.forward(&tail, out);
-        }
-        if let Some(t) = &mut self.translator {
-            t.finish(out);
-        }
-    }
-}
-
-/// After commit: forward each event as soon as it is complete, with `model` set to
-/// the client's name. A failure ends the stream with an error event; a stall longer
-/// than the idle limit counts as a failure.
-fn commit_stream(
+/// A unary 2xx, read whole: usage counted, then given the client's `model` or
+/// translated into the client's API. One the client could not use (truncated, HTML,
+/// not JSON, not translatable) is the provider's failure, before anything is
+/// committed.
+fn unary_answer(
+    t: &TargetRt,
+    call: &Call<'_>,
+    dir: Option<Direction>,
     status: StatusCode,
     headers: HeaderMap,
-    first: Bytes,
-    state: Committed,
-) -> Response<Body> {
-    relay(
-        status,
-        headers,
-        Body::from_stream(CommittedStream::new(&first, state)),
-    )
-}
-
-/// Bytes of forwarded events that make one write on their own.
-const COALESCE_LIMIT: usize = 16 * 1024;
-/// Event-loop turns a held chunk waits for more upstream data before it is sent.
-const EMPTY_TURNS: u8 = 3;
-
-/// The body of a committed stream. Events already complete when it is polled, or
-/// delivered by the upstream within a few event-loop turns, go out together as one
-/// chunk (one write instead of one per event; nothing waits for data not yet read).
-/// The idle limit is one timer re-armed lazily: arriving data only moves
-/// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
-struct CommittedStream<U = Upstream> {
-    state: Committed<U>,
-    /// Forwarded, not yet sent: the first event, checked before commit, or events
-    /// held while the upstream's connection task is let run (see `poll_next`).
-    pending: BytesMut,
-    /// Event-loop turns since the last upstream chunk while holding events.
-    empty_turns: u8,
-    idle_since: Instant,
-    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-}
-
-impl<U> CommittedStream<U> {
-    /// `first`: the event checked before commit, sent first.
-    fn new(first: &[u8], mut state: Committed<U>) -> Self {
-        let mut pending = BytesMut::new();
-        state.forward(first, &mut pending);
-        CommittedStream {
-            pending,
-            empty_turns: 0,
-            idle_since: Instant::now(),
-            idle_timer: Box::pin(sleep_until(Instant::now() + state.idle)),
-            state,
-        }
+    bytes: Bytes,
+) -> Attempted {
+    // A translation parses the answer anyway; only a relayed one needs the check.
+    if dir.is_none() && !is_json_object(&bytes) {
+        return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
     }
+    if let Some(u) = stats::usage(&bytes) {
+        t.counters.add_usage(u);
+        tracing::Span::current()
+            .record("gen_ai.usage.input_tokens", u.input_tokens)
+            .record("gen_ai.usage.output_tokens", u.output_tokens);
+    }
+    let bytes = match dir {
+        None => replace_model(&bytes, &call.client_model_json).unwrap_or(bytes),
+        Some(d) => match translate::response(d, &bytes, call.client_model) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(target = %t.label, error = %e, "untranslatable upstream answer");
+                return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
+            }
+        },
+    };
+    Attempted::Committed(relay(status, headers, Body::from(bytes)), None)
 }
 
-impl<U> futures_util::Stream for CommittedStream<U>
-where
-    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
-{
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
-        let this = self.get_mut();
-        let st = &mut this.state;
-        let mut out = std::mem::take(&mut this.pending);
-        loop {
-            while let Some(ev) = st.framer.next_event() {
-                st.forward(&ev, &mut out);
-            }
-            // Enough for one write: send it, keep the rest for the next poll.
-            if st.done || out.len() >= COALESCE_LIMIT {
-                break;
-            }
-            match st.upstream.poll_next_unpin(cx) {
-                Poll::Ready(Some(Ok(chunk))) => {
-                    st.framer.push(&chunk);
-                    this.idle_since = Instant::now();
-                    this.empty_turns = 0;
-                }
-                Poll::Ready(None) => {
-                    st.done = true;
-                    st.finish(&mut out);
-                    break;
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    st.done = true;
-                    tracing::debug!(error = %e, "upstream stream failed after commit");
-                    out.extend_from_slice(&sse::failure_event(
-                        st.wire,
-                        "the upstream stream failed after it had started",
-                    ));
-                    break;
-                }
-                Poll::Pending => {
-                    if !out.is_empty() {
-                        // hyper's client hands a body over one chunk at a time through
-                        // its connection task, which may already hold the next events
-                        // (a provider's burst arrives in one read). Let that task run
-                        // before writing, so the burst leaves as one write, not one
-                        // per event. It takes two turns of the event loop to deliver
-                        // a chunk already read; after EMPTY_TURNS turns without one,
-                        // send: nothing waits for data that has not arrived.
-                        if this.empty_turns < EMPTY_TURNS {
-                            this.empty_turns += 1;
-                            this.pending = out;
-                            cx.waker().wake_by_ref();
-                            return Poll::Pending;
-                        }
-                        break;
-                    }
-                    // Nothing to send and nothing arriving: is the stream stalled? The
-                    // timer is moved only when it fires before the real deadline.
-                    loop {
-                        if this.idle_timer.as_mut().poll(cx).is_pending() {
-                            return Poll::Pending;
-                        }
-                        let deadline = this.idle_since + st.idle;
-                        if Instant::now() >= deadline {
-                            break;
-                        }
-                        this.idle_timer.as_mut().reset(deadline);
-                    }
-                    st.done = true;
-                    return Poll::Ready(Some(Ok(sse::failure_event(
-                        st.wire,
-                        "the upstream stream stalled after it had started",
-                    ))));
-                }
-            }
-        }
-        this.empty_turns = 0;
-        // Empty here only when the upstream is done and nothing is left to send.
-        if out.is_empty() {
-            Poll::Ready(None)
-        } else {
-            Poll::Ready(Some(Ok(out.freeze())))
-        }
-    }
+/// Is `body` one whole JSON object (what every unary answer of both APIs is)?
+/// Validated without building anything: a truncated, HTML or otherwise broken body
+/// is refused for the cost of one scan.
+fn is_json_object(body: &[u8]) -> bool {
+    body.trim_ascii_start().first() == Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
 }
 
 fn finish_failed(
@@ -944,6 +732,7 @@ fn finish_failed(
             target: last_target,
             answered_by: None,
             log,
+            stream_line: None,
         };
     }
     let (status, code, message) = match failure.reason {
@@ -957,7 +746,11 @@ fn finish_failed(
             "upstream_timeout",
             "no target answered within the time allowed",
         ),
-        Reason::Status5xx | Reason::ConnectionError => (
+        Reason::Status5xx
+        | Reason::ConnectionError
+        | Reason::InvalidResponse
+        | Reason::ResponseTooLarge
+        | Reason::EventTooLarge => (
             StatusCode::BAD_GATEWAY,
             "all_providers_failed",
             "every target that was tried failed",
@@ -999,7 +792,7 @@ fn finish_failed(
         && let Some(ra) = shortest_retry_after
     {
         // Round up: a client that waits the whole seconds given must not be early.
-        let secs = ra.as_millis().div_ceil(1000) as u64;
+        let secs = outcome::millis(ra).div_ceil(1000);
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -1011,126 +804,6 @@ fn finish_failed(
         target: None,
         answered_by: None,
         log,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::VecDeque;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    /// An upstream body scripted like hyper's client body: each chunk it already holds
-    /// is handed over `turns` event-loop turns after the previous one was taken
-    /// (Pending with a wake-up in between). With `stall`, nothing comes after the
-    /// first chunk: no wake-up, ever (data that has not arrived).
-    struct Scripted {
-        chunks: VecDeque<&'static str>,
-        turns: u8,
-        waited: u8,
-        stall: bool,
-        taken: usize,
-    }
-
-    impl futures_util::Stream for Scripted {
-        type Item = Result<Bytes, hyper::Error>;
-
-        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-            if self.stall && self.taken > 0 {
-                return Poll::Pending;
-            }
-            if self.waited < self.turns {
-                self.waited += 1;
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            self.waited = 0;
-            self.taken += 1;
-            Poll::Ready(self.chunks.pop_front().map(|c| Ok(Bytes::from(c))))
-        }
-    }
-
-    fn committed(chunks: &[&'static str], stall: bool) -> CommittedStream<Scripted> {
-        let state = Committed {
-            upstream: Scripted {
-                chunks: chunks.iter().copied().collect(),
-                turns: 2,
-                waited: 0,
-                stall,
-                taken: 0,
-            },
-            framer: Framer::default(),
-            model: JsonStr::new("smart"),
-            wire: Wire::OpenAi,
-            translator: None,
-            idle: Duration::from_secs(60),
-            counters: Arc::default(),
-            _permit: None,
-            done: false,
-        };
-        CommittedStream::new(b"data: {\"model\":\"gpt-x\",\"n\":0}\n\n", state)
-    }
-
-    const EVENTS: [&str; 3] = [
-        "data: {\"model\":\"gpt-x\",\"n\":1}\n\n",
-        "data: {\"model\":\"gpt-x\",\"n\":2}\n\n",
-        "data: {\"model\":\"gpt-x\",\"n\":3}\n\n",
-    ];
-
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_the_upstream_already_holds_leaves_as_one_chunk() {
-        let mut body = committed(&EVENTS, false);
-        let mut sent = Vec::new();
-        while let Some(Ok(chunk)) = body.next().await {
-            sent.push(chunk);
-        }
-        assert_eq!(sent.len(), 1, "one write for the burst: {sent:?}");
-        let text = std::str::from_utf8(&sent[0]).unwrap();
-        assert_eq!(text.matches("\"model\":\"smart\"").count(), 4, "{text}");
-        assert!(!text.contains("gpt-x"), "{text}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn what_has_arrived_is_sent_without_waiting_for_more() {
-        let mut body = committed(&EVENTS, true);
-        // Paused clock: if the stream waited on anything but its own turns, the
-        // runtime would jump to this timeout.
-        let first = tokio::time::timeout(Duration::from_millis(1), body.next())
-            .await
-            .expect("sent without waiting for more upstream data")
-            .unwrap()
-            .unwrap();
-        let text = std::str::from_utf8(&first).unwrap();
-        assert_eq!(text.matches("\"model\":\"smart\"").count(), 2, "{text}");
-    }
-
-    #[test]
-    fn relayed_answers_keep_provider_headers_but_not_hop_by_hop_ones() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
-            ("content-type", "application/json"),
-            ("x-ratelimit-remaining-requests", "99"),
-            ("connection", "keep-alive"),
-            ("transfer-encoding", "chunked"),
-            ("content-length", "12"),
-            ("x-request-id", "upstream-id"),
-        ] {
-            h.insert(k, HeaderValue::from_static(v));
-        }
-        h.append("set-cookie", HeaderValue::from_static("a=1"));
-        h.append("set-cookie", HeaderValue::from_static("b=2"));
-        let r = relay(StatusCode::CREATED, h, Body::empty());
-        assert_eq!(r.status(), StatusCode::CREATED);
-        let names: Vec<_> = r.headers().keys().map(|k| k.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "content-type",
-                "x-ratelimit-remaining-requests",
-                "set-cookie"
-            ]
-        );
-        assert_eq!(r.headers().get_all("set-cookie").iter().count(), 2);
+        stream_line: None,
     }
 }

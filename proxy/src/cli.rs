@@ -84,6 +84,17 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_BODY_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
     pub max_inflight_body_bytes: usize,
 
+    /// Largest SSE event relayed from a provider, in bytes. Before commit, a larger
+    /// one fails the attempt over (invalidResponse); after, the stream ends with the
+    /// error event. The proxy never holds more of a stream than this.
+    #[arg(long, env = "SWITCHBACK_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = crate::sse::DEFAULT_MAX_EVENT_BYTES)]
+    pub max_event_bytes: usize,
+
+    /// Largest unary provider answer read, in bytes; a larger one is an
+    /// invalidResponse failure (responseTooLarge in the attempt log) that fails over.
+    #[arg(long, env = "SWITCHBACK_MAX_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_RESPONSE_BYTES)]
+    pub max_response_bytes: usize,
+
     /// On SIGTERM/SIGINT, /readyz turns 503 at once, and the data port keeps accepting
     /// for this long (for endpoints to notice) before it stops.
     #[arg(long, env = "SWITCHBACK_DRAIN_DELAY", value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -129,6 +140,14 @@ impl Cli {
         }
     }
 
+    /// The limits on provider answers given by the flags.
+    pub fn upstream_limits(&self) -> crate::gateway::UpstreamLimits {
+        crate::gateway::UpstreamLimits {
+            max_event_bytes: self.max_event_bytes,
+            max_response_bytes: self.max_response_bytes,
+        }
+    }
+
     /// `--threads`, or the number of cores available.
     pub fn threads(&self) -> usize {
         self.threads.map_or_else(
@@ -156,6 +175,19 @@ mod tests {
         let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
         assert_eq!(cli.listen.to_string(), "0.0.0.0:8080");
         assert_eq!(cli.admin_listen.to_string(), "0.0.0.0:9090");
+        assert_eq!(cli.upstream_limits(), Default::default());
+        let cli = Cli::try_parse_from([
+            "switchback-proxy",
+            "--manifests",
+            "x",
+            "--max-event-bytes",
+            "4096",
+            "--max-response-bytes",
+            "65536",
+        ])
+        .unwrap();
+        assert_eq!(cli.upstream_limits().max_event_bytes, 4096);
+        assert_eq!(cli.upstream_limits().max_response_bytes, 65536);
         assert!(
             Cli::try_parse_from(["switchback-proxy", "--manifests", "x", "--namespace", "n"])
                 .is_err()
@@ -172,6 +204,11 @@ mod tests {
         assert_eq!(l.idle_timeout, Duration::from_secs(90));
         assert_eq!(l.max_connections, 10_000);
         assert_eq!(l.max_inflight_body_bytes, 256 << 20);
+        let u = cli.upstream_limits();
+        assert_eq!(
+            (u.max_event_bytes, u.max_response_bytes),
+            (1 << 20, 32 << 20)
+        );
         assert_eq!(
             (l.header_read_timeout, l.body_read_timeout, l.idle_timeout),
             (d.header_read_timeout, d.body_read_timeout, d.idle_timeout)

@@ -3,7 +3,7 @@
 //!
 //! Constructing a `Gateway` has no side effects: no listener, no task, no global.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -92,6 +92,36 @@ pub enum ApplyError {
     Prepare(#[from] PrepareError),
 }
 
+/// Bounds on what one provider answer may make the proxy hold (SPEC §8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpstreamLimits {
+    /// `--max-event-bytes`: the largest SSE event relayed.
+    pub max_event_bytes: usize,
+    /// `--max-response-bytes`: the largest unary answer read.
+    pub max_response_bytes: usize,
+}
+
+impl Default for UpstreamLimits {
+    fn default() -> Self {
+        Self {
+            max_event_bytes: crate::sse::DEFAULT_MAX_EVENT_BYTES,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+        }
+    }
+}
+
+/// The default `--max-response-bytes`.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+/// Provider answers refused by a limit, by limit (`switchback_limit_refusals_total`).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// SSE events over `max_event_bytes` (before or after commit).
+    pub events: AtomicU64,
+    /// Unary answers over `max_response_bytes`.
+    pub responses: AtomicU64,
+}
+
 pub struct Gateway {
     live: ArcSwap<Snapshot>,
     clients: Clients,
@@ -100,6 +130,8 @@ pub struct Gateway {
     ready: AtomicBool,
     report: Mutex<LoadReport>,
     pub max_body_bytes: usize,
+    pub upstream_limits: UpstreamLimits,
+    pub refused: Arc<Refusals>,
     /// Random per process: lets the operator tell a restarted replica from a live one.
     pub instance_id: String,
     pub started_at: SystemTime,
@@ -126,6 +158,8 @@ impl Gateway {
                 ..LoadReport::default()
             }),
             max_body_bytes,
+            upstream_limits: UpstreamLimits::default(),
+            refused: Arc::default(),
             instance_id: uuid::Uuid::new_v4().to_string(),
             started_at: SystemTime::now(),
             reloads_applied: Default::default(),

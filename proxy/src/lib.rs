@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod netguard;
 pub mod order;
 pub mod outcome;
+pub mod relay;
 pub mod reload;
 pub mod rewrite;
 pub mod server;
@@ -50,6 +51,8 @@ pub struct Options {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub max_body_bytes: usize,
+    /// `--max-event-bytes`, `--max-response-bytes`.
+    pub upstream_limits: gateway::UpstreamLimits,
     /// Data-port serving threads. 0 serves on the caller's runtime (tests, the demo);
     /// N > 0 starts N threads, each with its own single-threaded runtime, its own
     /// listening socket on the data address (`SO_REUSEPORT`: the kernel spreads
@@ -131,6 +134,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     let mut gw = Gateway::new(opts.max_body_bytes, source, opts.threads)?;
     gw.front = Arc::new(front::Front::new(opts.limits.clone(), opts.threads));
     gw.allow_empty_config = opts.allow_empty_config;
+    gw.upstream_limits = opts.upstream_limits;
     let gw = Arc::new(gw);
     let (watcher, watch_tasks) = match &opts.source {
         Source::Manifests(path) => {

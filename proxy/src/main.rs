@@ -28,6 +28,7 @@ async fn main() -> std::process::ExitCode {
     let threads = cli.threads();
     let limits = cli.client_limits();
     let (drain_delay, shutdown_grace) = (cli.drain_delay, cli.shutdown_grace);
+    let upstream_limits = cli.upstream_limits();
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),
         (None, Some(namespace)) => Source::Cluster { namespace },
@@ -38,6 +39,7 @@ async fn main() -> std::process::ExitCode {
         listen: cli.listen,
         admin_listen: cli.admin_listen,
         max_body_bytes: cli.max_body_bytes,
+        upstream_limits,
         threads,
         limits,
         allow_empty_config: cli.allow_empty_config,

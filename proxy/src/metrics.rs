@@ -6,18 +6,18 @@
 //! |---|---|---|
 //! | `switchback_requests_total` | counter | `route`, `outcome` (`answered`, `failed`) |
 //! | `switchback_fallbacks_total` | counter | `route`: requests answered by a target other than the first |
-//! | `switchback_attempts_total` | counter | `route`, `target`, `model`, `result` (`success` or a failure reason) |
+//! | `switchback_attempts_total` | counter | `route`, `target`, `model`, `result` (`success` or a failure reason; a committed stream's when it ends) |
 //! | `switchback_skips_total` | counter | `route`, `target`, `model`, `reason` (`missingKey`, `parked`, `circuitOpen`, ...) |
 //! | `switchback_fallbacks_away_total` | counter | `route`, `target`, `model`, `reason`: requests that left this target |
 //! | `switchback_tokens_total` | counter | `route`, `target`, `model`, `direction` (`input`, `output`), from provider usage |
 //! | `switchback_circuit_state` | gauge | `target`, `model`, `state` (`closed`, `open`, `half_open`): 1 for the current state |
-//! | `switchback_request_duration_seconds` | histogram | `route`: to the response head (streams: first event) |
+//! | `switchback_request_duration_seconds` | histogram | `route`: to the response head (streams: the commit, at the first content event) |
 //! | `switchback_gateway_overhead_seconds` | histogram | `route`: request duration minus provider time and deliberate waits |
 //! | `switchback_attempt_duration_seconds` | histogram | `route`, `target`, `model` |
-//! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams |
+//! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams, to the first content event |
 //! | `switchback_config_generation` | gauge | configs applied since start |
 //! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
-//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`) |
+//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it) |
 //! | `switchback_client_connections` | gauge | open client connections on the data port |
 //! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
 
@@ -221,7 +221,7 @@ impl Collector for Metrics {
         for (name, help, pick) in [
             (
                 "switchback_request_duration_seconds",
-                "Client request to response head (streams: to the first event)",
+                "Client request to response head (streams: to the first content event)",
                 (|r: &RouteRt| &r.counters.duration) as fn(&RouteRt) -> &Histogram,
             ),
             (
@@ -244,7 +244,7 @@ impl Collector for Metrics {
             ),
             (
                 "switchback_time_to_first_byte_seconds",
-                "Upstream request to the first event of a committed stream",
+                "Upstream request to the first content event of a committed stream",
                 |t: &TargetRt| &t.counters.ttfb,
             ),
         ] {
@@ -284,18 +284,23 @@ impl Collector for Metrics {
                 ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
             }
         }
-        client_limits(&mut enc, &gw.front)?;
+        limits(&mut enc, &gw.front, &gw.refused)?;
         Ok(())
     }
 }
 
-/// What the client-side limits refused (SPEC §8), and what they hold now.
-fn client_limits(enc: &mut DescriptorEncoder<'_>, front: &crate::front::Front) -> Fmt {
+/// What the limits refused (SPEC §8): the client-side ones and those on provider
+/// answers, in one family; and what the client-side ones hold now.
+fn limits(
+    enc: &mut DescriptorEncoder<'_>,
+    front: &crate::front::Front,
+    upstream: &crate::gateway::Refusals,
+) -> Fmt {
     let r = &front.refusals;
     {
         let mut m = enc.encode_descriptor(
             "switchback_limit_refusals",
-            "What each client-side limit refused (for max_connections: times new connections had to wait)",
+            "What each limit refused (for max_connections: times new connections had to wait)",
             None,
             MetricType::Counter,
         )?;
@@ -306,6 +311,8 @@ fn client_limits(enc: &mut DescriptorEncoder<'_>, front: &crate::front::Front) -
             ("max_connections", &r.connection_waits),
             ("max_body_bytes", &r.too_large),
             ("max_inflight_body_bytes", &r.over_budget),
+            ("max_event_bytes", &upstream.events),
+            ("max_response_bytes", &upstream.responses),
         ] {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("limit", limit)])?)?;

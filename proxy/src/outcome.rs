@@ -23,6 +23,12 @@ pub enum Reason {
     AuthError,
     /// Any other 4xx: the caller's mistake, returned unchanged.
     ClientError,
+    /// A 2xx that cannot be used: not the surface's JSON, a stream without content.
+    InvalidResponse,
+    /// A unary 2xx over `--max-response-bytes` (class `invalidResponse`).
+    ResponseTooLarge,
+    /// An SSE event over `--max-event-bytes` (class `invalidResponse`).
+    EventTooLarge,
     // Skipped before commitment:
     MissingKey,
     UnsupportedSurface,
@@ -34,7 +40,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 17;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -44,6 +50,9 @@ impl Reason {
         Self::ContextLength,
         Self::AuthError,
         Self::ClientError,
+        Self::InvalidResponse,
+        Self::ResponseTooLarge,
+        Self::EventTooLarge,
         Self::MissingKey,
         Self::UnsupportedSurface,
         Self::Parked,
@@ -58,10 +67,14 @@ impl Reason {
 
     /// Failures that count towards opening the circuit: the provider looks unhealthy.
     /// Not 4xx (the request's fault), not context length, not 429 (parking handles
-    /// it), not the call's own budget running out.
+    /// it), not the call's own budget running out. A useless 2xx does.
     pub fn trips_breaker(self, status: Option<u16>) -> bool {
         match self {
-            Self::Status5xx | Self::ConnectionError => true,
+            Self::Status5xx
+            | Self::ConnectionError
+            | Self::InvalidResponse
+            | Self::ResponseTooLarge
+            | Self::EventTooLarge => true,
             Self::Timeout => status.is_none(), // the attempt timed out; 408 is an answer
             _ => false,
         }
@@ -90,6 +103,9 @@ impl Reason {
             Self::ContextLength => "contextLength",
             Self::AuthError => "authError",
             Self::ClientError => "clientError",
+            Self::InvalidResponse => "invalidResponse",
+            Self::ResponseTooLarge => "responseTooLarge",
+            Self::EventTooLarge => "eventTooLarge",
             Self::MissingKey => "missingKey",
             Self::UnsupportedSurface => "unsupportedSurface",
             Self::Parked => "parked",
@@ -108,6 +124,9 @@ impl Reason {
             Self::ConnectionError => FailureClass::ConnectionError,
             Self::ContextLength => FailureClass::ContextLength,
             Self::AuthError => FailureClass::AuthError,
+            Self::InvalidResponse | Self::ResponseTooLarge | Self::EventTooLarge => {
+                FailureClass::InvalidResponse
+            }
             _ => return None,
         })
     }
@@ -169,6 +188,11 @@ pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Du
     }
     let at = httpdate::parse_http_date(v).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Whole milliseconds of `d`, saturating (a provider's Retry-After may not fit).
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// May the same target be tried again after this failure (attempts permitting)?
@@ -268,6 +292,8 @@ mod tests {
         assert!(Reason::Status5xx.trips_breaker(Some(503)));
         assert!(Reason::ConnectionError.trips_breaker(None));
         assert!(Reason::Timeout.trips_breaker(None));
+        assert!(Reason::InvalidResponse.trips_breaker(None));
+        assert!(Reason::ResponseTooLarge.trips_breaker(None));
         assert!(!Reason::Timeout.trips_breaker(Some(408)));
         for r in [
             Reason::RateLimited,
@@ -326,6 +352,8 @@ mod tests {
             Reason::Budget,
             Reason::ConnectionError,
             Reason::ContextLength,
+            Reason::InvalidResponse,
+            Reason::ResponseTooLarge,
             Reason::MissingKey,
             Reason::Parked,
         ] {

@@ -17,6 +17,7 @@ use crate::attempt::{self, Call};
 use crate::front::intake::{self, Refused};
 use crate::gateway::Gateway;
 use crate::metrics;
+use crate::relay::StreamEnd;
 use crate::snapshot::RouteRt;
 use crate::surface::{self, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
@@ -232,7 +233,30 @@ async fn route_and_run(
     );
     span.record("switchback.attempts", outcome.attempts);
     span.record("switchback.fallbacks", outcome.fallbacks);
-    log_request(route, &model, &outcome, started.elapsed());
+    let line = RequestLine {
+        status: outcome.response.status().as_u16(),
+        attempts: outcome.attempts,
+        fallbacks: outcome.fallbacks,
+        answered_by: outcome.answered_by,
+        log: outcome.log,
+    };
+    match outcome.stream_line {
+        // A committed stream: its line is written when it ends, with its real
+        // duration and how it ended.
+        Some(slot) => {
+            let (route, model) = (served.route.clone(), String::from(&*model));
+            let front = gw.front.clone();
+            slot.write_when_ended(Box::new(move |end| {
+                let how = match end {
+                    // Ended by the drain at the end of the shutdown grace.
+                    StreamEnd::ClientGone if front.end_streams.is_set() => "shutdown",
+                    end => end.as_str(),
+                };
+                line.write(&route, &model, started.elapsed(), Some(how));
+            }));
+        }
+        None => line.write(route, &model, started.elapsed(), None),
+    }
     let mut response = outcome.response;
     if call.stream && response.status().is_success() {
         let front = gw.front.clone();
@@ -251,33 +275,40 @@ async fn route_and_run(
 }
 
 /// One structured line per request: the route, who answered, the fallback provider
-/// and model when it was not the first target, and the attempt log.
-fn log_request(
-    route: &RouteRt,
-    model: &str,
-    outcome: &attempt::Outcome,
-    took: std::time::Duration,
-) {
-    let answered = outcome.answered_by.map(|i| &route.targets[i as usize]);
-    let fell_back = outcome.fallbacks > 0 && answered.is_some();
-    let fallback_provider = answered.filter(|_| fell_back).map(|t| t.label.as_str());
-    let fallback_model = answered
-        .filter(|_| fell_back)
-        .map(|t| t.spec.model.as_deref().unwrap_or(model));
-    tracing::info!(
-        target: "switchback::request",
-        route = %route.spec.id,
-        model,
-        status = outcome.response.status().as_u16(),
-        served_by = answered.map(|t| t.label.as_str()),
-        fallback_provider,
-        fallback_model,
-        attempts = outcome.attempts,
-        fallbacks = outcome.fallbacks,
-        duration_ms = took.as_millis() as u64,
-        attempt_log = %AttemptLogView { route, log: &outcome.log },
-        "request"
-    );
+/// and model when it was not the first target, and the attempt log. A stream's is
+/// written when the stream ends, and says how (`stream`).
+struct RequestLine {
+    status: u16,
+    attempts: u32,
+    fallbacks: u32,
+    answered_by: Option<u8>,
+    log: Vec<attempt::AttemptLog>,
+}
+
+impl RequestLine {
+    fn write(&self, route: &RouteRt, model: &str, took: std::time::Duration, stream: Option<&str>) {
+        let answered = self.answered_by.map(|i| &route.targets[i as usize]);
+        let fell_back = self.fallbacks > 0 && answered.is_some();
+        let fallback_provider = answered.filter(|_| fell_back).map(|t| t.label.as_str());
+        let fallback_model = answered
+            .filter(|_| fell_back)
+            .map(|t| t.spec.model.as_deref().unwrap_or(model));
+        tracing::info!(
+            target: "switchback::request",
+            route = %route.spec.id,
+            model,
+            status = self.status,
+            served_by = answered.map(|t| t.label.as_str()),
+            fallback_provider,
+            fallback_model,
+            attempts = self.attempts,
+            fallbacks = self.fallbacks,
+            duration_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            stream,
+            attempt_log = %AttemptLogView { route, log: &self.log },
+            "request"
+        );
+    }
 }
 
 /// The attempt log as compact JSON: `[{"target","status","reason","durationMs","retryAfterMs"}]`.

@@ -3,7 +3,8 @@
 //! error event the proxy writes when a committed stream fails.
 //!
 //! Events are emitted as soon as their terminating blank line arrives: the framer
-//! holds at most one partial event, never the stream.
+//! holds at most one partial event, never the stream, and never more than its
+//! event size limit plus the last chunk pushed (`--max-event-bytes`).
 
 use std::borrow::Cow;
 
@@ -12,33 +13,72 @@ use serde::Deserialize;
 
 use crate::surface::Wire;
 
+/// The default `--max-event-bytes`: the largest SSE event relayed.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+
 /// Accumulates upstream chunks and yields complete events (terminator included).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Framer {
     buf: BytesMut,
     /// Bytes of `buf` already scanned without finding a boundary.
     scanned: usize,
+    /// Largest event accepted, terminator included.
+    max_event: usize,
 }
 
+impl Default for Framer {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_EVENT_BYTES)
+    }
+}
+
+/// An event (or the bytes of one still without a boundary) is over the size limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTooLarge;
+
 impl Framer {
+    pub fn new(max_event: usize) -> Self {
+        Self {
+            buf: BytesMut::new(),
+            scanned: 0,
+            max_event,
+        }
+    }
+
     pub fn push(&mut self, chunk: &[u8]) {
         self.buf.extend_from_slice(chunk);
     }
 
-    /// The next complete event, if one has fully arrived.
-    pub fn next_event(&mut self) -> Option<Bytes> {
+    /// Bytes held: at most the limit plus the last chunk pushed, since every push is
+    /// followed by `next_event` until it yields nothing or fails.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete event, if one has fully arrived. An event over the limit,
+    /// or that many bytes without a boundary, is an error; the buffer is freed then
+    /// (the stream cannot be resynchronised, so it ends).
+    pub fn next_event(&mut self) -> Result<Option<Bytes>, EventTooLarge> {
         // Resume a little before the last scan end: a boundary may straddle chunks.
         let from = self.scanned.saturating_sub(3);
         match event_end(&self.buf, from) {
+            Some(end) if end > self.max_event => Err(self.overflow()),
             Some(end) => {
                 self.scanned = 0;
-                Some(self.buf.split_to(end).freeze())
+                Ok(Some(self.buf.split_to(end).freeze()))
             }
+            None if self.buf.len() > self.max_event => Err(self.overflow()),
             None => {
                 self.scanned = self.buf.len();
-                None
+                Ok(None)
             }
         }
+    }
+
+    fn overflow(&mut self) -> EventTooLarge {
+        self.buf = BytesMut::new();
+        self.scanned = 0;
+        EventTooLarge
     }
 
     /// Whatever is left once the upstream ended (an unterminated last event).
@@ -66,6 +106,20 @@ fn event_end(buf: &[u8], from: usize) -> Option<usize> {
         i = at + 1;
     }
     None
+}
+
+/// The events of a buffer of whole events (as [`Framer`] yields them), in order; an
+/// unterminated tail comes last.
+pub fn split_events(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        if buf.is_empty() {
+            return None;
+        }
+        let end = event_end(buf, 0).unwrap_or(buf.len());
+        let (ev, rest) = buf.split_at(end);
+        buf = rest;
+        Some(ev)
+    })
 }
 
 /// The fields of one event that matter to the proxy.
@@ -168,6 +222,113 @@ fn status_for(kind: Option<&str>, code: Option<&serde_json::Value>) -> u16 {
     }
 }
 
+/// What an event of a stream's opening means for the commit (SPEC §3).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// Carries no content: held back until one that does (comments, an OpenAI
+    /// role-only chunk, Anthropic `message_start`, `ping`, an empty text
+    /// `content_block_start`).
+    Hold,
+    /// Content (or anything not known to be empty): commits the stream.
+    Content,
+    /// `data: [DONE]`: the stream ends.
+    Done,
+    /// An in-band error.
+    Error(StreamError),
+}
+
+/// The parts of an opening event's JSON that tell content from none. Fields not
+/// listed are skipped unparsed.
+#[derive(Deserialize)]
+struct OpeningData<'a> {
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    content_block: Option<Block<'a>>,
+    #[serde(default)]
+    choices: Option<Vec<Choice<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    function_call: Option<serde::de::IgnoredAny>,
+}
+
+/// Classify one event of a stream that is not committed yet. Only the opening
+/// events are looked at this closely: after commit, events are just forwarded.
+pub fn opening(event: &[u8]) -> Opening {
+    let f = fields(event);
+    let Some(data) = f.data else {
+        // Comments, blank keep-alives, an `event:` line alone: nothing to show.
+        return Opening::Hold;
+    };
+    if let Some(e) = error_in(&f) {
+        return Opening::Error(e);
+    }
+    if data.trim_ascii() == b"[DONE]" {
+        return Opening::Done;
+    }
+    let Ok(d) = serde_json::from_slice::<OpeningData<'_>>(data) else {
+        return Opening::Content; // not ours to judge
+    };
+    let empty = |s: &Option<Cow<'_, str>>| s.as_deref().is_none_or(str::is_empty);
+    let anthropic = f
+        .event
+        .map(|e| std::str::from_utf8(e).unwrap_or(""))
+        .or(d.kind.as_deref());
+    match anthropic {
+        Some("message_start" | "ping") => return Opening::Hold,
+        Some("content_block_start") => {
+            return match &d.content_block {
+                Some(b) if b.kind.as_deref() == Some("text") && empty(&b.text) => Opening::Hold,
+                _ => Opening::Content,
+            };
+        }
+        _ => {}
+    }
+    match &d.choices {
+        // A chunk without choices (Azure's prompt filter results) or whose choices
+        // only say the role.
+        Some(choices)
+            if choices.iter().all(|c| {
+                c.finish_reason.is_none()
+                    && c.delta.as_ref().is_none_or(|d| {
+                        empty(&d.content)
+                            && empty(&d.refusal)
+                            && d.tool_calls.is_none()
+                            && d.function_call.is_none()
+                    })
+            }) =>
+        {
+            Opening::Hold
+        }
+        _ => Opening::Content,
+    }
+}
+
 /// The event that ends a committed stream which failed, in the client's wire format.
 pub fn failure_event(wire: Wire, message: &str) -> Bytes {
     match wire {
@@ -193,7 +354,7 @@ mod tests {
         let mut out = Vec::new();
         for c in chunks {
             f.push(c);
-            while let Some(e) = f.next_event() {
+            while let Some(e) = f.next_event().unwrap() {
                 out.push(e);
             }
         }

@@ -126,7 +126,7 @@ pub struct RouteCounters {
     pub attempts: AtomicU64,
     pub fallbacks: AtomicU64,
     pub failed: AtomicU64,
-    /// Client request to response head (for streams: to the first event).
+    /// Client request to response head (for streams: to the first content event).
     pub duration: Histogram,
     /// `duration` minus time spent waiting on providers and in deliberate waits.
     pub overhead: Histogram,
@@ -146,7 +146,7 @@ pub struct RouteTargetCounters {
     pub input_tokens: AtomicU64,
     pub output_tokens: AtomicU64,
     pub attempt_duration: Histogram,
-    /// Time to the first event of committed streams.
+    /// Time to the first content event of committed streams.
     pub ttfb: Histogram,
 }
 

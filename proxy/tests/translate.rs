@@ -48,7 +48,7 @@ fn sse_events(text: &[u8]) -> Vec<(Option<String>, Value)> {
     let mut framer = Framer::default();
     framer.push(text);
     let mut out = Vec::new();
-    while let Some(ev) = framer.next_event().or_else(|| framer.take_rest()) {
+    while let Some(ev) = framer.next_event().unwrap().or_else(|| framer.take_rest()) {
         let f = sse::fields(&ev);
         let Some(data) = f.data else { continue };
         let data = serde_json::from_slice(data)
@@ -186,7 +186,7 @@ fn streams_are_not_buffered() {
         let mut framer = Framer::default();
         framer.push(&input);
         let mut saw_text = 0;
-        while let Some(ev) = framer.next_event() {
+        while let Some(ev) = framer.next_event().unwrap() {
             let mut out = BytesMut::new();
             t.event(&ev, &mut out);
             let needle: &[u8] = b"Hello";
@@ -248,7 +248,7 @@ fn in_band_errors_stay_errors_after_translation() {
         let mut framer = Framer::default();
         framer.push(&out);
         let mut last = None;
-        while let Some(ev) = framer.next_event() {
+        while let Some(ev) = framer.next_event().unwrap() {
             last = Some(ev);
         }
         let e = sse::error_event(&last.unwrap()).expect("ends with an error event");
@@ -432,7 +432,7 @@ fn translate_chunks(direction: Direction, usage: bool, chunks: &[&[u8]]) -> Byte
     let mut out = BytesMut::new();
     for c in chunks {
         framer.push(c);
-        while let Some(ev) = framer.next_event() {
+        while let Some(ev) = framer.next_event().unwrap() {
             t.event(&ev, &mut out);
         }
     }

@@ -60,6 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listen,
         admin_listen,
         max_body_bytes: 32 * 1024 * 1024,
+        upstream_limits: Default::default(),
         threads: 0,
         limits: Default::default(),
         allow_empty_config: false,

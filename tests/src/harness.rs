@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
+use switchback_proxy::gateway::UpstreamLimits;
 use switchback_proxy::{Options, Running, Source};
 
 /// The namespace every harness manifest lives in.
@@ -82,6 +83,11 @@ impl TestProxy {
         Self::launch(manifests, max_body_bytes, 0).await
     }
 
+    /// Like [`TestProxy::start`], with the given limits on provider answers.
+    pub async fn start_with_limits(manifests: &str, limits: UpstreamLimits) -> TestProxy {
+        Self::start_configured(manifests, |o| o.upstream_limits = limits).await
+    }
+
     async fn launch(
         manifests: &str,
         max_body_bytes: usize,
@@ -109,6 +115,7 @@ impl TestProxy {
             listen: loopback,
             admin_listen: loopback,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            upstream_limits: Default::default(),
             threads: 0,
             limits: Default::default(),
             allow_empty_config: false,

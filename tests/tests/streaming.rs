@@ -167,7 +167,9 @@ async fn failures_before_the_first_event_fall_back() {
 async fn a_break_after_commit_ends_the_stream_with_an_error_event() {
     for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
         let (primary, backup, proxy) = setup(flavor, SPEC).await;
-        primary.push(Behavior::BreakMidStream { chunks: 3 });
+        // Five events: past the events without content (an Anthropic stream opens
+        // with three), so the stream is committed when it breaks.
+        primary.push(Behavior::BreakMidStream { chunks: 5 });
         let r = match flavor {
             Flavor::Anthropic => proxy.messages("smart", true).await,
             Flavor::OpenAi => proxy.chat("smart", true).await,
