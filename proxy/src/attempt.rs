@@ -231,7 +231,7 @@ impl Walk<'_, '_> {
         let (gw, route, call) = (self.gw, self.route, self.call);
         let t = &route.targets[i as usize];
         stats::inc(&t.counters.requests);
-        if let Some(reason) = skip_reason(gw, t, call.surface) {
+        if let Some(reason) = skip_reason(gw, route, t, call.surface) {
             return self.skip(i, reason);
         }
         let breaker = &t.state.breaker;
@@ -386,13 +386,18 @@ impl Walk<'_, '_> {
                 // Says nothing about the provider's health: let another request probe.
                 drop(probe.take());
             }
-            if f.reason == Reason::RateLimited
-                && let Some(ra) = f.retry_after
-            {
-                t.state.park_until(gw.now_ms() + ra.as_millis() as u64);
-                self.shortest_retry_after =
-                    Some(self.shortest_retry_after.map_or(ra, |s| s.min(ra)));
-                if ra.as_millis() as u64 > route.spec.fallback.max_retry_after_ms {
+            // A provider's number: everything below saturates or is checked.
+            let cap = Duration::from_millis(route.spec.fallback.max_retry_after_ms);
+            if let Some(ra) = f.retry_after {
+                if f.reason == Reason::RateLimited {
+                    // Parked for later requests too, never longer than the cap.
+                    let park = ra.min(cap);
+                    t.state
+                        .park_until(gw.now_ms().saturating_add(outcome::millis(park)));
+                    self.shortest_retry_after =
+                        Some(self.shortest_retry_after.map_or(park, |s| s.min(park)));
+                }
+                if ra > cap {
                     return Tried::Failed(f); // abandon this target at once
                 }
             }
@@ -403,10 +408,12 @@ impl Walk<'_, '_> {
                 Some(ra) if t.spec.retry.honour_retry_after => ra,
                 _ => outcome::backoff(tries, &t.spec.retry, rand::random::<f64>()),
             };
-            let resume = Instant::now() + wait;
-            if resume >= self.budget {
+            let Some(resume) = Instant::now()
+                .checked_add(wait)
+                .filter(|r| *r < self.budget)
+            else {
                 return Tried::Failed(f); // the wait does not fit the budget: let the next target try
-            }
+            };
             sleep_until(resume).await;
             self.waited += wait;
         }
@@ -519,7 +526,7 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
 
 /// A target passed over before anything is sent to it, for a reason known without
 /// asking anyone. (Open circuits and full queues are checked as the target is tried.)
-fn skip_reason(gw: &Gateway, t: &TargetRt, surface: Surface) -> Option<Reason> {
+fn skip_reason(gw: &Gateway, route: &RouteRt, t: &TargetRt, surface: Surface) -> Option<Reason> {
     let provider = t.credential.spec.provider;
     if !surface.served_by(provider) && Direction::for_target(surface, provider).is_none() {
         return Some(Reason::UnsupportedSurface);
@@ -527,7 +534,9 @@ fn skip_reason(gw: &Gateway, t: &TargetRt, surface: Surface) -> Option<Reason> {
     if t.credential.headers.is_none() {
         return Some(Reason::MissingKey);
     }
-    if t.state.parked_until_ms() > gw.now_ms() {
+    if t.state
+        .parked(gw.now_ms(), route.spec.fallback.max_retry_after_ms)
+    {
         return Some(Reason::Parked);
     }
     None

@@ -168,7 +168,10 @@ pub fn is_context_length(body: &[u8]) -> bool {
 }
 
 /// Retry-After as a duration: `retry-after-ms` (OpenAI) first, then `Retry-After` in
-/// seconds or as an HTTP date.
+/// seconds or as an HTTP date. A provider's number: it may be absurd
+/// (`9223372036854775809`, more digits than any integer holds), so it saturates
+/// instead of overflowing, and every use of it is checked or clamped by the caller
+/// (to `maxRetryAfter`). A number too large for any clock is still "very long".
 pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
     if let Some(ms) = headers
         .get("retry-after-ms")
@@ -183,8 +186,8 @@ pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Du
         .to_str()
         .ok()?
         .trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(v.parse::<u64>().unwrap_or(u64::MAX)));
     }
     let at = httpdate::parse_http_date(v).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
@@ -243,8 +246,11 @@ pub fn attempt_deadline(
     target: &Target,
     budget: tokio::time::Instant,
 ) -> tokio::time::Instant {
-    match target.timeout_ms {
-        Some(ms) => (now + Duration::from_millis(ms)).min(budget),
+    match target
+        .timeout_ms
+        .and_then(|ms| now.checked_add(Duration::from_millis(ms)))
+    {
+        Some(at) => at.min(budget),
         None => budget,
     }
 }
@@ -407,5 +413,42 @@ mod tests {
         h.insert("retry-after-ms", HeaderValue::from_static("soon"));
         h.insert("retry-after", HeaderValue::from_static("garbage"));
         assert_eq!(retry_after(&h, now), None);
+    }
+
+    /// Absurd provider numbers saturate, and what is computed from them never
+    /// overflows a clock (`Instant + Duration` used to panic on these).
+    #[test]
+    fn absurd_retry_afters_saturate() {
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let mut h = HeaderMap::new();
+        for (v, secs) in [
+            ("9223372036854775809", 9_223_372_036_854_775_809),
+            ("18446744073709551615", u64::MAX),
+            ("99999999999999999999999999", u64::MAX),
+        ] {
+            h.insert("retry-after", HeaderValue::from_static(v));
+            let ra = retry_after(&h, now).unwrap();
+            assert_eq!(ra, Duration::from_secs(secs), "{v}");
+            assert_eq!(millis(ra), u64::MAX);
+            assert!(tokio::time::Instant::now().checked_add(ra).is_none());
+        }
+        h.remove("retry-after");
+        for v in ["1e400", "-5", "NaN", "inf"] {
+            h.insert("retry-after-ms", HeaderValue::from_static(v));
+            assert_eq!(retry_after(&h, now), None, "{v}");
+        }
+        h.insert("retry-after-ms", HeaderValue::from_static("1e300"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(u64::MAX)));
+        let target = Target {
+            credential: switchback_crds::config::ObjectId::new("ns", "c"),
+            model: None,
+            weight: 1,
+            timeout_ms: Some(u64::MAX),
+            retry: Retry::default(),
+            price: None,
+        };
+        let start = tokio::time::Instant::now();
+        let budget = start + Duration::from_secs(60);
+        assert_eq!(attempt_deadline(start, &target, budget), budget);
     }
 }

@@ -30,10 +30,13 @@ use crate::upstream::{self, Clients};
 pub struct TargetState {
     /// Milliseconds on the proxy clock until which the target is parked after a 429.
     parked_until_ms: AtomicU64,
+    /// What the target was prepared from (URL, provider, headers, key), hashed: a
+    /// reload that changes it clears the park, which was about the old target.
+    fingerprint: AtomicU64,
     /// Smoothed latency in microseconds; 0 = never measured.
     latency_ewma_us: AtomicU64,
     pub breaker: Breaker,
-    /// Latency of answered attempts (full answer, or first event for streams).
+    /// Latency of answered attempts (full answer, or first content event for streams).
     pub latency: Histogram,
     last_failure: Mutex<Option<FailureRecord>>,
 }
@@ -54,6 +57,30 @@ impl TargetState {
     /// Park until `until_ms`, never shortening an existing park.
     pub fn park_until(&self, until_ms: u64) {
         self.parked_until_ms.fetch_max(until_ms, Ordering::Relaxed);
+    }
+
+    /// Is the target parked at `now_ms` for a route whose `maxRetryAfter` is
+    /// `cap_ms`? A park never outlives the cap: one set under a larger cap (another
+    /// route, or before a reload lowered it) is cut down to it here.
+    pub fn parked(&self, now_ms: u64, cap_ms: u64) -> bool {
+        let until = self.parked_until_ms.load(Ordering::Relaxed);
+        if until <= now_ms {
+            return false;
+        }
+        let latest = now_ms.saturating_add(cap_ms);
+        if until > latest {
+            self.parked_until_ms.fetch_min(latest, Ordering::Relaxed);
+            return latest > now_ms;
+        }
+        true
+    }
+
+    /// Record what the target is now prepared from; a change clears the park.
+    fn adopt(&self, fingerprint: u64) {
+        let old = self.fingerprint.swap(fingerprint, Ordering::Relaxed);
+        if old != 0 && old != fingerprint {
+            self.parked_until_ms.store(0, Ordering::Relaxed);
+        }
     }
 
     pub fn latency_ewma_us(&self) -> u64 {
@@ -240,10 +267,12 @@ pub fn prepare(
                 credential: t.credential.clone(),
                 model: t.model.clone(),
             };
+            let state = carried(&mut maps.targets, key.clone());
+            state.adopt(fingerprint(&credential.spec, compiled));
             targets.push(TargetRt {
                 spec: t.clone(),
                 counters: carried(&mut maps.route_targets, (r.id.clone(), key.clone())),
-                state: carried(&mut maps.targets, key),
+                state,
                 label: t.credential.to_string(),
                 upstream_model_json: t.model.as_deref().map(JsonStr::new),
                 credential,
@@ -281,6 +310,15 @@ pub fn prepare(
         route_list,
         credentials,
     })
+}
+
+/// A hash of what a target's requests are made from; never 0 (0 = not yet prepared).
+fn fingerprint(c: &Credential, compiled: &Compiled) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (c.provider, &c.base_url, &c.headers).hash(&mut h);
+    compiled.keys.get(&c.id).map(|k| k.expose()).hash(&mut h);
+    h.finish().max(1)
 }
 
 fn header_value(s: &str) -> HeaderValue {
@@ -372,4 +410,35 @@ fn prepare_credential(
         },
         spec: c.clone(),
     })
+}
+
+#[cfg(test)]
+mod park_tests {
+    use super::TargetState;
+
+    #[test]
+    fn a_park_never_outlives_the_cap_it_is_read_under() {
+        let t = TargetState::default();
+        // Parked for an hour, under a route (or a config) whose cap was larger.
+        t.park_until(1_000 + 3_600_000);
+        assert!(t.parked(1_000, 10_000));
+        assert!(t.parked_until_ms() <= 11_000, "cut down to the cap");
+        assert!(t.parked(10_999, 10_000));
+        assert!(!t.parked(11_000, 10_000));
+        // Absurd ends saturate instead of wrapping.
+        t.park_until(u64::MAX);
+        assert!(t.parked(20_000, u64::MAX));
+        assert!(!t.parked(u64::MAX, 5));
+    }
+
+    #[test]
+    fn a_target_made_from_something_else_is_no_longer_parked() {
+        let t = TargetState::default();
+        t.adopt(7);
+        t.park_until(60_000);
+        t.adopt(7); // a reload that kept the target as it was
+        assert!(t.parked(0, u64::MAX));
+        t.adopt(8); // its URL, headers or key changed
+        assert!(!t.parked(0, u64::MAX));
+    }
 }

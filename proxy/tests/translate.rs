@@ -425,6 +425,29 @@ fn recorded_streams() -> Vec<(Direction, bool, Vec<u8>)> {
     out
 }
 
+/// A provider's numbers are not trusted: a block index no table could hold and token
+/// counts that overflow when summed translate without a panic or a giant allocation.
+#[test]
+fn absurd_provider_numbers_in_a_stream_do_not_panic() {
+    let max = u64::MAX;
+    let input = format!(
+        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"model\":\"m\",\"usage\":{{\"input_tokens\":{max},\"cache_read_input_tokens\":{max},\"cache_creation_input_tokens\":{max},\"output_tokens\":1}}}}}}\n\n\
+         event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":{max},\"content_block\":{{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{{}}}}}}\n\n\
+         event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":{max},\"delta\":{{\"type\":\"input_json_delta\",\"partial_json\":\"{{}}\"}}}}\n\n\
+         event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"tool_use\"}},\"usage\":{{\"output_tokens\":{max}}}}}\n\n\
+         event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+    );
+    let out = translate_chunks(Direction::OpenAiToAnthropic, true, &[input.as_bytes()]);
+    let events = sse_events(&out);
+    let usage = events
+        .iter()
+        .find_map(|(_, c)| c.get("usage").filter(|u| u.is_object()))
+        .expect("a usage chunk");
+    assert_eq!(usage["prompt_tokens"], max);
+    assert_eq!(usage["total_tokens"], max);
+    assert!(out.len() < 64 * 1024);
+}
+
 /// Feed `chunks` through a framer and a translator, as the proxy does.
 fn translate_chunks(direction: Direction, usage: bool, chunks: &[&[u8]]) -> BytesMut {
     let mut t = StreamTranslator::new(direction, CLIENT_MODEL, usage).with_created(CREATED);

@@ -284,6 +284,10 @@ struct FunctionDelta<'a> {
     arguments: Option<&'a str>,
 }
 
+/// Content blocks of one Anthropic message whose tool-call arguments are relayed:
+/// far more than any real answer has, and a bound on the index table.
+const MAX_BLOCKS: usize = 4096;
+
 struct FromAnthropic {
     id: String,
     model: String,
@@ -375,11 +379,15 @@ impl FromAnthropic {
                     }
                     "tool_use" => {
                         let n = self.tools;
-                        self.tools += 1;
-                        if self.tool_of_block.len() <= index {
-                            self.tool_of_block.resize(index + 1, None);
+                        self.tools = self.tools.saturating_add(1);
+                        // The index is the provider's number: a table indexed by it
+                        // stays small (a block past MAX_BLOCKS gets no arguments).
+                        if index < MAX_BLOCKS {
+                            if self.tool_of_block.len() <= index {
+                                self.tool_of_block.resize(index + 1, None);
+                            }
+                            self.tool_of_block[index] = Some(n);
                         }
-                        self.tool_of_block[index] = Some(n);
                         self.chunk(
                             out,
                             Delta {
@@ -754,7 +762,7 @@ impl FromOpenAi {
     fn open_block(&mut self, block: StartBlock<'_>, out: &mut BytesMut) -> usize {
         self.close(out);
         let index = self.next_block;
-        self.next_block += 1;
+        self.next_block = self.next_block.saturating_add(1);
         write_anthropic(
             out,
             "content_block_start",

@@ -125,11 +125,15 @@ impl AnthropicCounts {
     /// OpenAI `usage`: cache reads and writes count in the prompt; reads are also
     /// reported apart.
     pub(super) fn openai(&self) -> OpenAiUsage {
-        let prompt = self.input + self.cache_read + self.cache_write;
+        // Provider numbers: saturate rather than overflow.
+        let prompt = self
+            .input
+            .saturating_add(self.cache_read)
+            .saturating_add(self.cache_write);
         OpenAiUsage {
             prompt_tokens: prompt,
             completion_tokens: self.output,
-            total_tokens: prompt + self.output,
+            total_tokens: prompt.saturating_add(self.output),
             prompt_tokens_details: Cached {
                 cached_tokens: self.cache_read,
             },
