@@ -146,10 +146,46 @@ pub enum Behavior {
     ContextLength(ContextWording),
     /// 200 `text/event-stream` whose first (and only) event is an overload error.
     StreamErrorFirst,
+    /// 200 stream: the first `events` events of the answer, then bytes without an
+    /// event boundary (`data: {"x":"yyyy…`), 64 KiB a chunk, until the client goes
+    /// or [`ENDLESS_LINE_BYTES`] were sent (then the stream ends): far past any event
+    /// limit, so that a proxy without one fails a test instead of exhausting memory.
+    EndlessLine { events: usize },
+    /// 200 `text/event-stream` with an empty body.
+    EmptyStream,
+    /// 200 stream holding only events without content (OpenAI: the role-only chunk
+    /// and `[DONE]`; Anthropic: `message_start`, empty `content_block_start`, `ping`;
+    /// both: an SSE comment).
+    StreamWithoutContent,
+    /// 200 stream whose events without content are followed by an in-band overload
+    /// error (Anthropic: `message_start` then `event: error` `overloaded_error`).
+    OpeningThenError,
+    /// 200 stream: the events without content of [`Behavior::StreamWithoutContent`]
+    /// (without `[DONE]`), then this SSE event verbatim (an in-band error of one's
+    /// choosing, e.g. [`anthropic_sse`]`("error", &`[`anthropic_error`]`(..))`).
+    OpeningThen(String),
+    /// 200 `application/json` whose body the client cannot use.
+    Unusable(Unusable),
+    /// 200 `application/json`: a well-formed answer of at least `bytes` bytes (its
+    /// text is that long), produced 64 KiB a chunk as it is sent.
+    HugeBody { bytes: usize },
+    /// 429 with this `Retry-After` value, verbatim (e.g. a number no clock can add).
+    RateLimitedRaw(String),
     /// Each request takes the next behaviour of the list, round and round: a default
     /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
     /// request. An empty list answers.
     Cycle(Vec<Behavior>),
+}
+
+/// Kinds of 200 body that are not the API's JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unusable {
+    /// The answer cut in the middle.
+    Truncated,
+    /// An HTML page (a captive portal, a load balancer's error page).
+    Html,
+    /// Text that is not JSON at all.
+    NotJson,
 }
 
 impl Behavior {
@@ -730,6 +766,61 @@ async fn respond(
             };
             sse(ctx, vec![event], Duration::ZERO, StreamEnd::Finish, guard)
         }
+        Behavior::EndlessLine { events } => endless_line(ctx, events, guard),
+        Behavior::EmptyStream => sse(ctx, Vec::new(), Duration::ZERO, StreamEnd::Finish, guard),
+        Behavior::StreamWithoutContent => {
+            let mut events = opening_events(ctx);
+            if flavor == Flavor::OpenAi {
+                events.push("data: [DONE]\n\n".into());
+            }
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::OpeningThenError => {
+            let mut events = opening_events(ctx);
+            events.push(match flavor {
+                Flavor::OpenAi => openai_sse(&openai_error(
+                    "The server is overloaded. Please try again later.",
+                    "server_error",
+                    None,
+                )),
+                Flavor::Anthropic => {
+                    anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
+                }
+            });
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::OpeningThen(event) => {
+            let mut events = opening_events(ctx);
+            events.push(event);
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::Unusable(kind) => {
+            guard.finish();
+            let whole = match flavor {
+                Flavor::OpenAi => openai_completion(&ctx.model, &answer_text(&ctx.name)),
+                Flavor::Anthropic => anthropic_message(&ctx.model, &answer_text(&ctx.name)),
+            }
+            .to_string();
+            let body = match kind {
+                Unusable::Truncated => whole[..whole.len() / 2].to_owned(),
+                Unusable::Html => "<html><body><h1>502 Bad Gateway</h1></body></html>".into(),
+                Unusable::NotJson => "OK".into(),
+            };
+            let mut resp = plain(ctx, 200, body, false);
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Behavior::HugeBody { bytes } => huge_body(ctx, bytes, guard),
+        Behavior::RateLimitedRaw(value) => {
+            guard.finish();
+            let mut resp = json_response(ctx, 429, &error_body(flavor, 429));
+            let value = HeaderValue::from_str(&value).expect("sim: Retry-After header value");
+            resp.headers_mut().insert(header::RETRY_AFTER, value);
+            resp
+        }
         Behavior::Status {
             status,
             body,
@@ -777,6 +868,75 @@ async fn respond(
         }
     };
     Ok(response)
+}
+
+/// The events of a stream's opening that carry no content. OpenAI: the role-only
+/// chunk; Anthropic: `message_start`, the empty text `content_block_start`, `ping`;
+/// an SSE comment (a keep-alive) after the first for both.
+fn opening_events(ctx: &Ctx) -> Vec<String> {
+    let mut events = stream_events(ctx, &[]);
+    events.truncate(match ctx.flavor {
+        Flavor::OpenAi => 1,
+        Flavor::Anthropic => 3,
+    });
+    events.insert(1, ": keep-alive\n\n".into());
+    events
+}
+
+/// How much of its line [`Behavior::EndlessLine`] sends at most: 128 MiB.
+pub const ENDLESS_LINE_BYTES: usize = 128 << 20;
+
+/// Bytes of each chunk [`Behavior::EndlessLine`] and [`Behavior::HugeBody`] send.
+const FLOOD_CHUNK: usize = 64 * 1024;
+
+/// [`Behavior::EndlessLine`]: `events` real events, then one event that never ends.
+fn endless_line(ctx: &Ctx, events: usize, guard: CancelGuard) -> Response<Body> {
+    let mut first = stream_events(ctx, &stream_pieces(&ctx.name, events.max(1)));
+    first.truncate(events);
+    let head = futures_util::stream::iter(
+        first
+            .into_iter()
+            .map(Bytes::from)
+            .chain([Bytes::from_static(b"data: {\"x\":\"")]),
+    );
+    let filler = Bytes::from(vec![b'y'; FLOOD_CHUNK]);
+    // The guard goes with the stream: the client dropping it counts as a cancel.
+    let tail = futures_util::stream::repeat_with(move || {
+        let _ = &guard;
+        filler.clone()
+    });
+    let tail = futures_util::StreamExt::take(tail, ENDLESS_LINE_BYTES / FLOOD_CHUNK);
+    let body = futures_util::StreamExt::map(
+        futures_util::StreamExt::chain(head, tail),
+        Ok::<_, std::io::Error>,
+    );
+    base_response(ctx, 200)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .body(Body::from_stream(body))
+        .expect("sim: valid response")
+}
+
+/// [`Behavior::HugeBody`]: a valid answer whose text is `bytes` long, made as sent.
+fn huge_body(ctx: &Ctx, bytes: usize, guard: CancelGuard) -> Response<Body> {
+    guard.finish();
+    let whole = match ctx.flavor {
+        Flavor::OpenAi => openai_completion(&ctx.model, "@@TEXT@@"),
+        Flavor::Anthropic => anthropic_message(&ctx.model, "@@TEXT@@"),
+    }
+    .to_string();
+    let (before, after) = whole.split_once("@@TEXT@@").expect("sim: placeholder");
+    let chunks = bytes.div_ceil(FLOOD_CHUNK);
+    let filler = Bytes::from(vec![b'y'; FLOOD_CHUNK]);
+    let body = futures_util::stream::iter(
+        std::iter::once(Bytes::from(before.to_owned()))
+            .chain(std::iter::repeat_n(filler, chunks))
+            .chain(std::iter::once(Bytes::from(after.to_owned())))
+            .map(Ok::<_, std::io::Error>),
+    );
+    base_response(ctx, 200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(body))
+        .expect("sim: valid response")
 }
 
 /// Answering behaviours: shape by endpoint, stream when the request asked for it.
