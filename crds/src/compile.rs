@@ -42,6 +42,13 @@ pub struct Inputs<'a> {
     /// clients all the same but leaves every [`Client::key_hash`] empty, so nobody can
     /// authenticate with that config: for callers that do not serve clients.
     pub client_key_hasher: Option<&'a KeyHasher>,
+    /// Model names are resolved per client (the proxy runs with `--auth required`,
+    /// SPEC §9 Tenancy): two routes conflict over a model name only within one
+    /// namespace, and a client that could reach two routes serving the same name keeps
+    /// the first (its own namespace's, then by `namespace/name`) and gets a
+    /// `ModelConflict` warning for the other. `false` (the default): model names are
+    /// global, as for a proxy that serves everyone.
+    pub models_per_client: bool,
 }
 
 /// The compiled routes and credentials, the keys they need, and one diagnostic per
@@ -174,7 +181,7 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
         }
     }
 
-    let routes = resolve_model_conflicts(candidates, &mut diagnostics);
+    let routes = resolve_model_conflicts(candidates, inputs.models_per_client, &mut diagnostics);
 
     let mut clients: Vec<ClientCandidate> = Vec::new();
     let mut seen_clients: BTreeMap<ObjectId, ()> = BTreeMap::new();
@@ -206,7 +213,10 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
             });
         }
     }
-    let clients = resolve_key_conflicts(clients, &mut diagnostics);
+    let mut clients = resolve_key_conflicts(clients, &mut diagnostics);
+    if inputs.models_per_client {
+        resolve_client_model_conflicts(&mut clients, &routes, &mut diagnostics);
+    }
 
     let mut keys = Keys::default();
     let mut config = CompiledConfig::default();
@@ -427,8 +437,12 @@ struct Candidate {
 /// Gives each model name to the oldest route claiming it and rejects the newer ones.
 /// Age is `metadata.creationTimestamp`; routes without one count as newer than any
 /// that has one, and ties go to the earlier position in `Inputs.routes`.
+///
+/// With `per_namespace` (models resolved per client), only routes of one namespace
+/// compete for a name.
 fn resolve_model_conflicts(
     mut candidates: Vec<Candidate>,
+    per_namespace: bool,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Vec<Route> {
     candidates.sort_by(|a, b| {
@@ -436,16 +450,21 @@ fn resolve_model_conflicts(
         age(a).cmp(&age(b))
     });
 
-    let mut owners: HashMap<String, ObjectId> = HashMap::new();
+    let mut owners: HashMap<(String, String), ObjectId> = HashMap::new();
     let mut accepted = Vec::new();
     for candidate in candidates {
         let route = candidate.route;
+        let scope = if per_namespace {
+            route.id.namespace.clone()
+        } else {
+            String::new()
+        };
         let conflicts: Vec<Diagnostic> = route
             .models
             .iter()
             .enumerate()
             .filter_map(|(i, model)| {
-                let owner = owners.get(model)?;
+                let owner = owners.get(&(scope.clone(), model.clone()))?;
                 Some(Diagnostic {
                     kind: Kind::LLMRoute,
                     object: route.id.clone(),
@@ -464,7 +483,7 @@ fn resolve_model_conflicts(
             .collect();
         if conflicts.is_empty() {
             for model in &route.models {
-                owners.insert(model.clone(), route.id.clone());
+                owners.insert((scope.clone(), model.clone()), route.id.clone());
             }
             accepted.push(route);
         } else {
@@ -473,4 +492,49 @@ fn resolve_model_conflicts(
     }
     accepted.sort_by(|a, b| a.id.cmp(&b.id));
     accepted
+}
+
+/// Models resolved per client: a client reaching two routes that serve one model name
+/// keeps the route of its own namespace, else the first by `namespace/name`, and the
+/// other route is taken out of its `routes` with a `ModelConflict` warning (the client
+/// stays: it has less, never more).
+fn resolve_client_model_conflicts(
+    clients: &mut [Client],
+    routes: &[Route],
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let by_id: HashMap<&ObjectId, &Route> = routes.iter().map(|r| (&r.id, r)).collect();
+    for client in clients {
+        let mut order: Vec<ObjectId> = client.routes.clone();
+        // Own namespace first, then by id (`routes` is sorted already).
+        order.sort_by_key(|id| id.namespace != client.id.namespace);
+        let mut owners: HashMap<&str, &ObjectId> = HashMap::new();
+        let mut dropped = Vec::new();
+        for id in &order {
+            let Some(route) = by_id.get(id) else { continue };
+            if let Some((model, owner)) = route
+                .models
+                .iter()
+                .find_map(|m| owners.get(m.as_str()).map(|o| (m, *o)))
+            {
+                diagnostics.push(Diagnostic {
+                    kind: Kind::LLMClient,
+                    object: client.id.clone(),
+                    severity: Severity::Warning,
+                    reason: reason::MODEL_CONFLICT,
+                    field: "spec.routes".to_string(),
+                    message: format!(
+                        "route {id} serves the model {model:?}, which route {owner} already \
+                         serves to this client; {id} is left out"
+                    ),
+                });
+                dropped.push(id.clone());
+                continue;
+            }
+            for m in &route.models {
+                owners.insert(m, id);
+            }
+        }
+        client.routes.retain(|id| !dropped.contains(id));
+    }
 }

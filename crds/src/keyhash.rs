@@ -70,6 +70,12 @@ impl KeyHash {
         &self.0
     }
 
+    /// Equality in constant time (aws-lc-rs's `CRYPTO_memcmp`): what the proxy uses to
+    /// confirm a presented key's hash against a client's.
+    pub fn ct_eq(&self, other: &KeyHash) -> bool {
+        aws_lc_rs::constant_time::verify_slices_are_equal(&self.0, &other.0).is_ok()
+    }
+
     fn hex(&self) -> String {
         use fmt::Write;
         self.0.iter().fold(String::with_capacity(64), |mut s, b| {
@@ -148,6 +154,8 @@ mod tests {
         assert_eq!(a.hash(b"sk-client-1"), a.hash(b"sk-client-1"));
         assert_ne!(a.hash(b"sk-client-1"), a.hash(b"sk-client-2"));
         assert_ne!(a.hash(b"sk-client-1"), b.hash(b"sk-client-1"));
+        assert!(a.hash(b"sk-client-1").ct_eq(&a.hash(b"sk-client-1")));
+        assert!(!a.hash(b"sk-client-1").ct_eq(&a.hash(b"sk-client-2")));
     }
 
     #[test]

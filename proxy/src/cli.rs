@@ -117,6 +117,22 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 
+    /// Client authentication on the data port (SPEC §9). `required`: every request
+    /// must carry an LLMClient's key (Authorization: Bearer or x-api-key), else 401,
+    /// and model names are resolved among the routes that client may call. `off`:
+    /// everyone is served with every route, said at start-up. Default: standalone,
+    /// `required` when the manifests hold an LLMClient at start, else `off`; in cluster
+    /// mode `off` (the operator does not deliver clients yet).
+    #[arg(long, env = "SWITCHBACK_AUTH", value_enum, value_name = "MODE")]
+    pub auth: Option<crate::auth::AuthMode>,
+
+    /// File holding the per-cluster secret client keys are hashed with (HMAC-SHA256;
+    /// at least 32 bytes, surrounding whitespace trimmed, e.g. `openssl rand -hex 32`).
+    /// Standalone without it, a random secret is drawn at start (the proxy hashes its
+    /// own manifests' keys). Required for `--auth required` in cluster mode.
+    #[arg(long, env = "SWITCHBACK_CLIENT_KEY_HMAC_FILE", value_name = "PATH")]
+    pub client_key_hmac_file: Option<PathBuf>,
+
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -191,6 +207,46 @@ mod tests {
         assert!(
             Cli::try_parse_from(["switchback-proxy", "--manifests", "x", "--namespace", "n"])
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn every_flag_has_an_env_var() {
+        for arg in Cli::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{id} has no env var"));
+            let want = format!("SWITCHBACK_{}", id.to_uppercase());
+            assert_eq!(env.to_str(), Some(want.as_str()), "--{id}");
+        }
+    }
+
+    #[test]
+    fn auth_is_decided_unless_given() {
+        use crate::auth::AuthMode;
+        let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
+        assert_eq!(cli.auth, None);
+        assert_eq!(cli.client_key_hmac_file, None);
+        for (flag, mode) in [("required", AuthMode::Required), ("off", AuthMode::Off)] {
+            let cli = Cli::try_parse_from([
+                "switchback-proxy",
+                "--manifests",
+                "x.yaml",
+                "--auth",
+                flag,
+                "--client-key-hmac-file",
+                "/s/hmac",
+            ])
+            .unwrap();
+            assert_eq!(cli.auth, Some(mode));
+            assert_eq!(cli.client_key_hmac_file, Some(PathBuf::from("/s/hmac")));
+        }
+        assert!(
+            Cli::try_parse_from(["switchback-proxy", "--manifests", "x", "--auth", "on"]).is_err()
         );
     }
 

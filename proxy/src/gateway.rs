@@ -141,6 +141,8 @@ pub struct Gateway {
     pub front: Arc<crate::front::Front>,
     /// Serve a config with no LLMRoute instead of refusing it (`--allow-empty-config`).
     pub allow_empty_config: bool,
+    /// `--auth` and the HMAC secret client keys are hashed with.
+    pub auth: crate::auth::Auth,
 }
 
 impl Gateway {
@@ -166,6 +168,7 @@ impl Gateway {
             reloads_refused: Default::default(),
             front: Arc::new(crate::front::Front::new(Default::default(), lanes)),
             allow_empty_config: false,
+            auth: Default::default(),
         })
     }
 
@@ -189,7 +192,7 @@ impl Gateway {
         if compiled.config.routes.is_empty() && !self.allow_empty_config {
             return Err(ApplyError::NoRoute);
         }
-        let snapshot = prepare(compiled, &self.clients, &self.carried)?;
+        let snapshot = prepare(compiled, &self.clients, &self.carried, self.auth.required())?;
         self.live.store(Arc::new(snapshot));
         self.ready.store(true, Ordering::Release);
         self.reloads_applied.fetch_add(1, Ordering::Relaxed);

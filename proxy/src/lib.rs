@@ -5,6 +5,7 @@
 //! all use it); nothing here touches global state.
 
 pub mod attempt;
+pub mod auth;
 pub mod circuit;
 pub mod cli;
 pub mod cluster;
@@ -63,6 +64,13 @@ pub struct Options {
     pub limits: front::ClientLimits,
     /// Serve a manifest set with no LLMRoute instead of refusing it.
     pub allow_empty_config: bool,
+    /// `--auth`; `None` decides: standalone, `required` when the manifests hold an
+    /// LLMClient at start, else `off`; in a cluster `off` (the operator does not
+    /// deliver clients yet).
+    pub auth: Option<auth::AuthMode>,
+    /// `--client-key-hmac-file`: the per-cluster secret client keys are hashed with.
+    /// Standalone without it, a random one is drawn at start.
+    pub client_key_hmac_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +91,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Cluster(#[from] cluster::ClusterError),
+    #[error("authentication: {0}")]
+    Auth(String),
 }
 
 /// A running proxy. Dropping it stops serving.
@@ -135,6 +145,15 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     gw.front = Arc::new(front::Front::new(opts.limits.clone(), opts.threads));
     gw.allow_empty_config = opts.allow_empty_config;
     gw.upstream_limits = opts.upstream_limits;
+    gw.auth = auth_settings(&opts)?;
+    match gw.auth.mode {
+        auth::AuthMode::Off => tracing::warn!(
+            "authentication is off (--auth off): every caller is served, with every route"
+        ),
+        auth::AuthMode::Required => {
+            tracing::info!("authentication required (--auth required): LLMClient keys only")
+        }
+    }
     let gw = Arc::new(gw);
     let (watcher, watch_tasks) = match &opts.source {
         Source::Manifests(path) => {
@@ -198,6 +217,38 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         gateway: gw,
         tasks,
         _watcher: watcher,
+    })
+}
+
+/// `--auth` (or its default) and the HMAC secret.
+fn auth_settings(opts: &Options) -> Result<auth::Auth, StartError> {
+    let mode = match (opts.auth, &opts.source) {
+        (Some(mode), _) => mode,
+        // A manifest set that does not load fails the start right after; `off` here
+        // only decides how it is reported.
+        (None, Source::Manifests(path)) => match manifest::load(path) {
+            Ok(set) if !set.clients.is_empty() => auth::AuthMode::Required,
+            _ => auth::AuthMode::Off,
+        },
+        (None, Source::Cluster { .. }) => auth::AuthMode::Off,
+    };
+    if mode == auth::AuthMode::Off {
+        return Ok(auth::Auth { mode, hasher: None });
+    }
+    let hasher = match (&opts.client_key_hmac_file, &opts.source) {
+        (Some(path), _) => auth::read_hmac_file(path).map_err(StartError::Auth)?,
+        (None, Source::Manifests(_)) => auth::random_hasher(),
+        (None, Source::Cluster { .. }) => {
+            return Err(StartError::Auth(
+                "--auth required in cluster mode needs --client-key-hmac-file (the secret the \
+                 delivered key hashes were made with)"
+                    .into(),
+            ));
+        }
+    };
+    Ok(auth::Auth {
+        mode,
+        hasher: Some(hasher),
     })
 }
 

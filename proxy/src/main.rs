@@ -43,6 +43,8 @@ async fn main() -> std::process::ExitCode {
         threads,
         limits,
         allow_empty_config: cli.allow_empty_config,
+        auth: cli.auth,
+        client_key_hmac_file: cli.client_key_hmac_file,
     };
     let started = tokio::select! {
         r = start(opts) => r,

@@ -29,8 +29,19 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 /// never pause (a writer in a loop) still get the change loaded.
 const MAX_WAIT: Duration = Duration::from_secs(1);
 
-/// A compiled manifest set, or every problem that stops it.
+/// A compiled manifest set, or every problem that stops it, as a proxy with
+/// authentication off compiles it (model names global, no client key hashed).
 pub fn compile_manifests(path: &Path) -> Result<(Compiled, Vec<Problem>), Vec<Problem>> {
+    compile_manifests_for(path, &crate::auth::Auth::default())
+}
+
+/// A compiled manifest set as a proxy with these auth settings serves it: with
+/// `--auth required`, client keys are hashed with its secret (and then dropped) and
+/// model names are resolved per client.
+pub fn compile_manifests_for(
+    path: &Path,
+    auth: &crate::auth::Auth,
+) -> Result<(Compiled, Vec<Problem>), Vec<Problem>> {
     let set = manifest::load(path).map_err(|errors| {
         errors
             .into_iter()
@@ -48,10 +59,16 @@ pub fn compile_manifests(path: &Path) -> Result<(Compiled, Vec<Problem>), Vec<Pr
         credentials: &set.credentials,
         clients: &set.clients,
         secrets: &set.secrets,
-        // LLMClients are compiled and checked (their diagnostics are reported) but
-        // not enforced yet (issue 12): without a hasher no client gets a key hash.
-        client_key_hasher: None,
+        // With `--auth off`, LLMClients are compiled and checked (their diagnostics
+        // are reported) but not enforced: without a hasher no client gets a key hash.
+        client_key_hasher: if auth.required() {
+            auth.hasher.as_ref()
+        } else {
+            None
+        },
+        models_per_client: auth.required(),
     });
+    // The plain client keys lived only in `set.secrets`, dropped with `set` here.
     let (mut errors, mut warnings) = (Vec::new(), Vec::new());
     for d in &compiled.diagnostics {
         let p = locate(&set, d);
@@ -89,14 +106,25 @@ fn locate(set: &ManifestSet, d: &switchback_crds::Diagnostic) -> Problem {
 
 /// Load once; on success the gateway serves it. Returns the problems otherwise.
 pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
-    let (compiled, warnings) = compile_manifests(path)?;
+    let (compiled, warnings) = compile_manifests_for(path, &gw.auth)?;
     for w in &warnings {
         tracing::warn!(problem = %w, "config warning");
     }
-    if !compiled.config.clients.is_empty() {
+    let clients = &compiled.config.clients;
+    if gw.auth.required() {
+        let usable = clients.iter().filter(|c| c.key_hash.is_some()).count();
+        if usable == 0 {
+            tracing::warn!(
+                clients = clients.len(),
+                "--auth required and no LLMClient has a usable key: every request gets 401"
+            );
+        } else {
+            tracing::info!(clients = usable, "authenticating LLMClients");
+        }
+    } else if !clients.is_empty() {
         tracing::warn!(
-            clients = compiled.config.clients.len(),
-            "LLMClients are checked but not enforced by this build: every caller is served"
+            clients = clients.len(),
+            "the manifests hold LLMClients but --auth is off: they are checked, not enforced; every caller is served"
         );
     }
     gw.apply(&compiled, warnings).map_err(|e| {

@@ -14,11 +14,12 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use crate::attempt::{self, Call};
+use crate::auth;
 use crate::front::intake::{self, Refused};
 use crate::gateway::Gateway;
 use crate::metrics;
 use crate::relay::StreamEnd;
-use crate::snapshot::RouteRt;
+use crate::snapshot::{RouteRt, Snapshot, Tenant};
 use crate::surface::{self, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
 use tracing::Instrument;
@@ -102,13 +103,35 @@ async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Bo
             .unwrap_or_else(|_| HeaderValue::from_static("unknown")),
     };
     let wire = surface.wire();
-    let mut response = match intake::read(&gw.front, gw.max_body_bytes, body).await {
-        Err(refused) => refusal(wire, refused, gw),
-        // The body's budget bytes are held until the answer head is out.
-        Ok((body, _held)) => route_and_run(gw, surface, &headers, &request_id, body).await,
+    let snapshot = gw.snapshot();
+    // Before the body is read: an unauthenticated caller spends no body budget.
+    let mut response = match auth::authenticate(&gw.auth, &snapshot, &headers) {
+        Err(denied) => unauthenticated(wire, denied),
+        Ok(tenant) => match intake::read(&gw.front, gw.max_body_bytes, body).await {
+            Err(refused) => refusal(wire, refused, gw),
+            // The body's budget bytes are held until the answer head is out.
+            Ok((body, _held)) => {
+                route_and_run(gw, &snapshot, tenant, surface, &headers, &request_id, body).await
+            }
+        },
     };
     response.headers_mut().insert(X_REQUEST_ID, request_id);
     response
+}
+
+/// 401 in the surface's shape (`invalid_api_key`). The body was not read, so the
+/// connection is closed after it.
+fn unauthenticated(wire: Wire, denied: auth::Denied) -> Response<Body> {
+    let mut r = gateway_error(
+        wire,
+        StatusCode::UNAUTHORIZED,
+        "invalid_api_key",
+        denied.message(),
+    );
+    let h = r.headers_mut();
+    h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 /// The answer to a body [`intake`] did not take. The connection is closed after it:
@@ -159,6 +182,8 @@ fn refusal(wire: Wire, refused: Refused, gw: &Gateway) -> Response<Body> {
 
 async fn route_and_run(
     gw: &Gateway,
+    snapshot: &Snapshot,
+    tenant: Option<&Tenant>,
     surface: Surface,
     headers: &HeaderMap,
     request_id: &HeaderValue,
@@ -184,8 +209,10 @@ async fn route_and_run(
             "the request has no \"model\"",
         );
     };
-    let snapshot = gw.snapshot();
-    let Some(served) = snapshot.routes.get(model.as_ref()) else {
+    // A route the client may not call is not in its map: it reads like a model no
+    // route serves.
+    let models = tenant.map_or(&snapshot.routes, |t| &t.models);
+    let Some(served) = models.get(model.as_ref()) else {
         return gateway_error(
             wire,
             StatusCode::NOT_FOUND,
@@ -213,6 +240,7 @@ async fn route_and_run(
         gen_ai.operation.name = op,
         gen_ai.request.model = %model,
         switchback.route = %route.spec.id,
+        switchback.client = tenant.map(|t| &*t.label),
         switchback.attempts = Empty,
         switchback.fallbacks = Empty,
         http.response.status_code = Empty,
@@ -234,6 +262,7 @@ async fn route_and_run(
     span.record("switchback.attempts", outcome.attempts);
     span.record("switchback.fallbacks", outcome.fallbacks);
     let line = RequestLine {
+        client: tenant.map(|t| t.label.clone()),
         status: outcome.response.status().as_u16(),
         attempts: outcome.attempts,
         fallbacks: outcome.fallbacks,
@@ -278,6 +307,8 @@ async fn route_and_run(
 /// and model when it was not the first target, and the attempt log. A stream's is
 /// written when the stream ends, and says how (`stream`).
 struct RequestLine {
+    /// The LLMClient (`namespace/name`) with `--auth required`; never its key.
+    client: Option<Arc<str>>,
     status: u16,
     attempts: u32,
     fallbacks: u32,
@@ -296,6 +327,7 @@ impl RequestLine {
         tracing::info!(
             target: "switchback::request",
             route = %route.spec.id,
+            client = self.client.as_deref(),
             model,
             status = self.status,
             served_by = answered.map(|t| t.label.as_str()),
@@ -353,15 +385,28 @@ fn gateway_error(wire: Wire, status: StatusCode, code: &str, message: &str) -> R
     r
 }
 
-/// `GET /v1/models`: every model name a route serves, in the OpenAI list shape, or
-/// the Anthropic one when the client sends `anthropic-version`.
+/// `GET /v1/models`: every model name a route serves (with authentication, every one
+/// the client may call), in the OpenAI list shape, or the Anthropic one when the
+/// client sends `anthropic-version`.
 async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response<Body> {
     let snapshot = gw.snapshot();
-    let names = snapshot
-        .route_list
+    let anthropic = headers.contains_key("anthropic-version");
+    let tenant = match auth::authenticate(&gw.auth, &snapshot, &headers) {
+        Ok(t) => t,
+        Err(denied) => {
+            let wire = if anthropic {
+                Wire::Anthropic
+            } else {
+                Wire::OpenAi
+            };
+            return unauthenticated(wire, denied);
+        }
+    };
+    let names = tenant
+        .map_or(&snapshot.route_list, |t| &t.route_list)
         .iter()
         .flat_map(|r| r.spec.models.iter());
-    let body = if headers.contains_key("anthropic-version") {
+    let body = if anthropic {
         let data: Vec<_> = names
             .map(|m| serde_json::json!({"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}))
             .collect();
@@ -412,7 +457,8 @@ fn not_ready_because(gw: &Gateway) -> String {
 }
 
 /// `GET /admin/v1/config`: the compiled config being served (no key material: keys
-/// live apart from it), which credentials have a key, and the load report.
+/// live apart from it, clients show only their key hash), which credentials have a
+/// key, the `--auth` mode, and the load report.
 async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     let snapshot = gw.snapshot();
     let credentials: Vec<_> = snapshot
@@ -432,8 +478,11 @@ async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
     let body = serde_json::json!({
         "ready": gw.is_ready(),
         "load": gw.report(),
+        "auth": gw.auth.mode.as_str(),
         "routes": snapshot.config.routes,
         "credentials": credentials,
+        // Key hashes only (HMACs under the cluster secret), never keys.
+        "clients": snapshot.config.clients,
     });
     json_response(StatusCode::OK, &body)
 }

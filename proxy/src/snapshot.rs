@@ -12,7 +12,10 @@ use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use switchback_crds::compile::Compiled;
-use switchback_crds::config::{CompiledConfig, Credential, ObjectId, Provider, Route, Target};
+use switchback_crds::config::{
+    Client, CompiledConfig, Credential, ObjectId, Provider, Route, Target,
+};
+use switchback_crds::keyhash::KeyHash;
 use switchback_crds::revision::{Revision, Revisions};
 
 use crate::circuit::Breaker;
@@ -185,18 +188,37 @@ pub struct RouteRt {
 }
 
 /// The route serving one model name, with that name ready to splice into answers.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ModelRoute {
     pub route: Arc<RouteRt>,
     pub model_json: JsonStr,
+}
+
+/// One LLMClient as the request path sees it: who it is and the model names it may
+/// call, resolved once per snapshot so a request does one hash-map lookup.
+#[derive(Debug)]
+pub struct Tenant {
+    pub id: ObjectId,
+    /// `namespace/name`, for the request log and spans.
+    pub label: Arc<str>,
+    pub key_hash: KeyHash,
+    /// By model name, only among the routes this client may call.
+    pub models: HashMap<String, ModelRoute>,
+    /// The routes it may call, in config order (for `/v1/models`).
+    pub route_list: Vec<Arc<RouteRt>>,
 }
 
 /// What one request sees of the config.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub config: CompiledConfig,
-    /// By the model names clients send.
+    /// `--auth required`: requests are served only to [`Snapshot::tenants`], and
+    /// [`Snapshot::routes`] is empty (model names are not global).
+    pub auth_required: bool,
+    /// By the model names clients send, with authentication off.
     pub routes: HashMap<String, ModelRoute>,
+    /// With authentication required: the clients that can authenticate, by key hash.
+    pub tenants: HashMap<KeyHash, Tenant>,
     /// Every route, in config order (for `/v1/models`).
     pub route_list: Vec<Arc<RouteRt>>,
     pub credentials: HashMap<ObjectId, Arc<CredentialRt>>,
@@ -224,15 +246,30 @@ pub enum PrepareError {
         first: ObjectId,
         second: ObjectId,
     },
+    #[error(
+        "client {client} may call both {} and {}, which both serve the model {model:?}",
+        .routes[0],
+        .routes[1]
+    )]
+    ClientDuplicateModel {
+        client: ObjectId,
+        model: String,
+        /// Boxed: keeps the error (returned by every prepare step) small.
+        routes: Box<[ObjectId; 2]>,
+    },
 }
 
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Build the serving snapshot. Fails without side effects on the live config.
+///
+/// `auth_required`: index the model names per client (the clients with a key hash),
+/// not globally.
 pub fn prepare(
     compiled: &Compiled,
     clients: &Clients,
     carried_state: &Carried,
+    auth_required: bool,
 ) -> Result<Snapshot, PrepareError> {
     let mut maps = carried_state.0.lock().unwrap_or_else(|p| p.into_inner());
     let mut credentials = HashMap::new();
@@ -285,7 +322,7 @@ pub fn prepare(
             spec: r.clone(),
             targets,
         });
-        for m in &r.models {
+        for m in r.models.iter().filter(|_| !auth_required) {
             let entry = ModelRoute {
                 route: route.clone(),
                 model_json: JsonStr::new(m),
@@ -300,13 +337,20 @@ pub fn prepare(
         }
         route_list.push(route);
     }
+    let tenants = if auth_required {
+        prepare_tenants(&compiled.config.clients, &route_list)?
+    } else {
+        HashMap::new()
+    };
     prune(&mut maps.targets);
     prune(&mut maps.routes);
     prune(&mut maps.route_targets);
     prune(&mut maps.limiters);
     Ok(Snapshot {
         config: compiled.config.clone(),
+        auth_required,
         routes,
+        tenants,
         route_list,
         credentials,
     })
@@ -319,6 +363,61 @@ fn fingerprint(c: &Credential, compiled: &Compiled) -> u64 {
     (c.provider, &c.base_url, &c.headers).hash(&mut h);
     compiled.keys.get(&c.id).map(|k| k.expose()).hash(&mut h);
     h.finish().max(1)
+}
+
+/// Each client that can authenticate, with the model names of the routes it may call.
+/// A route the config does not hold, or that is not offered to the client's
+/// namespace, is not callable; two callable routes serving one name refuse the config
+/// (`compile` resolves that per client already, so only a foreign config gets here).
+fn prepare_tenants(
+    config_clients: &[Client],
+    route_list: &[Arc<RouteRt>],
+) -> Result<HashMap<KeyHash, Tenant>, PrepareError> {
+    let by_id: HashMap<&ObjectId, &Arc<RouteRt>> =
+        route_list.iter().map(|r| (&r.spec.id, r)).collect();
+    let mut tenants = HashMap::with_capacity(config_clients.len());
+    for c in config_clients {
+        let Some(key_hash) = c.key_hash else { continue };
+        let mut models = HashMap::new();
+        let mut callable: Vec<Arc<RouteRt>> = Vec::new();
+        for id in &c.routes {
+            let Some(route) = by_id.get(id) else { continue };
+            if !route.spec.is_offered_to(&c.id.namespace) {
+                continue;
+            }
+            for m in &route.spec.models {
+                let entry = ModelRoute {
+                    route: (*route).clone(),
+                    model_json: JsonStr::new(m),
+                };
+                if let Some(prev) = models.insert(m.clone(), entry) {
+                    return Err(PrepareError::ClientDuplicateModel {
+                        client: c.id.clone(),
+                        model: m.clone(),
+                        routes: Box::new([prev.route.spec.id.clone(), id.clone()]),
+                    });
+                }
+            }
+            callable.push((*route).clone());
+        }
+        callable.sort_by_key(|r| {
+            route_list
+                .iter()
+                .position(|x| Arc::ptr_eq(x, r))
+                .unwrap_or(usize::MAX)
+        });
+        tenants.insert(
+            key_hash,
+            Tenant {
+                id: c.id.clone(),
+                label: c.id.to_string().into(),
+                key_hash,
+                models,
+                route_list: callable,
+            },
+        );
+    }
+    Ok(tenants)
 }
 
 fn header_value(s: &str) -> HeaderValue {

@@ -125,6 +125,8 @@ fn openai_type(status: u16) -> &'static str {
 
 fn anthropic_type(status: u16) -> &'static str {
     match status {
+        401 => "authentication_error",
+        403 => "permission_error",
         404 => "not_found_error",
         413 => "request_too_large",
         429 => "rate_limit_error",

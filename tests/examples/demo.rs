@@ -64,6 +64,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         threads: 0,
         limits: Default::default(),
         allow_empty_config: false,
+        auth: None,
+        client_key_hmac_file: None,
     })
     .await?;
     let base = format!("http://{}", proxy.data_addr);

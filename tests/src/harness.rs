@@ -119,6 +119,8 @@ impl TestProxy {
             threads: 0,
             limits: Default::default(),
             allow_empty_config: false,
+            auth: None,
+            client_key_hmac_file: None,
         };
         configure(&mut options);
         let running = switchback_proxy::start(options).await?;

@@ -165,12 +165,17 @@ impl Sample {
     }
 
     fn compile_with(&self, hasher: Option<&KeyHasher>) -> Compiled {
+        self.compile_scoped(hasher, false)
+    }
+
+    fn compile_scoped(&self, hasher: Option<&KeyHasher>, models_per_client: bool) -> Compiled {
         compile(&Inputs {
             routes: &self.routes,
             credentials: &self.credentials,
             clients: &self.clients,
             secrets: &self.secrets,
             client_key_hasher: hasher,
+            models_per_client,
         })
     }
 
@@ -1540,5 +1545,74 @@ fn client_diagnostics_come_after_routes_and_credentials() {
     assert_eq!(
         kinds,
         vec![Kind::LLMRoute, Kind::ProviderCredential, Kind::LLMClient]
+    );
+}
+
+/// team-b gets its own `smart`, and its `reports` client names both it and the one
+/// team-a shares with it.
+const TEAM_B_SMART: &str = r#"
+---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: { name: openai-b, namespace: team-b }
+spec:
+  provider: openai
+  secretRef: { name: openai-b, key: apiKey }
+---
+apiVersion: v1
+kind: Secret
+metadata: { name: openai-b, namespace: team-b }
+stringData: { apiKey: sk-openai-b }
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: { name: smart, namespace: team-b }
+spec:
+  targets:
+    - credentialRef: { name: openai-b }
+"#;
+
+#[test]
+fn models_are_global_unless_resolved_per_client() {
+    let text = format!("{SAMPLE}{TEAM_B_SMART}")
+        .replace("routes: [team-a/smart]", "routes: [team-a/smart, smart]");
+    let s = Sample::parse(&text);
+    let global = s.compile();
+    assert!(
+        messages(&global)
+            .iter()
+            .any(|m| m.starts_with("team-b/smart: spec.models: model \"smart\" is already served")),
+        "{:?}",
+        messages(&global)
+    );
+    assert!(!route_ids(&global).contains(&"team-b/smart".to_string()));
+
+    let scoped = s.compile_scoped(None, true);
+    assert!(route_ids(&scoped).contains(&"team-b/smart".to_string()));
+    let reports = scoped
+        .config
+        .clients
+        .iter()
+        .find(|c| c.id.to_string() == "team-b/reports")
+        .expect("reports compiled");
+    // Its own namespace's `smart` wins; team-a's is left out with a warning.
+    assert_eq!(
+        reports
+            .routes
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        vec!["team-b/smart"]
+    );
+    let d = scoped
+        .diagnostics
+        .iter()
+        .find(|d| d.reason == reason::MODEL_CONFLICT)
+        .expect("a ModelConflict on the client");
+    assert_eq!(d.kind, Kind::LLMClient);
+    assert_eq!(d.severity, Severity::Warning);
+    assert_eq!(
+        d.to_string(),
+        "team-b/reports: spec.routes: route team-a/smart serves the model \"smart\", which route team-b/smart already serves to this client; team-a/smart is left out"
     );
 }
