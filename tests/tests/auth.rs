@@ -381,3 +381,48 @@ async fn required_without_clients_refuses_everyone_and_the_hmac_file_is_used() {
     .expect("a short secret is refused");
     assert!(err.to_string().contains("at least 32"), "{err}");
 }
+
+#[tokio::test]
+async fn changing_the_key_secret_rotates_the_key_on_reload() {
+    let t = teams().await;
+    let proxy = TestProxy::start(&t.manifests).await;
+    assert_eq!(chat_as(&proxy, A_KEY, "smart").await.status(), 200);
+
+    let rotated = "sk-team-a-app-rotated-987654";
+    proxy.rewrite(&t.manifests.replace(A_KEY, rotated));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while proxy.admin_config().await["load"]["generation"] != 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the edit was not loaded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(chat_as(&proxy, A_KEY, "smart").await.status(), 401);
+    assert_eq!(chat_as(&proxy, rotated, "smart").await.status(), 200);
+    // The other clients' keys are untouched.
+    assert_eq!(chat_as(&proxy, B_KEY, "smart").await.status(), 200);
+
+    // Deleting the client revokes its key; the mode stays `required`.
+    let without_a = t
+        .manifests
+        .split("\n---\n")
+        .filter(|doc| {
+            !doc.contains("name: app, namespace: team-a")
+                && !doc.contains("app-llm, namespace: team-a")
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    proxy.rewrite(&without_a);
+    while proxy.admin_config().await["load"]["generation"] != 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline + std::time::Duration::from_secs(5),
+            "the edit was not loaded: {}",
+            proxy.admin_config().await["load"]
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(chat_as(&proxy, rotated, "smart").await.status(), 401);
+    assert_eq!(proxy.chat("smart", false).await.status(), 401);
+    assert_eq!(proxy.admin_config().await["auth"], "required");
+}
