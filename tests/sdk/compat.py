@@ -33,6 +33,8 @@ Inputs (environment):
                                  overloaded error event first, the second answers
   SWITCHBACK_ANTHROPIC_OVERLOADED_TEXT   the second target's stream text
   SWITCHBACK_UNKNOWN_MODEL       a name no route serves
+  SWITCHBACK_FORBIDDEN_MODEL     a name a route serves that this key's client may not
+                                 call (optional: its cases are skipped when unset)
 
 Cross-provider routes (the proxy translates; the SDK must not notice):
   SWITCHBACK_OPENAI_X_MODEL      chat route served by an Anthropic target (unary)
@@ -104,6 +106,9 @@ ANTHROPIC_BREAK_TEXT = env("SWITCHBACK_ANTHROPIC_BREAK_TEXT")
 ANTHROPIC_OVERLOADED_MODEL = env("SWITCHBACK_ANTHROPIC_OVERLOADED_MODEL", "sdk-claude-overloaded")
 ANTHROPIC_OVERLOADED_TEXT = env("SWITCHBACK_ANTHROPIC_OVERLOADED_TEXT")
 UNKNOWN_MODEL = env("SWITCHBACK_UNKNOWN_MODEL", "sdk-no-such-model")
+FORBIDDEN_MODEL = env("SWITCHBACK_FORBIDDEN_MODEL")
+# A key no LLMClient has (the proxy runs with --auth required).
+WRONG_KEY = "sk-switchback-sdk-wrong-key"
 
 OPENAI_X_MODEL = env("SWITCHBACK_OPENAI_X_MODEL", "sdk-x-claude")
 OPENAI_X_TARGET = env("SWITCHBACK_OPENAI_X_TARGET")
@@ -170,16 +175,18 @@ def eq(got: Any, want: Any, what: str) -> None:
         raise CheckFailed(f"{what}: got {got!r}, want {want!r}")
 
 
-def openai_client() -> openai.OpenAI:
+def openai_client(api_key: str | None = None) -> openai.OpenAI:
     # Retries off: the proxy's retries and fallbacks are under test, not the SDK's.
     return openai.OpenAI(
-        api_key=API_KEY, base_url=f"{URL}/v1", max_retries=0, timeout=30.0
+        api_key=api_key or API_KEY, base_url=f"{URL}/v1", max_retries=0, timeout=30.0
     )
 
 
-def anthropic_client() -> anthropic.Anthropic:
+def anthropic_client(api_key: str | None = None) -> anthropic.Anthropic:
     # The Anthropic SDK appends /v1/... itself.
-    return anthropic.Anthropic(api_key=API_KEY, base_url=URL, max_retries=0, timeout=30.0)
+    return anthropic.Anthropic(
+        api_key=api_key or API_KEY, base_url=URL, max_retries=0, timeout=30.0
+    )
 
 
 def error_object(e: Any) -> dict:
@@ -478,6 +485,56 @@ def anthropic_stream_interrupted() -> str:
             eq(text, ANTHROPIC_BREAK_TEXT, "text before the break")
         return f"{type(e).__name__} {body['error']['type']} after {text!r}"
     raise CheckFailed(f"the stream ended without an error after {''.join(pieces)!r}")
+
+
+def openai_wrong_key() -> str:
+    try:
+        openai_client(WRONG_KEY).chat.completions.create(model=OPENAI_MODEL, messages=MESSAGES)
+    except openai.APIStatusError as e:
+        check(
+            isinstance(e, openai.AuthenticationError),
+            f"a 401 raises AuthenticationError, got {type(e).__name__} {e.status_code}",
+        )
+        eq(e.status_code, 401, "status_code")
+        eq(e.code, "invalid_api_key", "e.code")
+        eq(error_object(e).get("type"), "invalid_request_error", "error.type")
+        return f"{type(e).__name__} {e.code}"
+    raise CheckFailed("no exception raised for a wrong key")
+
+
+def openai_forbidden_model() -> str:
+    if not FORBIDDEN_MODEL:
+        return "skipped (SWITCHBACK_FORBIDDEN_MODEL unset)"
+    try:
+        openai_client().chat.completions.create(model=FORBIDDEN_MODEL, messages=MESSAGES)
+    except openai.APIStatusError as e:
+        check(
+            isinstance(e, openai.NotFoundError),
+            f"a forbidden route raises NotFoundError, got {type(e).__name__} {e.status_code}",
+        )
+        eq(e.code, "model_not_found", "e.code")
+        ids = [m.id for m in openai_client().models.list()]
+        check(FORBIDDEN_MODEL not in ids, "the forbidden model is not listed")
+        return f"{type(e).__name__} {e.code}"
+    raise CheckFailed("no exception raised for a route the client may not call")
+
+
+def anthropic_wrong_key() -> str:
+    try:
+        anthropic_client(WRONG_KEY).messages.create(
+            model=ANTHROPIC_MODEL, max_tokens=64, messages=MESSAGES
+        )
+    except anthropic.APIStatusError as e:
+        check(
+            isinstance(e, anthropic.AuthenticationError),
+            f"a 401 raises AuthenticationError, got {type(e).__name__} {e.status_code}",
+        )
+        eq(e.status_code, 401, "status_code")
+        body = e.response.json()
+        eq(body.get("type"), "error", "body type")
+        eq(body["error"].get("type"), "authentication_error", "error.type")
+        return f"{type(e).__name__} {body['error']['type']}"
+    raise CheckFailed("no exception raised for a wrong key")
 
 
 def anthropic_unknown_model() -> str:
@@ -946,6 +1003,8 @@ CASES: list[tuple[str, Callable[[], str]]] = [
     ("openai fallback after a 503", openai_fallback),
     ("openai all targets failing -> 502", openai_all_failed),
     ("openai unknown model -> 404", openai_unknown_model),
+    ("openai wrong api_key -> 401", openai_wrong_key),
+    ("openai route of another namespace -> 404", openai_forbidden_model),
     ("openai embeddings", openai_embeddings),
     ("openai models.list", openai_models),
     ("anthropic unary messages.create", anthropic_unary),
@@ -953,6 +1012,7 @@ CASES: list[tuple[str, Callable[[], str]]] = [
     ("anthropic stream, overloaded first event -> fallback", anthropic_stream_overloaded_first),
     ("anthropic stream interrupted after commit", anthropic_stream_interrupted),
     ("anthropic unknown model -> 404", anthropic_unknown_model),
+    ("anthropic wrong api_key -> 401", anthropic_wrong_key),
     ("anthropic all targets failing", anthropic_all_failed),
     ("anthropic stream, all targets failing", anthropic_stream_all_failed),
     ("anthropic models.list", anthropic_models),

@@ -4,8 +4,10 @@
 //! lists), and across providers: the `openai` SDK answered by simulated Anthropic
 //! providers and the `anthropic` SDK by simulated OpenAI providers (unary, streams,
 //! tool call round trips, a fallback from an OpenAI to an Anthropic target), after
-//! which the test checks what each provider received in its own wire format. Real
-//! clock: the SDKs run in a child process.
+//! which the test checks what each provider received in its own wire format. The SDKs
+//! authenticate as an LLMClient with their normal `api_key` (a wrong one raises
+//! `AuthenticationError`, another namespace's route `NotFoundError`). Real clock: the
+//! SDKs run in a child process.
 //!
 //! Interpreter: `$SWITCHBACK_SDK_PYTHON`, else `<workspace>/.venv/bin/python` (made by
 //! `.ci/setup-python`). Without one that imports both packages the test is skipped
@@ -24,8 +26,12 @@ use switchback_tests::sim::{
 };
 use tokio::process::Command;
 
-/// The key the SDK clients send; it must never reach a provider.
+/// The key the SDK clients send (an LLMClient's, so the proxy runs with `--auth
+/// required`); it must never reach a provider.
 const CLIENT_KEY: &str = "sk-switchback-sdk-client";
+/// Another namespace, whose route `FORBIDDEN_MODEL` the SDK's client may not call.
+const OTHER_NS: &str = "team-other";
+const FORBIDDEN_MODEL: &str = "sdk-other-team";
 const STREAM_CHUNKS: usize = 5;
 /// Whole-script limit: a hang must fail the test, not stall CI.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(180);
@@ -306,6 +312,44 @@ impl Sims {
             m += &route(route_name, &one(cred, &format!("upstream-{cred}")));
         }
         m += &route("sdk-x-fallback", &two("x-down", "x-claude-backup"));
+        // The SDKs authenticate as this client (their normal `api_key`); it may call
+        // every route of its namespace, not another namespace's unshared one.
+        m += &format!(
+            "---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: sdk-client-key, namespace: {NS} }}
+stringData: {{ apiKey: {CLIENT_KEY} }}
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: {{ name: sdk, namespace: {NS} }}
+spec:
+  keySecretRef: {{ name: sdk-client-key, key: apiKey }}
+---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: {{ name: other, namespace: {OTHER_NS} }}
+spec:
+  provider: openai
+  baseURL: {base}
+  secretRef: {{ name: other-key, key: apiKey }}
+  allowPrivateNetwork: true
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: other-key, namespace: {OTHER_NS} }}
+stringData: {{ apiKey: sk-upstream-other }}
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: {{ name: {FORBIDDEN_MODEL}, namespace: {OTHER_NS} }}
+spec:
+  targets:
+    - credentialRef: {{ name: other }}
+",
+            base = self.chat.base_url()
+        );
         m
     }
 }
@@ -332,6 +376,11 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
 
     let sims = Sims::start().await;
     let proxy = TestProxy::start(&sims.manifests()).await;
+    assert_eq!(
+        proxy.admin_config().await["auth"],
+        "required",
+        "manifests with an LLMClient authenticate"
+    );
     let script = workspace_root().join("tests/sdk/compat.py");
     let stream_text = |name: &str| stream_pieces(name, STREAM_CHUNKS).concat();
     let partial = |name: &str, n: usize| stream_pieces(name, n).concat();
@@ -341,6 +390,7 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
         .arg(&script)
         .env("SWITCHBACK_URL", proxy.url(""))
         .env("SWITCHBACK_API_KEY", CLIENT_KEY)
+        .env("SWITCHBACK_FORBIDDEN_MODEL", FORBIDDEN_MODEL)
         .env("SWITCHBACK_OPENAI_MODEL", "sdk-chat")
         .env("SWITCHBACK_OPENAI_TARGET", target("chat"))
         .env("SWITCHBACK_OPENAI_TEXT", answer_text("chat"))
