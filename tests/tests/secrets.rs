@@ -1,6 +1,8 @@
 //! No key material in any output: logs (JSON, debug level), the admin endpoints,
 //! metrics, response headers and bodies, across a run that succeeds, falls back,
-//! fails, streams and reloads. Also checks the per-request log line's fields.
+//! fails, streams and reloads; then client keys with `--auth required` (a known key,
+//! one whose namespace has no route, an unknown one). Also checks the per-request log
+//! line's fields, the client among them.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -53,6 +55,7 @@ async fn text(proxy: &TestProxy, url: String) -> String {
 #[tokio::test]
 async fn keys_never_leave_through_any_output() {
     let logs = Captured::default();
+    let captured = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
@@ -159,4 +162,97 @@ async fn keys_never_leave_through_any_output() {
     assert_eq!(attempts[0]["target"], "team-a/primary");
     assert_eq!(attempts[0]["status"], 503);
     assert_eq!(attempts[0]["reason"], "status5xx");
+
+    // In the same test (a thread-local subscriber can miss events whose callsites
+    // another test thread registers at the same moment): client keys too.
+    captured.0.lock().unwrap().clear();
+    client_keys_never_leave_and_the_request_line_names_the_client(&primary, &captured).await;
+}
+
+/// With `--auth required`: no client key (known or not) in the logs, answers or admin
+/// output, and the request line carries the client as `namespace/name`.
+async fn client_keys_never_leave_and_the_request_line_names_the_client(
+    provider: &SimProvider,
+    logs: &Captured,
+) {
+    const CLIENT_KEYS: [&str; 3] = [
+        "sk-client-APP-0123456789",
+        "sk-client-OTHER-0123456789",
+        "sk-client-WRONG-0123456789",
+    ];
+    let client = |ns: &str, key: &str| {
+        format!(
+            "---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: app-llm, namespace: {ns} }}
+stringData: {{ apiKey: {key} }}
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: {{ name: app, namespace: {ns} }}
+spec:
+  keySecretRef: {{ name: app-llm, key: apiKey }}
+"
+        )
+    };
+    let manifests = format!(
+        "{}{}{}{}",
+        credential("primary", "openai", &provider.base_url(), KEYS[0]),
+        route(
+            "smart",
+            "  targets:\n    - credentialRef: { name: primary }\n"
+        ),
+        client("team-a", CLIENT_KEYS[0]),
+        // Its namespace has no route: it authenticates and finds no model.
+        client("team-b", CLIENT_KEYS[1]),
+    );
+    let proxy = TestProxy::start(&manifests).await;
+    let mut seen = String::new();
+    let mut statuses = Vec::new();
+    for key in CLIENT_KEYS {
+        let r = proxy
+            .http
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&switchback_tests::harness::chat_body("smart", false))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+        record(&mut seen, &r);
+        seen.push_str(&r.text().await.unwrap());
+    }
+    assert_eq!(statuses, [200, 404, 401]);
+    for path in ["/admin/v1/config", "/admin/v1/stats", "/metrics"] {
+        seen.push_str(&text(&proxy, proxy.admin_url(path)).await);
+    }
+    drop(proxy);
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    for key in CLIENT_KEYS {
+        assert!(
+            !logs.contains(key),
+            "a client key leaked into the logs:\n{logs}"
+        );
+        assert!(
+            !seen.contains(key),
+            "a client key leaked into an answer or admin output:\n{seen}"
+        );
+    }
+    let lines: Vec<(String, String)> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "request")
+        .map(|v| (v["client"].to_string(), v["route"].to_string()))
+        .collect();
+    // Refused requests (401, 404) never reach a route, so they have no request line.
+    assert_eq!(
+        lines,
+        [(
+            r#""team-a/app""#.to_string(),
+            r#""team-a/smart""#.to_string()
+        )],
+        "{logs}"
+    );
 }
