@@ -426,3 +426,23 @@ async fn changing_the_key_secret_rotates_the_key_on_reload() {
     assert_eq!(proxy.chat("smart", false).await.status(), 401);
     assert_eq!(proxy.admin_config().await["auth"], "required");
 }
+
+#[tokio::test]
+async fn a_large_body_with_a_wrong_key_still_gets_its_401() {
+    let t = teams().await;
+    let proxy = TestProxy::start(&t.manifests).await;
+    let mut body = chat_body("smart", false);
+    body["padding"] = Value::String("x".repeat(8 << 20));
+    for _ in 0..3 {
+        let r = proxy
+            .http
+            .post(proxy.url("/v1/chat/completions"))
+            .bearer_auth("sk-nobody-0123456789")
+            .json(&body)
+            .send()
+            .await
+            .expect("the 401 arrives, not a reset");
+        assert_eq!(r.status(), 401);
+        assert_eq!(json_of(r).await["error"]["code"], "invalid_api_key");
+    }
+}
