@@ -274,3 +274,61 @@ fn problem(message: String) -> Problem {
         message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use auth::AuthMode;
+
+    fn options(source: Source, auth: Option<AuthMode>, hmac: Option<PathBuf>) -> Options {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        Options {
+            source,
+            listen: loopback,
+            admin_listen: loopback,
+            max_body_bytes: 1024,
+            threads: 0,
+            limits: Default::default(),
+            allow_empty_config: false,
+            auth,
+            client_key_hmac_file: hmac,
+        }
+    }
+
+    const CLIENT: &str = "apiVersion: switchback.dev/v1alpha1\nkind: LLMClient\n\
+                          metadata: {name: app}\nspec:\n  keySecretRef: {name: app, key: k}\n";
+
+    #[test]
+    fn auth_defaults_follow_the_source_and_the_manifests() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = dir.path().join("with.yaml");
+        let without = dir.path().join("without.yaml");
+        std::fs::write(&with, CLIENT).unwrap();
+        std::fs::write(&without, "").unwrap();
+        let mode = |source, auth| auth_settings(&options(source, auth, None)).unwrap();
+
+        let a = mode(Source::Manifests(with.clone()), None);
+        assert_eq!(a.mode, AuthMode::Required);
+        assert!(a.hasher.is_some(), "a random secret is drawn");
+        let a = mode(Source::Manifests(without.clone()), None);
+        assert_eq!(a.mode, AuthMode::Off);
+        assert!(a.hasher.is_none());
+        let a = mode(Source::Manifests(with), Some(AuthMode::Off));
+        assert_eq!(a.mode, AuthMode::Off);
+        let a = mode(Source::Manifests(without), Some(AuthMode::Required));
+        assert_eq!(a.mode, AuthMode::Required);
+
+        let cluster = || Source::Cluster {
+            namespace: "gw".into(),
+        };
+        assert_eq!(mode(cluster(), None).mode, AuthMode::Off);
+        let err = auth_settings(&options(cluster(), Some(AuthMode::Required), None))
+            .expect_err("no secret to check keys with");
+        assert!(err.to_string().contains("--client-key-hmac-file"), "{err}");
+        let hmac = dir.path().join("hmac");
+        std::fs::write(&hmac, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let a = auth_settings(&options(cluster(), Some(AuthMode::Required), Some(hmac))).unwrap();
+        assert_eq!(a.mode, AuthMode::Required);
+        assert!(a.hasher.is_some());
+    }
+}
