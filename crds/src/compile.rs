@@ -6,7 +6,8 @@
 //! trust that the CRD installed is the current one. Each object is checked on its own
 //! first (`credential`, `route`, `client`, built from the per-field checks in
 //! `fields`), then across objects: credential, Secret and route references, model names
-//! claimed by two routes (the older route keeps them), and client keys used by two
+//! claimed by two routes (the older route keeps them; per namespace and per client when
+//! model names are resolved per client), and client keys used by two
 //! clients (the older client keeps it). No IO, no clock: same inputs, same output.
 
 mod client;
@@ -104,7 +105,8 @@ pub mod reason {
     /// Two objects of one kind share a namespace and name (standalone manifests); the
     /// first one is used.
     pub const DUPLICATE: &str = "Duplicate";
-    /// A model name is already served by an older route.
+    /// A model name is already served by an older route (of the same namespace, with
+    /// `Inputs.models_per_client`), or, on an LLMClient, by another route it reaches.
     pub const MODEL_CONFLICT: &str = "ModelConflict";
     /// A target names a ProviderCredential that does not exist in the route's namespace.
     pub const CREDENTIAL_NOT_FOUND: &str = "CredentialNotFound";
