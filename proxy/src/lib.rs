@@ -290,6 +290,7 @@ mod tests {
             threads: 0,
             limits: Default::default(),
             allow_empty_config: false,
+            upstream_limits: Default::default(),
             auth,
             client_key_hmac_file: hmac,
         }
