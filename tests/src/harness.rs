@@ -187,14 +187,24 @@ impl TestProxy {
     }
 
     pub async fn admin_config(&self) -> Value {
+        self.admin_json("/admin/v1/config").await
+    }
+
+    /// `/admin/v1/stats`: what the operator scrapes.
+    pub async fn admin_stats(&self) -> Value {
+        self.admin_json("/admin/v1/stats").await
+    }
+
+    /// A JSON document of the admin port.
+    pub async fn admin_json(&self, path: &str) -> Value {
         self.http
-            .get(self.admin_url("/admin/v1/config"))
+            .get(self.admin_url(path))
             .send()
             .await
             .expect("admin answers")
             .json()
             .await
-            .expect("admin config is JSON")
+            .unwrap_or_else(|e| panic!("{path} is JSON: {e}"))
     }
 }
 

@@ -157,15 +157,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LineLayer {
 }
 
 async fn stats_failures(proxy: &TestProxy, target: &str) -> Value {
-    let stats: Value = proxy
-        .http
-        .get(proxy.admin_url("/admin/v1/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats: Value = proxy.admin_stats().await;
     let routes = stats["routes"].as_array().cloned().unwrap_or_default();
     for r in routes {
         for t in r["targets"].as_array().cloned().unwrap_or_default() {

@@ -174,15 +174,7 @@ async fn a_rotated_secret_is_used_for_the_next_request() {
 
 /// The revision `/admin/v1/stats` reports for the one route.
 async fn revision(proxy: &TestProxy) -> String {
-    let stats: serde_json::Value = proxy
-        .http
-        .get(proxy.admin_url("/admin/v1/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats: serde_json::Value = proxy.admin_stats().await;
     stats["routes"][0]["revision"].as_str().unwrap().to_string()
 }
 

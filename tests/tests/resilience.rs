@@ -30,15 +30,7 @@ const BREAKER: &str = "  circuitBreaker: { consecutiveFailures: 2, openFor: 10s 
 ";
 
 async fn stats(proxy: &TestProxy) -> Value {
-    proxy
-        .http
-        .get(proxy.admin_url("/admin/v1/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    proxy.admin_stats().await
 }
 
 async fn circuit(proxy: &TestProxy) -> String {
