@@ -339,7 +339,7 @@ impl Walk<'_, '_> {
                     let streamed = line.is_some();
                     let verdict = !streamed || probe.is_some();
                     if verdict && breaker.success(probe.is_some()) == Transition::Closed {
-                        tracing::info!(target_credential = %t.label, model = ?t.spec.model, "circuit closed");
+                        tracing::info!(target_credential = %t.label, model = t.model(call.client_model), "circuit closed");
                     }
                     if let Some(p) = probe.take() {
                         p.done();
@@ -378,7 +378,7 @@ impl Walk<'_, '_> {
                     p.done();
                 }
                 if matches!(tr, Transition::Opened | Transition::Reopened) {
-                    tracing::warn!(target_credential = %t.label, model = ?t.spec.model, reason = f.reason.as_str(),
+                    tracing::warn!(target_credential = %t.label, model = t.model(call.client_model), reason = f.reason.as_str(),
                         "circuit opened");
                     return Tried::Failed(f); // an open circuit advances at once
                 }
@@ -601,6 +601,10 @@ async fn attempt(
     let (parts, response) = response.into_parts();
     let (status, headers) = (parts.status, parts.headers);
     if status.is_success() {
+        if relay::is_encoded(&headers) {
+            // Asked for `identity` and sent something else: unusable here.
+            return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
+        }
         let is_sse = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -649,7 +653,14 @@ async fn attempt(
     let body = match timeout_at(deadline, relay::read_cut(response, MAX_ERROR_BODY)).await {
         Err(_) => return timed_out(),
         Ok(Err(_)) => return Attempted::Failed(Failure::bare(Reason::ConnectionError)),
-        Ok(Ok(b)) => b,
+        // A body the proxy cannot read is not relayed as if it were plain: the
+        // status alone answers.
+        Ok(Ok(_)) if relay::is_encoded(&headers) => Bytes::new(),
+        // Some providers echo the key they refused: never relayed to the client.
+        Ok(Ok(b)) => match &cred.key {
+            Some(key) => relay::mask_key(b, key.expose()),
+            None => b,
+        },
     };
     let code = status.as_u16();
     Attempted::Failed(Failure {

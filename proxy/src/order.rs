@@ -106,6 +106,7 @@ pub(crate) mod tests {
                 "http://x/c".parse().unwrap(),
             ],
             headers: None,
+            key: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
         });
@@ -122,6 +123,7 @@ pub(crate) mod tests {
                 shared_with: Vec::new(),
             },
             route_header: HeaderValue::from_static("ns/r"),
+            generation_header: HeaderValue::from_static("1"),
             revision: Default::default(),
             counters: Default::default(),
             targets: targets

@@ -262,39 +262,114 @@ pub(crate) async fn read_cut(response: Incoming, cap: usize) -> Result<Bytes, hy
     Ok(buf.freeze())
 }
 
-/// An upstream answer on its way out. Hop-by-hop and framing headers are the
-/// gateway's own business, and `x-request-id` is the client's.
-pub(crate) fn relay(status: StatusCode, mut headers: HeaderMap, body: Body) -> Response<Body> {
-    // One pass over the few headers present, then removal of those found: cheaper
-    // than looking up all nine names in every answer.
-    let mut found: [Option<HeaderName>; 9] = Default::default();
-    let mut n = 0;
-    for name in headers.keys() {
-        if n < found.len() && is_not_relayed(name) {
-            found[n] = Some(name.clone());
-            n += 1;
-        }
-    }
-    for name in found.into_iter().flatten() {
-        headers.remove(name);
-    }
+/// An upstream answer on its way out, with only the provider headers SPEC §8 lists
+/// (see [`relayed_as`]): framing and hop-by-hop headers are the gateway's own
+/// business, cookies and a provider's internal headers are none of the client's,
+/// and `x-request-id` is the client's (the provider's goes out as
+/// `x-upstream-request-id`).
+pub(crate) fn relay(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
     let mut r = Response::new(body);
     *r.status_mut() = status;
-    *r.headers_mut() = headers;
+    *r.headers_mut() = relayed_headers(headers);
     r
 }
 
-fn is_not_relayed(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::TRANSFER_ENCODING
-        || name == header::CONTENT_LENGTH
-        || name == header::UPGRADE
-        || name == header::TE
-        || name == header::TRAILER
-        || matches!(
-            name.as_str(),
-            "keep-alive" | "proxy-connection" | "x-request-id"
-        )
+/// The provider's `x-request-id`, as the client sees it.
+pub const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
+
+/// Room for the kept headers and the gateway's own (`x-switchback-*`,
+/// `x-request-id`), so that neither grows the map on the way out.
+const RELAYED_CAPACITY: usize = 16;
+
+/// The headers of `upstream` that reach the client. One pass, moving the values
+/// kept; everything else is dropped with the provider's map.
+fn relayed_headers(upstream: HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(RELAYED_CAPACITY);
+    let mut kept: Option<HeaderName> = None;
+    // `None` names: further values of the name before (`set-cookie` twice).
+    for (name, value) in upstream {
+        if let Some(name) = name {
+            kept = relayed_as(name);
+        }
+        if let Some(name) = &kept {
+            out.append(name.clone(), value);
+        }
+    }
+    out
+}
+
+/// The name a provider header is relayed under, or `None` when it is not relayed:
+/// `content-type`, `retry-after`, `retry-after-ms`, `openai-processing-ms`, the
+/// `x-ratelimit-*` and `anthropic-ratelimit-*` families, and `x-request-id` as
+/// `x-upstream-request-id` (SPEC §8).
+fn relayed_as(name: HeaderName) -> Option<HeaderName> {
+    if name == header::CONTENT_TYPE || name == header::RETRY_AFTER {
+        return Some(name);
+    }
+    let s = name.as_str();
+    if s == "x-request-id" {
+        Some(X_UPSTREAM_REQUEST_ID)
+    } else if s == "retry-after-ms"
+        || s == "openai-processing-ms"
+        || s.starts_with("x-ratelimit-")
+        || s.starts_with("anthropic-ratelimit-")
+    {
+        Some(name)
+    } else {
+        None
+    }
+}
+
+/// Keys shorter than this are not looked for: too likely to match ordinary words.
+const MIN_MASKED_KEY: usize = 8;
+
+/// What a key echoed in a provider's error body becomes.
+const MASK: &[u8] = b"****";
+
+/// `body` with every key-shaped run of bytes (letters, digits, `-`, `_`, `.`) that is
+/// or contains `key` replaced by `****`: a provider that echoes the credential's key
+/// in a 401 must not hand it to the client. Costs one substring search when the key
+/// is absent (the usual case), and is only run on error bodies.
+pub(crate) fn mask_key(body: Bytes, key: &str) -> Bytes {
+    let key = key.as_bytes();
+    if key.len() < MIN_MASKED_KEY {
+        return body;
+    }
+    let finder = memchr::memmem::Finder::new(key);
+    let Some(first) = finder.find(&body) else {
+        return body;
+    };
+    let shaped = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let mut out = Vec::with_capacity(body.len());
+    let (mut copied, mut at) = (0, first);
+    loop {
+        let mut start = at;
+        while start > copied && shaped(body[start - 1]) {
+            start -= 1;
+        }
+        let mut end = at + key.len();
+        while end < body.len() && shaped(body[end]) {
+            end += 1;
+        }
+        out.extend_from_slice(&body[copied..start]);
+        out.extend_from_slice(MASK);
+        copied = end;
+        match finder.find(&body[copied..]) {
+            Some(next) => at = copied + next,
+            None => break,
+        }
+    }
+    out.extend_from_slice(&body[copied..]);
+    Bytes::from(out)
+}
+
+/// Does the answer come in a content coding (gzip, br, ...)? The proxy asks for
+/// `identity` and does not decode, so such a body cannot be read, rewritten or
+/// relayed as it is.
+pub(crate) fn is_encoded(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
 }
 
 /// How a committed stream ended.
@@ -1000,31 +1075,85 @@ mod tests {
     }
 
     #[test]
-    fn relayed_answers_keep_provider_headers_but_not_hop_by_hop_ones() {
+    fn an_echoed_key_is_masked_in_error_bodies() {
+        const KEY: &str = "sk-proj-Abc123_def456-XYZ";
+        let mask = |body: &str| {
+            let out = mask_key(Bytes::copy_from_slice(body.as_bytes()), KEY);
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        assert_eq!(
+            mask(&format!(
+                r#"{{"error":{{"message":"Incorrect API key provided: {KEY}.","code":"invalid_api_key"}}}}"#
+            )),
+            r#"{"error":{"message":"Incorrect API key provided: ****","code":"invalid_api_key"}}"#
+        );
+        // Inside a longer key-shaped run, several times, at both ends.
+        assert_eq!(
+            mask(&format!("{KEY} Bearer x{KEY}y, key={KEY}")),
+            "**** Bearer ****, key=****"
+        );
+        // Absent, or a key too short to look for: unchanged, not copied.
+        let body = Bytes::from_static(b"{\"error\":\"sk-proj-****XYZ is wrong\"}");
+        let out = mask_key(body.clone(), KEY);
+        assert_eq!(out.as_ptr(), body.as_ptr());
+        assert_eq!(mask_key(Bytes::from_static(b"abc"), "abc"), "abc");
+    }
+
+    #[test]
+    fn relayed_answers_keep_only_the_listed_provider_headers() {
         let mut h = HeaderMap::new();
         for (k, v) in [
             ("content-type", "application/json"),
             ("x-ratelimit-remaining-requests", "99"),
+            ("x-ratelimit-reset-tokens", "6ms"),
+            ("anthropic-ratelimit-tokens-remaining", "1000"),
+            ("retry-after", "2"),
+            ("retry-after-ms", "1500"),
+            ("openai-processing-ms", "321"),
+            ("x-request-id", "upstream-id"),
             ("connection", "keep-alive"),
             ("transfer-encoding", "chunked"),
             ("content-length", "12"),
-            ("x-request-id", "upstream-id"),
+            ("content-encoding", "gzip"),
+            ("server", "cloudflare"),
+            ("cf-ray", "8f1e-AMS"),
+            ("openai-organization", "org-secret"),
+            ("strict-transport-security", "max-age=31536000"),
+            ("x-envoy-upstream-service-time", "12"),
+            ("x-ratelimit", "not-the-family"),
         ] {
             h.insert(k, HeaderValue::from_static(v));
         }
-        h.append("set-cookie", HeaderValue::from_static("a=1"));
-        h.append("set-cookie", HeaderValue::from_static("b=2"));
+        h.append("set-cookie", HeaderValue::from_static("__cf_bm=a"));
+        h.append("set-cookie", HeaderValue::from_static("_cfuvid=b"));
+        h.append("x-ratelimit-limit-requests", HeaderValue::from_static("1"));
+        h.append("x-ratelimit-limit-requests", HeaderValue::from_static("2"));
         let r = relay(StatusCode::CREATED, h, Body::empty());
         assert_eq!(r.status(), StatusCode::CREATED);
-        let names: Vec<_> = r.headers().keys().map(|k| k.as_str()).collect();
+        let mut names: Vec<_> = r.headers().keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
         assert_eq!(
             names,
             [
+                "anthropic-ratelimit-tokens-remaining",
                 "content-type",
+                "openai-processing-ms",
+                "retry-after",
+                "retry-after-ms",
+                "x-ratelimit-limit-requests",
                 "x-ratelimit-remaining-requests",
-                "set-cookie"
+                "x-ratelimit-reset-tokens",
+                "x-upstream-request-id",
             ]
         );
-        assert_eq!(r.headers().get_all("set-cookie").iter().count(), 2);
+        assert_eq!(r.headers()["x-upstream-request-id"], "upstream-id");
+        assert_eq!(
+            r.headers()
+                .get_all("x-ratelimit-limit-requests")
+                .iter()
+                .collect::<Vec<_>>(),
+            ["1", "2"],
+            "every value of a kept header"
+        );
     }
 }

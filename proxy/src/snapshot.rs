@@ -17,6 +17,7 @@ use switchback_crds::config::{
 };
 use switchback_crds::keyhash::KeyHash;
 use switchback_crds::revision::{Revision, Revisions};
+use switchback_crds::secret::Secret;
 
 use crate::circuit::Breaker;
 use crate::limit::Limiter;
@@ -159,6 +160,9 @@ pub struct CredentialRt {
     pub urls: [http::Uri; 3],
     /// Static headers plus the auth header; `None` when the key is missing.
     pub headers: Option<HeaderMap>,
+    /// The key itself, only to mask it in provider error bodies relayed to clients
+    /// (some echo it back); `None` when missing.
+    pub key: Option<Secret<String>>,
     pub client: upstream::Lanes,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,
@@ -176,6 +180,13 @@ pub struct TargetRt {
     pub upstream_model_json: Option<JsonStr>,
 }
 
+impl TargetRt {
+    /// The model this target is asked for: its own, or the client's.
+    pub fn model<'a>(&'a self, client_model: &'a str) -> &'a str {
+        self.spec.model.as_deref().unwrap_or(client_model)
+    }
+}
+
 #[derive(Debug)]
 pub struct RouteRt {
     pub spec: Route,
@@ -183,6 +194,8 @@ pub struct RouteRt {
     /// `/admin/v1/stats` so the operator sees credential and key changes arrive.
     pub revision: Revision,
     pub route_header: HeaderValue,
+    /// `metadata.generation` of the LLMRoute, the `x-switchback-generation` value.
+    pub generation_header: HeaderValue,
     pub targets: Vec<TargetRt>,
     pub counters: Arc<RouteCounters>,
 }
@@ -318,6 +331,7 @@ pub fn prepare(
         let route = Arc::new(RouteRt {
             counters: carried(&mut maps.routes, r.id.clone()),
             route_header: header_value(&r.id.to_string()),
+            generation_header: HeaderValue::from(r.generation),
             revision: revisions.route(r),
             spec: r.clone(),
             targets,
@@ -494,6 +508,12 @@ fn prepare_credential(
             })?;
             v.set_sensitive(true);
             h.insert(name, v);
+            // Whatever `spec.headers` says: the proxy rewrites answers, so it must
+            // read them, and it does not decode (SPEC §8).
+            h.insert(
+                http::header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
             Some(h)
         }
     };
@@ -502,6 +522,7 @@ fn prepare_credential(
         target_header: header_value(&c.id.to_string()),
         urls,
         headers,
+        key: compiled.keys.get(&c.id).cloned(),
         client: if c.allow_private_network {
             clients.private.clone()
         } else {

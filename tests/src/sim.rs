@@ -171,6 +171,11 @@ pub enum Behavior {
     HugeBody { bytes: usize },
     /// 429 with this `Retry-After` value, verbatim (e.g. a number no clock can add).
     RateLimitedRaw(String),
+    /// 200 with [`Behavior::Answer`]'s answer (unary, or the stream's events as one
+    /// body) in `content-encoding: gzip`, as a provider does for a client that did not
+    /// say which codings it takes: unless the request's `accept-encoding` leaves gzip
+    /// out (`identity`), then plainly. With `always`, gzip whatever was asked.
+    Gzip { always: bool },
     /// Each request takes the next behaviour of the list, round and round: a default
     /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
     /// request. An empty list answers.
@@ -632,6 +637,9 @@ struct Ctx {
     include_usage: bool,
     inputs: usize,
     request_id: String,
+    /// The request takes gzip: its `accept-encoding` is absent (any coding) or names
+    /// gzip or `*`.
+    takes_gzip: bool,
 }
 
 async fn handle(
@@ -681,6 +689,11 @@ async fn handle(
             .unwrap_or(false),
         inputs,
         request_id: String::new(),
+        takes_gzip: parts
+            .headers
+            .get(header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|v| v.contains("gzip") || v.contains('*')),
     };
 
     // Arrival: record, count, and take this request's behaviour, all before it runs.
@@ -814,6 +827,32 @@ async fn respond(
             resp
         }
         Behavior::HugeBody { bytes } => huge_body(ctx, bytes, guard),
+        Behavior::Gzip { always } => {
+            let (content_type, body) = match ctx.endpoint {
+                Endpoint::Chat | Endpoint::Messages if ctx.stream => (
+                    "text/event-stream",
+                    stream_events(ctx, &split_words(&answer_text(&ctx.name))).concat(),
+                ),
+                Endpoint::Messages => (
+                    "application/json",
+                    anthropic_message(&ctx.model, &answer_text(&ctx.name)).to_string(),
+                ),
+                _ => (
+                    "application/json",
+                    openai_completion(&ctx.model, &answer_text(&ctx.name)).to_string(),
+                ),
+            };
+            guard.finish();
+            let response = base_response(ctx, 200).header(header::CONTENT_TYPE, content_type);
+            if always || ctx.takes_gzip {
+                response
+                    .header(header::CONTENT_ENCODING, "gzip")
+                    .body(Body::from(gzip(body.as_bytes())))
+            } else {
+                response.body(Body::from(body))
+            }
+            .expect("sim: valid response")
+        }
         Behavior::RateLimitedRaw(value) => {
             guard.finish();
             let mut resp = json_response(ctx, 429, &error_body(flavor, 429));
@@ -939,6 +978,38 @@ fn huge_body(ctx: &Ctx, bytes: usize, guard: CancelGuard) -> Response<Body> {
         .expect("sim: valid response")
 }
 
+/// `data` as a gzip member (RFC 1952) of stored deflate blocks: a valid gzip body any
+/// decoder reads, without a compression library.
+pub fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    let mut blocks = data.chunks(0xffff).peekable();
+    if blocks.peek().is_none() {
+        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
+    }
+    while let Some(block) = blocks.next() {
+        out.push(u8::from(blocks.peek().is_none()));
+        let len = block.len() as u16;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(block);
+    }
+    out.extend_from_slice(&crc32(data).to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out
+}
+
+/// CRC-32 (IEEE), bit by bit: only the simulator's gzip bodies need it.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xedb8_8320 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
+}
+
 /// Answering behaviours: shape by endpoint, stream when the request asked for it.
 fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
     let body = match ctx.endpoint {
@@ -998,7 +1069,8 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
     }
 }
 
-/// Response headers real providers send that tests may look at.
+/// Response headers real providers send that tests may look at, and some the
+/// proxy must not relay.
 fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
     let id_header = match ctx.flavor {
         Flavor::OpenAi => "x-request-id",
@@ -1008,6 +1080,9 @@ fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
     Response::builder()
         .status(status)
         .header(id_header, &ctx.request_id)
+        // What a client of the proxy must never see (SPEC §8 lists what it may).
+        .header(header::SET_COOKIE, "__sim_session=1; Path=/; HttpOnly")
+        .header(header::SERVER, "sim")
 }
 
 fn json_response(ctx: &Ctx, status: u16, body: &Value) -> Response<Body> {

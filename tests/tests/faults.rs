@@ -133,9 +133,18 @@ impl RequestLines {
 
 struct LineLayer;
 
+thread_local! {
+    /// Warnings of the proxy (`switchback_proxy::*`) written on this thread.
+    static WARNINGS: std::cell::RefCell<Vec<BTreeMap<String, String>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LineLayer {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if event.metadata().target() != "switchback::request" {
+        let meta = event.metadata();
+        let warning =
+            *meta.level() == tracing::Level::WARN && meta.target().starts_with("switchback_proxy");
+        if meta.target() != "switchback::request" && !warning {
             return;
         }
         struct Fields(BTreeMap<String, String>);
@@ -152,7 +161,11 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LineLayer {
         }
         let mut fields = Fields(BTreeMap::new());
         event.record(&mut fields);
-        LINES.with(|l| l.borrow_mut().push(fields.0));
+        if warning {
+            WARNINGS.with(|l| l.borrow_mut().push(fields.0));
+        } else {
+            LINES.with(|l| l.borrow_mut().push(fields.0));
+        }
     }
 }
 
@@ -554,4 +567,137 @@ async fn breaks_after_commit_count_for_the_circuit() {
         Some(2),
         "{m}"
     );
+}
+
+// ---- item 12: what of a provider's answer reaches the client -----------------------
+
+/// The fault suite's route, with the primary asked for its own model.
+fn spec_with_primary_model() -> String {
+    SPEC.replace(
+        "credentialRef: { name: primary }\n",
+        "credentialRef: { name: primary }\n      model: up-primary\n",
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gzip_answer_reaches_the_client_plain_with_its_model_rewritten() {
+    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        for stream in [false, true] {
+            let what = format!("{flavor:?} stream={stream}");
+            let (primary, _backup, proxy) = setup_with(
+                flavor,
+                &spec_with_primary_model(),
+                UpstreamLimits::default(),
+            )
+            .await;
+            // Gzips unless asked for identity.
+            primary.push(Behavior::Gzip { always: false });
+            let r = ask(&proxy, flavor, stream).await;
+            assert_eq!(r.status(), 200, "{what}");
+            assert_eq!(
+                header(&r, "x-switchback-target"),
+                "team-a/primary",
+                "{what}"
+            );
+            assert!(r.headers().get("content-encoding").is_none(), "{what}");
+            assert_eq!(
+                primary.received()[0].header("accept-encoding"),
+                Some("identity"),
+                "{what}"
+            );
+            let text = r.text().await.unwrap();
+            assert!(
+                text.contains("\"model\":\"smart\"") && !text.contains("up-primary"),
+                "{what}: {text}"
+            );
+            if !stream {
+                let v: Value = serde_json::from_str(&text).expect("plain JSON");
+                assert_eq!(v["model"], "smart", "{what}");
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_encoded_against_the_proxys_ask_fails_over() {
+    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        for stream in [false, true] {
+            let what = format!("{flavor:?} stream={stream}");
+            let (primary, _backup, proxy) = setup(flavor).await;
+            primary.push(Behavior::Gzip { always: true });
+            let r = ask(&proxy, flavor, stream).await;
+            assert_backup_answered(&r, &what);
+            assert!(r.headers().get("content-encoding").is_none(), "{what}");
+            assert!(r.text().await.unwrap().contains("backup"), "{what}");
+            assert_eq!(primary.hits(), 1, "no retry spent: {what}");
+            let failures = stats_failures(&proxy, "primary").await;
+            assert_eq!(failures["invalidResponse"], 1, "{what}: {failures}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_listed_provider_headers_reach_the_client() {
+    let (primary, _backup, proxy) = setup(Flavor::OpenAi).await;
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/primary");
+    // The provider's id under its own name; `x-request-id` is the client's.
+    assert_eq!(header(&r, "x-upstream-request-id"), "req_sim_1");
+    assert_eq!(
+        primary.received()[0].header("x-request-id"),
+        Some(header(&r, "x-request-id"))
+    );
+    // The simulator sends these (an Anthropic one sends `request-id`).
+    let provider_only = ["server", "set-cookie"];
+    for name in provider_only {
+        assert!(r.headers().get(name).is_none(), "{name} relayed");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_error_that_echoes_the_key_is_relayed_masked() {
+    let (primary, backup, proxy) = setup(Flavor::OpenAi).await;
+    primary.push(Behavior::Status {
+        status: 401,
+        body: Some(
+            r#"{"error":{"message":"Incorrect API key provided: sk-primary. You can find your API key at https://example.com.","type":"invalid_request_error","code":"invalid_api_key"}}"#
+                .into(),
+        ),
+        retry_after: None,
+    });
+    let r = proxy.chat("smart", false).await;
+    // 401 is returned unchanged (authError is not in onFailures)... but for the key.
+    assert_eq!(r.status(), 401);
+    assert_eq!(backup.hits(), 0);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("sk-primary"), "{text}");
+    let v: Value = serde_json::from_str(&text).expect("still JSON");
+    assert_eq!(
+        v["error"]["message"],
+        "Incorrect API key provided: **** You can find your API key at https://example.com."
+    );
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert_eq!(primary.hits(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_circuit_opened_line_names_the_model() {
+    let _lines = RequestLines::capture();
+    WARNINGS.with(|w| w.borrow_mut().clear());
+    let (primary, _backup, proxy) = setup_with(
+        Flavor::OpenAi,
+        &spec_with_primary_model(),
+        UpstreamLimits::default(),
+    )
+    .await;
+    primary.set_default(Behavior::ServerError(503));
+    // Two 503s in a row (consecutiveFailures: 2) open the circuit.
+    assert_backup_answered(&proxy.chat("smart", false).await, "circuit opened");
+    let opened = WARNINGS
+        .with(|w| w.borrow().clone())
+        .into_iter()
+        .find(|w| w.get("message").map(String::as_str) == Some("circuit opened"))
+        .expect("a circuit-opened line");
+    assert_eq!(opened["model"], "up-primary", "{opened:?}");
+    assert_eq!(opened["target_credential"], "team-a/primary", "{opened:?}");
 }
