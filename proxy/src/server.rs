@@ -30,6 +30,7 @@ pub const X_ATTEMPTS: HeaderName = HeaderName::from_static("x-switchback-attempt
 pub const X_FALLBACKS: HeaderName = HeaderName::from_static("x-switchback-fallbacks");
 pub const X_TARGET: HeaderName = HeaderName::from_static("x-switchback-target");
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub const X_GENERATION: HeaderName = HeaderName::from_static("x-switchback-generation");
 
 /// The body limit and timeout are applied by [`intake`], not by an extractor.
 pub fn data_router(gw: Arc<Gateway>) -> Router {
@@ -99,8 +100,7 @@ async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Bo
     // the attempt pipeline forwards this one.
     let request_id = match headers.get(X_REQUEST_ID) {
         Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
-            .unwrap_or_else(|_| HeaderValue::from_static("unknown")),
+        _ => new_request_id(),
     };
     let wire = surface.wire();
     let snapshot = gw.snapshot();
@@ -132,6 +132,14 @@ fn unauthenticated(wire: Wire, denied: auth::Denied) -> Response<Body> {
     h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
+}
+
+/// A fresh request id: a UUID v4, formatted on the stack.
+fn new_request_id() -> HeaderValue {
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let id = uuid::Uuid::new_v4();
+    HeaderValue::from_bytes(id.hyphenated().encode_lower(&mut buf).as_bytes())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// The answer to a body [`intake`] did not take. The connection is closed after it:
@@ -241,6 +249,8 @@ async fn route_and_run(
         gen_ai.request.model = %model,
         switchback.route = %route.spec.id,
         switchback.client = tenant.map(|t| &*t.label),
+        switchback.route.generation = route.spec.generation,
+        switchback.request_id = request_id.to_str().unwrap_or_default(),
         switchback.attempts = Empty,
         switchback.fallbacks = Empty,
         http.response.status_code = Empty,
@@ -268,6 +278,7 @@ async fn route_and_run(
         fallbacks: outcome.fallbacks,
         answered_by: outcome.answered_by,
         log: outcome.log,
+        request_id: request_id.clone(),
     };
     match outcome.stream_line {
         // A committed stream: its line is written when it ends, with its real
@@ -293,8 +304,9 @@ async fn route_and_run(
     }
     let h = response.headers_mut();
     // Room for these and `x-request-id` at once, instead of growing on the way.
-    h.reserve(5);
+    h.reserve(6);
     h.insert(X_ROUTE, route.route_header.clone());
+    h.insert(X_GENERATION, route.generation_header.clone());
     h.insert(X_ATTEMPTS, HeaderValue::from(outcome.attempts));
     h.insert(X_FALLBACKS, HeaderValue::from(outcome.fallbacks));
     if let Some(t) = outcome.target {
@@ -314,6 +326,8 @@ struct RequestLine {
     fallbacks: u32,
     answered_by: Option<u8>,
     log: Vec<attempt::AttemptLog>,
+    /// `x-request-id`: the client's, or the one made for the request.
+    request_id: HeaderValue,
 }
 
 impl RequestLine {
@@ -328,6 +342,8 @@ impl RequestLine {
             target: "switchback::request",
             route = %route.spec.id,
             client = self.client.as_deref(),
+            generation = route.spec.generation,
+            request_id = self.request_id.to_str().unwrap_or_default(),
             model,
             status = self.status,
             served_by = answered.map(|t| t.label.as_str()),

@@ -223,8 +223,9 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
 }
 
 /// The whole subscriber: log lines, request lines, and the OTLP layer when there is
-/// a tracer. `filter` gives the `SWITCHBACK_LOG` directives (once per layer).
-fn dispatch(
+/// a tracer. `filter` gives the `SWITCHBACK_LOG` directives (once per layer). Public
+/// so that tests can read the lines exactly as the binary writes them.
+pub fn dispatch(
     format: LogFormat,
     writer: &BatchedWriter,
     filter: impl Fn() -> EnvFilter,

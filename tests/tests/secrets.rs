@@ -8,9 +8,11 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use switchback_proxy::cli::LogFormat;
+use switchback_proxy::telemetry::{self, BatchedWriter};
 use switchback_tests::harness::{TestProxy, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
-use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::EnvFilter;
 
 const KEYS: [&str; 2] = ["sk-live-PRIMARY-7f3a9c", "sk-live-BACKUP-41d2e8"];
 
@@ -24,13 +26,6 @@ impl Write for Captured {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
     }
 }
 
@@ -56,14 +51,17 @@ async fn text(proxy: &TestProxy, url: String) -> String {
 async fn keys_never_leave_through_any_output() {
     let logs = Captured::default();
     let captured = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_max_level(tracing::Level::DEBUG)
-        .with_writer(logs.clone())
-        .finish();
+    // The binary's own log pipeline, JSON, at debug level.
+    let writer = BatchedWriter::start(logs.clone());
+    let dispatch = telemetry::dispatch(
+        LogFormat::Json,
+        &writer,
+        || EnvFilter::new("debug"),
+        false,
+        None,
+    );
     // A current-thread runtime: every task of the in-process proxy logs through it.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = tracing::dispatcher::set_default(&dispatch);
 
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
@@ -74,7 +72,8 @@ async fn keys_never_leave_through_any_output() {
         route(
             "smart",
             "  targets:\n    - credentialRef: { name: primary }\n      model: up-primary\n    - credentialRef: { name: backup }\n"
-        ),
+        )
+        .replace("namespace: team-a }", "namespace: team-a, generation: 7 }"),
     );
     let proxy = TestProxy::start(&manifests).await;
     let mut seen = String::new();
@@ -98,6 +97,11 @@ async fn keys_never_leave_through_any_output() {
             backup.push(Behavior::ServerError(500));
         }
         let r = proxy.chat("smart", false).await;
+        assert_eq!(
+            r.headers()["x-switchback-generation"],
+            "7",
+            "the route's generation"
+        );
         record(&mut seen, &r);
         seen.push_str(&r.text().await.unwrap());
     }
@@ -129,6 +133,7 @@ async fn keys_never_leave_through_any_output() {
     }
     seen.push_str(&text(&proxy, proxy.url("/v1/models")).await);
     drop(proxy);
+    writer.stop();
 
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     assert!(logs.lines().count() > 5, "logs were captured: {logs}");
@@ -154,11 +159,18 @@ async fn keys_never_leave_through_any_output() {
         .find(|v| v["message"] == "request" && v["fallbacks"] == 1 && v["status"] == 200)
         .unwrap_or_else(|| panic!("no request line for the fallback:\n{logs}"));
     assert_eq!(fell_back["route"], "team-a/smart");
+    assert_eq!(fell_back["generation"], 7);
+    assert_eq!(
+        fell_back["request_id"].as_str().map(str::len),
+        Some(36),
+        "the request id made for the request: {fell_back}"
+    );
     assert_eq!(fell_back["served_by"], "team-a/backup");
     assert_eq!(fell_back["fallback_provider"], "team-a/backup");
     assert_eq!(fell_back["fallback_model"], "smart");
-    let attempts: serde_json::Value =
-        serde_json::from_str(fell_back["attempt_log"].as_str().unwrap()).unwrap();
+    // An array, not a string holding one.
+    let attempts = &fell_back["attempt_log"];
+    assert!(attempts.is_array(), "{fell_back}");
     assert_eq!(attempts[0]["target"], "team-a/primary");
     assert_eq!(attempts[0]["status"], 503);
     assert_eq!(attempts[0]["reason"], "status5xx");
@@ -175,6 +187,16 @@ async fn client_keys_never_leave_and_the_request_line_names_the_client(
     provider: &SimProvider,
     logs: &Captured,
 ) {
+    // The first part stopped its writer: this part logs through a pipeline of its own.
+    let writer = BatchedWriter::start(logs.clone());
+    let dispatch = telemetry::dispatch(
+        LogFormat::Json,
+        &writer,
+        || EnvFilter::new("debug"),
+        false,
+        None,
+    );
+    let _guard = tracing::dispatcher::set_default(&dispatch);
     const CLIENT_KEYS: [&str; 3] = [
         "sk-client-APP-0123456789",
         "sk-client-OTHER-0123456789",
@@ -228,6 +250,7 @@ spec:
         seen.push_str(&text(&proxy, proxy.admin_url(path)).await);
     }
     drop(proxy);
+    writer.stop();
 
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     for key in CLIENT_KEYS {

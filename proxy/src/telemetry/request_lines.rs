@@ -17,6 +17,10 @@ use super::BatchedWriter;
 /// The event target this layer writes.
 pub const TARGET: &str = "switchback::request";
 
+/// The field whose `%`-recorded value is JSON already, written into JSON lines as
+/// it is (the attempt log: an array).
+pub const RAW_JSON_FIELD: &str = "attempt_log";
+
 /// Writes `switchback::request` events as text or JSON lines.
 pub struct RequestLines {
     writer: BatchedWriter,
@@ -106,6 +110,12 @@ impl Visit for Text<'_> {
             .extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
     }
 
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.name(field);
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+    }
+
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
             self.sep();
@@ -173,6 +183,12 @@ impl Visit for Json<'_> {
             .extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
     }
 
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.name(field);
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+    }
+
     fn record_str(&mut self, field: &Field, value: &str) {
         self.name(field);
         let _ = serde_json::to_writer(&mut *self.out, value);
@@ -180,6 +196,11 @@ impl Visit for Json<'_> {
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         self.name(field);
+        // Already JSON (`server::AttemptLogView`): an array, not a string holding one.
+        if field.name() == RAW_JSON_FIELD {
+            let _ = write!(Utf8Out(self.out), "{value:?}");
+            return;
+        }
         let mut s = String::with_capacity(128);
         let _ = write!(s, "{value:?}");
         let _ = serde_json::to_writer(&mut *self.out, &s);
@@ -274,6 +295,8 @@ mod tests {
         tracing::info!(
             target: TARGET,
             route = %Route,
+            generation = 3i64,
+            request_id = "req-1",
             model = "sm\"art",
             status = 200u16,
             served_by,
@@ -325,12 +348,22 @@ mod tests {
     }
 
     #[test]
-    fn json_lines_match_tracing_subscribers_format() {
+    fn json_lines_match_tracing_subscribers_format_with_the_attempt_log_an_array() {
         let (theirs, ours) = both(true);
-        assert_eq!(ours, theirs);
         let v: serde_json::Value = serde_json::from_str(ours.trim_end()).unwrap();
         assert_eq!(v["served_by"], "team-a/backup");
         assert_eq!(v["attempts"], 2);
+        assert_eq!(v["generation"], 3);
+        assert_eq!(v["request_id"], "req-1");
+        assert_eq!(
+            v["attempt_log"],
+            serde_json::json!([{"target": "team-a/primary", "status": 503}])
+        );
+        // Field for field what tracing-subscriber writes, but for that one.
+        let mut t: serde_json::Value = serde_json::from_str(theirs.trim_end()).unwrap();
+        assert!(t["attempt_log"].is_string());
+        t["attempt_log"] = v["attempt_log"].clone();
+        assert_eq!(v, t);
     }
 
     #[test]
