@@ -310,6 +310,7 @@ impl Walk<'_, '_> {
                     budget,
                     route,
                     permit,
+                    &span,
                 )
             };
             // Without traces the span is disabled: skip the wrapper. The future is made
@@ -553,6 +554,7 @@ async fn attempt(
     budget: Instant,
     route: &RouteRt,
     permit: Option<OwnedSemaphorePermit>,
+    span: &tracing::Span,
 ) -> Attempted {
     let timed_out = || {
         Attempted::Failed(Failure::bare(if Instant::now() >= budget {
@@ -582,6 +584,7 @@ async fn attempt(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    crate::telemetry::propagate(span, call.client_headers, &mut headers);
     let mut request = hyper::Request::new(upstream::Body::new(body));
     *request.method_mut() = Method::POST;
     *request.uri_mut() = cred.urls[dir

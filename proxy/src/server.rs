@@ -255,6 +255,7 @@ async fn route_and_run(
         switchback.fallbacks = Empty,
         http.response.status_code = Empty,
     );
+    crate::telemetry::continue_trace(&span, headers);
     // Without traces the span is disabled: skip the wrapper. The future is built in
     // each branch, not bound to a local first: an awaited local is kept in this
     // future's state twice (before and after the move into `.await`).

@@ -468,10 +468,11 @@ fn prepare_credential(
     let headers = match compiled.keys.get(&c.id) {
         None => None,
         Some(key) => {
-            // Room for the auth headers and for what each upstream request adds to
-            // its copy (x-request-id, forwarded client headers, content-type, host):
+            // Room for the auth headers, accept-encoding, and for what each upstream
+            // request adds to its copy (x-request-id, forwarded client headers,
+            // content-type, traceparent, tracestate, host):
             // a clone keeps the table size, so those inserts never rehash it.
-            let mut h = HeaderMap::with_capacity(c.headers.len() + 2 + 6);
+            let mut h = HeaderMap::with_capacity(c.headers.len() + 3 + 8);
             for (name, value) in &c.headers {
                 let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                     err(

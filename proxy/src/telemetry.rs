@@ -11,10 +11,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
@@ -27,6 +31,61 @@ pub use request_lines::RequestLines;
 
 /// The `tracing` target of request and attempt spans.
 pub const TRACE_TARGET: &str = "switchback::trace";
+
+/// W3C trace context: the client's trace, continued by the request span and passed on
+/// to providers.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// The request span continues the client's trace when the client sent a
+/// `traceparent` (W3C trace context). Nothing to do when traces are off.
+pub fn continue_trace(span: &tracing::Span, client: &HeaderMap) {
+    if span.is_disabled() || !client.contains_key(TRACEPARENT) {
+        return;
+    }
+    let parent = TraceContextPropagator::new().extract(&Extract(client));
+    let _ = span.set_parent(parent);
+}
+
+/// The trace context an upstream request carries: with traces on, the attempt
+/// span's (the client's trace when it sent one, else a trace of the proxy's own);
+/// with traces off, the client's `traceparent` and `tracestate` unchanged.
+pub fn propagate(attempt: &tracing::Span, client: &HeaderMap, upstream: &mut HeaderMap) {
+    if attempt.is_disabled() {
+        for name in [TRACEPARENT, TRACESTATE] {
+            if let Some(v) = client.get(&name) {
+                upstream.insert(name, v.clone());
+            }
+        }
+        return;
+    }
+    TraceContextPropagator::new().inject_context(&attempt.context(), &mut Inject(upstream));
+}
+
+struct Extract<'a>(&'a HeaderMap);
+
+impl Extractor for Extract<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key)?.to_str().ok()
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+struct Inject<'a>(&'a mut HeaderMap);
+
+impl Injector for Inject<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::try_from(value),
+        ) {
+            self.0.insert(name, value);
+        }
+    }
+}
 
 /// Keeps the log writer and the trace exporter running; dropping it flushes both.
 pub struct Telemetry {
@@ -320,6 +379,21 @@ mod tests {
         let text = sink.text();
         assert_eq!(text.matches("switchback::request").count(), 1, "{text}");
         assert_eq!(text.matches("serving").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn without_traces_the_clients_trace_context_is_passed_on_unchanged() {
+        let mut client = HeaderMap::new();
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        client.insert(TRACEPARENT, HeaderValue::from_static(tp));
+        client.insert(TRACESTATE, HeaderValue::from_static("vendor=1"));
+        let mut upstream = HeaderMap::new();
+        propagate(&tracing::Span::none(), &client, &mut upstream);
+        assert_eq!(upstream[TRACEPARENT], tp);
+        assert_eq!(upstream[TRACESTATE], "vendor=1");
+        let mut upstream = HeaderMap::new();
+        propagate(&tracing::Span::none(), &HeaderMap::new(), &mut upstream);
+        assert!(upstream.is_empty());
     }
 
     #[test]

@@ -9,9 +9,16 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use switchback_tests::harness::{TestProxy, credential, route};
+use switchback_tests::harness::{TestProxy, chat_body, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 use tracing_subscriber::layer::SubscriberExt;
+
+const CLIENT_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const CLIENT_SPAN: &str = "b7ad6b7169203331";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 fn attr(span: &Span, key: &str) -> Option<String> {
     span.attributes
@@ -66,6 +73,16 @@ async fn requests_and_attempts_become_spans() {
     );
     let proxy = TestProxy::start(&manifests).await;
     assert_eq!(proxy.chat("smart", false).await.status(), 200);
+    // A client that sends its W3C trace context: continued, and passed on upstream.
+    let r = proxy
+        .http
+        .post(proxy.url("/v1/chat/completions"))
+        .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
+        .json(&chat_body("smart", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     tokio::task::spawn_blocking(move || provider.force_flush())
         .await
         .unwrap()
@@ -85,8 +102,40 @@ async fn requests_and_attempts_become_spans() {
         .collect();
     let request = spans
         .iter()
-        .find(|s| s.name == "chat smart")
+        .find(|s| s.name == "chat smart" && hex(&s.trace_id) != CLIENT_TRACE)
         .expect("a request span");
+    // Without a client trace, providers get the proxy's own.
+    let sent = backup.received()[0]
+        .header("traceparent")
+        .map(str::to_owned);
+    let attempt_ids: Vec<String> = spans
+        .iter()
+        .filter(|s| s.parent_span_id == request.span_id)
+        .map(|s| hex(&s.span_id))
+        .collect();
+    let sent = sent.expect("a traceparent upstream");
+    assert!(
+        attempt_ids
+            .iter()
+            .any(|id| sent == format!("00-{}-{id}-01", hex(&request.trace_id))),
+        "{sent} names the attempt's span in the request's trace: {attempt_ids:?}"
+    );
+
+    // The client's trace: the request span is its child; the upstream request
+    // carries the same trace, with the attempt span as parent.
+    let continued = spans
+        .iter()
+        .find(|s| s.name == "chat smart" && hex(&s.trace_id) == CLIENT_TRACE)
+        .expect("the request span continues the client's trace");
+    assert_eq!(hex(&continued.parent_span_id), CLIENT_SPAN);
+    let attempt = spans
+        .iter()
+        .find(|s| s.parent_span_id == continued.span_id)
+        .expect("its attempt span");
+    assert_eq!(
+        primary.received()[1].header("traceparent"),
+        Some(format!("00-{CLIENT_TRACE}-{}-01", hex(&attempt.span_id)).as_str())
+    );
     assert_eq!(
         attr(request, "gen_ai.operation.name").as_deref(),
         Some("chat")
