@@ -176,6 +176,15 @@ pub enum Behavior {
     /// say which codings it takes: unless the request's `accept-encoding` leaves gzip
     /// out (`identity`), then plainly. With `always`, gzip whatever was asked.
     Gzip { always: bool },
+    /// 200 with the answer's headers (JSON, or an event stream when asked for one),
+    /// then not one byte of body, forever, without closing.
+    HeadersThenStall,
+    /// 200 with [`Behavior::Answer`]'s answer (unary, or the stream's events), sent
+    /// one byte every `every`.
+    SlowDrip { every: Duration },
+    /// 200 with the first `after` bytes of [`Behavior::Answer`]'s answer (unary, or
+    /// the stream's events), then the connection aborted.
+    ResetMidBody { after: usize },
     /// Each request takes the next behaviour of the list, round and round: a default
     /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
     /// request. An empty list answers.
@@ -827,21 +836,11 @@ async fn respond(
             resp
         }
         Behavior::HugeBody { bytes } => huge_body(ctx, bytes, guard),
+        Behavior::HeadersThenStall | Behavior::SlowDrip { .. } | Behavior::ResetMidBody { .. } => {
+            wire_fault(ctx, behavior, guard)
+        }
         Behavior::Gzip { always } => {
-            let (content_type, body) = match ctx.endpoint {
-                Endpoint::Chat | Endpoint::Messages if ctx.stream => (
-                    "text/event-stream",
-                    stream_events(ctx, &split_words(&answer_text(&ctx.name))).concat(),
-                ),
-                Endpoint::Messages => (
-                    "application/json",
-                    anthropic_message(&ctx.model, &answer_text(&ctx.name)).to_string(),
-                ),
-                _ => (
-                    "application/json",
-                    openai_completion(&ctx.model, &answer_text(&ctx.name)).to_string(),
-                ),
-            };
+            let (content_type, body) = answer_body(ctx);
             guard.finish();
             let response = base_response(ctx, 200).header(header::CONTENT_TYPE, content_type);
             if always || ctx.takes_gzip {
@@ -975,6 +974,82 @@ fn huge_body(ctx: &Ctx, bytes: usize, guard: CancelGuard) -> Response<Body> {
     base_response(ctx, 200)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from_stream(body))
+        .expect("sim: valid response")
+}
+
+/// [`Behavior::Answer`]'s answer as one body: its content type and bytes (a stream's
+/// events concatenated).
+fn answer_body(ctx: &Ctx) -> (&'static str, String) {
+    let text = answer_text(&ctx.name);
+    match ctx.endpoint {
+        Endpoint::Chat | Endpoint::Messages if ctx.stream => (
+            "text/event-stream",
+            stream_events(ctx, &split_words(&text)).concat(),
+        ),
+        Endpoint::Messages => (
+            "application/json",
+            anthropic_message(&ctx.model, &text).to_string(),
+        ),
+        _ => (
+            "application/json",
+            openai_completion(&ctx.model, &text).to_string(),
+        ),
+    }
+}
+
+/// [`Behavior::HeadersThenStall`], [`Behavior::SlowDrip`], [`Behavior::ResetMidBody`]:
+/// the head at once, then the body misbehaves. The guard goes with the body, so a
+/// client that gives up is counted as cancelled.
+fn wire_fault(ctx: &Ctx, behavior: Behavior, guard: CancelGuard) -> Response<Body> {
+    let (content_type, body) = answer_body(ctx);
+    let body = Bytes::from(body);
+    type Chunks =
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = std::io::Result<Bytes>> + Send>>;
+    let chunks: Chunks = match behavior {
+        Behavior::HeadersThenStall => Box::pin(futures_util::stream::once(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+            unreachable!("pending never completes")
+        })),
+        Behavior::SlowDrip { every } => Box::pin(futures_util::stream::unfold(
+            (body, 0, Some(guard)),
+            move |(body, at, mut guard)| async move {
+                if at == body.len() {
+                    if let Some(g) = guard.take() {
+                        g.finish();
+                    }
+                    return None;
+                }
+                if at > 0 {
+                    tokio::time::sleep(every).await;
+                }
+                Some((Ok(body.slice(at..at + 1)), (body, at + 1, guard)))
+            },
+        )),
+        Behavior::ResetMidBody { after } => {
+            let head = body.slice(..after.min(body.len()));
+            Box::pin(futures_util::stream::unfold(
+                (Some(head), Some(guard)),
+                |(head, mut guard)| async move {
+                    if let Some(head) = head {
+                        return Some((Ok(head), (None, guard)));
+                    }
+                    let g = guard.take()?;
+                    // Let hyper flush what was sent before the abort (see `sse`).
+                    tokio::task::yield_now().await;
+                    g.finish();
+                    Some((
+                        Err(std::io::Error::other("sim: ResetMidBody")),
+                        (None, None),
+                    ))
+                },
+            ))
+        }
+        other => unreachable!("not a wire fault: {other:?}"),
+    };
+    base_response(ctx, 200)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from_stream(chunks))
         .expect("sim: valid response")
 }
 

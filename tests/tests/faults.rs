@@ -701,3 +701,64 @@ async fn the_circuit_opened_line_names_the_model() {
     assert_eq!(opened["model"], "up-primary", "{opened:?}");
     assert_eq!(opened["target_credential"], "team-a/primary", "{opened:?}");
 }
+
+// ---- the wire: stalls, drips and resets in the body --------------------------------
+
+/// A head then no body, a body one byte a second, a body cut by a reset: before
+/// commit, each fails over to the backup (a stall or a drip at the attempt timeout,
+/// without a retry; a reset after the retries, or once the circuit opens).
+#[tokio::test(start_paused = true)]
+async fn body_stalls_drips_and_resets_before_commit_fail_over() {
+    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        for stream in [false, true] {
+            for b in [
+                Behavior::HeadersThenStall,
+                Behavior::SlowDrip {
+                    every: Duration::from_secs(1),
+                },
+                // Mid-JSON, or mid-way through the first event.
+                Behavior::ResetMidBody { after: 20 },
+            ] {
+                let what = format!("{flavor:?} stream={stream} {b:?}");
+                let (primary, _backup, proxy) = setup(flavor).await;
+                primary.set_default(b.clone());
+                let r = ask(&proxy, flavor, stream).await;
+                assert_backup_answered(&r, &what);
+                let text = r.text().await.unwrap();
+                assert!(text.contains("backup"), "{what}: {text}");
+                if !matches!(b, Behavior::ResetMidBody { .. }) {
+                    assert_eq!(primary.hits(), 1, "a timeout spends no retry: {what}");
+                }
+            }
+        }
+    }
+}
+
+/// After commit, a reset of the body ends the stream with the error event.
+#[tokio::test(start_paused = true)]
+async fn a_reset_after_commit_ends_the_stream_with_the_error_event() {
+    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        let (primary, backup, proxy) = setup(flavor).await;
+        // Everything but the last few bytes: well past the first content event.
+        let whole = {
+            primary.push(Behavior::Answer);
+            ask(&proxy, flavor, true).await.text().await.unwrap().len()
+        };
+        primary.push(Behavior::ResetMidBody { after: whole - 8 });
+        let r = ask(&proxy, flavor, true).await;
+        assert_eq!(r.status(), 200, "{flavor:?}");
+        assert_eq!(header(&r, "x-switchback-target"), "team-a/primary");
+        let text = r.text().await.unwrap();
+        let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+        let error_event = match flavor {
+            Flavor::OpenAi => last.contains("\"code\":\"stream_interrupted\""),
+            Flavor::Anthropic => last.starts_with("event: error\n"),
+        };
+        assert!(error_event, "{flavor:?} ends with the error event: {text}");
+        assert!(
+            text.contains("primary"),
+            "what came before is relayed: {text}"
+        );
+        assert_eq!(backup.hits(), 0, "{flavor:?}");
+    }
+}
