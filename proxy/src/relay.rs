@@ -167,14 +167,22 @@ pub(crate) async fn start_stream(
             framer,
         })) => (held, first, error, upstream, framer),
     };
-    if let Some(e) = error {
-        let reason = classify_status(e.status, &e.body);
-        if !reason.returns_upstream_answer()
-            || may_advance(reason, Some(e.status), &a.route.spec.fallback)
-        {
-            return Err(NotCommitted::Failed(reason, Some(e.status)));
+    let first = match error {
+        Some(e) => {
+            let reason = classify_status(e.status, &e.body);
+            if !reason.returns_upstream_answer()
+                || may_advance(reason, Some(e.status), &a.route.spec.fallback)
+            {
+                return Err(NotCommitted::Failed(reason, Some(e.status)));
+            }
+            // Relayed like an error body: without the key, should it echo it.
+            match &a.target.credential.key {
+                Some(key) => mask_key(first, key.expose()),
+                None => first,
+            }
         }
-    }
+        None => first,
+    };
     let (t, route) = (a.target, a.route);
     let cb = &route.spec.circuit_breaker;
     let line = Arc::new(LineSlot::default());

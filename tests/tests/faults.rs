@@ -432,9 +432,10 @@ async fn in_band_errors_before_commit_are_classified_like_statuses() {
             "prompt is too long: 210000 tokens > 200000 maximum",
         ),
     );
+    // Echoing the key, as some providers do: masked when relayed.
     let auth = anthropic_sse(
         "error",
-        &anthropic_error("authentication_error", "invalid x-api-key"),
+        &anthropic_error("authentication_error", "invalid x-api-key: sk-primary"),
     );
 
     // Context length: advances at once, no retry spent.
@@ -455,6 +456,10 @@ async fn in_band_errors_before_commit_are_classified_like_statuses() {
     let text = r.text().await.unwrap();
     assert!(
         text.contains("event: message_start") && text.contains("authentication_error"),
+        "{text}"
+    );
+    assert!(
+        text.contains("invalid x-api-key: ****") && !text.contains("sk-primary"),
         "{text}"
     );
     assert_eq!((primary.hits(), backup.hits()), (1, 0));
