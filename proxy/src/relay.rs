@@ -289,18 +289,30 @@ pub const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstrea
 /// `x-request-id`), so that neither grows the map on the way out.
 const RELAYED_CAPACITY: usize = 16;
 
-/// The headers of `upstream` that reach the client. One pass, moving the values
-/// kept; everything else is dropped with the provider's map.
+/// The headers of `upstream` that reach the client. One pass, moving the names and
+/// values kept (a provider's own header names are not even cloned); everything else
+/// is dropped with the provider's map.
 fn relayed_headers(upstream: HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(RELAYED_CAPACITY);
-    let mut kept: Option<HeaderName> = None;
-    // `None` names: further values of the name before (`set-cookie` twice).
+    // Where further values of the last name go: the iteration gives them with no
+    // name (`x-ratelimit-limit-requests` twice).
+    let mut last: Option<header::OccupiedEntry<'_, HeaderValue>> = None;
     for (name, value) in upstream {
-        if let Some(name) = name {
-            kept = relayed_as(name);
-        }
-        if let Some(name) = &kept {
-            out.append(name.clone(), value);
+        match name {
+            Some(name) => {
+                last = relayed_as(name).map(|name| match out.entry(name) {
+                    header::Entry::Vacant(v) => v.insert_entry(value),
+                    header::Entry::Occupied(mut o) => {
+                        o.append(value);
+                        o
+                    }
+                });
+            }
+            None => {
+                if let Some(o) = &mut last {
+                    o.append(value);
+                }
+            }
         }
     }
     out
