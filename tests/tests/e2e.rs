@@ -181,6 +181,29 @@ impl Namespaces {
     }
 }
 
+impl Namespaces {
+    /// Deletes the namespaces an earlier run left behind (a run killed before its
+    /// cleanup): their routes would still be served by this run's operator, claim its
+    /// model names and spend its status budget. One suite at a time per cluster, as
+    /// the operator watches every namespace.
+    fn remove_leftovers() {
+        let Some(list) = get_json(&["namespaces", "-l", "switchback.dev/e2e=true"]) else {
+            return;
+        };
+        let stale: Vec<String> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"]["phase"] != "Terminating")
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        if !stale.is_empty() {
+            println!("e2e: deleting namespaces an earlier run left: {stale:?}");
+        }
+        drop(Namespaces(stale));
+    }
+}
+
 impl Drop for Namespaces {
     fn drop(&mut self) {
         for ns in &self.0 {
@@ -209,6 +232,7 @@ impl Drop for Namespaces {
 }
 
 fn install_crds() {
+    Namespaces::remove_leftovers();
     let dir = workspace().join("crds");
     ok(&[
         "apply",
@@ -1142,7 +1166,8 @@ async fn bench_1000_routes_in_50_namespaces() {
         yaml.push_str(&route(
             ns,
             &format!("r{i}"),
-            &format!("m{i}"),
+            // Model names of this run only: never a conflict with another run's.
+            &format!("m{i}-{id}"),
             "[ { credentialRef: { name: steady } } ]",
         ));
     }
