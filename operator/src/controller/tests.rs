@@ -35,7 +35,9 @@ fn world_for(
         },
         &BTreeMap::new(),
     );
-    *ctx.world.write().unwrap() = Some(Arc::new(World::new(rendering, routes, creds)));
+    // Dated now, as delivery dates it: a Pending route is then held (see `held`).
+    let world = World::new(rendering, routes, creds).dated(None, tokio::time::Instant::now());
+    *ctx.world.write().unwrap() = Some(Arc::new(world));
 }
 
 /// The API server's answer to a status patch: the object with the status applied.
@@ -361,18 +363,7 @@ async fn a_pending_route_is_held_until_the_proxies_serve_it_or_the_hold_ends() {
     let r = route("team-a", "smart", 3, &["openai"]);
     let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
     let creds = [credential("team-a", "openai", "keys", "openai")];
-    let rendering = render(
-        &Inputs {
-            routes: std::slice::from_ref(&r),
-            credentials: &creds,
-            secrets: &[keys],
-            ..Default::default()
-        },
-        &BTreeMap::new(),
-    );
-    let world = World::new(rendering, std::slice::from_ref(&r), &creds)
-        .dated(None, tokio::time::Instant::now());
-    *t.ctx.world.write().unwrap() = Some(Arc::new(world));
+    world_for(&t.ctx, std::slice::from_ref(&r), &creds, &[keys]);
     // One ready replica that does not serve the route yet: Programmed=Pending.
     *t.ctx.proxies.write().unwrap() = Arc::new(Snapshot {
         replicas: vec![crate::aggregate::Replica {
