@@ -195,6 +195,18 @@ impl TestProxy {
         self.admin_json("/admin/v1/stats").await
     }
 
+    /// A text document of the admin port (`/metrics`, `/admin/v1/config` as sent).
+    pub async fn admin_text(&self, path: &str) -> String {
+        self.http
+            .get(self.admin_url(path))
+            .send()
+            .await
+            .expect("admin answers")
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("{path} is text: {e}"))
+    }
+
     /// A JSON document of the admin port.
     pub async fn admin_json(&self, path: &str) -> Value {
         self.http

@@ -66,15 +66,7 @@ async fn still_responsive(p: &TestProxy) {
 }
 
 async fn refusals(p: &TestProxy, limit: &str) -> u64 {
-    let text = p
-        .http
-        .get(p.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = p.admin_text("/metrics").await;
     let prefix = format!("switchback_limit_refusals_total{{limit=\"{limit}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))

@@ -84,15 +84,7 @@ fn rss() -> u64 {
 }
 
 async fn metrics(proxy: &TestProxy) -> String {
-    proxy
-        .http
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    proxy.admin_text("/metrics").await
 }
 
 /// The value of the sample of `metrics` whose name and labels contain every piece.

@@ -227,15 +227,7 @@ async fn the_admin_config_never_shows_key_material() {
         "",
     ))
     .await;
-    let text = proxy
-        .http
-        .get(proxy.admin_url("/admin/v1/config"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = proxy.admin_text("/admin/v1/config").await;
     assert!(!text.contains("sk-very-secret"), "{text}");
     assert!(text.contains("\"keyPresent\": true"), "{text}");
 }

@@ -317,15 +317,7 @@ async fn stats_and_metrics_after_a_scripted_run() {
         (Some(1), Some(1))
     );
 
-    let metrics = proxy
-        .http
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = proxy.admin_text("/metrics").await;
     for line in [
         r#"switchback_requests_total{route="team-a/smart",outcome="answered"} 2"#,
         r#"switchback_requests_total{route="team-a/smart",outcome="failed"} 1"#,
