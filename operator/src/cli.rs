@@ -86,7 +86,9 @@ pub struct RunArgs {
     pub status_interval: Duration,
 
     /// Global budget of status writes per second (LLMRoute and ProviderCredential
-    /// together), so a large fleet never floods the API server.
+    /// together), so a large fleet never floods the API server. When it runs short,
+    /// route condition changes go first; traffic facts and credential status take
+    /// what they leave over.
     #[arg(
         long,
         env = "SWITCHBACK_STATUS_WRITES_PER_SECOND",

@@ -40,7 +40,7 @@ use switchback_crds::{LLMRoute, ProviderCredential};
 use tokio::sync::{Notify, mpsc};
 
 use crate::aggregate::{Aggregator, Snapshot};
-use crate::budget::{Permit, StatusBudget};
+use crate::budget::{Permit, Priority, StatusBudget};
 use crate::circuit_events::CircuitEvents;
 use crate::metrics::{
     ControllerLabels, ErrorLabels, Health, KindLabels, Metrics, ReasonLabels, ResultLabels,
@@ -307,11 +307,11 @@ impl Context {
             .clone()
     }
 
-    fn permit(&self, key: &str, urgent: bool) -> Permit {
+    fn permit(&self, key: &str, urgent: bool, priority: Priority) -> Permit {
         self.budget
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .permit(key, urgent, tokio::time::Instant::now())
+            .permit(key, urgent, priority, tokio::time::Instant::now())
     }
 
     fn reconciled(&self, controller: &'static str) {
@@ -599,7 +599,13 @@ pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<
         return Ok(Action::requeue(wait));
     }
     let urgent = !status::only_traffic_changed(&current, &desired);
-    if let Permit::Wait(wait) = ctx.permit(&format!("LLMRoute/{id}"), urgent) {
+    // A condition change is what `kubectl wait` waits on: it goes before the rest.
+    let priority = if urgent {
+        Priority::First
+    } else {
+        Priority::Spare
+    };
+    if let Permit::Wait(wait) = ctx.permit(&format!("LLMRoute/{id}"), urgent, priority) {
         return Ok(Action::requeue(wait));
     }
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -792,7 +798,11 @@ pub async fn reconcile_credential(
                 || s.observed_generation != desired.observed_generation
                 || used(s.routes) != used(desired.routes)
         });
-    if let Permit::Wait(wait) = ctx.permit(&format!("ProviderCredential/{id}"), urgent) {
+    // Routes show what a credential's status says (ResolvedRefs), and nothing waits on
+    // a credential's conditions: its writes take what route writes leave over.
+    if let Permit::Wait(wait) =
+        ctx.permit(&format!("ProviderCredential/{id}"), urgent, Priority::Spare)
+    {
         return Ok(Action::requeue(wait));
     }
     apply_status(&ctx, &api, &name, "ProviderCredential", &desired).await?;
