@@ -162,7 +162,10 @@ mod tests {
         }
         // ...so once the full bucket they found is half spent, spare writes wait: the
         // 10 burst + 10/s for 5 s all go to the routes but for the first moment's spare.
-        assert_eq!(spare_later, 0, "a spare write took a token routes were waiting for");
+        assert_eq!(
+            spare_later, 0,
+            "a spare write took a token routes were waiting for"
+        );
         assert!(spare <= 5, "{spare}");
         assert!((59..=61).contains(&(first + spare)), "{first} + {spare}");
         // Once the routes are written, the spare writes follow within a second...
