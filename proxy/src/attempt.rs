@@ -636,21 +636,25 @@ async fn attempt(
                 }),
             };
         }
-        let bytes = match timeout_at(
+        let (bytes, held) = match timeout_at(
             deadline,
-            relay::read_capped(response, limits.max_response_bytes),
+            relay::read_capped(response, limits.max_response_bytes, &gw.answers),
         )
         .await
         {
             Err(_) => return timed_out(),
             Ok(Err(_)) => return Attempted::Failed(Failure::bare(Reason::ConnectionError)),
-            Ok(Ok(None)) => {
+            Ok(Ok(relay::Capped::TooLarge)) => {
                 gw.refused.responses.fetch_add(1, Ordering::Relaxed);
                 return Attempted::Failed(Failure::bare(Reason::ResponseTooLarge));
             }
-            Ok(Ok(Some(bytes))) => bytes,
+            Ok(Ok(relay::Capped::OverBudget)) => {
+                gw.refused.over_budget.fetch_add(1, Ordering::Relaxed);
+                return Attempted::Failed(Failure::bare(Reason::Overloaded));
+            }
+            Ok(Ok(relay::Capped::Whole(bytes, held))) => (bytes, held),
         };
-        return unary_answer(t, call, dir, status, headers, bytes);
+        return unary_answer(t, call, dir, status, headers, bytes, held);
     }
 
     let body = match timeout_at(deadline, relay::read_cut(response, MAX_ERROR_BODY)).await {
@@ -697,6 +701,7 @@ fn unary_answer(
     status: StatusCode,
     headers: HeaderMap,
     bytes: Bytes,
+    held: relay::AnswerHeld,
 ) -> Attempted {
     // A translation parses the answer anyway; only a relayed one needs the check.
     if dir.is_none() && !is_json_object(&bytes) {
@@ -718,7 +723,9 @@ fn unary_answer(
             }
         },
     };
-    Attempted::Committed(relay(status, headers, Body::from(bytes)), None)
+    // The reservation goes with the answer until its last byte is handed on.
+    let body = Body::new(relay::HeldAnswer::new(bytes, held));
+    Attempted::Committed(relay(status, headers, body), None)
 }
 
 /// Is `body` one whole JSON object (what every unary answer of both APIs is)?
@@ -795,6 +802,13 @@ fn finish_failed(
             "upstream_error",
             "the provider rejected the request in its stream",
         ),
+        // The answer came but this replica may hold no more answers now: the same
+        // answer as for a body over the in-flight budget.
+        Reason::Overloaded => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "the gateway holds as many provider answers as it may; retry in a second",
+        ),
     };
     let views: Vec<AttemptView<'_>> = log
         .iter()
@@ -819,6 +833,11 @@ fn finish_failed(
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if failure.reason == Reason::Overloaded {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     Outcome {
         response,

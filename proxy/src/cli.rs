@@ -95,6 +95,13 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_MAX_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_RESPONSE_BYTES)]
     pub max_response_bytes: usize,
 
+    /// Unary provider answer bytes held in memory at once, all requests together
+    /// (being read, or on their way to the client). An answer that does not fit is
+    /// not read: the request gets 503 `overloaded` with `Retry-After: 1`, without
+    /// failing over (the replica is short of memory, not the provider of health).
+    #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)]
+    pub max_inflight_response_bytes: usize,
+
     /// On SIGTERM/SIGINT, /readyz turns 503 at once, and the data port keeps accepting
     /// for this long (for endpoints to notice) before it stops.
     #[arg(long, env = "SWITCHBACK_DRAIN_DELAY", value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
@@ -161,6 +168,7 @@ impl Cli {
         crate::gateway::UpstreamLimits {
             max_event_bytes: self.max_event_bytes,
             max_response_bytes: self.max_response_bytes,
+            max_inflight_response_bytes: self.max_inflight_response_bytes,
         }
     }
 
@@ -200,8 +208,11 @@ mod tests {
             "4096",
             "--max-response-bytes",
             "65536",
+            "--max-inflight-response-bytes",
+            "1048576",
         ])
         .unwrap();
+        assert_eq!(cli.upstream_limits().max_inflight_response_bytes, 1 << 20);
         assert_eq!(cli.upstream_limits().max_event_bytes, 4096);
         assert_eq!(cli.upstream_limits().max_response_bytes, 65536);
         assert!(
@@ -262,8 +273,12 @@ mod tests {
         assert_eq!(l.max_inflight_body_bytes, 256 << 20);
         let u = cli.upstream_limits();
         assert_eq!(
-            (u.max_event_bytes, u.max_response_bytes),
-            (1 << 20, 32 << 20)
+            (
+                u.max_event_bytes,
+                u.max_response_bytes,
+                u.max_inflight_response_bytes
+            ),
+            (1 << 20, 32 << 20, 128 << 20)
         );
         assert_eq!(
             (l.header_read_timeout, l.body_read_timeout, l.idle_timeout),

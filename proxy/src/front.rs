@@ -15,7 +15,7 @@ pub mod drain;
 pub mod intake;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
@@ -113,8 +113,9 @@ pub struct Front {
     pub refusals: Refusals,
     /// One permit per open client connection.
     pub(crate) slots: Arc<Semaphore>,
-    /// Request body bytes reserved by requests being read or handled.
-    pub(crate) body_bytes: AtomicUsize,
+    /// Request body bytes reserved by requests being read or handled
+    /// (`max_inflight_body_bytes`).
+    pub(crate) bodies: crate::budget::Budget,
     /// SIGTERM seen: `/readyz` answers 503.
     pub(crate) draining: AtomicBool,
     /// Listeners stop accepting; idle connections close, busy ones after their answer.
@@ -127,11 +128,12 @@ impl Front {
     pub fn new(limits: ClientLimits, lanes: usize) -> Self {
         // A semaphore holds at most `usize::MAX >> 3` permits.
         let slots = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+        let bodies = crate::budget::Budget::new(limits.max_inflight_body_bytes);
         Self {
             limits,
             refusals: Refusals::default(),
             slots: Arc::new(Semaphore::new(slots)),
-            body_bytes: AtomicUsize::new(0),
+            bodies,
             draining: AtomicBool::new(false),
             stop_accepting: Signal::new(lanes),
             end_streams: Signal::new(lanes),
@@ -150,7 +152,7 @@ impl Front {
 
     /// Request body bytes held now.
     pub fn body_bytes_held(&self) -> usize {
-        self.body_bytes.load(Ordering::Relaxed)
+        self.bodies.held()
     }
 
     /// True once a shutdown has begun.

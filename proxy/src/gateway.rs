@@ -11,6 +11,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
+use crate::budget::Budget;
 use crate::snapshot::{Carried, PrepareError, Snapshot, prepare};
 use crate::upstream::Clients;
 
@@ -99,6 +100,9 @@ pub struct UpstreamLimits {
     pub max_event_bytes: usize,
     /// `--max-response-bytes`: the largest unary answer read.
     pub max_response_bytes: usize,
+    /// `--max-inflight-response-bytes`: unary answer bytes held at once, all
+    /// requests together (being read, or on their way to the client).
+    pub max_inflight_response_bytes: usize,
 }
 
 impl Default for UpstreamLimits {
@@ -106,12 +110,18 @@ impl Default for UpstreamLimits {
         Self {
             max_event_bytes: crate::sse::DEFAULT_MAX_EVENT_BYTES,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            max_inflight_response_bytes: DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES,
         }
     }
 }
 
 /// The default `--max-response-bytes`.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+/// The default `--max-inflight-response-bytes`: with the 256 MiB of request bodies
+/// (`--max-inflight-body-bytes`) and the process's own ~60 MiB, under the chart's
+/// 512 MiB memory limit (see the chart's `proxy.resources`).
+pub const DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES: usize = 128 * 1024 * 1024;
 
 /// Provider answers refused by a limit, by limit (`switchback_limit_refusals_total`).
 #[derive(Debug, Default)]
@@ -120,6 +130,8 @@ pub struct Refusals {
     pub events: AtomicU64,
     /// Unary answers over `max_response_bytes`.
     pub responses: AtomicU64,
+    /// Unary answers that did not fit in `max_inflight_response_bytes`.
+    pub over_budget: AtomicU64,
 }
 
 pub struct Gateway {
@@ -131,6 +143,9 @@ pub struct Gateway {
     report: Mutex<LoadReport>,
     pub max_body_bytes: usize,
     pub upstream_limits: UpstreamLimits,
+    /// Unary answer bytes held now (`max_inflight_response_bytes`); a reservation
+    /// travels with the answer's body to the client, hence the `Arc`.
+    pub answers: Arc<Budget>,
     pub refused: Arc<Refusals>,
     /// Random per process: lets the operator tell a restarted replica from a live one.
     pub instance_id: String,
@@ -161,6 +176,7 @@ impl Gateway {
             }),
             max_body_bytes,
             upstream_limits: UpstreamLimits::default(),
+            answers: Arc::new(Budget::new(DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)),
             refused: Arc::default(),
             instance_id: uuid::Uuid::new_v4().to_string(),
             started_at: SystemTime::now(),
@@ -170,6 +186,12 @@ impl Gateway {
             allow_empty_config: false,
             auth: Default::default(),
         })
+    }
+
+    /// Set the limits on provider answers (and size the answer budget by them).
+    pub fn set_upstream_limits(&mut self, limits: UpstreamLimits) {
+        self.upstream_limits = limits;
+        self.answers = Arc::new(Budget::new(limits.max_inflight_response_bytes));
     }
 
     /// The snapshot a request runs on from start to finish.

@@ -6,6 +6,7 @@
 
 pub mod attempt;
 pub mod auth;
+pub mod budget;
 pub mod circuit;
 pub mod cli;
 pub mod cluster;
@@ -52,7 +53,7 @@ pub struct Options {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub max_body_bytes: usize,
-    /// `--max-event-bytes`, `--max-response-bytes`.
+    /// `--max-event-bytes`, `--max-response-bytes`, `--max-inflight-response-bytes`.
     pub upstream_limits: gateway::UpstreamLimits,
     /// Data-port serving threads. 0 serves on the caller's runtime (tests, the demo);
     /// N > 0 starts N threads, each with its own single-threaded runtime, its own
@@ -144,7 +145,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     let mut gw = Gateway::new(opts.max_body_bytes, source, opts.threads)?;
     gw.front = Arc::new(front::Front::new(opts.limits.clone(), opts.threads));
     gw.allow_empty_config = opts.allow_empty_config;
-    gw.upstream_limits = opts.upstream_limits;
+    gw.set_upstream_limits(opts.upstream_limits);
     gw.auth = auth_settings(&opts)?;
     match gw.auth.mode {
         auth::AuthMode::Off => tracing::warn!(

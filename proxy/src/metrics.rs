@@ -17,9 +17,10 @@
 //! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams, to the first content event |
 //! | `switchback_config_generation` | gauge | configs applied since start |
 //! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
-//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it) |
+//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget) |
 //! | `switchback_client_connections` | gauge | open client connections on the data port |
 //! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
+//! | `switchback_response_bytes_held` | gauge | unary provider answer bytes held in the in-flight budget (being read, or on their way to the client) |
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -284,17 +285,18 @@ impl Collector for Metrics {
                 ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
             }
         }
-        limits(&mut enc, &gw.front, &gw.refused)?;
+        limits(&mut enc, &gw.front, &gw.refused, gw.answers.held())?;
         Ok(())
     }
 }
 
 /// What the limits refused (SPEC §8): the client-side ones and those on provider
-/// answers, in one family; and what the client-side ones hold now.
+/// answers, in one family; and what the two in-flight budgets hold now.
 fn limits(
     enc: &mut DescriptorEncoder<'_>,
     front: &crate::front::Front,
     upstream: &crate::gateway::Refusals,
+    answers_held: usize,
 ) -> Fmt {
     let r = &front.refusals;
     {
@@ -313,6 +315,7 @@ fn limits(
             ("max_inflight_body_bytes", &r.over_budget),
             ("max_event_bytes", &upstream.events),
             ("max_response_bytes", &upstream.responses),
+            ("max_inflight_response_bytes", &upstream.over_budget),
         ] {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("limit", limit)])?)?;
@@ -328,6 +331,11 @@ fn limits(
             "switchback_request_body_bytes_held",
             "Request body bytes held in the in-flight budget",
             front.body_bytes_held(),
+        ),
+        (
+            "switchback_response_bytes_held",
+            "Unary provider answer bytes held in the in-flight budget",
+            answers_held,
         ),
     ] {
         let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;

@@ -29,6 +29,10 @@ pub enum Reason {
     ResponseTooLarge,
     /// An SSE event over `--max-event-bytes` (class `invalidResponse`).
     EventTooLarge,
+    /// A unary 2xx that did not fit in `--max-inflight-response-bytes`: the replica
+    /// holds as many answers as it may. Not the provider's failure (no class, no
+    /// circuit); the chain stops and the client gets 503 `overloaded`.
+    Overloaded,
     // Skipped before commitment:
     MissingKey,
     UnsupportedSurface,
@@ -40,7 +44,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 18;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -53,6 +57,7 @@ impl Reason {
         Self::InvalidResponse,
         Self::ResponseTooLarge,
         Self::EventTooLarge,
+        Self::Overloaded,
         Self::MissingKey,
         Self::UnsupportedSurface,
         Self::Parked,
@@ -106,6 +111,7 @@ impl Reason {
             Self::InvalidResponse => "invalidResponse",
             Self::ResponseTooLarge => "responseTooLarge",
             Self::EventTooLarge => "eventTooLarge",
+            Self::Overloaded => "overloaded",
             Self::MissingKey => "missingKey",
             Self::UnsupportedSurface => "unsupportedSurface",
             Self::Parked => "parked",
@@ -310,6 +316,17 @@ mod tests {
         ] {
             assert!(!r.trips_breaker(Some(400)), "{r:?}");
         }
+        // The replica's own memory budget says nothing about the provider.
+        assert!(!Reason::Overloaded.trips_breaker(None));
+    }
+
+    #[test]
+    fn an_answer_the_replica_cannot_hold_stops_the_chain_without_a_retry() {
+        let mut every = Fallback::default();
+        every.on_failures.push(FailureClass::AuthError);
+        assert!(!may_advance(Reason::Overloaded, None, &every));
+        assert!(!retryable(Reason::Overloaded, None, &retry_default()));
+        assert!(!Reason::Overloaded.is_skip());
     }
 
     #[test]

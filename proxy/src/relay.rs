@@ -22,6 +22,7 @@ use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until};
 
+use crate::budget::{Budget, Held};
 use crate::circuit::Transition;
 use crate::gateway::Refusals;
 use crate::outcome::{Reason, classify_status, may_advance};
@@ -217,42 +218,128 @@ pub(crate) async fn start_stream(
     Ok((response, line))
 }
 
-/// Read a unary answer whole, up to `cap` bytes. `Ok(None)`: it is larger (what was
-/// read is dropped at once).
+/// A unary answer's reservation in the answer budget (`--max-inflight-response-bytes`).
+pub(crate) type AnswerHeld = Held<Arc<Budget>>;
+
+/// What [`read_capped`] made of a unary answer.
+pub(crate) enum Capped {
+    /// The whole answer, and its bytes' reservation in the answer budget.
+    Whole(Bytes, AnswerHeld),
+    /// Over `--max-response-bytes` (what was read is dropped at once).
+    TooLarge,
+    /// Does not fit in what is left of the answer budget (likewise dropped).
+    OverBudget,
+}
+
+/// Read a unary answer whole, up to `cap` bytes, every byte of buffer it takes
+/// reserved in `budget` first: the answer's declared length up front, else the
+/// buffer as it grows (doubling, never past `cap`).
 pub(crate) async fn read_capped(
     response: Incoming,
     cap: usize,
-) -> Result<Option<Bytes>, hyper::Error> {
+    budget: &Arc<Budget>,
+) -> Result<Capped, hyper::Error> {
     // A declared length over the cap is refused before reading a byte.
-    if hyper::body::Body::size_hint(&response)
-        .exact()
-        .is_some_and(|n| n > cap as u64)
-    {
-        return Ok(None);
+    let declared = hyper::body::Body::size_hint(&response).exact();
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Ok(Capped::TooLarge);
+    }
+    let declared = declared.map_or(0, |n| n as usize);
+    let mut held = Held::new(budget.clone());
+    if !held.grow(declared) {
+        return Ok(Capped::OverBudget);
     }
     let mut body = BodyDataStream::new(response);
     let Some(first) = body.next().await.transpose()? else {
-        return Ok(Some(Bytes::new()));
+        return Ok(Capped::Whole(Bytes::new(), held));
     };
     if first.len() > cap {
-        return Ok(None);
+        return Ok(Capped::TooLarge);
+    }
+    if !held.grow_to(first.len()) {
+        return Ok(Capped::OverBudget);
     }
     // The usual answer arrives in one chunk: handed on without a copy.
     let Some(second) = body.next().await.transpose()? else {
-        return Ok(Some(first));
+        return Ok(Capped::Whole(first, held));
     };
-    let mut buf = BytesMut::with_capacity(first.len().saturating_add(second.len()));
-    buf.extend_from_slice(&first);
-    let mut chunk = second;
+    // A Vec, whose `reserve_exact` keeps to what the budget covers.
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = first;
+    let mut next = Some(second);
     loop {
         if chunk.len() > cap.saturating_sub(buf.len()) {
-            return Ok(None);
+            return Ok(Capped::TooLarge);
+        }
+        let need = buf.len() + chunk.len();
+        if need > buf.capacity() {
+            // Room for the declared length at once, else double: amortised copies,
+            // and the budget always covers the whole buffer.
+            let room = need.max(declared).max(buf.capacity() * 2).min(cap);
+            if !held.grow_to(room) {
+                return Ok(Capped::OverBudget);
+            }
+            buf.reserve_exact(room - buf.len());
         }
         buf.extend_from_slice(&chunk);
-        match body.next().await.transpose()? {
+        match next.take() {
             Some(c) => chunk = c,
-            None => return Ok(Some(buf.freeze())),
+            None => match body.next().await.transpose()? {
+                Some(c) => chunk = c,
+                None => return Ok(Capped::Whole(Bytes::from(buf), held)),
+            },
         }
+    }
+}
+
+/// Bytes of a held unary answer handed to the connection at a time: the answer's
+/// reservation is given back when its last slice is taken, so a client that reads
+/// slowly keeps it (and hyper is not handed 32 MiB at once).
+const ANSWER_SLICE: usize = 256 * 1024;
+
+/// A unary answer on its way to the client, with its reservation in the answer
+/// budget, given back with the last slice. One frame for an answer of up to
+/// [`ANSWER_SLICE`] bytes (the usual one), as a plain body would be.
+pub(crate) struct HeldAnswer {
+    rest: Bytes,
+    held: Option<AnswerHeld>,
+}
+
+impl HeldAnswer {
+    pub(crate) fn new(bytes: Bytes, held: AnswerHeld) -> Self {
+        Self {
+            rest: bytes,
+            held: Some(held),
+        }
+    }
+}
+
+impl hyper::body::Body for HeldAnswer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if this.rest.is_empty() {
+            this.held = None;
+            return std::task::Poll::Ready(None);
+        }
+        let slice = this.rest.split_to(this.rest.len().min(ANSWER_SLICE));
+        if this.rest.is_empty() {
+            this.held = None;
+        }
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(slice))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
     }
 }
 

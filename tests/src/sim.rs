@@ -169,6 +169,9 @@ pub enum Behavior {
     /// 200 `application/json`: a well-formed answer of at least `bytes` bytes (its
     /// text is that long), produced 64 KiB a chunk as it is sent.
     HugeBody { bytes: usize },
+    /// [`Behavior::HugeBody`] that waits `pause` (tokio timer) before its last chunk,
+    /// the answer's closing JSON: the proxy holds all but that tail meanwhile.
+    HugeBodyPaused { bytes: usize, pause: Duration },
     /// 429 with this `Retry-After` value, verbatim (e.g. a number no clock can add).
     RateLimitedRaw(String),
     /// 200 with [`Behavior::Answer`]'s answer (unary, or the stream's events as one
@@ -835,7 +838,8 @@ async fn respond(
             );
             resp
         }
-        Behavior::HugeBody { bytes } => huge_body(ctx, bytes, guard),
+        Behavior::HugeBody { bytes } => huge_body(ctx, bytes, Duration::ZERO, guard),
+        Behavior::HugeBodyPaused { bytes, pause } => huge_body(ctx, bytes, pause, guard),
         Behavior::HeadersThenStall | Behavior::SlowDrip { .. } | Behavior::ResetMidBody { .. } => {
             wire_fault(ctx, behavior, guard)
         }
@@ -954,8 +958,9 @@ fn endless_line(ctx: &Ctx, events: usize, guard: CancelGuard) -> Response<Body> 
         .expect("sim: valid response")
 }
 
-/// [`Behavior::HugeBody`]: a valid answer whose text is `bytes` long, made as sent.
-fn huge_body(ctx: &Ctx, bytes: usize, guard: CancelGuard) -> Response<Body> {
+/// [`Behavior::HugeBody`]: a valid answer whose text is `bytes` long, made as sent,
+/// its last chunk `pause` after the others.
+fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Response<Body> {
     guard.finish();
     let whole = match ctx.flavor {
         Flavor::OpenAi => openai_completion(&ctx.model, "@@TEXT@@"),
@@ -965,11 +970,22 @@ fn huge_body(ctx: &Ctx, bytes: usize, guard: CancelGuard) -> Response<Body> {
     let (before, after) = whole.split_once("@@TEXT@@").expect("sim: placeholder");
     let chunks = bytes.div_ceil(FLOOD_CHUNK);
     let filler = Bytes::from(vec![b'y'; FLOOD_CHUNK]);
-    let body = futures_util::stream::iter(
-        std::iter::once(Bytes::from(before.to_owned()))
-            .chain(std::iter::repeat_n(filler, chunks))
-            .chain(std::iter::once(Bytes::from(after.to_owned())))
-            .map(Ok::<_, std::io::Error>),
+    let after = Bytes::from(after.to_owned());
+    let tail = futures_util::stream::once(async move {
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+        after
+    });
+    let body = futures_util::StreamExt::map(
+        futures_util::StreamExt::chain(
+            futures_util::stream::iter(
+                std::iter::once(Bytes::from(before.to_owned()))
+                    .chain(std::iter::repeat_n(filler, chunks)),
+            ),
+            tail,
+        ),
+        Ok::<_, std::io::Error>,
     );
     base_response(ctx, 200)
         .header(header::CONTENT_TYPE, "application/json")

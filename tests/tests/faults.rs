@@ -386,6 +386,75 @@ async fn an_answer_over_the_limit_is_response_too_large_in_the_attempt_log() {
     assert_eq!(proxy.chat("smart", false).await.status(), 200);
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_answer_past_the_in_flight_answer_budget_gets_503_without_failing_over() {
+    // Room for one answer of about 1 MiB (its buffer may be up to twice that), not
+    // for a second one of 2 MiB beside it.
+    let limits = UpstreamLimits {
+        max_response_bytes: 4 << 20,
+        max_inflight_response_bytes: 3 << 20,
+        ..UpstreamLimits::default()
+    };
+    let (primary, backup, proxy) = setup_with(Flavor::OpenAi, SPEC, limits).await;
+    let held = |m: &str| sample(m, &["switchback_response_bytes_held"]);
+    assert_eq!(held(&metrics(&proxy).await), Some(0));
+    // The first answer is held while its last chunk is late.
+    primary.push(Behavior::HugeBodyPaused {
+        bytes: 1 << 20,
+        pause: Duration::from_secs(2),
+    });
+    let first = proxy.spawn_chat("smart");
+    loop {
+        // No timer while waiting: the paused clock must not reach the pause's end.
+        if held(&metrics(&proxy).await).is_some_and(|n| n >= 1 << 20) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    primary.push(Behavior::HugeBody { bytes: 2 << 20 });
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(r.status(), 503, "the second answer does not fit");
+    assert_eq!(header(&r, "retry-after"), "1");
+    assert_eq!(header(&r, "x-switchback-attempts"), "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+    assert_eq!(
+        body["error"]["attempts"][0]["reason"], "overloaded",
+        "{body}"
+    );
+    assert_eq!(
+        backup.hits(),
+        0,
+        "the replica is short, not the provider: no failover"
+    );
+    let m = metrics(&proxy).await;
+    assert_eq!(
+        sample(
+            &m,
+            &[
+                "switchback_limit_refusals_total",
+                "max_inflight_response_bytes"
+            ]
+        ),
+        Some(1),
+        "{m}"
+    );
+    let stats = proxy.admin_stats().await;
+    assert!(
+        !stats.to_string().contains(r#""circuit":"open""#),
+        "not a provider failure: {stats}"
+    );
+
+    // The first answer was not disturbed, and once it is delivered its bytes are free.
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.text().await.unwrap().len() > 1 << 20);
+    assert_eq!(held(&metrics(&proxy).await), Some(0));
+    primary.push(Behavior::HugeBody { bytes: 2 << 20 });
+    assert_eq!(proxy.chat("smart", false).await.status(), 200);
+    assert_eq!(held(&metrics(&proxy).await), Some(0));
+}
+
 // ---- item 9: the commit point ------------------------------------------------------
 
 #[tokio::test(start_paused = true)]

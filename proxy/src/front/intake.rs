@@ -11,12 +11,11 @@
 //! A request that passes pays two uncontended-ish atomic adds and one timer that is
 //! only registered when the body is not already there.
 
-use std::sync::atomic::Ordering;
-
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
 use super::{Front, Refusals};
+use crate::budget::Budget;
 
 /// Why a body was not taken.
 #[derive(Debug, PartialEq, Eq)]
@@ -32,38 +31,7 @@ pub enum Refused {
 }
 
 /// Budget bytes reserved by one request; given back when dropped.
-#[derive(Debug)]
-pub struct Held<'a> {
-    front: &'a Front,
-    bytes: usize,
-}
-
-impl Held<'_> {
-    /// Reserve `more`; false (nothing reserved) when it does not fit.
-    fn grow(&mut self, more: usize) -> bool {
-        if more == 0 {
-            return true;
-        }
-        let cap = self.front.limits.max_inflight_body_bytes;
-        let before = self.front.body_bytes.fetch_add(more, Ordering::Relaxed);
-        if before.saturating_add(more) > cap {
-            self.front.body_bytes.fetch_sub(more, Ordering::Relaxed);
-            return false;
-        }
-        self.bytes += more;
-        true
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        if self.bytes > 0 {
-            self.front
-                .body_bytes
-                .fetch_sub(self.bytes, Ordering::Relaxed);
-        }
-    }
-}
+pub type Held<'a> = crate::budget::Held<&'a Budget>;
 
 /// The whole body, with its budget reservation, or why it was refused (counted in
 /// [`Refusals`]).
@@ -76,7 +44,7 @@ where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let mut held = Held { front, bytes: 0 };
+    let mut held = Held::new(&front.bodies);
     let declared = body.size_hint().exact();
     if let Some(n) = declared {
         if n > max_body_bytes as u64 {
@@ -127,14 +95,14 @@ where
         if total > limit {
             return Err(Refused::TooLarge);
         }
-        if total > held.bytes && !held.grow(total - held.bytes) {
+        if !held.grow_to(total) {
             return Err(Refused::Overloaded);
         }
         match (&mut joined, first.take()) {
             (Some(j), _) => j.extend_from_slice(&data),
             (None, None) => first = Some(data),
             (None, Some(f)) => {
-                let mut j = BytesMut::with_capacity(held.bytes.max(total));
+                let mut j = BytesMut::with_capacity(held.bytes().max(total));
                 j.extend_from_slice(&f);
                 j.extend_from_slice(&data);
                 joined = Some(j);
@@ -149,6 +117,8 @@ mod tests {
     use std::time::Duration;
 
     use http_body_util::{Full, StreamBody};
+
+    use std::sync::atomic::Ordering;
 
     use super::*;
     use crate::front::ClientLimits;
