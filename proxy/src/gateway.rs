@@ -12,7 +12,7 @@ use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
 use crate::budget::Budget;
-use crate::snapshot::{Carried, PrepareError, Snapshot, prepare};
+use crate::snapshot::{Carried, ConfigGeneration, PrepareError, Snapshot, prepare};
 use crate::upstream::Clients;
 
 /// One problem with a config, located as precisely as known.
@@ -214,12 +214,14 @@ impl Gateway {
         if compiled.config.routes.is_empty() && !self.allow_empty_config {
             return Err(ApplyError::NoRoute);
         }
-        let snapshot = prepare(compiled, &self.clients, &self.carried, self.auth.required())?;
+        let mut snapshot = prepare(compiled, &self.clients, &self.carried, self.auth.required())?;
+        // Under the report's lock: the snapshot carries the generation it is reported as.
+        let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        r.generation += 1;
+        snapshot.generation = ConfigGeneration(r.generation.into());
         self.live.store(Arc::new(snapshot));
         self.ready.store(true, Ordering::Release);
         self.reloads_applied.fetch_add(1, Ordering::Relaxed);
-        let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
-        r.generation += 1;
         r.loaded_at = Some(SystemTime::now());
         r.warnings = warnings;
         r.last_error = None;

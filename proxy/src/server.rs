@@ -39,7 +39,29 @@ pub fn data_router(gw: Arc<Gateway>) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
+        .fallback(|State(gw), headers| not_served(gw, headers, StatusCode::NOT_FOUND))
+        .method_not_allowed_fallback(|State(gw), headers| {
+            not_served(gw, headers, StatusCode::METHOD_NOT_ALLOWED)
+        })
         .with_state(gw)
+}
+
+/// A path (404) or method (405) the data port does not serve, in the OpenAI shape,
+/// with the headers every answer carries.
+async fn not_served(gw: Arc<Gateway>, headers: HeaderMap, status: StatusCode) -> Response<Body> {
+    let mut r = gateway_error(
+        Wire::OpenAi,
+        status,
+        if status == StatusCode::NOT_FOUND {
+            "not_found"
+        } else {
+            "method_not_allowed"
+        },
+        "the data port serves POST /v1/chat/completions, POST /v1/embeddings, \
+         POST /v1/messages and GET /v1/models",
+    );
+    r.headers_mut().insert(X_REQUEST_ID, request_id(&headers));
+    unrouted(&gw.snapshot(), r)
 }
 
 pub fn admin_router(gw: Arc<Gateway>) -> Router {
@@ -98,17 +120,14 @@ async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Bo
     let headers = parts.headers;
     // Carried apart from the client's headers (which keep whatever the client sent):
     // the attempt pipeline forwards this one.
-    let request_id = match headers.get(X_REQUEST_ID) {
-        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => new_request_id(),
-    };
+    let request_id = request_id(&headers);
     let wire = surface.wire();
     let snapshot = gw.snapshot();
     // Before the body is read: an unauthenticated caller spends no body budget.
     let mut response = match auth::authenticate(&gw.auth, &snapshot, &headers) {
-        Err(denied) => unauthenticated(wire, denied),
+        Err(denied) => unrouted(&snapshot, unauthenticated(wire, denied)),
         Ok(tenant) => match intake::read(&gw.front, gw.max_body_bytes, body).await {
-            Err(refused) => refusal(wire, refused, gw),
+            Err(refused) => unrouted(&snapshot, refusal(wire, refused, gw)),
             // The body's budget bytes are held until the answer head is out.
             Ok((body, _held)) => {
                 route_and_run(gw, &snapshot, tenant, surface, &headers, &request_id, body).await
@@ -116,6 +135,15 @@ async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Bo
         },
     };
     response.headers_mut().insert(X_REQUEST_ID, request_id);
+    response
+}
+
+/// An answer given before a route was chosen: its `x-switchback-generation` is the
+/// config's (the load count the request saw), there being no route's to give.
+fn unrouted(snapshot: &Snapshot, mut response: Response<Body>) -> Response<Body> {
+    response
+        .headers_mut()
+        .insert(X_GENERATION, snapshot.generation.0.clone());
     response
 }
 
@@ -132,6 +160,14 @@ fn unauthenticated(wire: Wire, denied: auth::Denied) -> Response<Body> {
     h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
+}
+
+/// The client's `x-request-id` when it sent a usable one, else a new one.
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    match headers.get(X_REQUEST_ID) {
+        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
+        _ => new_request_id(),
+    }
 }
 
 /// A fresh request id: a UUID v4, formatted on the stack.
@@ -201,31 +237,40 @@ async fn route_and_run(
     let peek: Peek<'_> = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => {
-            return gateway_error(
-                wire,
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                &format!("the request body is not valid JSON: {e}"),
+            return unrouted(
+                snapshot,
+                gateway_error(
+                    wire,
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    &format!("the request body is not valid JSON: {e}"),
+                ),
             );
         }
     };
     let Some(model) = peek.model else {
-        return gateway_error(
-            wire,
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "the request has no \"model\"",
+        return unrouted(
+            snapshot,
+            gateway_error(
+                wire,
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "the request has no \"model\"",
+            ),
         );
     };
     // A route the client may not call is not in its map: it reads like a model no
     // route serves.
     let models = tenant.map_or(&snapshot.routes, |t| &t.models);
     let Some(served) = models.get(model.as_ref()) else {
-        return gateway_error(
-            wire,
-            StatusCode::NOT_FOUND,
-            "model_not_found",
-            &format!("no route serves the model {model:?}"),
+        return unrouted(
+            snapshot,
+            gateway_error(
+                wire,
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                &format!("no route serves the model {model:?}"),
+            ),
         );
     };
     let route = &served.route;
@@ -407,8 +452,14 @@ fn gateway_error(wire: Wire, status: StatusCode, code: &str, message: &str) -> R
 /// client sends `anthropic-version`.
 async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response<Body> {
     let snapshot = gw.snapshot();
+    let mut r = model_list(&gw, &snapshot, &headers);
+    r.headers_mut().insert(X_REQUEST_ID, request_id(&headers));
+    unrouted(&snapshot, r)
+}
+
+fn model_list(gw: &Gateway, snapshot: &Snapshot, headers: &HeaderMap) -> Response<Body> {
     let anthropic = headers.contains_key("anthropic-version");
-    let tenant = match auth::authenticate(&gw.auth, &snapshot, &headers) {
+    let tenant = match auth::authenticate(&gw.auth, snapshot, headers) {
         Ok(t) => t,
         Err(denied) => {
             let wire = if anthropic {

@@ -235,6 +235,20 @@ pub struct Snapshot {
     /// Every route, in config order (for `/v1/models`).
     pub route_list: Vec<Arc<RouteRt>>,
     pub credentials: HashMap<ObjectId, Arc<CredentialRt>>,
+    /// Which load this is (`configGeneration` of `/admin/v1/stats`, set when it is
+    /// applied): the `x-switchback-generation` of answers given before a route is
+    /// chosen.
+    pub generation: ConfigGeneration,
+}
+
+/// The load count of a snapshot as a header value (`0` before the first load).
+#[derive(Debug, Clone)]
+pub struct ConfigGeneration(pub HeaderValue);
+
+impl Default for ConfigGeneration {
+    fn default() -> Self {
+        Self(HeaderValue::from_static("0"))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -367,6 +381,7 @@ pub fn prepare(
         tenants,
         route_list,
         credentials,
+        generation: ConfigGeneration::default(),
     })
 }
 

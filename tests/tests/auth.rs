@@ -125,6 +125,8 @@ async fn missing_or_unknown_keys_get_401_in_each_surfaces_shape() {
     let missing_openai = proxy.chat("smart", false).await;
     assert_eq!(missing_openai.status(), 401);
     assert_eq!(header(&missing_openai, "www-authenticate"), "Bearer");
+    // No route was chosen: the generation is the config's (its first load).
+    assert_eq!(header(&missing_openai, "x-switchback-generation"), "1");
     let body = json_of(missing_openai).await;
     assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
@@ -188,6 +190,8 @@ async fn missing_or_unknown_keys_get_401_in_each_surfaces_shape() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401, "/v1/models needs a key too");
+    assert_eq!(header(&r, "x-switchback-generation"), "1");
+    assert!(r.headers().contains_key("x-request-id"));
     assert_eq!(t.a.hits() + t.b.hits(), 0, "nothing went upstream");
 }
 

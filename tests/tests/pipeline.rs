@@ -763,3 +763,78 @@ async fn data_port_served_by_threads_of_its_own_walks_targets_the_same() {
     assert_eq!(primary.hits(), 5);
     assert_eq!(backup.hits(), 8);
 }
+
+/// Real clock: the manifest watcher's reload is awaited.
+#[tokio::test]
+async fn every_answer_carries_the_generation_even_before_a_route_is_chosen() {
+    let (_primary, _backup, manifests) = two_providers(TWO_TARGETS).await;
+    // The route's own generation (7) differs from the config's load count (1).
+    let manifests = manifests.replace(
+        "name: smart, namespace: team-a }",
+        "name: smart, namespace: team-a, generation: 7 }",
+    );
+    assert!(manifests.contains("generation: 7"));
+    let proxy = TestProxy::start_configured(&manifests, |o| {
+        o.max_body_bytes = 8 << 10;
+        o.limits.max_inflight_body_bytes = 4 << 10;
+    })
+    .await;
+    let generation = |r: &reqwest::Response| {
+        r.headers()
+            .get("x-switchback-generation")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let routed = proxy.chat("smart", false).await;
+    assert_eq!(routed.status(), 200);
+    assert_eq!(generation(&routed).as_deref(), Some("7"), "the route's");
+
+    let unrouted = |config: &'static str| {
+        let proxy = &proxy;
+        async move {
+            let post = |body: Vec<u8>| {
+                proxy
+                    .http
+                    .post(proxy.url("/v1/chat/completions"))
+                    .header("content-type", "application/json")
+                    .body(body)
+            };
+            let cases = [
+                ("not JSON", post(b"{".to_vec()), 400),
+                ("no model", post(b"{}".to_vec()), 400),
+                ("unknown model", post(br#"{"model":"nope"}"#.to_vec()), 404),
+                ("over the body limit", post(vec![b' '; 9 << 10]), 413),
+                ("over the body budget", post(vec![b' '; 5 << 10]), 503),
+                ("models", proxy.http.get(proxy.url("/v1/models")), 200),
+                ("unknown path", proxy.http.post(proxy.url("/v1/nope")), 404),
+                (
+                    "wrong method",
+                    proxy.http.get(proxy.url("/v1/messages")),
+                    405,
+                ),
+            ];
+            for (what, request, status) in cases {
+                let r = request.send().await.unwrap();
+                assert_eq!(r.status(), status, "{what}");
+                assert_eq!(generation(&r).as_deref(), Some(config), "{what}");
+                assert!(r.headers().contains_key("x-request-id"), "{what}");
+            }
+        }
+    };
+    assert_eq!(proxy.admin_stats().await["configGeneration"], 1);
+    unrouted("1").await;
+
+    // The generation of the config each request saw: the next load's after a reload.
+    proxy.rewrite(&manifests.replace("gpt-backup", "gpt-backup-2"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.admin_stats().await["configGeneration"] != 2 {
+        assert!(Instant::now() < deadline, "the edit was not loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    unrouted("2").await;
+    let routed = proxy.chat("smart", false).await;
+    assert_eq!(
+        generation(&routed).as_deref(),
+        Some("7"),
+        "still the route's"
+    );
+}
