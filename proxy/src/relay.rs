@@ -27,7 +27,7 @@ use crate::circuit::Transition;
 use crate::gateway::Refusals;
 use crate::outcome::{Reason, classify_status, may_advance};
 use crate::rewrite::{JsonStr, replace_model_into};
-use crate::snapshot::{RouteRt, TargetRt, TargetState};
+use crate::snapshot::{CredentialRt, RouteRt, TargetRt, TargetState};
 use crate::sse::{self, EventTooLarge, Framer, Opening, StreamError};
 use crate::stats::{self, RouteCounters, RouteTargetCounters};
 use crate::surface::Wire;
@@ -210,6 +210,7 @@ pub(crate) async fn start_stream(
         // A committed stream that sends nothing for this long has stalled.
         idle: Duration::from_millis(t.spec.timeout_ms.unwrap_or(route.spec.timeout_ms)),
         counters: t.counters.clone(),
+        credential: Some(t.credential.clone()),
         permit: a.permit,
         ending: Some(ending),
         done: false,
@@ -438,36 +439,120 @@ const MASK: &[u8] = b"****";
 /// in a 401 must not hand it to the client. Costs one substring search when the key
 /// is absent (the usual case), and is only run on error bodies.
 pub(crate) fn mask_key(body: Bytes, key: &str) -> Bytes {
+    match masked(&body, key) {
+        Some(out) => Bytes::from(out),
+        None => body,
+    }
+}
+
+/// `body` with the key masked as [`mask_key`] does, or `None` (nothing allocated)
+/// when no spelling of the key is in it. JSON may spell any character of the key as
+/// an escape (`sk-abc\/def`, `sk\u002dabc`): when the body holds a backslash, each
+/// character may be one, and a masked run takes in whole escapes around the key, so
+/// the JSON stays valid.
+pub(crate) fn masked(body: &[u8], key: &str) -> Option<Vec<u8>> {
     let key = key.as_bytes();
     if key.len() < MIN_MASKED_KEY {
-        return body;
+        return None;
     }
     let finder = memchr::memmem::Finder::new(key);
-    let Some(first) = finder.find(&body) else {
-        return body;
+    let escaped = memchr::memchr(b'\\', body).is_some();
+    let find = |from: usize| -> Option<(usize, usize)> {
+        if escaped {
+            find_escaped(body, key, from)
+        } else {
+            let at = from + finder.find(&body[from..])?;
+            Some((at, at + key.len()))
+        }
     };
-    let shaped = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let (mut at, mut key_end) = find(0)?;
     let mut out = Vec::with_capacity(body.len());
-    let (mut copied, mut at) = (0, first);
+    let mut copied = 0;
     loop {
+        // Backslashes too: the run never starts inside an escape.
         let mut start = at;
-        while start > copied && shaped(body[start - 1]) {
+        while start > copied && (shaped(body[start - 1]) || body[start - 1] == b'\\') {
             start -= 1;
         }
-        let mut end = at + key.len();
-        while end < body.len() && shaped(body[end]) {
-            end += 1;
+        let mut end = key_end;
+        while end < body.len() {
+            if shaped(body[end]) {
+                end += 1;
+            } else if let Some((c, n)) = escape_at(body, end)
+                && shaped(c)
+            {
+                end += n;
+            } else {
+                break;
+            }
         }
         out.extend_from_slice(&body[copied..start]);
         out.extend_from_slice(MASK);
         copied = end;
-        match finder.find(&body[copied..]) {
-            Some(next) => at = copied + next,
+        match find(copied) {
+            Some((a, e)) => (at, key_end) = (a, e),
             None => break,
         }
     }
     out.extend_from_slice(&body[copied..]);
-    Bytes::from(out)
+    Some(out)
+}
+
+/// A byte of a key-shaped run.
+fn shaped(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+}
+
+/// The JSON escape at `at` (`\/`, `\n`, `\u002d`, ...): the ASCII byte it stands for
+/// and its length. `None` when there is none, or it stands for a non-ASCII character.
+fn escape_at(body: &[u8], at: usize) -> Option<(u8, usize)> {
+    if body.get(at) != Some(&b'\\') {
+        return None;
+    }
+    let c = match *body.get(at + 1)? {
+        b'u' => {
+            let hex = std::str::from_utf8(body.get(at + 2..at + 6)?).ok()?;
+            let v = u16::from_str_radix(hex, 16).ok()?;
+            return u8::try_from(v).ok().filter(u8::is_ascii).map(|b| (b, 6));
+        }
+        c @ (b'/' | b'\\' | b'"') => c,
+        b'b' => 8,
+        b'f' => 12,
+        b'n' => b'\n',
+        b'r' => b'\r',
+        b't' => b'\t',
+        _ => return None,
+    };
+    Some((c, 2))
+}
+
+/// The first spelling of `key` at or after `from`, each of its bytes as itself or as
+/// a JSON escape: its start and end.
+fn find_escaped(body: &[u8], key: &[u8], from: usize) -> Option<(usize, usize)> {
+    let mut i = from;
+    while i < body.len() {
+        i += memchr::memchr2(key[0], b'\\', &body[i..])?;
+        if let Some(end) = spelled_at(body, i, key) {
+            return Some((i, end));
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Where `key` ends if it is spelled at `at`, escapes allowed.
+fn spelled_at(body: &[u8], mut at: usize, key: &[u8]) -> Option<usize> {
+    for &k in key {
+        match *body.get(at)? {
+            b if b == k => at += 1,
+            b'\\' => match escape_at(body, at)? {
+                (c, n) if c == k => at += n,
+                _ => return None,
+            },
+            _ => return None,
+        }
+    }
+    Some(at)
 }
 
 /// Does the answer come in a content coding (gzip, br, ...)? The proxy asks for
@@ -622,6 +707,8 @@ pub(crate) struct Committed<U = Upstream> {
     pub translator: Option<StreamTranslator>,
     pub idle: Duration,
     pub counters: Arc<RouteTargetCounters>,
+    /// Whose key to mask in an in-band error relayed after commit.
+    pub credential: Option<Arc<CredentialRt>>,
     /// The concurrency slot, held until the stream ends.
     pub permit: Option<OwnedSemaphorePermit>,
     pub ending: Option<Ending>,
@@ -638,10 +725,19 @@ impl<U> Committed<U> {
             self.counters.add_usage(u);
         }
         // Cheap test first: most events never mention an error.
-        if memchr::memmem::find(ev, b"error").is_some()
-            && let Some(e) = sse::error_event(ev)
-        {
-            self.fail(classify_status(e.status, &e.body), Some(e.status));
+        let without_key;
+        let mut ev = ev;
+        if memchr::memmem::find(ev, b"error").is_some() {
+            if let Some(e) = sse::error_event(ev) {
+                self.fail(classify_status(e.status, &e.body), Some(e.status));
+            }
+            // Relayed like an error body: without the key, should it echo it.
+            if let Some(key) = self.credential.as_ref().and_then(|c| c.key.as_ref())
+                && let Some(m) = masked(ev, key.expose())
+            {
+                without_key = m;
+                ev = &without_key;
+            }
         }
         match &mut self.translator {
             None => replace_model_into(ev, &self.model, out),
@@ -912,6 +1008,7 @@ mod tests {
             translator: None,
             idle: Duration::from_secs(60),
             counters: Arc::default(),
+            credential: None,
             permit: None,
             ending,
             done: false,
@@ -1204,6 +1301,39 @@ mod tests {
         let out = mask_key(body.clone(), KEY);
         assert_eq!(out.as_ptr(), body.as_ptr());
         assert_eq!(mask_key(Bytes::from_static(b"abc"), "abc"), "abc");
+    }
+
+    #[test]
+    fn a_key_spelled_with_json_escapes_is_masked_and_the_json_stays_valid() {
+        const KEY: &str = "sk-abc/def_0123456789";
+        let mask = |body: &str| String::from_utf8(masked(body.as_bytes(), KEY).unwrap()).unwrap();
+        for spelled in [
+            r"sk-abc\/def_0123456789",
+            r"sk\u002dabc\/def_0123456789",
+            r"sk\u002Dabc\u002fdef_0123456789",
+            r"\u0073\u006b-abc/def_0123456789",
+            r"sk-abc\/def_012345678\u0039",
+        ] {
+            let body =
+                format!(r#"{{"error":{{"message":"bad key {spelled}\n(x)","key":"{spelled}"}}}}"#);
+            let out = mask(&body);
+            assert_eq!(
+                out, r#"{"error":{"message":"bad key ****\n(x)","key":"****"}}"#,
+                "{spelled}"
+            );
+            let v: serde_json::Value = serde_json::from_str(&out).expect("still JSON");
+            assert!(!v.to_string().contains("0123456789"), "{spelled}");
+        }
+        // Escapes around the key go with it, never half of one.
+        assert_eq!(
+            mask(r#""\u0041sk-abc\/def_0123456789\u0042!""#),
+            r#""****!""#
+        );
+        assert_eq!(mask(r#""\"sk-abc/def_0123456789\"""#), r#""\"****\"""#);
+        // A backslash elsewhere, or a near miss: nothing to mask, nothing allocated.
+        assert!(masked(br#"{"a":"x\/y","b":"sk-abc\/def_012345678"}"#, KEY).is_none());
+        assert!(masked(br#""sk-abc\u00"#, KEY).is_none());
+        assert!(masked(b"sk-abc/def_012345678", KEY).is_none());
     }
 
     #[test]

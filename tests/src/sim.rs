@@ -164,6 +164,10 @@ pub enum Behavior {
     /// (without `[DONE]`), then this SSE event verbatim (an in-band error of one's
     /// choosing, e.g. [`anthropic_sse`]`("error", &`[`anthropic_error`]`(..))`).
     OpeningThen(String),
+    /// 200 stream: the answer's first `chunks` events (content among them, so a
+    /// proxy commits), then this SSE event verbatim (an in-band error after commit),
+    /// then the end.
+    StreamThen { chunks: usize, event: String },
     /// 200 `application/json` whose body the client cannot use.
     Unusable(Unusable),
     /// 200 `application/json`: a well-formed answer of at least `bytes` bytes (its
@@ -816,6 +820,12 @@ async fn respond(
         }
         Behavior::OpeningThen(event) => {
             let mut events = opening_events(ctx);
+            events.push(event);
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::StreamThen { chunks, event } => {
+            let mut events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));
+            events.truncate(chunks);
             events.push(event);
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
         }

@@ -485,6 +485,37 @@ async fn an_in_band_error_after_events_without_content_fails_over() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_in_band_error_after_commit_is_relayed_without_the_key_in_any_spelling() {
+    // The key as is and JSON-escaped (`\u002d` for `-`), as a provider may echo it.
+    let message = r"invalid key sk-primary (sk\u002dprimary)";
+    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        let (primary, backup, proxy) = setup(flavor).await;
+        let event = match flavor {
+            Flavor::OpenAi => format!(
+                "data: {{\"error\":{{\"message\":\"{message}\",\"type\":\"invalid_request_error\",\"code\":\"invalid_api_key\"}}}}\n\n"
+            ),
+            Flavor::Anthropic => format!(
+                "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"authentication_error\",\"message\":\"{message}\"}}}}\n\n"
+            ),
+        };
+        primary.push(Behavior::StreamThen { chunks: 5, event });
+        let r = ask(&proxy, flavor, true).await;
+        assert_eq!(r.status(), 200, "{flavor:?}: committed");
+        assert_eq!(header(&r, "x-switchback-target"), "team-a/primary");
+        let text = r.text().await.unwrap();
+        assert!(
+            text.contains("invalid key **** (****)"),
+            "{flavor:?}: {text}"
+        );
+        assert!(
+            !text.contains("sk-primary") && !text.contains(r"sk\u002dprimary"),
+            "{flavor:?}: {text}"
+        );
+        assert_eq!(backup.hits(), 0, "{flavor:?}: no fallback after commit");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn in_band_errors_before_commit_are_classified_like_statuses() {
     let too_long = anthropic_sse(
         "error",
