@@ -58,6 +58,8 @@ pub const FINALIZER: &str = "switchback.dev/credential-in-use";
 const RESYNC: Duration = Duration::from_secs(300);
 /// Quiet time collecting changes before one delivery.
 const DEBOUNCE: Duration = Duration::from_millis(50);
+/// The longest quiet time a slow delivery sets for the next one.
+const MAX_QUIET: Duration = Duration::from_secs(1);
 /// Namespaces whose rendered objects are written at once.
 const DELIVERY_WRITERS: usize = 8;
 /// Longest a status write waits for a route's delivery and its loading by the
@@ -789,14 +791,13 @@ pub async fn reconcile_credential(
         return Ok(requeue);
     }
     // The count of routes using it moves with every route applied: on its own it
-    // waits for the per-object interval, as traffic facts do, except when the
-    // credential goes from unused to used or back.
-    let used = |routes: Option<i32>| routes.unwrap_or(0) > 0;
+    // waits for the per-object interval, as traffic facts do, from 0 to some too: a
+    // bulk apply creates the credentials first and their routes just after, and each
+    // write spent on a count is one a route waits for.
     let urgent = deleting
         || credential.status.as_ref().is_none_or(|s| {
             s.conditions != desired.conditions
                 || s.observed_generation != desired.observed_generation
-                || used(s.routes) != used(desired.routes)
         });
     // Routes show what a credential's status says (ResolvedRefs), and nothing waits on
     // a credential's conditions: its writes take what route writes leave over.
@@ -984,9 +985,19 @@ async fn delivery_loop(ctx: Arc<Context>, poke: Arc<Notify>, health: Arc<Health>
         .store(true, std::sync::atomic::Ordering::Release);
     tracing::info!("caches synced; delivering");
     let mut backoff = Duration::from_secs(1);
+    // When the last delivery may start the next one: as long after it ended as it
+    // took. While changes keep coming (a bulk apply), delivery, which renders the
+    // whole cluster, then gets at most half the time, and the API server and the
+    // status writes the rest; a change after a quiet spell waits only DEBOUNCE.
+    let mut next_after = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(DEBOUNCE).await;
-        match deliver(&ctx).await {
+        let quiet = next_after.saturating_duration_since(tokio::time::Instant::now());
+        tokio::time::sleep(DEBOUNCE.max(quiet)).await;
+        let started = tokio::time::Instant::now();
+        let result = deliver(&ctx).await;
+        let ended = tokio::time::Instant::now();
+        next_after = ended + (ended - started).min(MAX_QUIET);
+        match result {
             Ok(()) => backoff = Duration::from_secs(1),
             Err(error) => {
                 ctx.failed("delivery", &error);
@@ -1005,6 +1016,81 @@ async fn delivery_loop(ctx: Arc<Context>, poke: Arc<Notify>, health: Arc<Health>
 
 fn poke_on<T>(poke: Arc<Notify>) -> impl FnMut(&T) + Send + 'static {
     move |_| poke.notify_one()
+}
+
+/// What of an LLMRoute or ProviderCredential a rendering reads beyond its spec (which
+/// moves its generation): identity and age. Status and managed fields are left out.
+fn rendered_part(meta: &kube::api::ObjectMeta) -> u64 {
+    let mut h = DefaultHasher::new();
+    meta.uid.hash(&mut h);
+    meta.generation.hash(&mut h);
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    h.finish()
+}
+
+/// Pokes delivery on an LLMRoute or ProviderCredential event only when it can change
+/// what is rendered: not on a status write. The operator writes about one status per
+/// route, and each write comes back through the watch; poking on those would re-render
+/// the whole cluster for every one of them during a bulk apply.
+#[derive(Default)]
+struct RenderedParts {
+    seen: HashMap<(Option<String>, String), u64>,
+    /// Filled during a relist; replaces `seen` when it completes, so objects deleted
+    /// while the watch was down are forgotten.
+    relist: Option<HashMap<(Option<String>, String), u64>>,
+}
+
+impl RenderedParts {
+    /// Whether this event can change the rendering.
+    fn changes<K: Resource>(&mut self, event: &watcher::Event<K>) -> bool {
+        let key = |obj: &K| (obj.meta().namespace.clone(), obj.name_any());
+        match event {
+            watcher::Event::Apply(obj) => {
+                self.seen.insert(key(obj), rendered_part(obj.meta()))
+                    != Some(rendered_part(obj.meta()))
+            }
+            watcher::Event::Delete(obj) => {
+                self.seen.remove(&key(obj));
+                true
+            }
+            watcher::Event::Init => {
+                self.relist = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(obj) => {
+                let part = rendered_part(obj.meta());
+                let id = key(obj);
+                let changed = self.seen.get(&id) != Some(&part);
+                self.relist
+                    .get_or_insert_with(HashMap::new)
+                    .insert(id, part);
+                changed
+            }
+            watcher::Event::InitDone => {
+                if let Some(fresh) = self.relist.take() {
+                    self.seen = fresh;
+                }
+                true
+            }
+        }
+    }
+}
+
+fn poke_on_rendered_change<K: Resource>(
+    poke: Arc<Notify>,
+) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
+    let mut parts = RenderedParts::default();
+    move |event| {
+        if let Ok(event) = event
+            && parts.changes(event)
+        {
+            poke.notify_one();
+        }
+    }
 }
 
 fn receiver_stream<T: Send + 'static>(
@@ -1034,7 +1120,7 @@ pub async fn run(
         reflector::reflector(w, watcher(Api::<LLMRoute>::all(client.clone()), wc.clone()))
             .default_backoff()
             .inspect(synced.on_init_done(Cache::Routes))
-            .inspect(poke_on(poke.clone()))
+            .inspect(poke_on_rendered_change(poke.clone()))
             .applied_objects();
     let (credentials, w) = reflector::store();
     let credential_events = reflector::reflector(
@@ -1043,7 +1129,7 @@ pub async fn run(
     )
     .default_backoff()
     .inspect(synced.on_init_done(Cache::Credentials))
-    .inspect(poke_on(poke.clone()))
+    .inspect(poke_on_rendered_change(poke.clone()))
     .applied_objects();
     let (secrets, w) = reflector::store::<PartialObjectMeta<KubeSecret>>();
     let secret_events = {

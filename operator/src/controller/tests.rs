@@ -554,3 +554,50 @@ async fn a_conflict_is_retried_at_once_and_counted() {
         .get();
     assert_eq!(counted, 1);
 }
+
+#[test]
+fn only_what_a_rendering_reads_pokes_delivery() {
+    use watcher::Event as E;
+    let mut parts = RenderedParts::default();
+    let r = route("team-a", "smart", 1, &["openai"]);
+    assert!(parts.changes(&E::Apply(r.clone())), "a new route");
+    // The operator's own status write comes back through the watch: no re-render.
+    let mut written = r.clone();
+    written.status = Some(Default::default());
+    written.metadata.resource_version = Some("2".into());
+    assert!(!parts.changes(&E::Apply(written.clone())), "a status write");
+    let mut edited = written.clone();
+    edited.metadata.generation = Some(2);
+    assert!(parts.changes(&E::Apply(edited.clone())), "a spec edit");
+    let mut deleting = edited.clone();
+    deleting.metadata.deletion_timestamp = Some(crate::fixtures::time(5));
+    assert!(parts.changes(&E::Apply(deleting.clone())), "deletion began");
+    assert!(parts.changes(&E::Delete(deleting)), "deleted");
+    // Recreated with the same generation: a new object.
+    let mut recreated = r.clone();
+    recreated.metadata.uid = Some("another".into());
+    assert!(parts.changes(&E::Apply(recreated.clone())), "recreated");
+
+    // A relist: unchanged objects do not poke, a changed one does, and the end of the
+    // relist always does (objects deleted meanwhile are only seen missing there).
+    let other = route("team-a", "other", 1, &["openai"]);
+    assert!(parts.changes(&E::Apply(other.clone())));
+    assert!(!parts.changes(&E::<LLMRoute>::Init));
+    assert!(
+        !parts.changes(&E::InitApply(recreated.clone())),
+        "unchanged"
+    );
+    assert!(parts.changes(&E::<LLMRoute>::InitDone));
+    // `other` was not in the relist: forgotten, so seeing it again is news.
+    assert!(
+        parts.changes(&E::Apply(other)),
+        "deleted while the watch was down"
+    );
+    let mut moved = recreated;
+    moved.metadata.generation = Some(3);
+    assert!(!parts.changes(&E::<LLMRoute>::Init));
+    assert!(
+        parts.changes(&E::InitApply(moved)),
+        "changed while the watch was down"
+    );
+}
