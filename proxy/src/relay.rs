@@ -696,6 +696,11 @@ impl Drop for Ending {
     }
 }
 
+/// Looked for in every event of a committed stream: built once, not per event
+/// (`memmem::find` builds its searcher on each call, ~550 instructions).
+static ERROR_WORD: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"error"));
+
 /// A committed stream: what the body needs to forward the rest. Generic over the
 /// upstream body only so that tests can drive it with a scripted one.
 pub(crate) struct Committed<U = Upstream> {
@@ -727,7 +732,7 @@ impl<U> Committed<U> {
         // Cheap test first: most events never mention an error.
         let without_key;
         let mut ev = ev;
-        if memchr::memmem::find(ev, b"error").is_some() {
+        if ERROR_WORD.find(ev).is_some() {
             if let Some(e) = sse::error_event(ev) {
                 self.fail(classify_status(e.status, &e.body), Some(e.status));
             }
