@@ -101,6 +101,15 @@ pub fn split(compiled: &Compiled) -> BTreeMap<String, NamespaceConfig> {
             .routes
             .push(route.clone());
     }
+    // A client travels with its own namespace, which may have no route of its own (its
+    // routes are shared by other namespaces): such a namespace gets a config too.
+    for client in &compiled.config.clients {
+        out.entry(client.id.namespace.clone())
+            .or_default()
+            .config
+            .clients
+            .push(client.clone());
+    }
     for (namespace, part) in &mut out {
         let used: std::collections::BTreeSet<&ObjectId> = part
             .config
@@ -137,12 +146,17 @@ pub fn merge<'a>(parts: impl IntoIterator<Item = &'a NamespaceConfig>) -> Compil
             .config
             .credentials
             .extend(part.config.credentials.iter().cloned());
+        compiled
+            .config
+            .clients
+            .extend(part.config.clients.iter().cloned());
         for (id, key) in &part.keys.0 {
             compiled.keys.0.insert(id.clone(), key.clone());
         }
     }
     compiled.config.routes.sort_by(|a, b| a.id.cmp(&b.id));
     compiled.config.credentials.sort_by(|a, b| a.id.cmp(&b.id));
+    compiled.config.clients.sort_by(|a, b| a.id.cmp(&b.id));
     compiled
 }
 
@@ -412,6 +426,37 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
         });
         assert!(out.diagnostics.is_empty(), "{:?}", out.diagnostics);
         out
+    }
+
+    #[test]
+    fn clients_travel_with_their_namespace_and_merge_back() {
+        let mut compiled = compiled();
+        let client = |ns: &str, name: &str| crate::config::Client {
+            id: ObjectId::new(ns, name),
+            generation: 1,
+            key_hash: None,
+            key_secret_ref: crate::config::SecretKeyRef {
+                name: "app-llm".into(),
+                key: "apiKey".into(),
+            },
+            routes: Vec::new(),
+            limits: Default::default(),
+            budget: Default::default(),
+        };
+        // team-c has no route of its own: its client calls shared ones.
+        compiled.config.clients = vec![client("team-a", "app"), client("team-c", "app")];
+        let parts = split(&compiled);
+        assert_eq!(parts["team-a"].config.clients, [client("team-a", "app")]);
+        assert_eq!(parts["team-b"].config.clients, []);
+        assert_eq!(parts["team-c"].config.clients, [client("team-c", "app")]);
+        assert!(parts["team-c"].config.routes.is_empty());
+        for (ns, part) in &parts {
+            encode_config(ns, &part.config).expect("each part passes the namespace check");
+        }
+        assert_eq!(
+            merge(parts.values()).config.clients,
+            compiled.config.clients
+        );
     }
 
     #[test]

@@ -50,6 +50,17 @@ impl KeyHasher {
     }
 }
 
+impl KeyHasher {
+    /// The secret of a `--client-key-hmac-file` (the proxy's and the operator's: both
+    /// must hash alike): the file's bytes, surrounding ASCII whitespace (a trailing
+    /// newline) trimmed, at least [`MIN_SECRET_LEN`] of them. The error names the file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Self::new(bytes.trim_ascii()).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
 impl fmt::Debug for KeyHasher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("KeyHasher(*****)")

@@ -97,6 +97,25 @@ pub struct RunArgs {
     )]
     pub status_writes_per_second: f64,
 
+    /// Whether the proxies authenticate clients: set it as the proxies' own `--auth`.
+    /// `required`: LLMClients are rendered with keyed hashes of their keys (never the
+    /// keys), and model names resolve per client (two namespaces may each serve one).
+    /// `off`: model names are global, and LLMClients are checked but carry no key hash,
+    /// so no key authenticates against that config.
+    #[arg(long, env = "SWITCHBACK_AUTH", value_enum, default_value_t = AuthMode::Off)]
+    pub auth: AuthMode,
+
+    /// The per-cluster secret client keys are hashed with (HMAC-SHA256, at least 32
+    /// bytes, surrounding whitespace trimmed): the same file the proxies read. Required
+    /// with `--auth required`.
+    #[arg(
+        long,
+        env = "SWITCHBACK_CLIENT_KEY_HMAC_FILE",
+        value_name = "PATH",
+        required_if_eq("auth", "required")
+    )]
+    pub client_key_hmac_file: Option<PathBuf>,
+
     /// Length of the rolling window reported in `status.window`.
     #[arg(long, env = "SWITCHBACK_STATS_WINDOW", value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub stats_window: Duration,
@@ -128,6 +147,13 @@ pub struct RunArgs {
     /// sets the filter (`info`, `debug`, ...).
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// `--auth`, as the proxies' flag of that name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AuthMode {
+    Required,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

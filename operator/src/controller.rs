@@ -36,7 +36,7 @@ use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::{CompiledConfig, ObjectId};
 use switchback_crds::delivery::{self, DeliveryError, NamespaceConfig};
 use switchback_crds::route::TotalStats;
-use switchback_crds::{LLMRoute, ProviderCredential};
+use switchback_crds::{LLMClient, LLMRoute, ProviderCredential};
 use tokio::sync::{Notify, mpsc};
 
 use crate::aggregate::{Aggregator, Snapshot};
@@ -101,6 +101,11 @@ pub struct Settings {
     pub gateway_namespace: String,
     pub status_interval: Duration,
     pub status_writes_per_second: f64,
+    /// `--auth required`: model names resolve per client (SPEC §9 Tenancy).
+    pub models_per_client: bool,
+    /// With `--auth required`, what client keys are hashed with; without, rendered
+    /// clients carry no hash and nobody authenticates with them.
+    pub client_key_hasher: Option<Arc<switchback_crds::keyhash::KeyHasher>>,
 }
 
 /// The informer caches every reconciler reads.
@@ -108,6 +113,7 @@ pub struct Settings {
 pub struct Stores {
     pub routes: Store<LLMRoute>,
     pub credentials: Store<ProviderCredential>,
+    pub clients: Store<LLMClient>,
     /// Metadata only: Secret data is fetched for referenced Secrets alone.
     pub secrets: Store<PartialObjectMeta<KubeSecret>>,
     pub rendered_maps: Store<ConfigMap>,
@@ -352,15 +358,21 @@ impl Context {
         family.get_or_create(&KindLabels { kind }).inc();
     }
 
-    /// Full copies of the Secrets the credentials reference, fetched when their
-    /// resourceVersion changed; absent Secrets are left out.
+    /// Full copies of the Secrets the credentials and clients reference, fetched when
+    /// their resourceVersion changed; absent Secrets are left out.
     async fn referenced_secrets(
         &self,
         credentials: &[ProviderCredential],
+        clients: &[LLMClient],
     ) -> Result<Vec<KubeSecret>, Error> {
         let wanted: BTreeSet<ObjectId> = credentials
             .iter()
             .map(|c| ObjectId::new(object_id(c).namespace, &c.spec.secret_ref.name))
+            .chain(
+                clients
+                    .iter()
+                    .map(|c| ObjectId::new(object_id(c).namespace, &c.spec.key_secret_ref.name)),
+            )
             .collect();
         let mut fetch = Vec::new();
         {
@@ -415,7 +427,14 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         .iter()
         .map(|c| (**c).clone())
         .collect();
-    let secrets = ctx.referenced_secrets(&credentials).await?;
+    let clients: Vec<LLMClient> = ctx
+        .stores
+        .clients
+        .state()
+        .iter()
+        .map(|c| (**c).clone())
+        .collect();
+    let secrets = ctx.referenced_secrets(&credentials, &clients).await?;
     let rendered_maps = ctx.stores.rendered_maps.state();
     let previous: BTreeMap<String, CompiledConfig> = rendered_maps
         .iter()
@@ -425,10 +444,10 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         &Inputs {
             routes: &routes,
             credentials: &credentials,
+            clients: &clients,
             secrets: &secrets,
-            // LLMClients are not watched yet (issue 12 builds the resource first):
-            // rendered configs carry no clients.
-            ..Default::default()
+            client_key_hasher: ctx.settings.client_key_hasher.as_deref(),
+            models_per_client: ctx.settings.models_per_client,
         },
         &previous,
     );
@@ -1131,10 +1150,19 @@ pub async fn run(
     .inspect(synced.on_init_done(Cache::Credentials))
     .inspect(poke_on_rendered_change(poke.clone()))
     .applied_objects();
+    let (clients, w) = reflector::store();
+    let client_events = reflector::reflector(
+        w,
+        watcher(Api::<LLMClient>::all(client.clone()), wc.clone()),
+    )
+    .default_backoff()
+    .inspect(synced.on_init_done(Cache::Clients))
+    .inspect(poke_on_rendered_change(poke.clone()));
     let (secrets, w) = reflector::store::<PartialObjectMeta<KubeSecret>>();
     let secret_events = {
         let poke = poke.clone();
         let credentials = credentials.clone();
+        let clients = clients.clone();
         reflector::reflector(
             w,
             watcher(
@@ -1153,6 +1181,10 @@ pub async fn run(
                         .state()
                         .iter()
                         .any(|c| c.namespace() == ns && c.spec.secret_ref.name == name)
+                        || clients
+                            .state()
+                            .iter()
+                            .any(|c| c.namespace() == ns && c.spec.key_secret_ref.name == name)
                 }
                 Ok(watcher::Event::InitDone) => true,
                 _ => false,
@@ -1187,6 +1219,7 @@ pub async fn run(
     let stores = Stores {
         routes: routes.clone(),
         credentials: credentials.clone(),
+        clients,
         secrets,
         rendered_maps,
         rendered_secrets,
@@ -1205,6 +1238,7 @@ pub async fn run(
     ));
 
     let background = vec![
+        tokio::spawn(client_events.for_each(|_| async {})),
         tokio::spawn(secret_events.for_each(|_| async {})),
         tokio::spawn(map_events.for_each(|_| async {})),
         tokio::spawn(key_events.for_each(|_| async {})),

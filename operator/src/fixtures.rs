@@ -101,6 +101,7 @@ pub fn secret(ns: &str, name: &str, data: &[(&str, &str)]) -> KubeSecret {
 pub struct Caches {
     pub routes: Writer<LLMRoute>,
     pub credentials: Writer<ProviderCredential>,
+    pub clients: Writer<switchback_crds::LLMClient>,
     pub secrets: Writer<kube::api::PartialObjectMeta<KubeSecret>>,
     pub rendered_maps: Writer<k8s_openapi::api::core::v1::ConfigMap>,
     pub rendered_secrets: Writer<KubeSecret>,
@@ -109,6 +110,9 @@ pub struct Caches {
 impl Caches {
     pub fn add_route(&mut self, r: LLMRoute) {
         self.routes.apply_watcher_event(&watcher::Event::Apply(r));
+    }
+    pub fn add_client(&mut self, c: switchback_crds::LLMClient) {
+        self.clients.apply_watcher_event(&watcher::Event::Apply(c));
     }
     pub fn add_credential(&mut self, c: ProviderCredential) {
         self.credentials
@@ -152,6 +156,7 @@ impl Context {
         let client = Client::new(service, "default");
         let (routes, routes_w) = reflector::store();
         let (credentials, credentials_w) = reflector::store();
+        let (clients, clients_w) = reflector::store();
         let (secrets, secrets_w) = reflector::store();
         let (rendered_maps, maps_w) = reflector::store();
         let (rendered_secrets, rsecrets_w) = reflector::store();
@@ -170,10 +175,13 @@ impl Context {
                 gateway_namespace: GATEWAY.into(),
                 status_interval: std::time::Duration::from_secs(10),
                 status_writes_per_second: 100.0,
+                models_per_client: false,
+                client_key_hasher: None,
             },
             Stores {
                 routes,
                 credentials,
+                clients,
                 secrets,
                 rendered_maps,
                 rendered_secrets,
@@ -192,6 +200,7 @@ impl Context {
             caches: Caches {
                 routes: routes_w,
                 credentials: credentials_w,
+                clients: clients_w,
                 secrets: secrets_w,
                 rendered_maps: maps_w,
                 rendered_secrets: rsecrets_w,

@@ -10,7 +10,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
 use prometheus_client::registry::Registry;
-use switchback_operator::cli::{Cli, Command, LogFormat, RunArgs};
+use switchback_crds::keyhash::KeyHasher;
+use switchback_operator::cli::{AuthMode, Cli, Command, LogFormat, RunArgs};
 use switchback_operator::controller::{self, ScrapeOptions, Settings};
 use switchback_operator::leader::Elector;
 use switchback_operator::metrics::{Health, Metrics};
@@ -137,10 +138,22 @@ async fn run(args: RunArgs) -> ExitCode {
             instance: Some(identity.clone()),
         },
     );
+    let client_key_hasher = match (&args.client_key_hmac_file, args.auth) {
+        (Some(path), AuthMode::Required) => match KeyHasher::from_file(path) {
+            Ok(h) => Some(Arc::new(h)),
+            Err(e) => {
+                eprintln!("error: --client-key-hmac-file: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let settings = Settings {
         gateway_namespace,
         status_interval: args.status_interval,
         status_writes_per_second: args.status_writes_per_second,
+        models_per_client: args.auth == AuthMode::Required,
+        client_key_hasher,
     };
     let scrape = ScrapeOptions {
         replicas,

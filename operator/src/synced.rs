@@ -20,13 +20,14 @@ use tokio::sync::watch;
 pub enum Cache {
     Routes,
     Credentials,
+    Clients,
     Secrets,
     RenderedMaps,
     RenderedSecrets,
 }
 
 impl Cache {
-    const ALL: u8 = 0b1_1111;
+    const ALL: u8 = 0b11_1111;
 
     fn bit(self) -> u8 {
         1 << self as u8
@@ -90,9 +91,10 @@ mod tests {
 
     use super::*;
 
-    const CACHES: [Cache; 5] = [
+    const CACHES: [Cache; 6] = [
         Cache::Routes,
         Cache::Credentials,
+        Cache::Clients,
         Cache::Secrets,
         Cache::RenderedMaps,
         Cache::RenderedSecrets,
@@ -189,7 +191,7 @@ mod tests {
     #[test]
     fn synced_needs_every_cache() {
         let synced = Synced::default();
-        for cache in &CACHES[..4] {
+        for cache in &CACHES[..5] {
             synced.listed(*cache);
             assert!(!synced.is_synced(), "{cache:?}");
         }

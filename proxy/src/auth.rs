@@ -115,11 +115,10 @@ pub fn authenticate<'s>(
     Ok(Some(tenant))
 }
 
-/// Read the HMAC secret of `--client-key-hmac-file`: the file's bytes, surrounding
-/// ASCII whitespace (a trailing newline) trimmed, at least [`MIN_SECRET_LEN`] of them.
+/// Read the HMAC secret of `--client-key-hmac-file` (see [`KeyHasher::from_file`]: the
+/// operator reads its copy the same way).
 pub fn read_hmac_file(path: &Path) -> Result<KeyHasher, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    KeyHasher::new(bytes.trim_ascii()).map_err(|e| format!("{}: {e}", path.display()))
+    KeyHasher::from_file(path)
 }
 
 /// A random secret, for a standalone proxy that both hashes its manifests' keys and

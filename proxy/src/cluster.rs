@@ -73,11 +73,17 @@ fn problem(object: String, message: String) -> Problem {
 
 /// Pure: the config to serve from the rendered objects, updating `last` with what
 /// read well. Source namespaces whose ConfigMap is gone are dropped.
+///
+/// `models_per_client` (`--auth required`): a model name is unique within a source
+/// namespace only, since each client resolves names among the routes it may call
+/// (SPEC §9 Tenancy; `prepare` refuses a client that could reach two). Otherwise it is
+/// unique across all of them.
 pub fn merge(
     gateway_namespace: &str,
     maps: &[Arc<ConfigMap>],
     secrets: &[Arc<KubeSecret>],
     last: &mut LastGood,
+    models_per_client: bool,
 ) -> Merged {
     let mut problems = Vec::new();
     let mut present = BTreeSet::new();
@@ -116,10 +122,14 @@ pub fn merge(
     }
     last.keys.retain(|ns, _| keyed.contains(ns));
 
-    // One model, one route: the operator guarantees it; a hand edit might not.
+    // One model, one route (per namespace, with models per client): the operator
+    // guarantees it; a hand edit might not.
     let mut claimed: BTreeMap<String, String> = BTreeMap::new();
     let mut parts = Vec::new();
     for (ns, config) in &last.configs {
+        if models_per_client {
+            claimed.clear();
+        }
         let mut config = config.clone();
         config.routes.retain(|r| {
             let taken = r
@@ -245,7 +255,13 @@ async fn apply_loop(
     let mut last = LastGood::default();
     let mut applied: Option<Compiled> = None;
     loop {
-        let merged = merge(&namespace, &maps.state(), &secrets.state(), &mut last);
+        let merged = merge(
+            &namespace,
+            &maps.state(),
+            &secrets.state(),
+            &mut last,
+            gw.auth.mode == crate::auth::AuthMode::Required,
+        );
         let same = applied
             .as_ref()
             .is_some_and(|a| a.config == merged.compiled.config && a.keys == merged.compiled.keys);
@@ -368,6 +384,7 @@ mod tests {
             ],
             &[secret("team-a", &keys("team-a", "sk-a"))],
             &mut last,
+            false,
         );
         assert!(m.problems.is_empty(), "{:?}", m.problems);
         assert_eq!(m.compiled.config.routes.len(), 2);
@@ -381,7 +398,7 @@ mod tests {
     fn a_broken_object_keeps_its_namespace_last_good_config() {
         let mut last = LastGood::default();
         let good = map("team-a", &config("team-a", "smart", "smart"));
-        merge(GW, std::slice::from_ref(&good), &[], &mut last);
+        merge(GW, std::slice::from_ref(&good), &[], &mut last, false);
         let mut broken = (*good).clone();
         broken
             .data
@@ -396,6 +413,7 @@ mod tests {
             ],
             &[],
             &mut last,
+            false,
         );
         assert_eq!(m.problems.len(), 1);
         assert_eq!(
@@ -416,6 +434,7 @@ mod tests {
             &[map("team-b", &config("team-b", "fast", "fast"))],
             &[],
             &mut last,
+            false,
         );
         assert_eq!(m.compiled.config.routes.len(), 1);
         assert!(m.problems.is_empty());
@@ -432,8 +451,41 @@ mod tests {
             ],
             &[],
             &mut last,
+            false,
         );
         assert_eq!(m.compiled.config.routes.len(), 1);
+        assert_eq!(m.problems.len(), 1);
+        assert!(m.problems[0].message.contains("already served by team-a/x"));
+    }
+
+    #[test]
+    fn with_models_per_client_each_namespace_may_serve_a_name_once() {
+        let mut last = LastGood::default();
+        let mut a = config("team-a", "x", "same");
+        let twice = a.routes[0].clone();
+        a.routes.push(Route {
+            id: ObjectId::new("team-a", "x2"),
+            ..twice
+        });
+        let m = merge(
+            GW,
+            &[
+                map("team-a", &a),
+                map("team-b", &config("team-b", "y", "same")),
+            ],
+            &[],
+            &mut last,
+            true,
+        );
+        // team-b's `same` is for team-b's clients; team-a's second one is refused.
+        let served: Vec<String> = m
+            .compiled
+            .config
+            .routes
+            .iter()
+            .map(|r| r.id.to_string())
+            .collect();
+        assert_eq!(served, ["team-a/x", "team-b/y"]);
         assert_eq!(m.problems.len(), 1);
         assert!(m.problems[0].message.contains("already served by team-a/x"));
     }
@@ -626,7 +678,7 @@ mod tests {
             ..ConfigMap::default()
         };
         let mut last = LastGood::default();
-        let m = merge(GW, &[Arc::new(cm)], &[], &mut last);
+        let m = merge(GW, &[Arc::new(cm)], &[], &mut last, false);
         assert_eq!(m.problems.len(), 1);
     }
 }

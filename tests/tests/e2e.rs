@@ -278,6 +278,8 @@ impl Proxy {
 struct Stack {
     bin: PathBuf,
     gateway: String,
+    /// Extra arguments of every proxy replica (kept for restarts).
+    proxy_args: Vec<String>,
     proxies: Vec<Proxy>,
     operator_admin: u16,
     operator: Process,
@@ -302,8 +304,20 @@ impl Stack {
         replicas: usize,
         extra_operator_args: &[&str],
     ) -> Stack {
+        Self::start_with(bin, gateway, replicas, extra_operator_args, &[])
+    }
+
+    /// As [`Stack::start_in`], with extra arguments for every proxy replica.
+    fn start_with(
+        bin: PathBuf,
+        gateway: &str,
+        replicas: usize,
+        extra_operator_args: &[&str],
+        extra_proxy_args: &[&str],
+    ) -> Stack {
+        let proxy_args: Vec<String> = extra_proxy_args.iter().map(|s| s.to_string()).collect();
         let proxies: Vec<Proxy> = (0..replicas)
-            .map(|i| Self::proxy(&bin, gateway, i, free_port(), free_port()))
+            .map(|i| Self::proxy(&bin, gateway, &proxy_args, i, free_port(), free_port()))
             .collect();
         let operator_admin = free_port();
         let mut args: Vec<String> = vec![
@@ -336,6 +350,7 @@ impl Stack {
         Stack {
             bin,
             gateway: gateway.to_string(),
+            proxy_args,
             proxies,
             operator_admin,
             operator,
@@ -344,22 +359,31 @@ impl Stack {
         }
     }
 
-    fn proxy(bin: &Path, gateway: &str, index: usize, data: u16, admin: u16) -> Proxy {
+    fn proxy(
+        bin: &Path,
+        gateway: &str,
+        extra: &[String],
+        index: usize,
+        data: u16,
+        admin: u16,
+    ) -> Proxy {
         let log = log_dir().join(format!("{gateway}-proxy-{index}.log"));
+        let mut args: Vec<String> = vec![
+            "--namespace".into(),
+            gateway.into(),
+            "--listen".into(),
+            format!("127.0.0.1:{data}"),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin}"),
+            // Two processes per test: one event loop each is plenty on loopback.
+            "--threads".into(),
+            "1".into(),
+        ];
+        args.extend(extra.iter().cloned());
         let process = Process::start_logged(
             "switchback-proxy",
             &bin.join("switchback-proxy"),
-            &[
-                "--namespace".into(),
-                gateway.into(),
-                "--listen".into(),
-                format!("127.0.0.1:{data}"),
-                "--admin-listen".into(),
-                format!("127.0.0.1:{admin}"),
-                // Two processes per test: one event loop each is plenty on loopback.
-                "--threads".into(),
-                "1".into(),
-            ],
+            &args,
             &log,
         );
         Proxy {
@@ -378,7 +402,14 @@ impl Stack {
     async fn restart_proxy(&mut self, index: usize) {
         self.stop_proxy(index);
         let (data, admin) = (self.proxies[index].data, self.proxies[index].admin);
-        self.proxies[index] = Self::proxy(&self.bin, &self.gateway, index, data, admin);
+        self.proxies[index] = Self::proxy(
+            &self.bin,
+            &self.gateway,
+            &self.proxy_args,
+            index,
+            data,
+            admin,
+        );
         let url = format!("{}/readyz", self.proxies[index].admin_url());
         let http = self.http.clone();
         eventually_async(
@@ -405,6 +436,22 @@ impl Stack {
             .send()
             .await
             .expect("the proxy answers")
+    }
+
+    /// A chat completion on `replica` presenting `key` as an OpenAI SDK does (none: no
+    /// Authorization header).
+    async fn chat_as(&self, replica: usize, key: Option<&str>, model: &str) -> reqwest::Response {
+        let mut request = self
+            .http
+            .post(format!(
+                "http://127.0.0.1:{}/v1/chat/completions",
+                self.proxies[replica].data
+            ))
+            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send().await.expect("the proxy answers")
     }
 
     async fn chat(&self, model: &str) -> reqwest::Response {
@@ -1083,6 +1130,125 @@ async fn operator_and_proxy_against_a_real_api_server() {
         stack.operator.exited().is_none(),
         "the operator kept running"
     );
+}
+
+/// SPEC §9 in a cluster: the operator renders LLMClients with keyed hashes of their
+/// keys, and both proxy replicas (`--auth required`, the same HMAC file) authenticate
+/// with them. Two namespaces each serve `smart`; each client gets its own namespace's;
+/// a rotated key works, and the old one stops, within the delivery time.
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_authenticate_against_a_real_api_server() {
+    if !enabled("clients_authenticate_against_a_real_api_server") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let (gw, a, b) = (
+        format!("sb-e2e-auth-gw-{id}"),
+        format!("sb-e2e-auth-a-{id}"),
+        format!("sb-e2e-auth-b-{id}"),
+    );
+    let _namespaces = Namespaces::create(&[gw.clone(), a.clone(), b.clone()]);
+    let hmac_dir = tempfile::tempdir().unwrap();
+    let hmac = hmac_dir.path().join("client-key-hmac");
+    std::fs::write(&hmac, format!("{}\n", "e2e-cluster-secret-".repeat(3))).unwrap();
+    let hmac = hmac.to_str().unwrap();
+    let auth = ["--auth", "required", "--client-key-hmac-file", hmac];
+    let stack = Stack::start_with(switchback_tests::binaries::build(), &gw, 2, &auth, &auth);
+    let sim_a = SimProvider::start_named("team-a", Flavor::OpenAi).await;
+    let sim_b = SimProvider::start_named("team-b", Flavor::OpenAi).await;
+    let client = |ns: &str, key: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: app-llm, namespace: {ns} }}\nstringData: {{ apiKey: {key} }}\n\
+             ---\napiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{ name: app, namespace: {ns} }}\n\
+             spec: {{ keySecretRef: {{ name: app-llm, key: apiKey }} }}\n"
+        )
+    };
+    let (key_a, key_b) = (
+        format!("sk-app-a-{id}-0123456789"),
+        format!("sk-app-b-{id}-0123456789"),
+    );
+    let mut yaml = String::new();
+    for (ns, sim, key) in [(&a, &sim_a, &key_a), (&b, &sim_b, &key_b)] {
+        yaml.push_str(&secret(ns, "sk-provider"));
+        yaml.push_str(&credential(ns, "steady", &sim.base_url()));
+        yaml.push_str(&route(
+            ns,
+            "smart",
+            "smart",
+            "[ { credentialRef: { name: steady } } ]",
+        ));
+        yaml.push_str(&client(ns, key));
+    }
+    apply(&yaml);
+    wait_programmed(&a, "smart");
+    wait_programmed(&b, "smart");
+    // Both namespaces serve `smart`: no ModelConflict when names resolve per client.
+    for ns in [&a, &b] {
+        let r = get_json(&["llmroute", "-n", ns, "smart"]).unwrap();
+        assert_eq!(condition(&r, "Accepted").unwrap()["status"], "True", "{ns}");
+    }
+    let keys_rendered = |key: &str| {
+        let cm = get_json(&["configmap", "-n", &gw, &format!("switchback-routes-{a}")]);
+        cm.is_some_and(|cm| cm.to_string().contains(key))
+    };
+    assert!(
+        !keys_rendered(&key_a),
+        "a client key in a rendered ConfigMap"
+    );
+    // The clients reach the proxies with the config (the routes were Programmed from
+    // the same delivery), on both replicas.
+    for replica in 0..2 {
+        let served = eventually_async("client a served", Duration::from_secs(10), || async {
+            let r = stack.chat_as(replica, Some(&key_a), "smart").await;
+            if r.status() != 200 {
+                eprintln!("client a on replica {replica}: {}", r.status());
+                return None;
+            }
+            Some(served_by(&r))
+        })
+        .await;
+        assert_eq!(served, format!("{a}/steady"), "replica {replica}");
+        let r = stack.chat_as(replica, Some(&key_b), "smart").await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(served_by(&r), format!("{b}/steady"), "replica {replica}");
+        let r = stack.chat_as(replica, None, "smart").await;
+        assert_eq!(r.status(), 401, "no key, replica {replica}");
+        let r = stack
+            .chat_as(replica, Some("sk-not-a-client-0123456789"), "smart")
+            .await;
+        assert_eq!(r.status(), 401, "unknown key, replica {replica}");
+    }
+    // Neither the client's key nor the provider key went upstream in its place.
+    let last = sim_a.received().last().cloned().unwrap();
+    assert_eq!(last.header("authorization"), Some("Bearer sk-provider"));
+
+    // Rotate a's key through its Secret: the new key works and the old one stops.
+    let rotated = format!("sk-app-a-rotated-{id}-0123456789");
+    let applied = Instant::now();
+    apply(&client(&a, &rotated));
+    for replica in 0..2 {
+        eventually_async("the rotated key", Duration::from_secs(10), || async {
+            let r = stack.chat_as(replica, Some(&rotated), "smart").await;
+            (r.status() == 200).then_some(())
+        })
+        .await;
+        let r = stack.chat_as(replica, Some(&key_a), "smart").await;
+        assert_eq!(r.status(), 401, "the old key, replica {replica}");
+    }
+    let took = applied.elapsed();
+    println!(
+        "e2e: rotated client key accepted on both replicas {:.2} s after kubectl apply returned",
+        took.as_secs_f64()
+    );
+    let everything = stack.everything_they_say().await;
+    for key in [&key_a, &key_b, &rotated] {
+        assert!(
+            !everything.contains(key.as_str()),
+            "a client key in a log, metric or admin endpoint"
+        );
+    }
 }
 
 /// The API server refuses what the schema and CEL rules forbid, naming the field.
