@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
     name = "switchback-operator",
     version,
     about = "Reconciles LLMRoute and ProviderCredential resources into the config the Switchback proxy hot-reloads, and writes status back",
-    long_about = "Watches LLMRoutes, ProviderCredentials and the Secrets they reference in every namespace, renders one \
+    long_about = "Watches LLMRoutes, ProviderCredentials, LLMClients and the Secrets they reference in every namespace, renders one \
 ConfigMap `switchback-routes-<ns>` and one Secret `switchback-keys-<ns>` per source namespace into the gateway namespace \
 (server-side apply, field manager `switchback-operator`), scrapes the proxies' /admin/v1/stats and writes conditions, \
 circuit state and traffic counters into status.\n\nWithout a subcommand it runs the operator; `crds` prints the CRDs.",

@@ -37,3 +37,30 @@ unless it names its own: (dict "root" . "component" "proxy" "constraints" list).
 
 {{- define "switchback.operator" -}}{{ .Release.Name }}-operator{{- end }}
 {{- define "switchback.proxy" -}}{{ .Release.Name }}-proxy{{- end }}
+
+{{- /* The client key HMAC Secret's name, and the auth flags, volume and mount the
+       operator and the proxies share. */}}
+{{- define "switchback.hmacSecret" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-client-key-hmac" .Release.Name) -}}
+{{- end }}
+{{- define "switchback.authArgs" -}}
+- --auth={{ .Values.auth.mode }}
+{{- if eq .Values.auth.mode "required" }}
+- --client-key-hmac-file=/etc/switchback/client-key-hmac/{{ .Values.auth.secretKey }}
+{{- end }}
+{{- end }}
+{{- define "switchback.authMount" -}}
+{{- if eq .Values.auth.mode "required" }}
+volumeMounts:
+  - { name: client-key-hmac, mountPath: /etc/switchback/client-key-hmac, readOnly: true }
+{{- end }}
+{{- end }}
+{{- define "switchback.authVolume" -}}
+{{- if eq .Values.auth.mode "required" }}
+volumes:
+  - name: client-key-hmac
+    secret:
+      secretName: {{ include "switchback.hmacSecret" . }}
+      items: [ { key: {{ .Values.auth.secretKey }}, path: {{ .Values.auth.secretKey }} } ]
+{{- end }}
+{{- end }}
