@@ -72,7 +72,8 @@ pub struct TargetStats {
     /// `connectionError`, `contextLength`, `invalidResponse`, `responseTooLarge`,
     /// `authError`, `clientError`,
     /// `budgetExhausted`, `missingKey`, `unsupportedSurface`, `parked`,
-    /// `circuitOpen`, `queueFull`).
+    /// `circuitOpen`, `queueFull`, `overloaded`: the answer did not fit the replica's
+    /// `--max-inflight-response-bytes`).
     pub failures: BTreeMap<String, u64>,
     /// Requests that moved on from this target to a later one.
     pub fallbacks_away: u64,
