@@ -789,7 +789,19 @@ async fn operator_and_proxy_against_a_real_api_server() {
 
     // 5. Rotate the Secret: the new key reaches the provider within 2 s, and
     //    Programmed moves to a new revision (same generation) once both serve it.
-    let revision_before_rotation = programmed_revision(&a, "smart").expect("Programmed");
+    // Programmed at the swap's generation first: read earlier, the revision could be
+    // the one before the swap, and the swap's own would then pass for the rotation's.
+    let revision_before_rotation = eventually(
+        "Programmed at the swapped targets' generation",
+        Duration::from_secs(30),
+        || {
+            let r = get_json(&["llmroute", "-n", &a, "smart"])?;
+            let c = condition(&r, "Programmed")?;
+            (c["observedGeneration"] == r["metadata"]["generation"])
+                .then(|| programmed_revision(&a, "smart"))?
+        },
+    )
+    .await;
     apply(&secret(&a, &key2));
     let applied = Instant::now();
     eventually_async(
