@@ -125,9 +125,9 @@ async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Bo
     let snapshot = gw.snapshot();
     // Before the body is read: an unauthenticated caller spends no body budget.
     let mut response = match auth::authenticate(&gw.auth, &snapshot, &headers) {
-        Err(denied) => unrouted(&snapshot, unauthenticated(wire, denied)),
+        Err(denied) => unauthenticated(wire, denied),
         Ok(tenant) => match intake::read(&gw.front, gw.max_body_bytes, body).await {
-            Err(refused) => unrouted(&snapshot, refusal(wire, refused, gw)),
+            Err(refused) => refusal(wire, refused, gw),
             // The body's budget bytes are held until the answer head is out.
             Ok((body, _held)) => {
                 route_and_run(gw, &snapshot, tenant, surface, &headers, &request_id, body).await
@@ -135,6 +135,11 @@ async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Bo
         },
     };
     response.headers_mut().insert(X_REQUEST_ID, request_id);
+    // A routed answer carries its route's generation; any other (401, 400, 404, 413,
+    // 503 before routing) the config's.
+    if !response.headers().contains_key(X_GENERATION) {
+        response = unrouted(&snapshot, response);
+    }
     response
 }
 
@@ -237,40 +242,31 @@ async fn route_and_run(
     let peek: Peek<'_> = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => {
-            return unrouted(
-                snapshot,
-                gateway_error(
-                    wire,
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    &format!("the request body is not valid JSON: {e}"),
-                ),
+            return gateway_error(
+                wire,
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                &format!("the request body is not valid JSON: {e}"),
             );
         }
     };
     let Some(model) = peek.model else {
-        return unrouted(
-            snapshot,
-            gateway_error(
-                wire,
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "the request has no \"model\"",
-            ),
+        return gateway_error(
+            wire,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the request has no \"model\"",
         );
     };
     // A route the client may not call is not in its map: it reads like a model no
     // route serves.
     let models = tenant.map_or(&snapshot.routes, |t| &t.models);
     let Some(served) = models.get(model.as_ref()) else {
-        return unrouted(
-            snapshot,
-            gateway_error(
-                wire,
-                StatusCode::NOT_FOUND,
-                "model_not_found",
-                &format!("no route serves the model {model:?}"),
-            ),
+        return gateway_error(
+            wire,
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            &format!("no route serves the model {model:?}"),
         );
     };
     let route = &served.route;
