@@ -323,8 +323,46 @@ pub struct Client {
     /// the client's namespace; the proxy checks [`Route::is_offered_to`] again on the
     /// route it serves.
     pub routes: Vec<ObjectId>,
+    /// Cluster-wide limits, as written in `spec.limits`.
     pub limits: ClientLimits,
     pub budget: ClientBudget,
+    /// How many proxy replicas share `limits`: each replica enforces
+    /// `limit / replicas` (at least 1), so the cluster-wide rate stays within the
+    /// limit without a shared store. The operator renders the ready replicas it
+    /// scraped (at least 1); standalone it is 1. Left out of the JSON when 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub replicas: u32,
+    /// Set by the operator once a budget is spent (from the usage summed over every
+    /// replica): every replica answers 429 `budget_exhausted` until `until`. `None`
+    /// while budget is left; standalone, the proxy decides from its own counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exhausted: Option<Exhausted>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+impl Client {
+    /// This replica's share of a cluster-wide limit: `limit / replicas`, at least 1.
+    pub fn share(&self, limit: u32) -> u32 {
+        (limit / self.replicas.max(1)).max(1)
+    }
+}
+
+/// A spent budget, as the operator renders it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Exhausted {
+    /// Which budget: `tokensPerDay` or `usdPerMonth`.
+    pub budget: String,
+    /// RFC 3339 UTC end of the period (the next UTC midnight, or the first of the next
+    /// month): when requests are let through again.
+    pub until: String,
 }
 
 /// Cluster-wide limits of one client; `None` = unlimited.

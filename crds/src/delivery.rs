@@ -442,6 +442,8 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
             routes: Vec::new(),
             limits: Default::default(),
             budget: Default::default(),
+            replicas: 1,
+            exhausted: None,
         };
         // team-c has no route of its own: its client calls shared ones.
         compiled.config.clients = vec![client("team-a", "app"), client("team-c", "app")];

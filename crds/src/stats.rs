@@ -30,6 +30,33 @@ pub struct StatsReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_error: Option<String>,
     pub routes: Vec<RouteStats>,
+    /// Per LLMClient (SPEC §9), for every client seen since start; left out when empty
+    /// (a proxy without clients reports what it did before clients existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<ClientStats>,
+}
+
+/// What one replica saw of one LLMClient, cumulative since the replica started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientStats {
+    pub client: ObjectId,
+    /// Requests authenticated as this client and let through to routing (throttled
+    /// ones are counted below instead).
+    pub requests: u64,
+    /// Tokens from the providers' usage reports, over every route.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Cost from the targets' prices, in millionths of a USD (an integer, so the
+    /// operator's per-instance deltas are exact).
+    pub micro_usd: u64,
+    /// Refused with 429 `rate_limited` (requests or tokens per minute, concurrency).
+    pub rate_limited: u64,
+    /// Refused with 429 `budget_exhausted`.
+    pub budget_exhausted: u64,
+    /// RFC 3339: the last request of this client, let through or refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request_at: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -201,6 +201,7 @@ fn main() {
         started_at: "2027-01-01T00:00:00Z".into(),
         config_generation: 1,
         config_error: None,
+        clients: Vec::new(),
         routes: routes
             .iter()
             .map(|r| {

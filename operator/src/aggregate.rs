@@ -408,6 +408,7 @@ mod tests {
             started_at: started.into(),
             config_generation: 1,
             config_error: None,
+            clients: Vec::new(),
             routes: vec![RouteStats {
                 route: id(),
                 generation: 3,

@@ -324,5 +324,6 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
                 .join("; ")
         }),
         routes,
+        clients: Vec::new(),
     }
 }

@@ -100,6 +100,8 @@ pub(crate) fn compile(
             routes: allowed,
             limits,
             budget,
+            replicas: 1,
+            exhausted: None,
         }),
         key,
         diagnostics: c.diagnostics,

@@ -438,6 +438,8 @@ fn sample_compiles_to_the_expected_config() {
                 routes: vec![id("fast"), id("smart")],
                 limits: ClientLimits::default(),
                 budget: ClientBudget::default(),
+                replicas: 1,
+                exhausted: None,
             },
             Client {
                 id: id("checkout"),
@@ -457,6 +459,8 @@ fn sample_compiles_to_the_expected_config() {
                     tokens_per_day: Some(5_000_000),
                     usd_per_month: Some(200.0),
                 },
+                replicas: 1,
+                exhausted: None,
             },
             Client {
                 id: ObjectId::new("team-b", "reports"),
@@ -469,6 +473,8 @@ fn sample_compiles_to_the_expected_config() {
                 routes: vec![id("smart")],
                 limits: ClientLimits::default(),
                 budget: ClientBudget::default(),
+                replicas: 1,
+                exhausted: None,
             },
         ],
     };
