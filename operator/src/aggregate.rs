@@ -18,6 +18,8 @@ use switchback_crds::config::ObjectId;
 use switchback_crds::revision::Revision;
 use switchback_crds::stats::{CircuitState, LastFailure, StatsReport};
 
+use crate::usage::{Counted, Reading};
+
 const BUCKET_MS: u64 = 10_000;
 /// Instances not seen for this long are forgotten.
 const FORGET_INSTANCE_MS: u64 = 15 * 60 * 1000;
@@ -119,12 +121,25 @@ pub struct Transition {
     pub open_replicas: u32,
 }
 
+/// One LLMClient, aggregated over replicas.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientView {
+    /// Usage and throttles counted since this operator started, per period.
+    pub counted: Counted,
+    /// Requests let through over the rolling window.
+    pub window_requests: u64,
+    /// The latest request any replica saw (ms since the epoch).
+    pub last_request_ms: Option<u64>,
+}
+
 /// The outcome of the latest round.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// Every ready replica of the round, scraped or not.
     pub replicas: Vec<Replica>,
     pub routes: BTreeMap<ObjectId, RouteView>,
+    /// Clients any replica reported, or counted since this operator started.
+    pub clients: BTreeMap<ObjectId, ClientView>,
     pub window_seconds: u64,
 }
 
@@ -132,6 +147,15 @@ pub struct Snapshot {
 struct Instance {
     last_seen_ms: u64,
     counters: HashMap<ObjectId, Counters>,
+    clients: HashMap<ObjectId, Reading>,
+}
+
+#[derive(Debug, Default)]
+struct ClientAcc {
+    counted: Counted,
+    /// (bucket start, requests), oldest first.
+    buckets: VecDeque<(u64, u64)>,
+    last_request_ms: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -149,6 +173,7 @@ pub struct Aggregator {
     started_ms: u64,
     instances: HashMap<String, Instance>,
     routes: HashMap<ObjectId, RouteAcc>,
+    clients: HashMap<ObjectId, ClientAcc>,
     last: Snapshot,
 }
 
@@ -159,6 +184,7 @@ impl Aggregator {
             started_ms,
             instances: HashMap::new(),
             routes: HashMap::new(),
+            clients: HashMap::new(),
             last: Snapshot::default(),
         }
     }
@@ -184,6 +210,13 @@ impl Aggregator {
         // views left say which accumulators stay.
         self.routes
             .retain(|id, _| self.last.routes.contains_key(id));
+    }
+
+    /// Forgets clients that `exists` says are gone (deleted objects): a client
+    /// recreated under the same name starts from zero, as its status does.
+    pub fn retain_clients(&mut self, exists: impl Fn(&ObjectId) -> bool) {
+        self.clients.retain(|id, _| exists(id));
+        self.last.clients.retain(|id, _| exists(id));
     }
 
     /// Takes one scrape round (every ready replica) at `now_ms`, returning the circuit
@@ -218,8 +251,34 @@ impl Aggregator {
                 .or_insert_with(|| Instance {
                     last_seen_ms: now_ms,
                     counters: HashMap::new(),
+                    clients: HashMap::new(),
                 });
             instance.last_seen_ms = now_ms;
+            for client in &report.clients {
+                let now = Reading::of(client);
+                let before = instance
+                    .clients
+                    .insert(client.client.clone(), now)
+                    .unwrap_or_default();
+                let acc = self.clients.entry(client.client.clone()).or_default();
+                if let Some(at) = client.last_request_at.as_deref().and_then(started_ms) {
+                    acc.last_request_ms = acc.last_request_ms.max(Some(at));
+                }
+                if baseline_only {
+                    continue;
+                }
+                let delta = now.since(&before);
+                if delta == Reading::default() {
+                    continue;
+                }
+                acc.counted.add(now_ms, &delta);
+                if delta.usage.requests > 0 {
+                    match acc.buckets.back_mut() {
+                        Some((start, n)) if *start == bucket => *n += delta.usage.requests,
+                        _ => acc.buckets.push_back((bucket, delta.usage.requests)),
+                    }
+                }
+            }
             for route in &report.routes {
                 let now = Counters::of(route);
                 let before = instance
@@ -259,6 +318,24 @@ impl Aggregator {
                 acc.buckets.pop_front();
             }
         }
+        let mut clients = BTreeMap::new();
+        for (id, acc) in &mut self.clients {
+            while acc
+                .buckets
+                .front()
+                .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
+            {
+                acc.buckets.pop_front();
+            }
+            clients.insert(
+                id.clone(),
+                ClientView {
+                    counted: acc.counted.clone(),
+                    window_requests: acc.buckets.iter().map(|(_, n)| n).sum(),
+                    last_request_ms: acc.last_request_ms,
+                },
+            );
+        }
         let ids: Vec<ObjectId> = per_route
             .keys()
             .chain(self.routes.keys())
@@ -289,6 +366,7 @@ impl Aggregator {
         let next = Snapshot {
             replicas,
             routes,
+            clients,
             window_seconds: self.window_ms / 1000,
         };
         let transitions = transitions(&self.last, &next);
@@ -443,6 +521,64 @@ mod tests {
         k8s_openapi::jiff::Timestamp::from_millisecond((START + s * 1000) as i64)
             .unwrap()
             .to_string()
+    }
+
+    fn with_client(mut r: StatsReport, tokens: u64, rate_limited: u64, last: &str) -> StatsReport {
+        r.clients = vec![switchback_crds::stats::ClientStats {
+            client: ObjectId::new("team-a", "checkout"),
+            requests: tokens / 10,
+            input_tokens: tokens / 2,
+            output_tokens: tokens - tokens / 2,
+            micro_usd: tokens * 3,
+            rate_limited,
+            budget_exhausted: 0,
+            last_request_at: Some(last.into()),
+        }];
+        r
+    }
+
+    #[test]
+    fn client_usage_is_summed_over_replicas_and_survives_a_proxy_restart() {
+        let checkout = ObjectId::new("team-a", "checkout");
+        let mut agg = Aggregator::new(300_000, START);
+        let r = |i: &str, started: u64, tokens, limited, last| {
+            with_client(
+                report(i, &at(started), 1, CircuitState::Closed),
+                tokens,
+                limited,
+                &at(last),
+            )
+        };
+        agg.observe(
+            START + 1_000,
+            &[
+                ok("a", r("i1", 0, 100, 1, 1)),
+                ok("b", r("i2", 0, 50, 0, 1)),
+            ],
+        );
+        agg.observe(
+            START + 2_000,
+            &[
+                ok("a", r("i1", 0, 300, 2, 2)),
+                ok("b", r("i2", 0, 80, 0, 1)),
+            ],
+        );
+        let view = &agg.snapshot().clients[&checkout];
+        assert_eq!(view.counted.today.usage.tokens(), 380);
+        assert_eq!(view.counted.month.usage.micro_usd, 1_140);
+        assert_eq!(view.counted.throttled.rate_limited, 2);
+        assert_eq!(view.window_requests, 38);
+        assert_eq!(view.last_request_ms, Some(START + 2_000));
+        // Replica a restarts (counters from zero): its new counts add, nothing is lost.
+        agg.observe(
+            START + 3_000,
+            &[ok("a", r("i3", 3, 20, 0, 3)), ok("b", r("i2", 0, 80, 0, 1))],
+        );
+        let view = &agg.snapshot().clients[&checkout];
+        assert_eq!(view.counted.today.usage.tokens(), 400);
+        assert_eq!(view.counted.throttled.rate_limited, 2);
+        agg.retain_clients(|id| id != &checkout);
+        assert!(agg.snapshot().clients.is_empty());
     }
 
     #[test]

@@ -9,10 +9,15 @@
 //!   The result is kept as the [`World`], and the routes and credentials whose facts
 //!   changed are queued on their controllers (Secrets are mapped back to their users
 //!   this way).
-//! - **LLMRoute** ([`reconcile_route`]) and **ProviderCredential**
-//!   ([`reconcile_credential`]) controllers write status computed purely by
-//!   [`crate::status`], only when it differs, within the write budget. The credential
-//!   controller also holds deletion with a finalizer while routes reference it.
+//! - **LLMRoute** ([`reconcile_route`]), **ProviderCredential**
+//!   ([`reconcile_credential`]) and **LLMClient** ([`reconcile_client`]) controllers
+//!   write status computed purely by [`crate::status`], only when it differs, within
+//!   the write budget. The credential controller also holds deletion with a finalizer
+//!   while routes reference it.
+//! - **Client overlay**: after each scrape round, the clients' usage (their status'
+//!   seed plus what was counted, [`crate::usage`]) decides which budgets are spent;
+//!   those, and the ready replica count the limits are shared by, are laid over the
+//!   rendered clients, and a change re-delivers.
 //!
 //! Only the leader runs any of this (see `leader`).
 
@@ -45,10 +50,12 @@ use crate::circuit_events::CircuitEvents;
 use crate::metrics::{
     ControllerLabels, ErrorLabels, Health, KindLabels, Metrics, ReasonLabels, ResultLabels,
 };
+use crate::render::ClientOverlay;
 use crate::render::{Rendering, render};
 use crate::scrape::{self, Replicas};
-use crate::status::{self, CredentialFacts, RouteFacts};
+use crate::status::{self, ClientFacts, CredentialFacts, RouteFacts};
 use crate::synced::{Cache, Synced};
+use crate::usage::{self, Budget, Seed};
 
 /// Field manager of every write.
 pub const MANAGER: &str = "switchback-operator";
@@ -128,6 +135,9 @@ pub struct Stores {
 pub struct Triggers {
     pub routes: mpsc::UnboundedSender<ObjectRef<LLMRoute>>,
     pub credentials: mpsc::UnboundedSender<ObjectRef<ProviderCredential>>,
+    pub clients: mpsc::UnboundedSender<ObjectRef<LLMClient>>,
+    /// Wakes the delivery loop.
+    pub delivery: Arc<Notify>,
 }
 
 /// The last delivery: the rendering plus digests of each object's facts.
@@ -135,6 +145,7 @@ pub struct World {
     pub rendering: Rendering,
     route_digests: HashMap<ObjectId, u64>,
     credential_digests: HashMap<ObjectId, u64>,
+    client_digests: HashMap<ObjectId, u64>,
     /// When each route's `Served` (generation and revision) was first delivered, to
     /// tell how long the proxies have had to load it.
     served_since: HashMap<ObjectId, tokio::time::Instant>,
@@ -147,6 +158,7 @@ impl World {
         rendering: Rendering,
         routes: &[LLMRoute],
         credentials: &[ProviderCredential],
+        clients: &[LLMClient],
     ) -> Self {
         let digest = |kind: Kind, id: &ObjectId, extra: &dyn Fn(&mut DefaultHasher)| {
             let mut h = DefaultHasher::new();
@@ -183,10 +195,20 @@ impl World {
                 (id, d)
             })
             .collect();
+        let client_digests = clients
+            .iter()
+            .map(|c| {
+                let id = object_id(c);
+                let routes = rendering.client(&id).map(|c| c.routes.len());
+                let d = digest(Kind::LLMClient, &id, &|h| routes.hash(h));
+                (id, d)
+            })
+            .collect();
         Self {
             rendering,
             route_digests,
             credential_digests,
+            client_digests,
             served_since: HashMap::new(),
             generations: routes
                 .iter()
@@ -214,7 +236,7 @@ impl World {
     }
 
     /// Objects whose facts differ from `old`.
-    fn changed(&self, old: &World) -> (Vec<ObjectId>, Vec<ObjectId>) {
+    fn changed(&self, old: &World) -> (Vec<ObjectId>, Vec<ObjectId>, Vec<ObjectId>) {
         let diff = |new: &HashMap<ObjectId, u64>, old: &HashMap<ObjectId, u64>| {
             new.iter()
                 .filter(|(id, d)| old.get(*id) != Some(*d))
@@ -224,6 +246,7 @@ impl World {
         (
             diff(&self.route_digests, &old.route_digests),
             diff(&self.credential_digests, &old.credential_digests),
+            diff(&self.client_digests, &old.client_digests),
         )
     }
 }
@@ -271,6 +294,11 @@ pub struct Context {
     secret_cache: Mutex<HashMap<ObjectId, KubeSecret>>,
     /// Route sets named in the last DeletionBlocked Event per credential.
     blocked: Mutex<HashMap<ObjectId, Vec<String>>>,
+    /// `status.usage` and `status.throttled` found when this process first saw each
+    /// client.
+    client_seeds: Mutex<HashMap<ObjectId, Seed>>,
+    /// What the last scrape round lays over the rendered clients.
+    overlay: RwLock<Arc<ClientOverlay>>,
 }
 
 impl Context {
@@ -301,7 +329,26 @@ impl Context {
             seeds: Mutex::new(HashMap::new()),
             secret_cache: Mutex::new(HashMap::new()),
             blocked: Mutex::new(HashMap::new()),
+            client_seeds: Mutex::new(HashMap::new()),
+            overlay: RwLock::new(Arc::new(ClientOverlay::default())),
         }
+    }
+
+    pub fn overlay(&self) -> Arc<ClientOverlay> {
+        self.overlay
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The seed of a client: its status when this process first saw it.
+    fn client_seed(&self, client: &LLMClient) -> Seed {
+        self.client_seeds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(object_id(client))
+            .or_insert_with(|| Seed::from_status(client.status.as_ref()))
+            .clone()
     }
 
     pub fn world(&self) -> Option<Arc<World>> {
@@ -440,7 +487,7 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         .iter()
         .filter_map(|cm| delivery::read_config_map(cm).ok())
         .collect();
-    let rendering = render(
+    let mut rendering = render(
         &Inputs {
             routes: &routes,
             credentials: &credentials,
@@ -451,6 +498,7 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         },
         &previous,
     );
+    rendering.lay_over(&ctx.overlay());
 
     let gw = &ctx.settings.gateway_namespace;
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), gw);
@@ -489,7 +537,7 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         }
     }
 
-    let world = World::new(rendering, &routes, &credentials)
+    let world = World::new(rendering, &routes, &credentials, &clients)
         .dated(ctx.world().as_deref(), tokio::time::Instant::now());
     let world = Arc::new(world);
     let old = ctx
@@ -498,7 +546,13 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         .unwrap_or_else(|p| p.into_inner())
         .replace(world.clone());
     if let Some(old) = old {
-        let (routes, credentials) = world.changed(&old);
+        let (routes, credentials, clients) = world.changed(&old);
+        for id in clients {
+            let _ = ctx
+                .triggers
+                .clients
+                .send(ObjectRef::new(&id.name).within(&id.namespace));
+        }
         for id in routes {
             let _ = ctx
                 .triggers
@@ -829,6 +883,75 @@ pub async fn reconcile_credential(
     Ok(requeue)
 }
 
+/// Writes an LLMClient's status when it changed, within the budget: Ready from the
+/// rendering's diagnostics and the spent budgets, usage from the scrapes.
+pub async fn reconcile_client(client: Arc<LLMClient>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.reconciled("llmclient");
+    let ns = client
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(client.name_any()))?;
+    let Some(world) = ctx.world() else {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    };
+    let id = object_id(&*client);
+    let proxies = ctx.proxies();
+    let overlay = ctx.overlay();
+    let view = proxies.clients.get(&id);
+    let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
+    let current = usage::current(&ctx.client_seed(&client), view.map(|v| &v.counted), now_ms);
+    let desired = status::client_status(&ClientFacts {
+        client: &client,
+        diagnostics: world.rendering.diagnostics(Kind::LLMClient, &id).collect(),
+        routes: world.rendering.client(&id).map(|c| c.routes.len()),
+        usage: current,
+        exhausted: overlay.exhausted.get(&id),
+        view,
+        window_seconds: proxies.window_seconds,
+        auth_required: ctx.settings.client_key_hasher.is_some(),
+        now: now(),
+    });
+    let existing = client.status.clone().unwrap_or_default();
+    if desired == existing {
+        return Ok(Action::requeue(RESYNC));
+    }
+    // Ready is what `kubectl wait` waits on; usage moves with every request and waits
+    // for the per-object interval.
+    let urgent = !status::only_client_traffic_changed(&existing, &desired);
+    let priority = if urgent {
+        Priority::First
+    } else {
+        Priority::Spare
+    };
+    if let Permit::Wait(wait) = ctx.permit(&format!("LLMClient/{id}"), urgent, priority) {
+        return Ok(Action::requeue(wait));
+    }
+    let api: Api<LLMClient> = Api::namespaced(ctx.client.clone(), &ns);
+    apply_status(&ctx, &api, &client.name_any(), "LLMClient", &desired).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+/// After a scrape round: the budgets spent (usage = each client's seed plus what was
+/// counted) and the ready replicas, as laid over the rendered clients.
+fn client_overlay(ctx: &Context, proxies: &Snapshot, now_ms: u64) -> ClientOverlay {
+    let mut exhausted = BTreeMap::new();
+    for client in ctx.stores.clients.state() {
+        let budget = Budget::of(client.spec.budget.as_ref());
+        if !budget.is_set() {
+            continue;
+        }
+        let id = object_id(&*client);
+        let counted = proxies.clients.get(&id).map(|v| &v.counted);
+        let current = usage::current(&ctx.client_seed(&client), counted, now_ms);
+        if let Some(spent) = budget.exhausted(&current, now_ms) {
+            exhausted.insert(id, spent);
+        }
+    }
+    ClientOverlay {
+        replicas: u32::try_from(proxies.replicas.len()).unwrap_or(u32::MAX),
+        exhausted,
+    }
+}
+
 /// Sets `metadata.finalizers` with a JSON merge patch carrying the resourceVersion
 /// read, so a concurrent change (another finalizer added) fails with 409 and the
 /// reconcile retries on fresh data instead of overwriting it.
@@ -858,10 +981,10 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
     error: &Error,
     ctx: Arc<Context>,
 ) -> Action {
-    let controller = if K::kind(&()) == "LLMRoute" {
-        "llmroute"
-    } else {
-        "providercredential"
+    let controller = match K::kind(&()).as_ref() {
+        "LLMRoute" => "llmroute",
+        "LLMClient" => "llmclient",
+        _ => "providercredential",
     };
     ctx.failed(controller, error);
     tracing::warn!(object = %object_id(&*obj), %error, "reconcile failed");
@@ -934,8 +1057,39 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|id, _| exists(id));
         }
+        if ctx.stores.synced.is_synced() {
+            let exists = |id: &ObjectId| {
+                ctx.stores
+                    .clients
+                    .get(&ObjectRef::new(&id.name).within(&id.namespace))
+                    .is_some()
+            };
+            agg.retain_clients(exists);
+            ctx.client_seeds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|id, _| exists(id));
+        }
         let after = Arc::new(agg.snapshot().clone());
         *ctx.proxies.write().unwrap_or_else(|p| p.into_inner()) = after.clone();
+        let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
+        let overlay = client_overlay(&ctx, &after, now_ms);
+        let overlay_changed = *ctx.overlay() != overlay;
+        if overlay_changed {
+            tracing::info!(
+                replicas = overlay.replicas,
+                exhausted = overlay.exhausted.len(),
+                "client limits or spent budgets changed; re-delivering"
+            );
+            *ctx.overlay.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(overlay);
+            ctx.triggers.delivery.notify_one();
+        }
+        for c in ctx.stores.clients.state() {
+            let id = object_id(&*c);
+            if overlay_changed || before.clients.get(&id) != after.clients.get(&id) {
+                let _ = ctx.triggers.clients.send(ObjectRef::from_obj(&*c));
+            }
+        }
 
         let all = before.replicas != after.replicas;
         for route in ctx.stores.routes.state() {
@@ -1157,7 +1311,8 @@ pub async fn run(
     )
     .default_backoff()
     .inspect(synced.on_init_done(Cache::Clients))
-    .inspect(poke_on_rendered_change(poke.clone()));
+    .inspect(poke_on_rendered_change(poke.clone()))
+    .applied_objects();
     let (secrets, w) = reflector::store::<PartialObjectMeta<KubeSecret>>();
     let secret_events = {
         let poke = poke.clone();
@@ -1216,10 +1371,11 @@ pub async fn run(
 
     let (route_tx, route_rx) = mpsc::unbounded_channel();
     let (credential_tx, credential_rx) = mpsc::unbounded_channel();
+    let (client_tx, client_rx) = mpsc::unbounded_channel();
     let stores = Stores {
         routes: routes.clone(),
         credentials: credentials.clone(),
-        clients,
+        clients: clients.clone(),
         secrets,
         rendered_maps,
         rendered_secrets,
@@ -1234,11 +1390,12 @@ pub async fn run(
         Triggers {
             routes: route_tx,
             credentials: credential_tx,
+            clients: client_tx,
+            delivery: poke.clone(),
         },
     ));
 
     let background = vec![
-        tokio::spawn(client_events.for_each(|_| async {})),
         tokio::spawn(secret_events.for_each(|_| async {})),
         tokio::spawn(map_events.for_each(|_| async {})),
         tokio::spawn(key_events.for_each(|_| async {})),
@@ -1256,6 +1413,16 @@ pub async fn run(
                 tracing::debug!(error = %e, "llmroute controller");
             }
         });
+    let client_controller = Controller::for_stream(client_events, clients)
+        .reconcile_on(receiver_stream(client_rx))
+        .with_config(config.clone())
+        .shutdown_on_signal()
+        .run(reconcile_client, error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "llmclient controller");
+            }
+        });
     let credential_controller = Controller::for_stream(credential_events, credentials)
         .reconcile_on(receiver_stream(credential_rx))
         .with_config(config)
@@ -1266,7 +1433,7 @@ pub async fn run(
                 tracing::debug!(error = %e, "providercredential controller");
             }
         });
-    futures_util::join!(route_controller, credential_controller);
+    futures_util::join!(route_controller, credential_controller, client_controller);
     for task in background {
         task.abort();
     }

@@ -16,7 +16,9 @@ use kube::runtime::watcher;
 use serde_json::Value;
 use switchback_crds::credential::SecretKeySelector;
 use switchback_crds::route::{CredentialRef, TargetSpec};
-use switchback_crds::{LLMRoute, LLMRouteSpec, ProviderCredential, ProviderCredentialSpec};
+use switchback_crds::{
+    LLMClient, LLMRoute, LLMRouteSpec, ProviderCredential, ProviderCredentialSpec,
+};
 use tokio::sync::mpsc;
 use tower_test::mock::{self, Handle};
 
@@ -70,6 +72,29 @@ pub fn credential(ns: &str, name: &str, secret: &str, key: &str) -> ProviderCred
     c.metadata.namespace = Some(ns.into());
     c.metadata.generation = Some(1);
     c.metadata.resource_version = Some("7".into());
+    c.metadata.uid = Some(format!("uid-{ns}-{name}"));
+    c
+}
+
+/// An LLMClient sending the key in `key` of Secret `secret`, with a daily token budget.
+pub fn client(ns: &str, name: &str, secret: &str, key: &str, tokens_per_day: i64) -> LLMClient {
+    let mut c = LLMClient::new(
+        name,
+        switchback_crds::client::LLMClientSpec {
+            key_secret_ref: SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+            },
+            budget: Some(switchback_crds::client::BudgetSpec {
+                tokens_per_day: Some(tokens_per_day),
+                usd_per_month: None,
+            }),
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some(ns.into());
+    c.metadata.generation = Some(1);
+    c.metadata.resource_version = Some("9".into());
     c.metadata.uid = Some(format!("uid-{ns}-{name}"));
     c
 }
@@ -147,6 +172,7 @@ pub struct TestContext {
     pub route_triggers: mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<LLMRoute>>,
     pub credential_triggers:
         mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<ProviderCredential>>,
+    pub client_triggers: mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<LLMClient>>,
 }
 
 impl Context {
@@ -162,6 +188,7 @@ impl Context {
         let (rendered_secrets, rsecrets_w) = reflector::store();
         let (route_tx, route_triggers) = mpsc::unbounded_channel();
         let (credential_tx, credential_triggers) = mpsc::unbounded_channel();
+        let (client_tx, client_triggers) = mpsc::unbounded_channel();
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -192,6 +219,8 @@ impl Context {
             Triggers {
                 routes: route_tx,
                 credentials: credential_tx,
+                clients: client_tx,
+                delivery: Default::default(),
             },
         );
         TestContext {
@@ -207,6 +236,7 @@ impl Context {
             },
             route_triggers,
             credential_triggers,
+            client_triggers,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! `switchback-operator` as a library: the binary, its tests and the benchmark share
-//! these modules. Pure parts (`render`, `status`, `aggregate`, `budget`, `circuit_events`) do no IO;
+//! these modules. Pure parts (`render`, `status`, `aggregate`, `usage`, `budget`, `circuit_events`) do no IO;
 //! `controller` wires them to the API server, `scrape` to the proxies, `leader` to a
 //! Lease and `metrics` to Prometheus. Nothing here touches global state.
 
@@ -14,6 +14,7 @@ pub mod render;
 pub mod scrape;
 pub mod status;
 pub mod synced;
+pub mod usage;
 
 #[cfg(test)]
 mod fixtures;

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchback_crds::compile::{Compiled, Diagnostic, Inputs, Kind, Severity, compile, reason};
-use switchback_crds::config::{CompiledConfig, ObjectId, Route};
+use switchback_crds::config::{Client, CompiledConfig, Exhausted, ObjectId, Route};
 use switchback_crds::delivery::{self, NamespaceConfig};
 use switchback_crds::revision::{Revision, Revisions};
 
@@ -41,7 +41,34 @@ pub struct Rendering {
     pub served: BTreeMap<ObjectId, Served>,
 }
 
+/// What the operator lays over the rendered clients from the proxies' traffic: the
+/// ready replicas that share each limit, and the budgets spent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientOverlay {
+    /// Ready proxy replicas (0 before the first scrape: rendered as 1).
+    pub replicas: u32,
+    pub exhausted: BTreeMap<ObjectId, Exhausted>,
+}
+
 impl Rendering {
+    /// The rendered client `id`, if it is in the config.
+    pub fn client(&self, id: &ObjectId) -> Option<&Client> {
+        self.compiled.config.clients.iter().find(|c| &c.id == id)
+    }
+
+    /// Lays `overlay` over every rendered client (the compiled config and the
+    /// per-namespace parts alike).
+    pub fn lay_over(&mut self, overlay: &ClientOverlay) {
+        let apply = |c: &mut Client| {
+            c.replicas = overlay.replicas.max(1);
+            c.exhausted = overlay.exhausted.get(&c.id).cloned();
+        };
+        self.compiled.config.clients.iter_mut().for_each(apply);
+        for part in self.namespaces.values_mut() {
+            part.config.clients.iter_mut().for_each(apply);
+        }
+    }
+
     /// Diagnostics about one object.
     pub fn diagnostics<'a>(
         &'a self,

@@ -4,15 +4,18 @@
 //! from what the object already has.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use switchback_crds::client::{ClientUsage, LLMClientStatus};
 use switchback_crds::compile::{Diagnostic, Severity, reason};
+use switchback_crds::config::Exhausted;
 use switchback_crds::route::{
     CircuitState, LLMRouteStatus, LastFailure, TargetStatus, TotalStats, WindowStats,
 };
 use switchback_crds::stats;
-use switchback_crds::{LLMRoute, ProviderCredentialStatus};
+use switchback_crds::{LLMClient, LLMRoute, ProviderCredentialStatus};
 
-use crate::aggregate::{RouteView, Snapshot};
+use crate::aggregate::{ClientView, RouteView, Snapshot};
 use crate::render::{Served, is_reference_reason};
+use crate::usage::{self, Budget, Current};
 
 /// Condition types.
 pub mod types {
@@ -51,6 +54,15 @@ pub mod reasons {
     pub const NOT_CHECKED: &str = "NotChecked";
     /// Ready=False: deletion is held by the finalizer while routes reference it.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+}
+
+/// Reasons that make an LLMClient not Ready though it is in the config: nobody can
+/// authenticate as it, or it cannot reach a route it names.
+fn client_blocking(reason: &str) -> bool {
+    matches!(
+        reason,
+        reason::KEY_MISSING | reason::KEY_CONFLICT | reason::ROUTE_NOT_FOUND
+    )
 }
 
 /// The condition `wanted`, keeping the previous `lastTransitionTime` when its status
@@ -459,11 +471,125 @@ pub fn credential_status(f: &CredentialFacts<'_>) -> ProviderCredentialStatus {
     }
 }
 
+/// What an LLMClient's status is computed from.
+pub struct ClientFacts<'a> {
+    pub client: &'a LLMClient,
+    /// `compile`'s diagnostics about this client.
+    pub diagnostics: Vec<&'a Diagnostic>,
+    /// Routes the rendered client may call; `None` when it was rejected.
+    pub routes: Option<usize>,
+    /// Usage in the current periods (seed + what this operator counted).
+    pub usage: Current,
+    /// The budget it spent, as rendered to the proxies.
+    pub exhausted: Option<&'a Exhausted>,
+    pub view: Option<&'a ClientView>,
+    pub window_seconds: u64,
+    /// The proxies run with `--auth required` (keys are checked).
+    pub auth_required: bool,
+    pub now: Time,
+}
+
+pub fn client_status(f: &ClientFacts<'_>) -> LLMClientStatus {
+    let generation = f.client.metadata.generation;
+    let previous = f
+        .client
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let errors: Vec<&Diagnostic> = f
+        .diagnostics
+        .iter()
+        .copied()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
+    let blocking: Vec<&Diagnostic> = f
+        .diagnostics
+        .iter()
+        .copied()
+        .filter(|d| d.severity == Severity::Warning && client_blocking(d.reason))
+        .collect();
+    let warnings: Vec<&Diagnostic> = f
+        .diagnostics
+        .iter()
+        .copied()
+        .filter(|d| d.severity == Severity::Warning && !client_blocking(d.reason))
+        .collect();
+    let c = |status, reason: &str, message| {
+        condition(
+            previous,
+            types::READY,
+            status,
+            reason,
+            message,
+            generation,
+            &f.now,
+        )
+    };
+    let ready = if let Some(first) = errors.first() {
+        c(false, first.reason, describe(&errors))
+    } else if let Some(first) = blocking.first() {
+        c(false, first.reason, describe(&blocking))
+    } else if let Some(spent) = f.exhausted {
+        c(
+            false,
+            reason::BUDGET_EXHAUSTED,
+            format!(
+                "budget.{} is spent: requests get 429 budget_exhausted until {}",
+                spent.budget, spent.until
+            ),
+        )
+    } else {
+        let mut message = if f.auth_required {
+            "valid; its key and every route it names resolved".to_string()
+        } else {
+            "valid, but the gateway runs with --auth off: its key is not checked and its limits and budgets are not enforced".to_string()
+        };
+        if !warnings.is_empty() {
+            message = format!("{message}; {}", describe(&warnings));
+        }
+        c(true, reasons::READY, message)
+    };
+    let budget = Budget::of(f.client.spec.budget.as_ref());
+    let window = f.window_seconds.max(1);
+    let rpm = f
+        .view
+        .map(|v| v.window_requests.saturating_mul(60) / window)
+        .unwrap_or(0);
+    LLMClientStatus {
+        observed_generation: generation,
+        conditions: vec![ready],
+        routes: f.routes.map(|n| n as i32),
+        requests_per_minute: Some(i64::try_from(rpm).unwrap_or(i64::MAX)),
+        usage: Some(ClientUsage {
+            today: Some(usage::usage_period(&f.usage.today)),
+            this_month: Some(usage::usage_period(&f.usage.month)),
+        }),
+        budget_used_percent: budget.used_percent(&f.usage),
+        throttled: Some(usage::throttled(&f.usage.throttled)),
+        last_request_at: f.view.and_then(|v| v.last_request_ms).and_then(usage::at),
+    }
+}
+
+/// Whether two client statuses differ only in traffic facts (usage, rate, throttles).
+pub fn only_client_traffic_changed(a: &LLMClientStatus, b: &LLMClientStatus) -> bool {
+    let strip = |s: &LLMClientStatus| LLMClientStatus {
+        requests_per_minute: None,
+        usage: None,
+        budget_used_percent: None,
+        throttled: None,
+        last_request_at: None,
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::aggregate::{Replica, TargetView};
     use crate::fixtures::{route, time};
+    use std::collections::BTreeMap;
     use switchback_crds::compile::Kind;
     use switchback_crds::config::ObjectId;
     use switchback_crds::revision::Revision;
@@ -512,6 +638,7 @@ mod tests {
                 })
                 .collect(),
             routes: [(ObjectId::new("team-a", "smart"), view)].into(),
+            clients: BTreeMap::new(),
             window_seconds: 300,
         }
     }
@@ -778,5 +905,101 @@ mod tests {
         assert_eq!(s.conditions[1].status, "True");
         assert_eq!(s.conditions[1].last_transition_time, time(2));
         assert_eq!(s.conditions[0].last_transition_time, time(1));
+    }
+}
+
+#[cfg(test)]
+mod client_tests {
+    use super::*;
+    use crate::fixtures::{client, time};
+    use switchback_crds::compile::Kind;
+    use switchback_crds::config::ObjectId;
+
+    fn diag(reason: &'static str, severity: Severity, field: &str) -> Diagnostic {
+        Diagnostic {
+            kind: Kind::LLMClient,
+            object: ObjectId::new("team-a", "checkout"),
+            severity,
+            reason,
+            field: field.into(),
+            message: "not found".into(),
+        }
+    }
+
+    fn status_of(
+        diagnostics: &[Diagnostic],
+        exhausted: Option<&Exhausted>,
+        auth_required: bool,
+    ) -> LLMClientStatus {
+        let c = client("team-a", "checkout", "keys", "app", 1_000);
+        let view = ClientView {
+            window_requests: 50,
+            ..Default::default()
+        };
+        client_status(&ClientFacts {
+            client: &c,
+            diagnostics: diagnostics.iter().collect(),
+            routes: Some(2),
+            usage: Current::default(),
+            exhausted,
+            view: Some(&view),
+            window_seconds: 300,
+            auth_required,
+            now: time(0),
+        })
+    }
+
+    fn ready(s: &LLMClientStatus) -> (&str, &str, &str) {
+        let c = &s.conditions[0];
+        assert_eq!(c.type_, types::READY);
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    #[test]
+    fn ready_names_what_keeps_a_client_from_working_first_things_first() {
+        let missing = diag(reason::KEY_MISSING, Severity::Warning, "spec.keySecretRef");
+        let route = diag(reason::ROUTE_NOT_FOUND, Severity::Warning, "spec.routes[1]");
+        let invalid = diag(reason::INVALID_SPEC, Severity::Error, "spec.limits");
+        let spent = Exhausted {
+            budget: "tokensPerDay".into(),
+            until: "2026-12-03T00:00:00Z".into(),
+        };
+        let s = status_of(
+            &[missing.clone(), route.clone(), invalid],
+            Some(&spent),
+            true,
+        );
+        assert_eq!(ready(&s).1, reason::INVALID_SPEC);
+        let s = status_of(&[route.clone(), missing], Some(&spent), true);
+        let (status, reason, message) = ready(&s);
+        assert_eq!((status, reason), ("False", reason::ROUTE_NOT_FOUND));
+        assert!(message.contains("spec.routes[1]"), "{message}");
+        let s = status_of(&[], Some(&spent), true);
+        let (status, reason, message) = ready(&s);
+        assert_eq!((status, reason), ("False", reason::BUDGET_EXHAUSTED));
+        assert!(message.contains("2026-12-03T00:00:00Z"), "{message}");
+        let s = status_of(&[], None, true);
+        assert_eq!(ready(&s).0, "True");
+        assert_eq!(s.routes, Some(2));
+        assert_eq!(s.requests_per_minute, Some(10), "50 requests in 5 minutes");
+        assert_eq!(s.budget_used_percent, Some(0));
+    }
+
+    #[test]
+    fn with_auth_off_ready_says_the_key_is_not_checked() {
+        let s = status_of(&[], None, false);
+        let (status, _, message) = ready(&s);
+        assert_eq!(status, "True");
+        assert!(message.contains("--auth off"), "{message}");
+    }
+
+    #[test]
+    fn usage_alone_is_a_traffic_change() {
+        let a = status_of(&[], None, true);
+        let mut b = a.clone();
+        b.requests_per_minute = Some(99);
+        assert!(only_client_traffic_changed(&a, &b));
+        let c = status_of(&[], None, false);
+        assert!(!only_client_traffic_changed(&a, &c));
     }
 }

@@ -1232,6 +1232,47 @@ async fn clients_authenticate_against_a_real_api_server() {
             .await;
         assert_eq!(r.status(), 401, "unknown key, replica {replica}");
     }
+    // The operator says each client is Ready with the one route of its namespace, as
+    // `kubectl get llmclients` shows it.
+    for ns in [&a, &b] {
+        eventually("the client Ready", Duration::from_secs(15), || {
+            let c = get_json(&["llmclient", "-n", ns, "app"])?;
+            let ready = condition(&c, "Ready")?["status"] == "True";
+            (ready && c["status"]["routes"] == 1).then_some(())
+        })
+        .await;
+    }
+    let out = ok(&["get", "llmc", "-n", &a]);
+    println!("e2e: kubectl get llmc\n{out}");
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "ROUTES",
+            "RPM",
+            "TOKENS TODAY",
+            "USD MONTH",
+            "BUDGET",
+            "READY",
+            "AGE"
+        ]
+    );
+    let row: Vec<&str> = out
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[..2], ["app", "1"], "{out}");
+    assert!(row.contains(&"True"), "{out}");
     // Neither the client's key nor the provider key went upstream in its place.
     let last = sim_a.received().last().cloned().unwrap();
     assert_eq!(last.header("authorization"), Some("Bearer sk-provider"));

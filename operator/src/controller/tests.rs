@@ -8,7 +8,7 @@ use http::Method;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::fixtures::{Expect, GATEWAY, credential, finish, route, secret};
+use crate::fixtures::{Expect, GATEWAY, client, credential, finish, route, secret};
 
 const SSA: &str = "?&force=true&fieldManager=switchback-operator";
 
@@ -36,7 +36,7 @@ fn world_for(
         &BTreeMap::new(),
     );
     // Dated now, as delivery dates it: a Pending route is then held (see `held`).
-    let world = World::new(rendering, routes, creds).dated(None, tokio::time::Instant::now());
+    let world = World::new(rendering, routes, creds, &[]).dated(None, tokio::time::Instant::now());
     *ctx.world.write().unwrap() = Some(Arc::new(world));
 }
 
@@ -600,4 +600,115 @@ fn only_what_a_rendering_reads_pokes_delivery() {
         parts.changes(&E::InitApply(moved)),
         "changed while the watch was down"
     );
+}
+
+/// Scrape rounds in which `checkout` spent `tokens` (on one replica).
+fn proxies_with_usage(tokens: u64) -> Snapshot {
+    let now = Timestamp::now().as_millisecond() as u64;
+    let mut agg = Aggregator::new(60_000, now - 60_000);
+    let report = |t: u64| switchback_crds::stats::StatsReport {
+        version: 1,
+        instance_id: "i1".into(),
+        started_at: usage::rfc3339(now - 30_000),
+        clients: vec![switchback_crds::stats::ClientStats {
+            client: ObjectId::new("team-a", "checkout"),
+            requests: t / 100,
+            input_tokens: t,
+            last_request_at: Some(usage::rfc3339(now)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let scrape = |t| crate::aggregate::Scrape {
+        endpoint: "http://10.0.0.1:9090".into(),
+        result: Ok(report(t)),
+    };
+    agg.observe(now - 1_000, &[scrape(0)]);
+    agg.observe(now, &[scrape(tokens)]);
+    agg.snapshot().clone()
+}
+
+#[tokio::test]
+async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready() {
+    let mut t = Context::test();
+    let keys = secret(
+        "team-a",
+        "keys",
+        &[("openai", "sk-a"), ("app", "0123456789abcdef-app")],
+    );
+    let routes = [route("team-a", "smart", 1, &["openai"])];
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    let c = client("team-a", "checkout", "keys", "app", 1_000);
+    t.caches.add_client(c.clone());
+    let rendering = render(
+        &Inputs {
+            routes: &routes,
+            credentials: &creds,
+            clients: std::slice::from_ref(&c),
+            secrets: std::slice::from_ref(&keys),
+            ..Default::default()
+        },
+        &BTreeMap::new(),
+    );
+    let world = World::new(rendering, &routes, &creds, std::slice::from_ref(&c));
+    *t.ctx.world.write().unwrap() = Some(Arc::new(world));
+
+    // Under budget: nothing is laid over but the replica count.
+    let proxies = proxies_with_usage(999);
+    let now = Timestamp::now().as_millisecond() as u64;
+    let overlay = client_overlay(&t.ctx, &proxies, now);
+    assert_eq!((overlay.replicas, overlay.exhausted.len()), (1, 0));
+
+    // At the budget: exhausted until the next UTC midnight, on the rendered client.
+    let proxies = proxies_with_usage(1_000);
+    let overlay = client_overlay(&t.ctx, &proxies, now);
+    let id = ObjectId::new("team-a", "checkout");
+    let spent = overlay.exhausted.get(&id).expect("exhausted").clone();
+    assert_eq!(spent.budget, "tokensPerDay");
+    assert_eq!(
+        spent.until,
+        usage::rfc3339(usage::day_start(now) + 86_400_000)
+    );
+    let world = t.ctx.world.write().unwrap().take().unwrap();
+    let mut rendering = Arc::try_unwrap(world).ok().unwrap().rendering;
+    rendering.lay_over(&overlay);
+    assert_eq!(
+        rendering.client(&id).unwrap().exhausted.as_ref(),
+        Some(&spent)
+    );
+    assert_eq!(
+        rendering.namespaces["team-a"].config.clients[0]
+            .exhausted
+            .as_ref(),
+        Some(&spent),
+        "the ConfigMap of the client's namespace carries it"
+    );
+    let world = World::new(rendering, &routes, &creds, std::slice::from_ref(&c));
+    *t.ctx.world.write().unwrap() = Some(Arc::new(world));
+    *t.ctx.proxies.write().unwrap() = Arc::new(proxies);
+    *t.ctx.overlay.write().unwrap() = Arc::new(overlay);
+
+    let answer = serde_json::to_value(&c).unwrap();
+    let server = t.api.run(vec![Expect::new(
+        Method::PATCH,
+        format!("/apis/switchback.dev/v1alpha1/namespaces/team-a/llmclients/checkout/status{SSA}"),
+        move |body| {
+            let b = body.clone().unwrap();
+            assert_eq!(b["kind"], "LLMClient");
+            let s = &b["status"];
+            assert_eq!(s["conditions"][0]["type"], "Ready");
+            assert_eq!(s["conditions"][0]["status"], "False");
+            assert_eq!(s["conditions"][0]["reason"], "BudgetExhausted");
+            assert_eq!(s["usage"]["today"]["tokens"], 1_000);
+            assert_eq!(s["usage"]["today"]["requests"], 10);
+            assert_eq!(s["budgetUsedPercent"], 100);
+            assert_eq!(s["routes"], 1);
+            assert!(s["lastRequestAt"].is_string());
+            with_status(&answer, body)
+        },
+    )]);
+    quick(reconcile_client(Arc::new(c), t.ctx.clone()))
+        .await
+        .unwrap();
+    finish(server).await;
 }
