@@ -156,7 +156,21 @@ fn every_example_compiles() {
     let files = yaml_files(&dir);
     assert!(!files.is_empty(), "no examples in {}", dir.display());
     for file in files {
-        match switchback_proxy::reload::compile_manifests(&file) {
+        // As a standalone proxy serves it: authentication (and model names per
+        // client) required as soon as the file holds an LLMClient.
+        let text = std::fs::read_to_string(&file).unwrap();
+        let auth = if text.contains("\nkind: LLMClient\n") {
+            switchback_proxy::auth::Auth {
+                mode: switchback_proxy::auth::AuthMode::Required,
+                hasher: Some(
+                    switchback_crds::keyhash::KeyHasher::new(b"example-cluster-secret-0123456789")
+                        .unwrap(),
+                ),
+            }
+        } else {
+            switchback_proxy::auth::Auth::default()
+        };
+        match switchback_proxy::reload::compile_manifests_for(&file, &auth) {
             Ok((compiled, warnings)) => {
                 assert!(
                     !compiled.config.routes.is_empty(),
@@ -165,7 +179,6 @@ fn every_example_compiles() {
                 );
                 assert!(warnings.is_empty(), "{}: {warnings:?}", file.display());
                 // Every LLMClient of the example compiled too, each with a route.
-                let text = std::fs::read_to_string(&file).unwrap();
                 let declared = text.matches("\nkind: LLMClient\n").count();
                 assert_eq!(
                     compiled.config.clients.len(),
@@ -185,4 +198,41 @@ fn every_example_compiles() {
             Err(problems) => panic!("{}: {problems:?}", file.display()),
         }
     }
+}
+
+/// The README's multi-team walkthrough says who may call what: each client's routes
+/// as compiled from `crds/examples/multi-team.yaml`.
+#[test]
+fn the_multi_team_example_gives_each_client_the_routes_the_walkthrough_says() {
+    let auth = switchback_proxy::auth::Auth {
+        mode: switchback_proxy::auth::AuthMode::Required,
+        hasher: Some(
+            switchback_crds::keyhash::KeyHasher::new(b"example-cluster-secret-0123456789").unwrap(),
+        ),
+    };
+    let file = workspace().join("crds/examples/multi-team.yaml");
+    let (compiled, warnings) =
+        switchback_proxy::reload::compile_manifests_for(&file, &auth).expect("compiles");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let routes: Vec<(String, Vec<String>)> = compiled
+        .config
+        .clients
+        .iter()
+        .map(|c| {
+            assert!(c.key_hash.is_some(), "{}: no key hash", c.id);
+            (
+                c.id.to_string(),
+                c.routes.iter().map(|r| r.to_string()).collect(),
+            )
+        })
+        .collect();
+    let expect = |id: &str, r: &[&str]| (id.to_string(), r.iter().map(|s| s.to_string()).collect());
+    assert_eq!(
+        routes,
+        [
+            expect("team-a/batch", &["team-a/claude", "team-a/smart"]),
+            expect("team-a/checkout", &["team-a/smart"]),
+            expect("team-b/reports", &["team-a/claude", "team-b/smart"]),
+        ]
+    );
 }
