@@ -65,6 +65,14 @@ fn client_blocking(reason: &str) -> bool {
     )
 }
 
+/// The diagnostics that `keep` says.
+fn pick<'a>(
+    diagnostics: &[&'a Diagnostic],
+    keep: impl Fn(&Diagnostic) -> bool,
+) -> Vec<&'a Diagnostic> {
+    diagnostics.iter().copied().filter(|d| keep(d)).collect()
+}
+
 /// The condition `wanted`, keeping the previous `lastTransitionTime` when its status
 /// did not change (the Kubernetes convention: reason and message may change alone).
 pub fn condition(
@@ -157,18 +165,10 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
     let id = crate::controller::object_id(f.route);
-    let errors: Vec<&Diagnostic> = f
-        .diagnostics
-        .iter()
-        .copied()
-        .filter(|d| d.severity == Severity::Error && !is_reference_reason(d.reason))
-        .collect();
-    let unresolved: Vec<&Diagnostic> = f
-        .diagnostics
-        .iter()
-        .copied()
-        .filter(|d| is_reference_reason(d.reason))
-        .collect();
+    let errors = pick(&f.diagnostics, |d| {
+        d.severity == Severity::Error && !is_reference_reason(d.reason)
+    });
+    let unresolved = pick(&f.diagnostics, |d| is_reference_reason(d.reason));
 
     let accepted = match errors.first() {
         None => condition(
@@ -391,18 +391,8 @@ pub struct CredentialFacts<'a> {
 }
 
 pub fn credential_status(f: &CredentialFacts<'_>) -> ProviderCredentialStatus {
-    let errors: Vec<&Diagnostic> = f
-        .diagnostics
-        .iter()
-        .copied()
-        .filter(|d| d.severity == Severity::Error)
-        .collect();
-    let missing: Vec<&Diagnostic> = f
-        .diagnostics
-        .iter()
-        .copied()
-        .filter(|d| d.reason == reason::SECRET_KEY_MISSING)
-        .collect();
+    let errors = pick(&f.diagnostics, |d| d.severity == Severity::Error);
+    let missing = pick(&f.diagnostics, |d| d.reason == reason::SECRET_KEY_MISSING);
     let c = |type_, status, reason, message| {
         condition(
             f.previous,
@@ -497,24 +487,13 @@ pub fn client_status(f: &ClientFacts<'_>) -> LLMClientStatus {
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    let errors: Vec<&Diagnostic> = f
-        .diagnostics
-        .iter()
-        .copied()
-        .filter(|d| d.severity == Severity::Error)
-        .collect();
-    let blocking: Vec<&Diagnostic> = f
-        .diagnostics
-        .iter()
-        .copied()
-        .filter(|d| d.severity == Severity::Warning && client_blocking(d.reason))
-        .collect();
-    let warnings: Vec<&Diagnostic> = f
-        .diagnostics
-        .iter()
-        .copied()
-        .filter(|d| d.severity == Severity::Warning && !client_blocking(d.reason))
-        .collect();
+    let errors = pick(&f.diagnostics, |d| d.severity == Severity::Error);
+    let blocking = pick(&f.diagnostics, |d| {
+        d.severity == Severity::Warning && client_blocking(d.reason)
+    });
+    let warnings = pick(&f.diagnostics, |d| {
+        d.severity == Severity::Warning && !client_blocking(d.reason)
+    });
     let c = |status, reason: &str, message| {
         condition(
             previous,
