@@ -238,7 +238,10 @@ mod tests {
         let empty = dir.path().join("empty");
         std::fs::write(&empty, "\n").unwrap();
         let e = AdminToken::from_file(&empty).unwrap_err();
-        assert!(e.contains(&empty.display().to_string()) && e.contains("empty"), "{e}");
+        assert!(
+            e.contains(&empty.display().to_string()) && e.contains("empty"),
+            "{e}"
+        );
         let short = dir.path().join("short");
         std::fs::write(&short, "s3cr3t-shorty").unwrap();
         let e = AdminToken::from_file(&short).unwrap_err();
@@ -271,7 +274,10 @@ mod tests {
         put("");
         let (t, r) = file.current();
         assert_eq!(t.expose(), next);
-        assert!(matches!(&r, Refresh::KeptLast(m) if m.contains("empty")), "{r:?}");
+        assert!(
+            matches!(&r, Refresh::KeptLast(m) if m.contains("empty")),
+            "{r:?}"
+        );
         assert_eq!(file.current().1, Refresh::Unchanged, "reported once");
 
         std::fs::remove_file(&path).unwrap();
