@@ -2,6 +2,7 @@
 //! resources, their validation, and the compiled config that the operator renders and
 //! the proxy loads.
 
+pub mod admintoken;
 pub mod client;
 pub mod compile;
 pub mod config;

@@ -74,6 +74,12 @@ pub struct RunArgs {
     )]
     pub proxy_admin_port_name: String,
 
+    /// File holding the proxies' admin token (the content of their
+    /// `--admin-token-file`), sent as `Authorization: Bearer` on every scrape. Re-read
+    /// when it changes. A proxy that answers 401 is logged once, as a token mismatch.
+    #[arg(long, env = "SWITCHBACK_PROXY_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub proxy_admin_token_file: Option<PathBuf>,
+
     /// How often the proxies' /admin/v1/stats are scraped. Bounds how soon
     /// `Programmed` follows a change. A Gateway API duration (`2s`, `500ms`).
     #[arg(long, env = "SWITCHBACK_SCRAPE_INTERVAL", value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
@@ -200,6 +206,19 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.run.proxy_admin_urls.len(), 2);
+        assert_eq!(cli.run.proxy_admin_token_file, None);
+        let with_token = Cli::try_parse_from([
+            "switchback-operator",
+            "--proxy-admin-token-file",
+            "/var/run/switchback/admin-token/token",
+        ])
+        .unwrap();
+        assert_eq!(
+            with_token.run.proxy_admin_token_file.as_deref(),
+            Some(std::path::Path::new(
+                "/var/run/switchback/admin-token/token"
+            ))
+        );
         assert_eq!(cli.run.status_interval, Duration::from_secs(90));
         assert!(!cli.run.leader_election);
         assert!(Cli::try_parse_from(["switchback-operator", "--status-interval", "0s"]).is_err());

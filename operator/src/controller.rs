@@ -37,6 +37,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use switchback_crds::admintoken::Refresh;
 use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::{CompiledConfig, ObjectId};
 use switchback_crds::delivery::{self, DeliveryError, NamespaceConfig};
@@ -1000,6 +1001,8 @@ pub struct ScrapeOptions {
     pub replicas: Replicas,
     pub interval: Duration,
     pub window: Duration,
+    /// `--proxy-admin-token-file`: the proxies' admin token, sent on every scrape.
+    pub admin_token: Option<Arc<switchback_crds::admintoken::AdminTokenFile>>,
 }
 
 /// Scrapes the proxies forever: aggregate, queue routes whose facts changed, publish
@@ -1015,6 +1018,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     let started = Timestamp::now().as_millisecond() as u64;
     let mut agg = Aggregator::new(opts.window.as_millis() as u64, started);
     let mut events = CircuitEvents::default();
+    let mut refusals = scrape::Refusals::default();
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -1026,9 +1030,29 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 continue;
             }
         };
-        let scrapes =
-            futures_util::future::join_all(endpoints.iter().map(|e| scrape::scrape(&http, e)))
-                .await;
+        let token = opts.admin_token.as_ref().map(|file| {
+            let (token, refresh) = file.current();
+            match refresh {
+                Refresh::Unchanged => {}
+                Refresh::Reloaded => tracing::info!(
+                    file = %file.path().display(),
+                    "the proxy admin token file changed: scraping with the new token"
+                ),
+                Refresh::KeptLast(why) => tracing::warn!("{why}"),
+            }
+            token
+        });
+        let scrapes = futures_util::future::join_all(
+            endpoints
+                .iter()
+                .map(|e| scrape::scrape(&http, e, token.as_deref())),
+        )
+        .await;
+        for s in refusals.observe(&scrapes) {
+            if let Err(e) = &s.result {
+                tracing::warn!(replica = %s.endpoint, "scraping a proxy replica: {e}");
+            }
+        }
         for s in &scrapes {
             let result = if s.result.is_ok() { "ok" } else { "error" };
             ctx.metrics

@@ -10,6 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
 use prometheus_client::registry::Registry;
+use switchback_crds::admintoken::AdminTokenFile;
 use switchback_crds::keyhash::KeyHasher;
 use switchback_operator::cli::{AuthMode, Cli, Command, LogFormat, RunArgs};
 use switchback_operator::controller::{self, ScrapeOptions, Settings};
@@ -65,6 +66,24 @@ async fn run(args: RunArgs) -> ExitCode {
     // The one process-wide rustls provider (the workspace compiles in only aws-lc-rs),
     // installed before kube or reqwest builds a TLS config.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    // Read before anything else: a standby with an unusable token would only fail
+    // once it leads.
+    let admin_token = match &args.proxy_admin_token_file {
+        Some(path) => match AdminTokenFile::open(path) {
+            Ok(f) => Some(Arc::new(f)),
+            Err(e) => {
+                eprintln!("error: --proxy-admin-token-file: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => {
+            tracing::info!(
+                "no --proxy-admin-token-file: scraping the proxies without the admin token \
+                 (proxies started with --admin-token-file will answer 401)"
+            );
+            None
+        }
+    };
     let client = match Client::try_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -159,6 +178,7 @@ async fn run(args: RunArgs) -> ExitCode {
         replicas,
         interval: args.scrape_interval,
         window: args.stats_window,
+        admin_token,
     };
     let controllers = controller::run(client, settings, scrape, metrics.clone(), health, recorder);
     let code = match &elector {

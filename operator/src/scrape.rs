@@ -2,11 +2,13 @@
 //! endpoints of the proxy admin Service (EndpointSlices), or the fixed
 //! `--proxy-admin-url` list for proxies run outside the cluster.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client};
+use switchback_crds::admintoken::AdminToken;
 use switchback_crds::stats::{STATS_VERSION, StatsReport};
 
 use crate::aggregate::Scrape;
@@ -90,15 +92,31 @@ pub fn ready_endpoints(slices: &[EndpointSlice], port_name: &str) -> Vec<String>
     out
 }
 
-/// Scrapes one replica.
-pub async fn scrape(http: &reqwest::Client, base: &str) -> Scrape {
+/// Scrapes one replica, with the admin token (`--proxy-admin-token-file`) as
+/// `Authorization: Bearer` when there is one.
+pub async fn scrape(http: &reqwest::Client, base: &str, token: Option<&AdminToken>) -> Scrape {
     let result = async {
-        let response = http
+        let mut request = http
             .get(format!("{base}/admin/v1/stats"))
-            .timeout(SCRAPE_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
+            .timeout(SCRAPE_TIMEOUT);
+        if let Some(token) = token {
+            // Marked sensitive: never shown in reqwest's Debug output.
+            request = request.bearer_auth(token.expose());
+        }
+        let response = request.send().await.map_err(|e| e.to_string())?;
+        if response.status() == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(if token.is_some() {
+                format!(
+                    "{UNAUTHORIZED}: the proxy refused the admin token (token mismatch: \
+                         --proxy-admin-token-file must hold the proxy's --admin-token-file token)"
+                )
+            } else {
+                format!(
+                    "{UNAUTHORIZED}: the proxy requires an admin token; none is configured \
+                         (set --proxy-admin-token-file)"
+                )
+            });
+        }
         if !response.status().is_success() {
             return Err(format!("HTTP {}", response.status()));
         }
@@ -120,8 +138,42 @@ pub async fn scrape(http: &reqwest::Client, base: &str) -> Scrape {
     }
 }
 
+/// How a 401 scrape error starts.
+pub const UNAUTHORIZED: &str = "HTTP 401 Unauthorized";
+
+/// The replicas whose last scrape was refused for the admin token, so that each is
+/// logged once when it starts refusing (and again only after it accepted in between).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    refusing: BTreeSet<String>,
+}
+
+impl Refusals {
+    /// The scrapes refused for the token that were not refused the time before.
+    pub fn observe<'s>(&mut self, scrapes: &'s [Scrape]) -> Vec<&'s Scrape> {
+        let mut new = Vec::new();
+        for s in scrapes {
+            match &s.result {
+                Err(e) if e.starts_with(UNAUTHORIZED) => {
+                    if self.refusing.insert(s.endpoint.clone()) {
+                        new.push(s);
+                    }
+                }
+                _ => {
+                    self.refusing.remove(&s.endpoint);
+                }
+            }
+        }
+        let seen: BTreeSet<&str> = scrapes.iter().map(|s| s.endpoint.as_str()).collect();
+        self.refusing.retain(|e| seen.contains(e.as_str()));
+        new
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 
@@ -160,5 +212,92 @@ mod tests {
             ready_endpoints(&[slice], "admin"),
             ["http://10.0.0.1:9090", "http://10.0.0.3:9090"]
         );
+    }
+
+    /// A stand-in proxy admin port on loopback that records the Authorization header
+    /// of each request and answers like a proxy with token `accept`.
+    async fn admin_port(accept: &'static str) -> (String, Arc<Mutex<Vec<Option<String>>>>) {
+        use axum::http::{HeaderMap, StatusCode};
+        let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+        let app = axum::Router::new().route(
+            "/admin/v1/stats",
+            axum::routing::get({
+                let seen = seen.clone();
+                move |headers: HeaderMap| async move {
+                    let auth = headers
+                        .get("authorization")
+                        .map(|v| v.to_str().unwrap().to_string());
+                    seen.lock().unwrap().push(auth.clone());
+                    if auth.as_deref() == Some(&format!("Bearer {accept}")) {
+                        let report = StatsReport {
+                            version: STATS_VERSION,
+                            instance_id: "i".into(),
+                            ..StatsReport::default()
+                        };
+                        (StatusCode::OK, serde_json::to_string(&report).unwrap())
+                    } else {
+                        (StatusCode::UNAUTHORIZED, "{}".to_string())
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://{addr}"), seen)
+    }
+
+    const TOKEN: &str = "admin-token-0123456789abcdef";
+
+    #[tokio::test]
+    async fn every_scrape_carries_the_admin_token() {
+        let (base, seen) = admin_port(TOKEN).await;
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let token = AdminToken::new(TOKEN.as_bytes()).unwrap();
+        let s = scrape(&http, &base, Some(&token)).await;
+        assert_eq!(s.result.unwrap().instance_id, "i");
+        assert_eq!(
+            seen.lock().unwrap().as_slice(),
+            [Some(format!("Bearer {TOKEN}"))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_token_is_a_scrape_error_that_does_not_show_it() {
+        let (base, _) = admin_port("the-proxys-own-token-0123").await;
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let token = AdminToken::new(TOKEN.as_bytes()).unwrap();
+        let e = scrape(&http, &base, Some(&token)).await.result.unwrap_err();
+        assert!(e.starts_with(UNAUTHORIZED), "{e}");
+        assert!(e.contains("token mismatch"), "{e}");
+        assert!(!e.contains(TOKEN), "{e}");
+        let e = scrape(&http, &base, None).await.result.unwrap_err();
+        assert!(
+            e.starts_with(UNAUTHORIZED) && e.contains("--proxy-admin-token-file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_refusing_replica_is_reported_once_until_it_accepts() {
+        let refused = |endpoint: &str| Scrape {
+            endpoint: endpoint.into(),
+            result: Err(format!("{UNAUTHORIZED}: token mismatch")),
+        };
+        let down = |endpoint: &str| Scrape {
+            endpoint: endpoint.into(),
+            result: Err("connection refused".into()),
+        };
+        let ends = |v: Vec<&Scrape>| v.iter().map(|s| s.endpoint.clone()).collect::<Vec<_>>();
+        let mut r = Refusals::default();
+        assert_eq!(ends(r.observe(&[refused("a"), down("b")])), ["a"]);
+        assert!(r.observe(&[refused("a"), down("b")]).is_empty());
+        assert_eq!(ends(r.observe(&[refused("a"), refused("b")])), ["b"]);
+        // `a` accepted (or failed otherwise) once: a new refusal is news again.
+        assert!(r.observe(&[down("a"), refused("b")]).is_empty());
+        assert_eq!(ends(r.observe(&[refused("a"), refused("b")])), ["a"]);
+        // A replica gone from the list is forgotten.
+        assert!(r.observe(&[refused("a")]).is_empty());
+        assert_eq!(ends(r.observe(&[refused("a"), refused("b")])), ["b"]);
     }
 }

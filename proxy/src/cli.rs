@@ -13,7 +13,8 @@ use clap::{Parser, ValueEnum};
     version,
     about = "OpenAI- and Anthropic-compatible LLM gateway with retries, fallbacks and time budgets",
     long_about = "Serves POST /v1/chat/completions, /v1/embeddings, /v1/messages and GET /v1/models on the data \
-port, and /healthz, /readyz, /admin/v1/config, /admin/v1/stats, /metrics on the admin port.\n\nRun standalone with --manifests (the same \
+port, and /healthz, /readyz, /admin/v1/config, /admin/v1/stats, /metrics on the admin port (all but /healthz and /readyz \
+behind the bearer token of --admin-token-file when it is set).\n\nRun standalone with --manifests (the same \
 LLMRoute, ProviderCredential and Secret manifests you would kubectl apply), or in a cluster with --namespace.\n\n\
 New here? `cargo run -p switchback-tests --example demo` starts simulated providers next to a proxy and shows \
 a fallback happen."
@@ -140,6 +141,15 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_CLIENT_KEY_HMAC_FILE", value_name = "PATH")]
     pub client_key_hmac_file: Option<PathBuf>,
 
+    /// File holding the admin port's bearer token (surrounding whitespace trimmed, at
+    /// least 16 visible ASCII characters, e.g. `openssl rand -hex 24`). When set,
+    /// /admin/v1/* and /metrics answer 401 unless the request carries
+    /// `Authorization: Bearer <token>`; /healthz and /readyz stay open. Re-read when the
+    /// file changes (a rotated Secret). Unset: the admin port is open to anyone who
+    /// reaches it, and the proxy warns at start-up.
+    #[arg(long, env = "SWITCHBACK_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
+
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -258,6 +268,24 @@ mod tests {
         }
         assert!(
             Cli::try_parse_from(["switchback-proxy", "--manifests", "x", "--auth", "on"]).is_err()
+        );
+    }
+
+    #[test]
+    fn the_admin_token_file_is_optional() {
+        let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
+        assert_eq!(cli.admin_token_file, None);
+        let cli = Cli::try_parse_from([
+            "switchback-proxy",
+            "--manifests",
+            "x.yaml",
+            "--admin-token-file",
+            "/var/run/switchback/admin-token/token",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.admin_token_file,
+            Some(PathBuf::from("/var/run/switchback/admin-token/token"))
         );
     }
 

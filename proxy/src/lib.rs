@@ -4,6 +4,7 @@
 //! [`start`] runs a proxy in-process (the binary, tests, the demo and the benchmark
 //! all use it); nothing here touches global state.
 
+pub mod admin;
 pub mod attempt;
 pub mod auth;
 pub mod budget;
@@ -72,6 +73,9 @@ pub struct Options {
     /// `--client-key-hmac-file`: the per-cluster secret client keys are hashed with.
     /// Standalone without it, a random one is drawn at start.
     pub client_key_hmac_file: Option<PathBuf>,
+    /// `--admin-token-file`: the admin port's bearer token (SPEC §9). `None`: the admin
+    /// port is open to whoever reaches it (said at start-up).
+    pub admin_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +98,8 @@ pub enum StartError {
     Cluster(#[from] cluster::ClusterError),
     #[error("authentication: {0}")]
     Auth(String),
+    #[error("--admin-token-file: {0}")]
+    AdminToken(String),
 }
 
 /// A running proxy. Dropping it stops serving.
@@ -147,6 +153,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     gw.allow_empty_config = opts.allow_empty_config;
     gw.set_upstream_limits(opts.upstream_limits);
     gw.auth = auth_settings(&opts)?;
+    let admin_token = admin_token(&opts)?;
     match gw.auth.mode {
         auth::AuthMode::Off => tracing::warn!(
             "authentication is off (--auth off): every caller is served, with every route"
@@ -189,7 +196,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         .local_addr()
         .map_err(listen_error(opts.admin_listen))?;
     let data_app = server::data_router(gw.clone());
-    let admin_app = server::admin_router(gw.clone());
+    let admin_app = admin::guard(server::admin_router(gw.clone()), admin_token);
     let (data_addr, data_task) = if opts.threads == 0 {
         let data = tokio::net::TcpListener::bind(opts.listen)
             .await
@@ -253,6 +260,32 @@ fn auth_settings(opts: &Options) -> Result<auth::Auth, StartError> {
     })
 }
 
+/// The admin token file, read once now (a missing, empty or too short token stops the
+/// start, naming the file); without one, a warning that the admin port is open.
+fn admin_token(
+    opts: &Options,
+) -> Result<Option<Arc<switchback_crds::admintoken::AdminTokenFile>>, StartError> {
+    match &opts.admin_token_file {
+        Some(path) => {
+            let file = switchback_crds::admintoken::AdminTokenFile::open(path)
+                .map_err(StartError::AdminToken)?;
+            tracing::info!(
+                file = %path.display(),
+                "admin port: /admin/v1/* and /metrics need the admin token (Authorization: Bearer)"
+            );
+            Ok(Some(Arc::new(file)))
+        }
+        None => {
+            tracing::warn!(
+                admin = %opts.admin_listen,
+                "admin port unauthenticated: /admin/v1/* and /metrics are served to anyone who \
+                 reaches it; set --admin-token-file"
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// Serves `app` on `listener` until it fails, and says so in the log.
 async fn serve(listener: tokio::net::TcpListener, app: axum::Router, which: &'static str) {
     if let Err(e) = axum::serve(listener.tap_io(no_delay), app).await {
@@ -294,6 +327,7 @@ mod tests {
             upstream_limits: Default::default(),
             auth,
             client_key_hmac_file: hmac,
+            admin_token_file: None,
         }
     }
 

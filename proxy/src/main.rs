@@ -45,6 +45,7 @@ async fn main() -> std::process::ExitCode {
         allow_empty_config: cli.allow_empty_config,
         auth: cli.auth,
         client_key_hmac_file: cli.client_key_hmac_file,
+        admin_token_file: cli.admin_token_file,
     };
     let started = tokio::select! {
         r = start(opts) => r,

@@ -66,6 +66,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         allow_empty_config: false,
         auth: None,
         client_key_hmac_file: None,
+        admin_token_file: None,
     })
     .await?;
     let base = format!("http://{}", proxy.data_addr);

@@ -121,6 +121,7 @@ impl TestProxy {
             allow_empty_config: false,
             auth: None,
             client_key_hmac_file: None,
+            admin_token_file: None,
         };
         configure(&mut options);
         let running = switchback_proxy::start(options).await?;

@@ -285,6 +285,9 @@ struct Stack {
     operator: Process,
     operator_log: PathBuf,
     http: reqwest::Client,
+    /// The proxies' admin token (SPEC §9): every proxy gets `--admin-token-file`, the
+    /// operator `--proxy-admin-token-file`, on the same file, as the chart does.
+    admin_token: String,
 }
 
 impl Stack {
@@ -315,7 +318,19 @@ impl Stack {
         extra_operator_args: &[&str],
         extra_proxy_args: &[&str],
     ) -> Stack {
-        let proxy_args: Vec<String> = extra_proxy_args.iter().map(|s| s.to_string()).collect();
+        let admin_token = format!(
+            "e2e-admin-token-{gateway}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        );
+        let admin_token_file = log_dir().join(format!("{gateway}-admin-token"));
+        std::fs::write(&admin_token_file, format!("{admin_token}\n")).unwrap();
+        let mut proxy_args: Vec<String> = extra_proxy_args.iter().map(|s| s.to_string()).collect();
+        // In the kept arguments: a restarted replica gets it too.
+        proxy_args.push(format!("--admin-token-file={}", admin_token_file.display()));
         let proxies: Vec<Proxy> = (0..replicas)
             .map(|i| Self::proxy(&bin, gateway, &proxy_args, i, free_port(), free_port()))
             .collect();
@@ -329,6 +344,7 @@ impl Stack {
             "switchback-e2e".into(),
             "--admin-listen".into(),
             format!("127.0.0.1:{operator_admin}"),
+            format!("--proxy-admin-token-file={}", admin_token_file.display()),
         ];
         for p in &proxies {
             args.push("--proxy-admin-url".into());
@@ -356,6 +372,7 @@ impl Stack {
             operator,
             operator_log,
             http: reqwest::Client::new(),
+            admin_token,
         }
     }
 
@@ -458,8 +475,14 @@ impl Stack {
         self.chat_on(0, model).await
     }
 
+    /// `GET url` with the admin token (the proxies' admin port needs it; the
+    /// operator's port ignores it).
+    fn admin_get(&self, url: &str) -> reqwest::RequestBuilder {
+        self.http.get(url).bearer_auth(&self.admin_token)
+    }
+
     async fn get_text(&self, url: String) -> String {
-        match self.http.get(&url).send().await {
+        match self.admin_get(&url).send().await {
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(e) => format!("({url}: {e})"),
         }
@@ -1123,7 +1146,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
         || async {
             for proxy in &stack.proxies {
                 let url = format!("{}/admin/v1/config", proxy.admin_url());
-                let config: Value = stack.http.get(url).send().await.ok()?.json().await.ok()?;
+                let config: Value = stack.admin_get(&url).send().await.ok()?.json().await.ok()?;
                 let refused = config["load"]["lastError"]["problems"].to_string();
                 if !refused.contains("no LLMRoute") {
                     return None;
@@ -1302,6 +1325,10 @@ async fn clients_authenticate_against_a_real_api_server() {
             "a client key in a log, metric or admin endpoint"
         );
     }
+    assert!(
+        !everything.contains(&stack.admin_token),
+        "the admin token in a log, metric or admin endpoint"
+    );
 }
 
 /// The API server refuses what the schema and CEL rules forbid, naming the field.

@@ -50,17 +50,40 @@ unless it names its own: (dict "root" . "component" "proxy" "constraints" list).
 {{- end }}
 {{- end }}
 {{- define "switchback.authMount" -}}
-{{- if eq .Values.auth.mode "required" }}
+{{- if or (eq .Values.auth.mode "required") .Values.admin.tokenAuth }}
 volumeMounts:
+  {{- if eq .Values.auth.mode "required" }}
   - { name: client-key-hmac, mountPath: /etc/switchback/client-key-hmac, readOnly: true }
+  {{- end }}
+  {{- if .Values.admin.tokenAuth }}
+  - { name: admin-token, mountPath: /etc/switchback/admin-token, readOnly: true }
+  {{- end }}
 {{- end }}
 {{- end }}
 {{- define "switchback.authVolume" -}}
-{{- if eq .Values.auth.mode "required" }}
+{{- if or (eq .Values.auth.mode "required") .Values.admin.tokenAuth }}
 volumes:
+  {{- if eq .Values.auth.mode "required" }}
   - name: client-key-hmac
     secret:
       secretName: {{ include "switchback.hmacSecret" . }}
       items: [ { key: {{ .Values.auth.secretKey }}, path: {{ .Values.auth.secretKey }} } ]
+  {{- end }}
+  {{- if .Values.admin.tokenAuth }}
+  # A volume, not an env var or subPath mount: a rotated Secret reaches the running
+  # pods, and proxy and operator re-read the file when it changes.
+  - name: admin-token
+    secret:
+      secretName: {{ include "switchback.adminTokenSecret" . }}
+      items: [ { key: {{ .Values.admin.secretKey }}, path: {{ .Values.admin.secretKey }} } ]
+  {{- end }}
 {{- end }}
+{{- end }}
+
+{{- /* The admin token Secret's name and the file the proxy and the operator read. */}}
+{{- define "switchback.adminTokenSecret" -}}
+{{- .Values.admin.existingSecret | default (printf "%s-admin-token" .Release.Name) -}}
+{{- end }}
+{{- define "switchback.adminTokenFile" -}}
+/etc/switchback/admin-token/{{ .Values.admin.secretKey }}
 {{- end }}
