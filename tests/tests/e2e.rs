@@ -976,6 +976,17 @@ async fn operator_and_proxy_against_a_real_api_server() {
     ]);
 
     // 11. kubectl fits: columns with real values, the category, explain, describe.
+    // Step 9 took `steady` out of `smart` and back: a count alone waits for
+    // --status-interval, so wait for it rather than read it mid-way.
+    eventually(
+        "a/steady to count its route again",
+        Duration::from_secs(10),
+        || {
+            let c = get_json(&["pcred", "-n", &a, "steady"])?;
+            (c["status"]["routes"] == 1).then_some(())
+        },
+    )
+    .await;
     let rows = table(&ok(&["get", "pcred", "-A"]));
     assert_eq!(
         rows[0],
