@@ -29,6 +29,7 @@ use crate::snapshot::{RouteRt, TargetRt};
 use crate::stats;
 use crate::surface::{self, AttemptView, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
+use crate::tenant::ClientUsage;
 use crate::translate::{self, Direction};
 use crate::upstream;
 use switchback_crds::config::Provider;
@@ -58,6 +59,8 @@ pub struct Call<'a> {
     pub client_headers: &'a HeaderMap,
     /// The client's `x-request-id`, or the one the gateway made up; forwarded too.
     pub request_id: &'a HeaderValue,
+    /// The LLMClient the request comes from: where its usage is counted.
+    pub client: Option<&'a ClientUsage>,
 }
 
 /// One line of the attempt log.
@@ -624,6 +627,8 @@ async fn attempt(
                 translator: dir
                     .map(|d| (d, call.client_model, translate::include_usage(&call.body))),
                 permit,
+                client: call.client.cloned(),
+                price: t.spec.price,
             };
             return match relay::start_stream(status, headers, response, deadline, stream).await {
                 Ok((response, line)) => Attempted::Committed(response, Some(line)),
@@ -709,6 +714,9 @@ fn unary_answer(
     }
     if let Some(u) = stats::usage(&bytes) {
         t.counters.add_usage(u);
+        if let Some(c) = call.client {
+            c.record(u, t.spec.price.as_ref());
+        }
         tracing::Span::current()
             .record("gen_ai.usage.input_tokens", u.input_tokens)
             .record("gen_ai.usage.output_tokens", u.output_tokens);

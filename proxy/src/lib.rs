@@ -28,6 +28,7 @@ pub mod sse;
 pub mod stats;
 pub mod surface;
 pub mod telemetry;
+pub mod tenant;
 pub mod translate;
 pub mod upstream;
 

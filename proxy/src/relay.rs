@@ -31,7 +31,9 @@ use crate::snapshot::{CredentialRt, RouteRt, TargetRt, TargetState};
 use crate::sse::{self, EventTooLarge, Framer, Opening, StreamError};
 use crate::stats::{self, RouteCounters, RouteTargetCounters};
 use crate::surface::Wire;
+use crate::tenant::ClientUsage;
 use crate::translate::{Direction, StreamTranslator};
+use switchback_crds::config::Price;
 
 /// A stream's upstream body, chunk by chunk as it arrives.
 pub(crate) type Upstream = BodyDataStream<Incoming>;
@@ -121,6 +123,10 @@ pub(crate) struct StreamAttempt<'a> {
     pub translator: Option<(Direction, &'a str, bool)>,
     /// The concurrency slot, held until the stream ends.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The LLMClient whose usage the stream's events count to.
+    pub client: Option<ClientUsage>,
+    /// The target's price, for the client's cost.
+    pub price: Option<Price>,
 }
 
 /// Why a 2xx stream was not committed.
@@ -212,6 +218,8 @@ pub(crate) async fn start_stream(
         counters: t.counters.clone(),
         credential: Some(t.credential.clone()),
         permit: a.permit,
+        client: a.client,
+        price: a.price,
         ending: Some(ending),
         done: false,
     };
@@ -716,6 +724,9 @@ pub(crate) struct Committed<U = Upstream> {
     pub credential: Option<Arc<CredentialRt>>,
     /// The concurrency slot, held until the stream ends.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The LLMClient whose usage the events count to, and the target's price.
+    pub client: Option<ClientUsage>,
+    pub price: Option<Price>,
     pub ending: Option<Ending>,
     pub done: bool,
 }
@@ -728,6 +739,9 @@ impl<U> Committed<U> {
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
         if let Some(u) = stats::usage(ev) {
             self.counters.add_usage(u);
+            if let Some(c) = &self.client {
+                c.record(u, self.price.as_ref());
+            }
         }
         // Cheap test first: most events never mention an error.
         let without_key;
@@ -1015,6 +1029,8 @@ mod tests {
             counters: Arc::default(),
             credential: None,
             permit: None,
+            client: None,
+            price: None,
             ending,
             done: false,
         }

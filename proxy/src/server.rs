@@ -270,14 +270,20 @@ async fn route_and_run(
         );
     };
     let route = &served.route;
+    let client = served.client.as_ref();
+    if let Some(c) = client {
+        c.client.admit();
+    }
+    let stream = surface != Surface::Embeddings && peek.stream.unwrap_or(false);
     let call = Call {
         surface,
         client_model: &model,
         client_model_json: served.model_json.clone(),
-        stream: surface != Surface::Embeddings && peek.stream.unwrap_or(false),
+        stream,
         body: body.clone(),
         client_headers: headers,
         request_id,
+        client,
     };
     let started = tokio::time::Instant::now();
     let op = surface.operation();
