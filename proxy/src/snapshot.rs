@@ -25,7 +25,9 @@ use crate::outcome::Reason;
 use crate::rewrite::JsonStr;
 use crate::stats::{Histogram, RouteCounters, RouteTargetCounters};
 use crate::surface::Surface;
-use crate::tenant::{ClientCounters, ClientRt, ClientUsage, RouteTokens, WallClock};
+use crate::tenant::{
+    ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, WallClock,
+};
 use crate::upstream::{self, Clients};
 
 /// Runtime facts about one target (credential + upstream model), shared by every
@@ -146,6 +148,8 @@ struct CarriedMaps {
     clients: HashMap<ObjectId, Arc<ClientCounters>>,
     /// Per (client, route), for `switchback_client_tokens_total`; never dropped either.
     client_routes: HashMap<(ObjectId, ObjectId), Arc<RouteTokens>>,
+    /// Keyed by the shares too: new shares (limits or replicas changed) start fresh.
+    client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
 }
 
 impl Carried {
@@ -419,6 +423,7 @@ pub fn prepare(
     prune(&mut maps.routes);
     prune(&mut maps.route_targets);
     prune(&mut maps.limiters);
+    prune(&mut maps.client_limits);
     Ok(Snapshot {
         config: compiled.config.clone(),
         auth_required,
@@ -456,7 +461,7 @@ fn prepare_tenants(
         // Counted (and reported) even while the key is missing: zeros, not absent.
         let counters = carried(&mut maps.clients, c.id.clone());
         let Some(key_hash) = c.key_hash else { continue };
-        let rt = Arc::new(client_rt(c, counters, env));
+        let rt = Arc::new(client_rt(c, counters, maps, env));
         let mut models = HashMap::new();
         let mut callable: Vec<Arc<RouteRt>> = Vec::new();
         for id in &c.routes {
@@ -504,12 +509,25 @@ fn prepare_tenants(
     Ok(tenants)
 }
 
-/// One client's runtime: its counters.
-fn client_rt(c: &Client, counters: Arc<ClientCounters>, env: ClientEnv) -> ClientRt {
+/// One client's runtime: its counters and this replica's share of its limits.
+fn client_rt(
+    c: &Client,
+    counters: Arc<ClientCounters>,
+    maps: &mut CarriedMaps,
+    env: ClientEnv,
+) -> ClientRt {
+    let shares = Limits::shares(c);
+    let limits = (shares != (None, None, None)).then(|| {
+        maps.client_limits
+            .entry((c.id.clone(), shares))
+            .or_insert_with(|| Arc::new(Limits::new(shares)))
+            .clone()
+    });
     ClientRt {
         id: c.id.clone(),
         label: c.id.to_string().into(),
         counters,
+        limits,
         clock: env.clock,
     }
 }

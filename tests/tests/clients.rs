@@ -1,11 +1,14 @@
-//! Per-client usage (SPEC §9), standalone: usage counted per LLMClient on
-//! `/admin/v1/stats` and `/metrics` (unary and streamed). Waiting runs on tokio's
-//! paused clock.
+//! Per-client usage and limits (SPEC §9), standalone: usage counted per LLMClient
+//! on `/admin/v1/stats` and `/metrics` (unary and streamed), requests and tokens per
+//! minute and concurrency answered with 429 `rate_limited` without an upstream call,
+//! and the replica's share. Waiting runs on tokio's paused clock.
+
+use std::time::Duration;
 
 use serde_json::Value;
 use switchback_proxy::reload::compile_manifests_for;
-use switchback_tests::harness::{TestProxy, chat_body, credential, route};
-use switchback_tests::sim::{Flavor, PROMPT_TOKENS, SimProvider};
+use switchback_tests::harness::{TestProxy, chat_body, credential, header, route};
+use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
 
 const KEY: &str = "sk-team-a-app-0123456789";
 
@@ -74,6 +77,19 @@ async fn client_stats(proxy: &TestProxy) -> Value {
         .unwrap_or_else(|| panic!("team-a/app in {stats}"))
 }
 
+/// A 429 of the given code, with its Retry-After in seconds.
+async fn refused(r: reqwest::Response, code: &str) -> u64 {
+    assert_eq!(r.status(), 429);
+    let retry_after: u64 = header(&r, "retry-after")
+        .parse()
+        .expect("a Retry-After in seconds");
+    assert!(retry_after >= 1);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    retry_after
+}
+
 /// Re-apply the manifests with the operator's rendering of team-a/app changed.
 fn render(proxy: &TestProxy, change: impl FnOnce(&mut switchback_crds::config::Client)) {
     let gw = &proxy.running.gateway;
@@ -136,4 +152,76 @@ async fn usage_is_counted_per_client_unary_and_streamed_and_survives_a_reload() 
     render(&proxy, |_| {});
     let after = client_stats(&proxy).await;
     assert_eq!(after, c, "a reload keeps the counters");
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_per_minute_over_the_limit_get_429_without_an_upstream_call() {
+    let (primary, proxy) = setup("  limits: { requestsPerMinute: 2 }\n").await;
+    assert_eq!(ask(&proxy).await.status(), 200);
+    assert_eq!(ask(&proxy).await.status(), 200);
+    let r = ask(&proxy).await;
+    assert_eq!(header(&r, "x-switchback-attempts"), "0");
+    let retry_after = refused(r, "rate_limited").await;
+    assert!(retry_after <= 30, "one request every 30 s: {retry_after}");
+    assert_eq!(primary.hits(), 2, "never sent upstream");
+    let c = client_stats(&proxy).await;
+    assert_eq!(
+        (c["requests"].as_u64(), c["rateLimited"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let metrics = proxy.admin_text("/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "switchback_client_throttled_total",
+            &["team-a/app", "reason=\"rate_limited\""]
+        ),
+        1
+    );
+
+    tokio::time::advance(Duration::from_secs(retry_after)).await;
+    assert_eq!(ask(&proxy).await.status(), 200, "a token is back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_per_minute_are_charged_after_the_answer() {
+    // 20 per minute: the first answer leaves 7, the second is admitted (not negative)
+    // and leaves -6; the third waits for 6 tokens at one every 3 s.
+    let (primary, proxy) = setup("  limits: { tokensPerMinute: 20 }\n").await;
+    assert_eq!(ask(&proxy).await.status(), 200);
+    assert_eq!(ask(&proxy).await.status(), 200);
+    let retry_after = refused(ask(&proxy).await, "rate_limited").await;
+    assert!(retry_after <= 18, "{retry_after}");
+    assert_eq!(primary.hits(), 2);
+    tokio::time::advance(Duration::from_secs(retry_after)).await;
+    assert_eq!(ask(&proxy).await.status(), 200);
+    assert_eq!(client_stats(&proxy).await["inputTokens"], 3 * PROMPT_TOKENS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_holds_its_concurrency_slot_until_it_ends() {
+    let (primary, proxy) = setup("  limits: { maxConcurrency: 1 }\n").await;
+    primary.push(Behavior::Stream {
+        chunks: 3,
+        interval: Duration::from_secs(5),
+    });
+    let stream = chat(&proxy, &chat_body("smart", true)).await;
+    assert_eq!(stream.status(), 200);
+    let retry_after = refused(ask(&proxy).await, "rate_limited").await;
+    assert_eq!(retry_after, 1);
+    assert_eq!(primary.hits(), 1, "never sent upstream");
+    let text = stream.text().await.unwrap();
+    assert!(text.contains("[DONE]"), "{text}");
+    assert_eq!(ask(&proxy).await.status(), 200, "the slot is free again");
+    assert_eq!(client_stats(&proxy).await["rateLimited"], 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_replica_enforces_its_share_of_the_limit() {
+    let (primary, proxy) = setup("  limits: { requestsPerMinute: 4 }\n").await;
+    render(&proxy, |c| c.replicas = 2);
+    assert_eq!(ask(&proxy).await.status(), 200);
+    assert_eq!(ask(&proxy).await.status(), 200);
+    refused(ask(&proxy).await, "rate_limited").await;
+    assert_eq!(primary.hits(), 2, "4 per minute over 2 replicas is 2 here");
 }
