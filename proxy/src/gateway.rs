@@ -159,6 +159,11 @@ pub struct Gateway {
     pub allow_empty_config: bool,
     /// `--auth` and the HMAC secret client keys are hashed with.
     pub auth: crate::auth::Auth,
+    /// No operator renders budget verdicts (manifests): budgets are enforced from
+    /// this replica's own counts.
+    pub standalone: bool,
+    /// Said once that standalone budgets count only this process's usage.
+    pub said_standalone_budgets: AtomicBool,
 }
 
 impl Gateway {
@@ -186,6 +191,8 @@ impl Gateway {
             front: Arc::new(crate::front::Front::new(Default::default(), lanes)),
             allow_empty_config: false,
             auth: Default::default(),
+            standalone: false,
+            said_standalone_budgets: AtomicBool::new(false),
         })
     }
 
@@ -205,7 +212,7 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// The wall clock clients are served on: the start time plus tokio's clock since.
+    /// The wall clock budgets are read on: the start time plus tokio's clock since.
     pub fn clock(&self) -> WallClock {
         WallClock {
             started_at: self.started_at,
@@ -229,6 +236,7 @@ impl Gateway {
             return Err(ApplyError::NoRoute);
         }
         let env = ClientEnv {
+            standalone: self.standalone,
             clock: self.clock(),
         };
         let mut snapshot = prepare(

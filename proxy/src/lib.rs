@@ -148,6 +148,8 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     gw.allow_empty_config = opts.allow_empty_config;
     gw.set_upstream_limits(opts.upstream_limits);
     gw.auth = auth_settings(&opts)?;
+    // Manifests have no operator to sum usage and render spent budgets.
+    gw.standalone = matches!(opts.source, Source::Manifests(_));
     match gw.auth.mode {
         auth::AuthMode::Off => tracing::warn!(
             "authentication is off (--auth off): every caller is served, with every route"

@@ -272,7 +272,7 @@ async fn route_and_run(
     };
     let route = &served.route;
     let client = served.client.as_ref();
-    // Limits before anything is sent upstream; the slot (if any) is held
+    // Limits and budgets before anything is sent upstream; the slot (if any) is held
     // until the answer is out (a stream's until it ends).
     let admitted = match client {
         None => None,
@@ -374,8 +374,8 @@ async fn route_and_run(
     response
 }
 
-/// A 429 for a client over a limit (`rate_limited`), with `Retry-After`; nothing
-/// was sent upstream.
+/// A 429 for a client over a limit (`rate_limited`) or with a spent budget
+/// (`budget_exhausted`), with `Retry-After`; nothing was sent upstream.
 fn throttled(wire: Wire, route: &RouteRt, client: &ClientRt, t: Throttled) -> Response<Body> {
     let (code, retry_after, message) = match &t {
         Throttled::RateLimited { retry_after, limit } => (
@@ -383,6 +383,17 @@ fn throttled(wire: Wire, route: &RouteRt, client: &ClientRt, t: Throttled) -> Re
             *retry_after,
             format!(
                 "the LLMClient {} is over its {limit} limit (this replica's share); retry after {retry_after} s",
+                client.label
+            ),
+        ),
+        Throttled::BudgetExhausted {
+            retry_after,
+            budget,
+        } => (
+            "budget_exhausted",
+            *retry_after,
+            format!(
+                "the LLMClient {} has spent its {budget} budget; requests are refused until the period ends",
                 client.label
             ),
         ),

@@ -26,7 +26,7 @@ use crate::rewrite::JsonStr;
 use crate::stats::{Histogram, RouteCounters, RouteTargetCounters};
 use crate::surface::Surface;
 use crate::tenant::{
-    ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, WallClock,
+    ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, Spent, WallClock,
 };
 use crate::upstream::{self, Clients};
 
@@ -181,6 +181,8 @@ impl Carried {
 /// How the clients of a snapshot are served, fixed for the process.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientEnv {
+    /// No operator (manifests): budgets are enforced from this replica's own counts.
+    pub standalone: bool,
     pub clock: WallClock,
 }
 
@@ -509,7 +511,8 @@ fn prepare_tenants(
     Ok(tenants)
 }
 
-/// One client's runtime: its counters and this replica's share of its limits.
+/// One client's runtime: its counters, this replica's share of its limits, and its
+/// budgets (the operator's verdict, or standalone the budget itself).
 fn client_rt(
     c: &Client,
     counters: Arc<ClientCounters>,
@@ -523,11 +526,30 @@ fn client_rt(
             .or_insert_with(|| Arc::new(Limits::new(shares)))
             .clone()
     });
+    let exhausted =
+        c.exhausted
+            .as_ref()
+            .and_then(|e| match humantime::parse_rfc3339_weak(&e.until) {
+                Ok(until) => Some(Spent {
+                    budget: e.budget.as_str().into(),
+                    until,
+                }),
+                Err(err) => {
+                    tracing::warn!(client = %c.id, until = %e.until, error = %err,
+                    "exhausted.until is not an RFC 3339 time; the client is not held back");
+                    None
+                }
+            });
+    let budget = c.budget;
+    let has_budget = budget.tokens_per_day.is_some() || budget.usd_per_month.is_some();
     ClientRt {
         id: c.id.clone(),
         label: c.id.to_string().into(),
         counters,
         limits,
+        exhausted,
+        standalone_budget: (env.standalone && has_budget).then_some(budget),
+        standalone: env.standalone,
         clock: env.clock,
     }
 }

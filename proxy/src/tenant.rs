@@ -1,16 +1,19 @@
 //! What the gateway keeps per LLMClient (SPEC §9): its usage counters (requests,
-//! tokens, cost, throttles; reported on `/admin/v1/stats` and `/metrics`) and its rate
-//! limits (requests and tokens per minute, concurrency, each this replica's share).
+//! tokens, cost, throttles; reported on `/admin/v1/stats` and `/metrics`), its rate
+//! limits (requests and tokens per minute, concurrency, each this replica's share),
+//! and its budgets (the operator's rendered `exhausted`, or standalone the replica's
+//! own daily token and monthly cost counts).
 //!
 //! Counters outlive reloads (kept in [`crate::snapshot::Carried`]), so the operator's
 //! per-instance deltas never see one go backwards. The request path touches atomics,
-//! plus a short uncontended mutex per token bucket, never held across an await.
+//! plus two short uncontended mutexes (a token bucket's state, a standalone budget's
+//! period) that are never held across an await.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use switchback_crds::config::{Client, ObjectId, Price};
+use switchback_crds::config::{Client, ClientBudget, ObjectId, Price};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -29,6 +32,35 @@ pub struct ClientCounters {
     pub budget_exhausted: AtomicU64,
     /// Unix milliseconds of the last request, let through or refused; 0 = none.
     pub last_request_ms: AtomicU64,
+    /// Standalone only: this replica's counts in the current UTC day and month.
+    period: Mutex<Period>,
+}
+
+/// The current UTC day's tokens and month's cost (standalone budgets).
+#[derive(Debug, Default, Clone, Copy)]
+struct Period {
+    /// Days since 1970-01-01 the tokens are for.
+    day: u64,
+    tokens: u64,
+    /// `year * 12 + month0` the cost is for.
+    month: u64,
+    micro_usd: u64,
+}
+
+impl Period {
+    /// Roll over to the day and month of `wall` (a new period starts from zero).
+    fn at(&mut self, wall: SystemTime) {
+        let day = days(wall);
+        if day != self.day {
+            self.day = day;
+            self.tokens = 0;
+        }
+        let month = month_index(day);
+        if month != self.month {
+            self.month = month;
+            self.micro_usd = 0;
+        }
+    }
 }
 
 /// Tokens of one client on one route, for `switchback_client_tokens_total`.
@@ -38,9 +70,8 @@ pub struct RouteTokens {
     pub output: AtomicU64,
 }
 
-/// The wall clock the gateway reads for clients: the start time plus tokio's
-/// monotonic clock since then. Immune to wall-clock jumps, and paused-clock tests can
-/// move it.
+/// The wall clock the budgets read: the start time plus tokio's monotonic clock
+/// since then. Immune to wall-clock jumps, and paused-clock tests can move it.
 #[derive(Debug, Clone, Copy)]
 pub struct WallClock {
     pub started_at: SystemTime,
@@ -145,6 +176,13 @@ impl Limits {
     }
 }
 
+/// A budget spent: which, and until when.
+#[derive(Debug, Clone)]
+pub struct Spent {
+    pub budget: Arc<str>,
+    pub until: SystemTime,
+}
+
 /// One client as a snapshot serves it.
 #[derive(Debug)]
 pub struct ClientRt {
@@ -153,6 +191,13 @@ pub struct ClientRt {
     pub label: Arc<str>,
     pub counters: Arc<ClientCounters>,
     pub limits: Option<Arc<Limits>>,
+    /// Rendered by the operator (`Client.exhausted`).
+    pub exhausted: Option<Spent>,
+    /// Standalone: the budgets this replica enforces from its own counts.
+    pub standalone_budget: Option<ClientBudget>,
+    /// Standalone: keep the day and month counts (even without a budget yet, so a
+    /// budget added by a reload sees the day so far).
+    pub standalone: bool,
     pub clock: WallClock,
 }
 
@@ -164,6 +209,8 @@ pub enum Throttled {
         retry_after: u64,
         limit: &'static str,
     },
+    /// A budget is spent (`budget_exhausted`).
+    BudgetExhausted { retry_after: u64, budget: Arc<str> },
 }
 
 /// A request let through: holds its concurrency slot (if the client has a limit)
@@ -172,22 +219,38 @@ pub enum Throttled {
 pub struct Admitted(pub Option<OwnedSemaphorePermit>);
 
 impl ClientRt {
-    /// Let the request through or say why not: concurrency, tokens (nothing
-    /// taken), then requests (a token taken only once everything else agreed).
+    /// Let the request through or say why not. Budgets first (a spent budget is
+    /// the more lasting reason), then concurrency, tokens (nothing taken), and
+    /// requests (a token taken only once everything else agreed).
     pub fn admit(&self) -> Result<Admitted, Throttled> {
         let c = &self.counters;
         let wall = self.clock.now();
         c.last_request_ms
             .store(unix_ms(wall).max(1), Ordering::Relaxed);
-        let refused = self.check();
+        let refused = self.check(wall);
         match &refused {
             Err(Throttled::RateLimited { .. }) => c.rate_limited.fetch_add(1, Ordering::Relaxed),
+            Err(Throttled::BudgetExhausted { .. }) => {
+                c.budget_exhausted.fetch_add(1, Ordering::Relaxed)
+            }
             Ok(_) => c.requests.fetch_add(1, Ordering::Relaxed),
         };
         refused
     }
 
-    fn check(&self) -> Result<Admitted, Throttled> {
+    fn check(&self, wall: SystemTime) -> Result<Admitted, Throttled> {
+        if let Some(spent) = &self.exhausted
+            && let Ok(left) = spent.until.duration_since(wall)
+            && !left.is_zero()
+        {
+            return Err(Throttled::BudgetExhausted {
+                retry_after: secs_up(left),
+                budget: spent.budget.clone(),
+            });
+        }
+        if let Some(b) = &self.standalone_budget {
+            self.standalone_check(b, wall)?;
+        }
         let Some(l) = &self.limits else {
             return Ok(Admitted(None));
         };
@@ -216,6 +279,31 @@ impl ClientRt {
             })?;
         }
         Ok(Admitted(permit))
+    }
+
+    fn standalone_check(&self, b: &ClientBudget, wall: SystemTime) -> Result<(), Throttled> {
+        let p = {
+            let mut p = self
+                .counters
+                .period
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            p.at(wall);
+            *p
+        };
+        let spent = |budget: &str, until: SystemTime| Throttled::BudgetExhausted {
+            retry_after: secs_up(until.duration_since(wall).unwrap_or_default()),
+            budget: budget.into(),
+        };
+        if b.tokens_per_day.is_some_and(|max| p.tokens >= max) {
+            return Err(spent("tokensPerDay", day_start(p.day + 1)));
+        }
+        if b.usd_per_month
+            .is_some_and(|max| p.micro_usd as f64 >= max * 1e6)
+        {
+            return Err(spent("usdPerMonth", month_start(p.month + 1)));
+        }
+        Ok(())
     }
 }
 
@@ -252,7 +340,18 @@ impl ClientUsage {
         if let Some(t) = self.client.limits.as_ref().and_then(|l| l.tokens.as_ref()) {
             t.charge(tokens, Instant::now());
         }
+        if self.client.standalone {
+            let mut p = c.period.lock().unwrap_or_else(|p| p.into_inner());
+            p.at(self.client.clock.now());
+            p.tokens += tokens;
+            p.micro_usd += micro;
+        }
     }
+}
+
+/// Whole seconds, rounded up, at least 1 (a `Retry-After` a client may trust).
+fn secs_up(d: Duration) -> u64 {
+    d.as_millis().div_ceil(1000).max(1) as u64
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -260,11 +359,62 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Days since 1970-01-01 (UTC).
+fn days(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400)
+}
+
+fn day_start(day: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(day * 86_400)
+}
+
+/// `year * 12 + month0` of a day (proleptic Gregorian, H. Hinnant's `civil_from_days`).
+fn month_index(day: u64) -> u64 {
+    let (y, m) = civil(day);
+    y * 12 + (m - 1)
+}
+
+fn civil(day: u64) -> (u64, u64) {
+    let z = day + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m)
+}
+
+/// The first instant of a month given as `year * 12 + month0`.
+fn month_start(index: u64) -> SystemTime {
+    let (y, m) = (index / 12, index % 12 + 1);
+    // Hinnant's `days_from_civil`.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    day_start(era * 146_097 + doe - 719_468)
+}
+
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
+
+    #[test]
+    fn months_and_days_are_utc_calendar_ones() {
+        let t = |s: &str| humantime::parse_rfc3339(s).unwrap();
+        let d = days(t("2026-12-31T23:59:59Z"));
+        assert_eq!(day_start(d + 1), t("2027-01-01T00:00:00Z"));
+        assert_eq!(month_start(month_index(d) + 1), t("2027-01-01T00:00:00Z"));
+        let feb = days(t("2028-02-29T12:00:00Z"));
+        assert_eq!(month_start(month_index(feb)), t("2028-02-01T00:00:00Z"));
+        assert_eq!(month_start(month_index(feb) + 1), t("2028-03-01T00:00:00Z"));
+        assert_eq!(month_index(days(t("1970-01-01T00:00:00Z"))), 1970 * 12);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_bucket_refills_evenly_and_may_go_negative() {

@@ -1,11 +1,13 @@
-//! Per-client usage and limits (SPEC §9), standalone: usage counted per LLMClient
-//! on `/admin/v1/stats` and `/metrics` (unary and streamed), requests and tokens per
-//! minute and concurrency answered with 429 `rate_limited` without an upstream call,
-//! and the replica's share. Waiting runs on tokio's paused clock.
+//! Per-client usage, limits and budgets (SPEC §9), standalone: usage counted per
+//! LLMClient on `/admin/v1/stats` and `/metrics` (unary and streamed), requests and
+//! tokens per minute and concurrency answered with 429 `rate_limited` without an
+//! upstream call, the replica's share, the operator's rendered `exhausted`, and the
+//! standalone daily token budget. Waiting runs on tokio's paused clock.
 
 use std::time::Duration;
 
 use serde_json::Value;
+use switchback_crds::config::Exhausted;
 use switchback_proxy::reload::compile_manifests_for;
 use switchback_tests::harness::{TestProxy, chat_body, credential, header, route};
 use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
@@ -14,6 +16,7 @@ const KEY: &str = "sk-team-a-app-0123456789";
 
 /// `Hello from primary.`: three words.
 const OUTPUT_TOKENS: u64 = 3;
+const TOKENS: u64 = PROMPT_TOKENS + OUTPUT_TOKENS;
 
 /// One OpenAI provider behind `smart` (priced), and team-a/app with `spec` lines
 /// (limits, budget) added.
@@ -224,4 +227,41 @@ async fn each_replica_enforces_its_share_of_the_limit() {
     assert_eq!(ask(&proxy).await.status(), 200);
     refused(ask(&proxy).await, "rate_limited").await;
     assert_eq!(primary.hits(), 2, "4 per minute over 2 replicas is 2 here");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rendered_exhausted_budget_refuses_until_the_period_ends() {
+    let (primary, proxy) = setup("").await;
+    let until = proxy.running.gateway.clock().now() + Duration::from_secs(3600);
+    render(&proxy, |c| {
+        c.exhausted = Some(Exhausted {
+            budget: "usdPerMonth".into(),
+            until: humantime::format_rfc3339(until).to_string(),
+        })
+    });
+    let retry_after = refused(ask(&proxy).await, "budget_exhausted").await;
+    assert!((3590..=3600).contains(&retry_after), "{retry_after}");
+    assert_eq!(primary.hits(), 0);
+    let c = client_stats(&proxy).await;
+    assert_eq!(
+        (c["requests"].as_u64(), c["budgetExhausted"].as_u64()),
+        (Some(0), Some(1))
+    );
+
+    tokio::time::advance(Duration::from_secs(3601)).await;
+    assert_eq!(ask(&proxy).await.status(), 200, "the period is over");
+}
+
+#[tokio::test(start_paused = true)]
+async fn standalone_the_daily_token_budget_is_spent_then_renewed_at_utc_midnight() {
+    let (primary, proxy) = setup(&format!("  budget: {{ tokensPerDay: {} }}\n", TOKENS + 1)).await;
+    assert_eq!(ask(&proxy).await.status(), 200);
+    assert_eq!(ask(&proxy).await.status(), 200, "13 of 14 spent: admitted");
+    let retry_after = refused(ask(&proxy).await, "budget_exhausted").await;
+    assert!(retry_after <= 86_400, "{retry_after}");
+    assert_eq!(primary.hits(), 2);
+    // At the next UTC midnight (by the proxy's clock, which the test moves).
+    tokio::time::advance(Duration::from_secs(retry_after)).await;
+    assert_eq!(ask(&proxy).await.status(), 200, "a new UTC day");
+    assert_eq!(client_stats(&proxy).await["budgetExhausted"], 1);
 }
