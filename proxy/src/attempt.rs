@@ -61,6 +61,13 @@ pub struct Call<'a> {
     pub request_id: &'a HeaderValue,
     /// The LLMClient the request comes from: where its usage is counted.
     pub client: Option<&'a ClientUsage>,
+    /// An OpenAI stream: the client's own `stream_options.include_usage` when
+    /// already read (the body may then ask the provider for usage on the client's
+    /// behalf, see `server`); `None`: read from `body` when needed.
+    pub include_usage: Option<bool>,
+    /// The body asks for the usage chunk the client did not: strip it (OpenAI
+    /// upstreams; a translated stream answers as `include_usage` says anyway).
+    pub strip_usage: bool,
 }
 
 /// One line of the attempt log.
@@ -624,11 +631,16 @@ async fn attempt(
                 refused: &gw.refused,
                 model: &call.client_model_json,
                 wire: call.surface.wire(),
-                translator: dir
-                    .map(|d| (d, call.client_model, translate::include_usage(&call.body))),
+                translator: dir.map(|d| {
+                    let usage = call
+                        .include_usage
+                        .unwrap_or_else(|| translate::include_usage(&call.body));
+                    (d, call.client_model, usage)
+                }),
                 permit,
                 client: call.client.cloned(),
                 price: t.spec.price,
+                strip_usage: call.strip_usage && dir.is_none(),
             };
             return match relay::start_stream(status, headers, response, deadline, stream).await {
                 Ok((response, line)) => Attempted::Committed(response, Some(line)),

@@ -127,6 +127,8 @@ pub(crate) struct StreamAttempt<'a> {
     pub client: Option<ClientUsage>,
     /// The target's price, for the client's cost.
     pub price: Option<Price>,
+    /// Drop the usage-only chunk (asked for on the client's behalf).
+    pub strip_usage: bool,
 }
 
 /// Why a 2xx stream was not committed.
@@ -220,6 +222,7 @@ pub(crate) async fn start_stream(
         permit: a.permit,
         client: a.client,
         price: a.price,
+        strip_usage: a.strip_usage,
         ending: Some(ending),
         done: false,
     };
@@ -704,6 +707,21 @@ impl Drop for Ending {
     }
 }
 
+/// Is this the chunk `stream_options.include_usage` adds to an OpenAI stream (no
+/// choices, only usage)? Parsed, but only events that carry usage get here (one per
+/// stream).
+fn is_usage_only(ev: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Choices {
+        #[serde(default)]
+        choices: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    sse::fields(ev)
+        .data
+        .and_then(|d| serde_json::from_slice::<Choices>(d).ok())
+        .is_some_and(|c| c.choices.is_none_or(|c| c.is_empty()))
+}
+
 /// Looked for in every event of a committed stream: built once, not per event
 /// (`memmem::find` builds its searcher on each call, ~550 instructions).
 static ERROR_WORD: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
@@ -727,6 +745,8 @@ pub(crate) struct Committed<U = Upstream> {
     /// The LLMClient whose usage the events count to, and the target's price.
     pub client: Option<ClientUsage>,
     pub price: Option<Price>,
+    /// Drop the usage-only chunk: the client did not ask for it.
+    pub strip_usage: bool,
     pub ending: Option<Ending>,
     pub done: bool,
 }
@@ -741,6 +761,10 @@ impl<U> Committed<U> {
             self.counters.add_usage(u);
             if let Some(c) = &self.client {
                 c.record(u, self.price.as_ref());
+            }
+            // Asked for on the client's behalf: counted, not forwarded.
+            if self.strip_usage && is_usage_only(ev) {
+                return;
             }
         }
         // Cheap test first: most events never mention an error.
@@ -1031,6 +1055,7 @@ mod tests {
             permit: None,
             client: None,
             price: None,
+            strip_usage: false,
             ending,
             done: false,
         }

@@ -282,15 +282,29 @@ async fn route_and_run(
         },
     };
     let stream = surface != Surface::Embeddings && peek.stream.unwrap_or(false);
+    // A client's OpenAI stream: its usage counts to its limits and budgets, so the
+    // provider is asked for it even when the client did not ask (and the extra chunk
+    // is stripped from what the client gets).
+    let (mut upstream_body, mut include_usage, mut strip_usage) = (None, None, false);
+    if client.is_some() && stream && surface == Surface::ChatCompletions {
+        let asked = crate::translate::include_usage(&body);
+        include_usage = Some(asked);
+        if !asked && let Some(b) = crate::rewrite::with_include_usage(&body) {
+            upstream_body = Some(b);
+            strip_usage = true;
+        }
+    }
     let call = Call {
         surface,
         client_model: &model,
         client_model_json: served.model_json.clone(),
         stream,
-        body: body.clone(),
+        body: upstream_body.unwrap_or_else(|| body.clone()),
         client_headers: headers,
         request_id,
         client,
+        include_usage,
+        strip_usage,
     };
     let started = tokio::time::Instant::now();
     let op = surface.operation();

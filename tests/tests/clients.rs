@@ -1,8 +1,9 @@
 //! Per-client usage, limits and budgets (SPEC §9), standalone: usage counted per
 //! LLMClient on `/admin/v1/stats` and `/metrics` (unary and streamed), requests and
 //! tokens per minute and concurrency answered with 429 `rate_limited` without an
-//! upstream call, the replica's share, the operator's rendered `exhausted`, and the
-//! standalone daily token budget. Waiting runs on tokio's paused clock.
+//! upstream call, the replica's share, the operator's rendered `exhausted`, the
+//! standalone daily token budget, and the stream usage asked for on the client's
+//! behalf (and kept from it). Waiting runs on tokio's paused clock.
 
 use std::time::Duration;
 
@@ -21,9 +22,18 @@ const TOKENS: u64 = PROMPT_TOKENS + OUTPUT_TOKENS;
 /// One OpenAI provider behind `smart` (priced), and team-a/app with `spec` lines
 /// (limits, budget) added.
 async fn setup(client_spec: &str) -> (SimProvider, TestProxy) {
-    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    setup_with(Flavor::OpenAi, client_spec).await
+}
+
+/// [`setup`] with a provider of the given flavour.
+async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProxy) {
+    let primary = SimProvider::start_named("primary", flavor).await;
+    let provider = match flavor {
+        Flavor::OpenAi => "openai",
+        Flavor::Anthropic => "anthropic",
+    };
     let manifests = [
-        credential("primary", "openai", &primary.base_url(), "sk-primary"),
+        credential("primary", provider, &primary.base_url(), "sk-primary"),
         route(
             "smart",
             "  timeout: 60s
@@ -111,29 +121,30 @@ fn metric(text: &str, name: &str, labels: &[&str]) -> u64 {
 
 #[tokio::test(start_paused = true)]
 async fn usage_is_counted_per_client_unary_and_streamed_and_survives_a_reload() {
-    let (_primary, proxy) = setup("").await;
+    let (primary, proxy) = setup("").await;
     assert_eq!(ask(&proxy).await.status(), 200);
-    // A stream that asks for usage: counted from its last chunk.
+    // A stream that did not ask for usage: asked for on its behalf, not shown to it.
+    let r = chat(&proxy, &chat_body("smart", true)).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("\"usage\""), "usage chunk stripped: {text}");
+    assert!(text.contains("Hello"), "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let asked = primary.received()[1].json.clone().unwrap();
+    assert_eq!(asked["stream_options"]["include_usage"], true, "{asked}");
+    // A stream that asked gets it.
     let mut body = chat_body("smart", true);
     body["stream_options"] = serde_json::json!({"include_usage": true});
     let text = chat(&proxy, &body).await.text().await.unwrap();
     assert!(text.contains("\"usage\""), "the client asked: {text}");
-    assert!(text.contains("Hello"), "{text}");
-    // Another client request, answered without usage: nothing to count.
-    let text = chat(&proxy, &chat_body("smart", true))
-        .await
-        .text()
-        .await
-        .unwrap();
-    assert!(text.contains("Hello"), "{text}");
 
     let c = client_stats(&proxy).await;
     assert_eq!(c["requests"], 3, "{c}");
-    assert_eq!(c["inputTokens"], 2 * PROMPT_TOKENS, "{c}");
-    assert_eq!(c["outputTokens"], 2 * OUTPUT_TOKENS, "{c}");
+    assert_eq!(c["inputTokens"], 3 * PROMPT_TOKENS, "{c}");
+    assert_eq!(c["outputTokens"], 3 * OUTPUT_TOKENS, "{c}");
     // 2.50 and 10.00 USD per million: micro-USD per token.
     let per_request = (PROMPT_TOKENS as f64 * 2.5 + OUTPUT_TOKENS as f64 * 10.0) as u64;
-    assert_eq!(c["microUsd"], 2 * per_request, "{c}");
+    assert_eq!(c["microUsd"], 3 * per_request, "{c}");
     assert_eq!(
         (c["rateLimited"].as_u64(), c["budgetExhausted"].as_u64()),
         (Some(0), Some(0))
@@ -148,13 +159,29 @@ async fn usage_is_counted_per_client_unary_and_streamed_and_survives_a_reload() 
             "switchback_client_tokens_total",
             &[labels[0], labels[1], "direction=\"input\""]
         ),
-        2 * PROMPT_TOKENS
+        3 * PROMPT_TOKENS
     );
     assert!(!metrics.contains(KEY), "never the key");
 
     render(&proxy, |_| {});
     let after = client_stats(&proxy).await;
     assert_eq!(after, c, "a reload keeps the counters");
+}
+
+/// An OpenAI client's stream answered by an Anthropic provider: usage counted from
+/// the provider's events, and the client, which did not ask, gets no usage chunk.
+#[tokio::test(start_paused = true)]
+async fn a_translated_stream_counts_usage_and_answers_as_the_client_asked() {
+    let (primary, proxy) = setup_with(Flavor::Anthropic, "").await;
+    let r = chat(&proxy, &chat_body("smart", true)).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("Hello"), "{text}");
+    assert!(!text.contains("\"usage\""), "not asked for: {text}");
+    assert_eq!(primary.received()[0].path, "/v1/messages");
+    let c = client_stats(&proxy).await;
+    assert_eq!(c["inputTokens"], PROMPT_TOKENS, "{c}");
+    assert!(c["outputTokens"].as_u64() >= Some(OUTPUT_TOKENS), "{c}");
 }
 
 #[tokio::test(start_paused = true)]
