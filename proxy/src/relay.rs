@@ -29,7 +29,7 @@ use crate::outcome::{Reason, classify_status, may_advance};
 use crate::rewrite::{JsonStr, replace_model_into};
 use crate::snapshot::{CredentialRt, RouteRt, TargetRt, TargetState};
 use crate::sse::{self, EventTooLarge, Framer, Opening, StreamError};
-use crate::stats::{self, RouteCounters, RouteTargetCounters};
+use crate::stats::{self, RouteCounters, RouteTargetCounters, Usage};
 use crate::surface::Wire;
 use crate::tenant::ClientUsage;
 use crate::translate::{Direction, StreamTranslator};
@@ -223,6 +223,7 @@ pub(crate) async fn start_stream(
         client: a.client,
         price: a.price,
         strip_usage: a.strip_usage,
+        reported: Usage::default(),
         ending: Some(ending),
         done: false,
     };
@@ -747,6 +748,8 @@ pub(crate) struct Committed<U = Upstream> {
     pub price: Option<Price>,
     /// Drop the usage-only chunk: the client did not ask for it.
     pub strip_usage: bool,
+    /// The usage reported so far (the largest count seen of each kind).
+    pub reported: Usage,
     pub ending: Option<Ending>,
     pub done: bool,
 }
@@ -758,9 +761,19 @@ impl<U> Committed<U> {
     /// client's API has no counterpart for).
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
         if let Some(u) = stats::usage(ev) {
-            self.counters.add_usage(u);
+            // Counts are running totals, not increments: Anthropic's message_start
+            // says the input (and an output of 1 or so), each message_delta the
+            // output so far; some OpenAI-compatible servers repeat usage on every
+            // chunk. Only what is new is counted.
+            let new = Usage {
+                input_tokens: u.input_tokens.saturating_sub(self.reported.input_tokens),
+                output_tokens: u.output_tokens.saturating_sub(self.reported.output_tokens),
+            };
+            self.reported.input_tokens += new.input_tokens;
+            self.reported.output_tokens += new.output_tokens;
+            self.counters.add_usage(new);
             if let Some(c) = &self.client {
-                c.record(u, self.price.as_ref());
+                c.record(new, self.price.as_ref());
             }
             // Asked for on the client's behalf: counted, not forwarded.
             if self.strip_usage && is_usage_only(ev) {
@@ -1056,6 +1069,7 @@ mod tests {
             client: None,
             price: None,
             strip_usage: false,
+            reported: Default::default(),
             ending,
             done: false,
         }
