@@ -29,6 +29,7 @@ use crate::snapshot::{RouteRt, TargetRt};
 use crate::stats;
 use crate::surface::{self, AttemptView, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
+use crate::tenant::ClientUsage;
 use crate::translate::{self, Direction};
 use crate::upstream;
 use switchback_crds::config::Provider;
@@ -58,6 +59,15 @@ pub struct Call<'a> {
     pub client_headers: &'a HeaderMap,
     /// The client's `x-request-id`, or the one the gateway made up; forwarded too.
     pub request_id: &'a HeaderValue,
+    /// The LLMClient the request comes from: where its usage is counted.
+    pub client: Option<&'a ClientUsage>,
+    /// An OpenAI stream: the client's own `stream_options.include_usage` when
+    /// already read (the body may then ask the provider for usage on the client's
+    /// behalf, see `server`); `None`: read from `body` when needed.
+    pub include_usage: Option<bool>,
+    /// The body asks for the usage chunk the client did not: strip it (OpenAI
+    /// upstreams; a translated stream answers as `include_usage` says anyway).
+    pub strip_usage: bool,
 }
 
 /// One line of the attempt log.
@@ -621,9 +631,16 @@ async fn attempt(
                 refused: &gw.refused,
                 model: &call.client_model_json,
                 wire: call.surface.wire(),
-                translator: dir
-                    .map(|d| (d, call.client_model, translate::include_usage(&call.body))),
+                translator: dir.map(|d| {
+                    let usage = call
+                        .include_usage
+                        .unwrap_or_else(|| translate::include_usage(&call.body));
+                    (d, call.client_model, usage)
+                }),
                 permit,
+                client: call.client.cloned(),
+                price: t.spec.price,
+                strip_usage: call.strip_usage && dir.is_none(),
             };
             return match relay::start_stream(status, headers, response, deadline, stream).await {
                 Ok((response, line)) => Attempted::Committed(response, Some(line)),
@@ -709,6 +726,9 @@ fn unary_answer(
     }
     if let Some(u) = stats::usage(&bytes) {
         t.counters.add_usage(u);
+        if let Some(c) = call.client {
+            c.record(u, t.spec.price.as_ref());
+        }
         tracing::Span::current()
             .record("gen_ai.usage.input_tokens", u.input_tokens)
             .record("gen_ai.usage.output_tokens", u.output_tokens);

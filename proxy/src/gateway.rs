@@ -12,7 +12,8 @@ use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
 use crate::budget::Budget;
-use crate::snapshot::{Carried, ConfigGeneration, PrepareError, Snapshot, prepare};
+use crate::snapshot::{Carried, ClientEnv, ConfigGeneration, PrepareError, Snapshot, prepare};
+use crate::tenant::WallClock;
 use crate::upstream::Clients;
 
 /// One problem with a config, located as precisely as known.
@@ -158,6 +159,11 @@ pub struct Gateway {
     pub allow_empty_config: bool,
     /// `--auth` and the HMAC secret client keys are hashed with.
     pub auth: crate::auth::Auth,
+    /// No operator renders budget verdicts (manifests): budgets are enforced from
+    /// this replica's own counts.
+    pub standalone: bool,
+    /// Said once that standalone budgets count only this process's usage.
+    pub said_standalone_budgets: AtomicBool,
 }
 
 impl Gateway {
@@ -185,6 +191,8 @@ impl Gateway {
             front: Arc::new(crate::front::Front::new(Default::default(), lanes)),
             allow_empty_config: false,
             auth: Default::default(),
+            standalone: false,
+            said_standalone_budgets: AtomicBool::new(false),
         })
     }
 
@@ -204,6 +212,19 @@ impl Gateway {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// The wall clock budgets are read on: the start time plus tokio's clock since.
+    pub fn clock(&self) -> WallClock {
+        WallClock {
+            started_at: self.started_at,
+            epoch: self.epoch,
+        }
+    }
+
+    /// Counters that outlive reloads (per-client usage).
+    pub fn carried(&self) -> &Carried {
+        &self.carried
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
@@ -214,7 +235,17 @@ impl Gateway {
         if compiled.config.routes.is_empty() && !self.allow_empty_config {
             return Err(ApplyError::NoRoute);
         }
-        let mut snapshot = prepare(compiled, &self.clients, &self.carried, self.auth.required())?;
+        let env = ClientEnv {
+            standalone: self.standalone,
+            clock: self.clock(),
+        };
+        let mut snapshot = prepare(
+            compiled,
+            &self.clients,
+            &self.carried,
+            self.auth.required(),
+            env,
+        )?;
         // Under the report's lock: the snapshot carries the generation it is reported as.
         let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
         r.generation += 1;

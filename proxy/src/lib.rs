@@ -29,6 +29,7 @@ pub mod sse;
 pub mod stats;
 pub mod surface;
 pub mod telemetry;
+pub mod tenant;
 pub mod translate;
 pub mod upstream;
 
@@ -154,6 +155,8 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     gw.set_upstream_limits(opts.upstream_limits);
     gw.auth = auth_settings(&opts)?;
     let admin_token = admin_token(&opts)?;
+    // Manifests have no operator to sum usage and render spent budgets.
+    gw.standalone = matches!(opts.source, Source::Manifests(_));
     match gw.auth.mode {
         auth::AuthMode::Off => tracing::warn!(
             "authentication is off (--auth off): every caller is served, with every route"

@@ -1,6 +1,7 @@
 //! Prometheus `/metrics`: a prometheus-client collector that reads the same atomics
 //! as `/admin/v1/stats` at scrape time, so the request path never counts twice.
-//! Label cardinality is bounded by routes × targets (plus a fixed set of reasons).
+//! Label cardinality is bounded by routes × targets, and clients × routes (plus a
+//! fixed set of reasons).
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -10,6 +11,8 @@
 //! | `switchback_skips_total` | counter | `route`, `target`, `model`, `reason` (`missingKey`, `parked`, `circuitOpen`, ...) |
 //! | `switchback_fallbacks_away_total` | counter | `route`, `target`, `model`, `reason`: requests that left this target |
 //! | `switchback_tokens_total` | counter | `route`, `target`, `model`, `direction` (`input`, `output`), from provider usage |
+//! | `switchback_client_tokens_total` | counter | `client` (`namespace/name`, never the key), `route`, `direction` (`input`, `output`): provider usage of the LLMClient's requests |
+//! | `switchback_client_throttled_total` | counter | `client`, `reason` (`rate_limited`, `budget_exhausted`): requests refused with 429 before anything was sent upstream |
 //! | `switchback_circuit_state` | gauge | `target`, `model`, `state` (`closed`, `open`, `half_open`): 1 for the current state |
 //! | `switchback_request_duration_seconds` | histogram | `route`: to the response head (streams: the commit, at the first content event) |
 //! | `switchback_gateway_overhead_seconds` | histogram | `route`: request duration minus provider time and deliberate waits |
@@ -285,9 +288,51 @@ impl Collector for Metrics {
                 ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
             }
         }
+        clients(&mut enc, gw)?;
         limits(&mut enc, &gw.front, &gw.refused, gw.answers.held())?;
         Ok(())
     }
+}
+
+/// Per LLMClient (SPEC §9): its tokens by route, and its requests refused with 429.
+fn clients(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
+    let carried = gw.carried();
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_client_tokens",
+            "Tokens reported in provider usage, by LLMClient and route",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((client, route), t) in carried.client_routes() {
+            let (client, route) = (client.to_string(), route.to_string());
+            for (direction, n) in [("input", &t.input), ("output", &t.output)] {
+                let labels = [
+                    ("client", client.as_str()),
+                    ("route", route.as_str()),
+                    ("direction", direction),
+                ];
+                ConstCounter::new(stats::get(n)).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "switchback_client_throttled",
+        "LLMClient requests refused with 429 before routing, by reason",
+        None,
+        MetricType::Counter,
+    )?;
+    for (client, c) in carried.clients() {
+        let client = client.to_string();
+        for (reason, n) in [
+            ("rate_limited", &c.rate_limited),
+            ("budget_exhausted", &c.budget_exhausted),
+        ] {
+            ConstCounter::new(stats::get(n))
+                .encode(m.encode_family(&[("client", client.as_str()), ("reason", reason)])?)?;
+        }
+    }
+    Ok(())
 }
 
 /// What the limits refused (SPEC §8): the client-side ones and those on provider

@@ -29,9 +29,11 @@ use crate::outcome::{Reason, classify_status, may_advance};
 use crate::rewrite::{JsonStr, replace_model_into};
 use crate::snapshot::{CredentialRt, RouteRt, TargetRt, TargetState};
 use crate::sse::{self, EventTooLarge, Framer, Opening, StreamError};
-use crate::stats::{self, RouteCounters, RouteTargetCounters};
+use crate::stats::{self, RouteCounters, RouteTargetCounters, Usage};
 use crate::surface::Wire;
+use crate::tenant::ClientUsage;
 use crate::translate::{Direction, StreamTranslator};
+use switchback_crds::config::Price;
 
 /// A stream's upstream body, chunk by chunk as it arrives.
 pub(crate) type Upstream = BodyDataStream<Incoming>;
@@ -121,6 +123,12 @@ pub(crate) struct StreamAttempt<'a> {
     pub translator: Option<(Direction, &'a str, bool)>,
     /// The concurrency slot, held until the stream ends.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The LLMClient whose usage the stream's events count to.
+    pub client: Option<ClientUsage>,
+    /// The target's price, for the client's cost.
+    pub price: Option<Price>,
+    /// Drop the usage-only chunk (asked for on the client's behalf).
+    pub strip_usage: bool,
 }
 
 /// Why a 2xx stream was not committed.
@@ -212,6 +220,10 @@ pub(crate) async fn start_stream(
         counters: t.counters.clone(),
         credential: Some(t.credential.clone()),
         permit: a.permit,
+        client: a.client,
+        price: a.price,
+        strip_usage: a.strip_usage,
+        reported: Usage::default(),
         ending: Some(ending),
         done: false,
     };
@@ -696,6 +708,21 @@ impl Drop for Ending {
     }
 }
 
+/// Is this the chunk `stream_options.include_usage` adds to an OpenAI stream (no
+/// choices, only usage)? Parsed, but only events that carry usage get here (one per
+/// stream).
+fn is_usage_only(ev: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Choices {
+        #[serde(default)]
+        choices: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    sse::fields(ev)
+        .data
+        .and_then(|d| serde_json::from_slice::<Choices>(d).ok())
+        .is_some_and(|c| c.choices.is_none_or(|c| c.is_empty()))
+}
+
 /// Looked for in every event of a committed stream: built once, not per event
 /// (`memmem::find` builds its searcher on each call, ~550 instructions).
 static ERROR_WORD: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
@@ -716,6 +743,13 @@ pub(crate) struct Committed<U = Upstream> {
     pub credential: Option<Arc<CredentialRt>>,
     /// The concurrency slot, held until the stream ends.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The LLMClient whose usage the events count to, and the target's price.
+    pub client: Option<ClientUsage>,
+    pub price: Option<Price>,
+    /// Drop the usage-only chunk: the client did not ask for it.
+    pub strip_usage: bool,
+    /// The usage reported so far (the largest count seen of each kind).
+    pub reported: Usage,
     pub ending: Option<Ending>,
     pub done: bool,
 }
@@ -727,7 +761,24 @@ impl<U> Committed<U> {
     /// client's API has no counterpart for).
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
         if let Some(u) = stats::usage(ev) {
-            self.counters.add_usage(u);
+            // Counts are running totals, not increments: Anthropic's message_start
+            // says the input (and an output of 1 or so), each message_delta the
+            // output so far; some OpenAI-compatible servers repeat usage on every
+            // chunk. Only what is new is counted.
+            let new = Usage {
+                input_tokens: u.input_tokens.saturating_sub(self.reported.input_tokens),
+                output_tokens: u.output_tokens.saturating_sub(self.reported.output_tokens),
+            };
+            self.reported.input_tokens += new.input_tokens;
+            self.reported.output_tokens += new.output_tokens;
+            self.counters.add_usage(new);
+            if let Some(c) = &self.client {
+                c.record(new, self.price.as_ref());
+            }
+            // Asked for on the client's behalf: counted, not forwarded.
+            if self.strip_usage && is_usage_only(ev) {
+                return;
+            }
         }
         // Cheap test first: most events never mention an error.
         let without_key;
@@ -1015,6 +1066,10 @@ mod tests {
             counters: Arc::default(),
             credential: None,
             permit: None,
+            client: None,
+            price: None,
+            strip_usage: false,
+            reported: Default::default(),
             ending,
             done: false,
         }

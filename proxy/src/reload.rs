@@ -121,6 +121,23 @@ pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
         } else {
             tracing::info!(clients = usable, "authenticating LLMClients");
         }
+        let budgets = clients
+            .iter()
+            .filter(|c| c.budget.tokens_per_day.is_some() || c.budget.usd_per_month.is_some())
+            .count();
+        if gw.standalone
+            && budgets > 0
+            && !gw
+                .said_standalone_budgets
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                clients = budgets,
+                "standalone (no operator): LLMClient budgets are enforced from this process's \
+                 own usage since it started; other replicas' and earlier processes' usage is not \
+                 counted, and a restart starts from zero"
+            );
+        }
     } else if !clients.is_empty() {
         tracing::warn!(
             clients = clients.len(),

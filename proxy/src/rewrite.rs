@@ -205,6 +205,67 @@ pub fn replace_model_into(doc: &[u8], to: &JsonStr, out: &mut BytesMut) {
     out.extend_from_slice(&doc[copied..]);
 }
 
+static STREAM_OPTIONS: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"stream_options\""));
+
+/// An OpenAI chat request (a JSON object) that asks for the stream's usage chunk:
+/// `stream_options.include_usage` set to true. Without `stream_options` the member
+/// is spliced in after the opening brace (no parse); with one, the body is parsed and
+/// written again (rare: clients that set it usually ask for usage already). `None`
+/// when the body is not an object.
+pub fn with_include_usage(doc: &[u8]) -> Option<Bytes> {
+    const MEMBER: &[u8] = br#""stream_options":{"include_usage":true}"#;
+    let open = doc.iter().position(|b| !b.is_ascii_whitespace())?;
+    if doc[open] != b'{' {
+        return None;
+    }
+    if STREAM_OPTIONS.find(doc).is_none() {
+        let rest = &doc[open + 1..];
+        let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+        let mut out = BytesMut::with_capacity(doc.len() + MEMBER.len() + 1);
+        out.extend_from_slice(&doc[..=open]);
+        out.extend_from_slice(MEMBER);
+        if !empty {
+            out.extend_from_slice(b",");
+        }
+        out.extend_from_slice(rest);
+        return Some(out.freeze());
+    }
+    let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(doc).ok()?;
+    let options = v
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::json!({}));
+    if !options.is_object() {
+        *options = serde_json::json!({});
+    }
+    options["include_usage"] = serde_json::Value::Bool(true);
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod include_usage_tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_asked_for_with_or_without_stream_options() {
+        let parse = |b: Bytes| serde_json::from_slice::<serde_json::Value>(&b).unwrap();
+        let v = parse(with_include_usage(br#" {"model":"m","stream":true}"#).unwrap());
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["model"], "m");
+        let v = parse(
+            with_include_usage(br#"{"model":"m","stream_options":{"include_usage":false,"x":1}}"#)
+                .unwrap(),
+        );
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"include_usage": true, "x": 1})
+        );
+        let v = parse(with_include_usage(b"{}").unwrap());
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert!(with_include_usage(b"[1]").is_none());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

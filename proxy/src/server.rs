@@ -22,6 +22,7 @@ use crate::relay::StreamEnd;
 use crate::snapshot::{RouteRt, Snapshot, Tenant};
 use crate::surface::{self, Surface, Wire};
 use crate::telemetry::TRACE_TARGET;
+use crate::tenant::{Admitted, ClientRt, Throttled};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -270,14 +271,40 @@ async fn route_and_run(
         );
     };
     let route = &served.route;
+    let client = served.client.as_ref();
+    // Limits and budgets before anything is sent upstream; the slot (if any) is held
+    // until the answer is out (a stream's until it ends).
+    let admitted = match client {
+        None => None,
+        Some(c) => match c.client.admit() {
+            Ok(a) => Some(a),
+            Err(t) => return throttled(wire, route, &c.client, t),
+        },
+    };
+    let stream = surface != Surface::Embeddings && peek.stream.unwrap_or(false);
+    // A client's OpenAI stream: its usage counts to its limits and budgets, so the
+    // provider is asked for it even when the client did not ask (and the extra chunk
+    // is stripped from what the client gets).
+    let (mut upstream_body, mut include_usage, mut strip_usage) = (None, None, false);
+    if client.is_some() && stream && surface == Surface::ChatCompletions {
+        let asked = crate::translate::include_usage(&body);
+        include_usage = Some(asked);
+        if !asked && let Some(b) = crate::rewrite::with_include_usage(&body) {
+            upstream_body = Some(b);
+            strip_usage = true;
+        }
+    }
     let call = Call {
         surface,
         client_model: &model,
         client_model_json: served.model_json.clone(),
-        stream: surface != Surface::Embeddings && peek.stream.unwrap_or(false),
-        body: body.clone(),
+        stream,
+        body: upstream_body.unwrap_or_else(|| body.clone()),
         client_headers: headers,
         request_id,
+        client,
+        include_usage,
+        strip_usage,
     };
     let started = tokio::time::Instant::now();
     let op = surface.operation();
@@ -343,6 +370,10 @@ async fn route_and_run(
     if call.stream && response.status().is_success() {
         let front = gw.front.clone();
         response = response.map(|b| crate::front::drain::until_shutdown(front, wire, b));
+        // The client's concurrency slot goes with the stream.
+        if let Some(Admitted(Some(slot))) = admitted {
+            response = response.map(|inner| Body::new(HoldingSlot { inner, _slot: slot }));
+        }
     }
     let h = response.headers_mut();
     // Room for these and `x-request-id` at once, instead of growing on the way.
@@ -355,6 +386,73 @@ async fn route_and_run(
         h.insert(X_TARGET, t);
     }
     response
+}
+
+/// A 429 for a client over a limit (`rate_limited`) or with a spent budget
+/// (`budget_exhausted`), with `Retry-After`; nothing was sent upstream.
+fn throttled(wire: Wire, route: &RouteRt, client: &ClientRt, t: Throttled) -> Response<Body> {
+    let (code, retry_after, message) = match &t {
+        Throttled::RateLimited { retry_after, limit } => (
+            "rate_limited",
+            *retry_after,
+            format!(
+                "the LLMClient {} is over its {limit} limit (this replica's share); retry after {retry_after} s",
+                client.label
+            ),
+        ),
+        Throttled::BudgetExhausted {
+            retry_after,
+            budget,
+        } => (
+            "budget_exhausted",
+            *retry_after,
+            format!(
+                "the LLMClient {} has spent its {budget} budget; requests are refused until the period ends",
+                client.label
+            ),
+        ),
+    };
+    tracing::info!(
+        target: "switchback::request",
+        route = %route.spec.id,
+        client = &*client.label,
+        status = 429u16,
+        code,
+        retry_after,
+        "request throttled"
+    );
+    let mut r = gateway_error(wire, StatusCode::TOO_MANY_REQUESTS, code, &message);
+    let h = r.headers_mut();
+    h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    h.insert(X_ROUTE, route.route_header.clone());
+    h.insert(X_GENERATION, route.generation_header.clone());
+    r
+}
+
+/// A client's stream body holding the client's concurrency slot until it ends.
+struct HoldingSlot {
+    inner: Body,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl hyper::body::Body for HoldingSlot {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// One structured line per request: the route, who answered, the fallback provider

@@ -25,6 +25,9 @@ use crate::outcome::Reason;
 use crate::rewrite::JsonStr;
 use crate::stats::{Histogram, RouteCounters, RouteTargetCounters};
 use crate::surface::Surface;
+use crate::tenant::{
+    ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, Spent, WallClock,
+};
 use crate::upstream::{self, Clients};
 
 /// Runtime facts about one target (credential + upstream model), shared by every
@@ -139,6 +142,48 @@ struct CarriedMaps {
     route_targets: HashMap<(ObjectId, TargetKey), Arc<RouteTargetCounters>>,
     /// Keyed by the limits too: changing them starts a fresh limiter.
     limiters: HashMap<(ObjectId, u32, u32), Arc<Limiter>>,
+    /// Per LLMClient, never dropped: `/admin/v1/stats` reports every client seen
+    /// since start, and a client whose key goes missing for a while must not come
+    /// back with its counters reset (the operator sums per-instance deltas).
+    clients: HashMap<ObjectId, Arc<ClientCounters>>,
+    /// Per (client, route), for `switchback_client_tokens_total`; never dropped either.
+    client_routes: HashMap<(ObjectId, ObjectId), Arc<RouteTokens>>,
+    /// Keyed by the shares too: new shares (limits or replicas changed) start fresh.
+    client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
+}
+
+impl Carried {
+    /// Every client's counters, by client (for the stats document and metrics).
+    pub fn clients(&self) -> Vec<(ObjectId, Arc<ClientCounters>)> {
+        let maps = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = maps
+            .clients
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Every (client, route) token count.
+    pub fn client_routes(&self) -> Vec<((ObjectId, ObjectId), Arc<RouteTokens>)> {
+        let maps = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = maps
+            .client_routes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+/// How the clients of a snapshot are served, fixed for the process.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientEnv {
+    /// No operator (manifests): budgets are enforced from this replica's own counts.
+    pub standalone: bool,
+    pub clock: WallClock,
 }
 
 fn carried<K: std::hash::Hash + Eq, V: Default>(map: &mut HashMap<K, Arc<V>>, key: K) -> Arc<V> {
@@ -205,6 +250,8 @@ pub struct RouteRt {
 pub struct ModelRoute {
     pub route: Arc<RouteRt>,
     pub model_json: JsonStr,
+    /// In a client's map: where its usage on this route is counted.
+    pub client: Option<ClientUsage>,
 }
 
 /// One LLMClient as the request path sees it: who it is and the model names it may
@@ -219,6 +266,8 @@ pub struct Tenant {
     pub models: HashMap<String, ModelRoute>,
     /// The routes it may call, in config order (for `/v1/models`).
     pub route_list: Vec<Arc<RouteRt>>,
+    /// Counters, limits and budgets.
+    pub rt: Arc<ClientRt>,
 }
 
 /// What one request sees of the config.
@@ -297,6 +346,7 @@ pub fn prepare(
     clients: &Clients,
     carried_state: &Carried,
     auth_required: bool,
+    env: ClientEnv,
 ) -> Result<Snapshot, PrepareError> {
     let mut maps = carried_state.0.lock().unwrap_or_else(|p| p.into_inner());
     let mut credentials = HashMap::new();
@@ -354,6 +404,7 @@ pub fn prepare(
             let entry = ModelRoute {
                 route: route.clone(),
                 model_json: JsonStr::new(m),
+                client: None,
             };
             if let Some(prev) = routes.insert(m.clone(), entry) {
                 return Err(PrepareError::DuplicateModel {
@@ -366,7 +417,7 @@ pub fn prepare(
         route_list.push(route);
     }
     let tenants = if auth_required {
-        prepare_tenants(&compiled.config.clients, &route_list)?
+        prepare_tenants(&compiled.config.clients, &route_list, &mut maps, env)?
     } else {
         HashMap::new()
     };
@@ -374,6 +425,7 @@ pub fn prepare(
     prune(&mut maps.routes);
     prune(&mut maps.route_targets);
     prune(&mut maps.limiters);
+    prune(&mut maps.client_limits);
     Ok(Snapshot {
         config: compiled.config.clone(),
         auth_required,
@@ -401,12 +453,17 @@ fn fingerprint(c: &Credential, compiled: &Compiled) -> u64 {
 fn prepare_tenants(
     config_clients: &[Client],
     route_list: &[Arc<RouteRt>],
+    maps: &mut CarriedMaps,
+    env: ClientEnv,
 ) -> Result<HashMap<KeyHash, Tenant>, PrepareError> {
     let by_id: HashMap<&ObjectId, &Arc<RouteRt>> =
         route_list.iter().map(|r| (&r.spec.id, r)).collect();
     let mut tenants = HashMap::with_capacity(config_clients.len());
     for c in config_clients {
+        // Counted (and reported) even while the key is missing: zeros, not absent.
+        let counters = carried(&mut maps.clients, c.id.clone());
         let Some(key_hash) = c.key_hash else { continue };
+        let rt = Arc::new(client_rt(c, counters, maps, env));
         let mut models = HashMap::new();
         let mut callable: Vec<Arc<RouteRt>> = Vec::new();
         for id in &c.routes {
@@ -418,6 +475,10 @@ fn prepare_tenants(
                 let entry = ModelRoute {
                     route: (*route).clone(),
                     model_json: JsonStr::new(m),
+                    client: Some(ClientUsage {
+                        client: rt.clone(),
+                        route: carried(&mut maps.client_routes, (c.id.clone(), (*id).clone())),
+                    }),
                 };
                 if let Some(prev) = models.insert(m.clone(), entry) {
                     return Err(PrepareError::ClientDuplicateModel {
@@ -439,14 +500,58 @@ fn prepare_tenants(
             key_hash,
             Tenant {
                 id: c.id.clone(),
-                label: c.id.to_string().into(),
+                label: rt.label.clone(),
                 key_hash,
                 models,
                 route_list: callable,
+                rt,
             },
         );
     }
     Ok(tenants)
+}
+
+/// One client's runtime: its counters, this replica's share of its limits, and its
+/// budgets (the operator's verdict, or standalone the budget itself).
+fn client_rt(
+    c: &Client,
+    counters: Arc<ClientCounters>,
+    maps: &mut CarriedMaps,
+    env: ClientEnv,
+) -> ClientRt {
+    let shares = Limits::shares(c);
+    let limits = (shares != (None, None, None)).then(|| {
+        maps.client_limits
+            .entry((c.id.clone(), shares))
+            .or_insert_with(|| Arc::new(Limits::new(shares)))
+            .clone()
+    });
+    let exhausted =
+        c.exhausted
+            .as_ref()
+            .and_then(|e| match humantime::parse_rfc3339_weak(&e.until) {
+                Ok(until) => Some(Spent {
+                    budget: e.budget.as_str().into(),
+                    until,
+                }),
+                Err(err) => {
+                    tracing::warn!(client = %c.id, until = %e.until, error = %err,
+                    "exhausted.until is not an RFC 3339 time; the client is not held back");
+                    None
+                }
+            });
+    let budget = c.budget;
+    let has_budget = budget.tokens_per_day.is_some() || budget.usd_per_month.is_some();
+    ClientRt {
+        id: c.id.clone(),
+        label: c.id.to_string().into(),
+        counters,
+        limits,
+        exhausted,
+        standalone_budget: (env.standalone && has_budget).then_some(budget),
+        standalone: env.standalone,
+        clock: env.clock,
+    }
 }
 
 fn header_value(s: &str) -> HeaderValue {

@@ -324,6 +324,24 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
                 .join("; ")
         }),
         routes,
-        clients: Vec::new(),
+        clients: gw
+            .carried()
+            .clients()
+            .into_iter()
+            .map(|(client, c)| {
+                let last = get(&c.last_request_ms);
+                doc::ClientStats {
+                    client,
+                    requests: get(&c.requests),
+                    input_tokens: get(&c.input_tokens),
+                    output_tokens: get(&c.output_tokens),
+                    micro_usd: get(&c.micro_usd),
+                    rate_limited: get(&c.rate_limited),
+                    budget_exhausted: get(&c.budget_exhausted),
+                    last_request_at: (last > 0)
+                        .then(|| rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(last))),
+                }
+            })
+            .collect(),
     }
 }

@@ -93,7 +93,9 @@
 //!   prints nginx's throughput beside it.
 //!
 //! Two switches for working on one figure: `BENCH_ONLY=instant,unary,64` runs a subset of
-//! the cells (profiles, modes and/or concurrency levels), and `BENCH_PROXY_WRAPPER` starts the proxy
+//! the cells (profiles, modes and/or concurrency levels), `BENCH_AUTH=on` adds an
+//! LLMClient (the proxy then runs with `--auth required`) and sends its key with every
+//! request, and `BENCH_PROXY_WRAPPER` starts the proxy
 //! under a profiler, e.g. `BENCH_PROXY_WRAPPER="valgrind --tool=callgrind"` for
 //! instruction counts per request (`callgrind_control -z` / `-d` around a window).
 //!
@@ -221,6 +223,26 @@ fn run() -> Result<(), String> {
              - credentialRef: { name: broken }\n    - credentialRef: { name: sim }\n"
         ),
     );
+    // `BENCH_AUTH=on`: an LLMClient (so the proxy runs with `--auth required`, its
+    // default then), and every request carries its key.
+    let manifests = if *BENCH_AUTH {
+        format!(
+            "{manifests}---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: bench-llm, namespace: {NS} }}
+stringData: {{ apiKey: \"{BENCH_KEY}\" }}
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: {{ name: bench, namespace: {NS} }}
+spec:
+  keySecretRef: {{ name: bench-llm, key: apiKey }}
+"
+        )
+    } else {
+        manifests
+    };
     // `x-switchback-target` of an answer from the healthy simulator.
     let backup = format!("{NS}/sim");
     let logging = LoggingState::from_env();
@@ -1092,13 +1114,24 @@ async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, BoxError>
     Ok(sender)
 }
 
+/// `BENCH_AUTH=on`: run the proxy with an LLMClient (`--auth required`) and send its
+/// key with every request, to measure what authentication and the client's
+/// accounting cost.
+static BENCH_AUTH: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("BENCH_AUTH").is_ok_and(|v| v == "on"));
+const BENCH_KEY: &str = "sk-bench-client-0123456789abcdef";
+const BENCH_BEARER: &str = "Bearer sk-bench-client-0123456789abcdef";
+
 fn chat_request(addr: SocketAddr, body: Bytes) -> Result<Request<Full<Bytes>>, BoxError> {
-    Ok(Request::builder()
+    let mut r = Request::builder()
         .method(Method::POST)
         .uri(CHAT_PATH)
         .header(HOST, addr.to_string())
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(body))?)
+        .header(CONTENT_TYPE, "application/json");
+    if *BENCH_AUTH {
+        r = r.header(hyper::header::AUTHORIZATION, BENCH_BEARER);
+    }
+    Ok(r.body(Full::new(body))?)
 }
 
 /// Latencies (ns) of one cell's requests that completed inside the window.
