@@ -1329,8 +1329,86 @@ async fn clients_authenticate_against_a_real_api_server() {
         "e2e: rotated client key accepted on both replicas {:.2} s after kubectl apply returned",
         took.as_secs_f64()
     );
+
+    // A small daily token budget: usage grows in status, and once it is spent both
+    // replicas refuse the client with 429 budget_exhausted (the operator renders the
+    // verdict back), while the other client of the namespace goes on.
+    let capped = format!("sk-app-capped-{id}-0123456789");
+    const BUDGET: i64 = 100;
+    apply(&format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: capped-llm, namespace: {b} }}\nstringData: {{ apiKey: {capped} }}\n\
+         ---\napiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{ name: capped, namespace: {b} }}\n\
+         spec: {{ keySecretRef: {{ name: capped-llm, key: apiKey }}, budget: {{ tokensPerDay: {BUDGET} }} }}\n"
+    ));
+    for replica in 0..2 {
+        eventually_async(
+            "the capped client served",
+            Duration::from_secs(10),
+            || async {
+                let r = stack.chat_as(replica, Some(&capped), "smart").await;
+                (r.status() == 200).then_some(())
+            },
+        )
+        .await;
+    }
+    let spent_at = Instant::now();
+    let (mut served, mut refused) = (2u64, [false, false]);
+    while refused != [true, true] {
+        assert!(
+            spent_at.elapsed() < Duration::from_secs(30),
+            "the budget was never enforced on both replicas ({served} requests served)"
+        );
+        let replica = (served as usize + refused.iter().filter(|r| **r).count()) % 2;
+        let r = stack.chat_as(replica, Some(&capped), "smart").await;
+        match r.status().as_u16() {
+            200 => served += 1,
+            429 => {
+                assert!(r.headers().contains_key("retry-after"));
+                let body: Value = r.json().await.unwrap();
+                assert_eq!(body["error"]["code"], "budget_exhausted", "{body}");
+                refused[replica] = true;
+            }
+            other => panic!("capped client got {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let c = eventually(
+        "the spent budget in status",
+        Duration::from_secs(15),
+        || {
+            let c = get_json(&["llmclient", "-n", &b, "capped"])?;
+            let spent = condition(&c, "Ready")?["reason"] == "BudgetExhausted";
+            let throttled = c["status"]["throttled"]["budgetExhausted"].as_i64()? >= 2;
+            (spent && throttled).then_some(c)
+        },
+    )
+    .await;
+    let usage = &c["status"]["usage"]["today"];
+    let tokens = usage["tokens"].as_i64().unwrap();
+    assert_eq!(usage["requests"].as_u64(), Some(served), "{usage}");
+    assert!(tokens >= BUDGET, "{usage}");
+    println!(
+        "e2e: budget of {BUDGET} tokens/day spent after {served} requests ({tokens} tokens, \
+         overshoot {} tokens, {:.2} s from the first request, scrape interval 500 ms)",
+        tokens - BUDGET,
+        spent_at.elapsed().as_secs_f64()
+    );
+    let out = ok(&["get", "llmc", "-n", &b]);
+    println!("e2e: kubectl get llmc once the budget is spent\n{out}");
+    let capped_row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with("capped "))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert!(capped_row.contains(&"False"), "{out}");
+    assert!(capped_row.contains(&tokens.to_string().as_str()), "{out}");
+    // The other client of the namespace is not affected.
+    let r = stack.chat_as(0, Some(&key_b), "smart").await;
+    assert_eq!(r.status(), 200);
+
     let everything = stack.everything_they_say().await;
-    for key in [&key_a, &key_b, &rotated] {
+    for key in [&key_a, &key_b, &rotated, &capped] {
         assert!(
             !everything.contains(key.as_str()),
             "a client key in a log, metric or admin endpoint"
