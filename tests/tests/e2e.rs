@@ -1407,6 +1407,50 @@ async fn clients_authenticate_against_a_real_api_server() {
     let r = stack.chat_as(0, Some(&key_b), "smart").await;
     assert_eq!(r.status(), 200);
 
+    // A rate limit is shared by the ready replicas: 4 requests per minute over two
+    // replicas lets each replica serve 2, and the third on one replica gets 429
+    // rate_limited without going upstream.
+    let limited = format!("sk-app-limited-{id}-0123456789");
+    apply(&format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: limited-llm, namespace: {b} }}\nstringData: {{ apiKey: {limited} }}\n\
+         ---\napiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{ name: limited, namespace: {b} }}\n\
+         spec: {{ keySecretRef: {{ name: limited-llm, key: apiKey }}, limits: {{ requestsPerMinute: 4 }} }}\n"
+    ));
+    eventually_async(
+        "the limited client served",
+        Duration::from_secs(10),
+        || async {
+            let r = stack.chat_as(0, Some(&limited), "smart").await;
+            (r.status() == 200).then_some(())
+        },
+    )
+    .await;
+    let upstream_before = sim_b.received().len();
+    assert_eq!(
+        stack.chat_as(0, Some(&limited), "smart").await.status(),
+        200
+    );
+    let r = stack.chat_as(0, Some(&limited), "smart").await;
+    assert_eq!(r.status(), 429, "the third request on one replica");
+    assert!(r.headers().contains_key("retry-after"));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert_eq!(
+        sim_b.received().len(),
+        upstream_before + 1,
+        "the refused request went upstream"
+    );
+    // The other replica has its own share.
+    assert_eq!(
+        stack.chat_as(1, Some(&limited), "smart").await.status(),
+        200
+    );
+    eventually("rateLimited in status", Duration::from_secs(15), || {
+        let c = get_json(&["llmclient", "-n", &b, "limited"])?;
+        (c["status"]["throttled"]["rateLimited"].as_i64()? >= 1).then_some(())
+    })
+    .await;
+
     let everything = stack.everything_they_say().await;
     for key in [&key_a, &key_b, &rotated, &capped] {
         assert!(
