@@ -12,7 +12,7 @@ use std::sync::LazyLock;
 use bytes::{Buf, Bytes, BytesMut};
 use serde::Deserialize;
 
-use crate::json::{skip_ws, string_end, value_end};
+use crate::json::{member_end, skip_ws, string_end};
 use crate::surface::Wire;
 
 /// The default `--max-event-bytes`: the largest SSE event relayed.
@@ -388,7 +388,7 @@ fn first_look(event: Option<&[u8]>, data: &[u8]) -> Option<Opening> {
         }
         // Twice (a parse error), or what only the full parse reads.
         b"choices" | b"type" | b"content_block" => None,
-        _ => value_end(data, at).ok(),
+        _ => member_end(data, at).ok(),
     })?;
     if skip_ws(data, end) != data.len() {
         return None;
@@ -439,10 +439,10 @@ fn choice_content(data: &[u8], at: usize) -> Option<(bool, usize)> {
         b"finish_reason" if finish.is_none() => {
             let end = null_end(data, at);
             finish = Some(end.is_none());
-            end.or_else(|| value_end(data, at).ok())
+            end.or_else(|| member_end(data, at).ok())
         }
         b"delta" | b"finish_reason" => None,
-        _ => value_end(data, at).ok(),
+        _ => member_end(data, at).ok(),
     })?;
     Some((delta == Some(true) || finish == Some(true), end))
 }
@@ -461,7 +461,7 @@ fn delta_content(data: &[u8], at: usize) -> Option<(bool, usize)> {
             b"refusal" => (1, true),
             b"tool_calls" => (2, false),
             b"function_call" => (3, false),
-            _ => return value_end(data, at).ok(),
+            _ => return member_end(data, at).ok(),
         };
         if std::mem::replace(&mut seen[slot], true) {
             return None;
@@ -473,7 +473,7 @@ fn delta_content(data: &[u8], at: usize) -> Option<(bool, usize)> {
             return Some(at + 2);
         }
         has = true;
-        value_end(data, at).ok()
+        member_end(data, at).ok()
     })?;
     Some((has, end))
 }
