@@ -19,6 +19,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::circuit::{Admit, Probe, Transition};
 use crate::gateway::Gateway;
+use crate::json;
 use crate::limit::Refused;
 use crate::order::order;
 use crate::outcome::{self, Reason, attempt_deadline, classify_status, may_advance, retryable};
@@ -721,7 +722,9 @@ fn unary_answer(
     held: relay::AnswerHeld,
 ) -> Attempted {
     // A translation parses the answer anyway; only a relayed one needs the check.
-    if dir.is_none() && !is_json_object(&bytes) {
+    // Is it one whole JSON object (what every unary answer of both APIs is)? A scan
+    // that builds nothing: see `json`.
+    if dir.is_none() && !json::is_object(&bytes) {
         return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
     }
     if let Some(u) = stats::usage(&bytes) {
@@ -746,14 +749,6 @@ fn unary_answer(
     // The reservation goes with the answer until its last byte is handed on.
     let body = Body::new(relay::HeldAnswer::new(bytes, held));
     Attempted::Committed(relay(status, headers, body), None)
-}
-
-/// Is `body` one whole JSON object (what every unary answer of both APIs is)?
-/// Validated without building anything: a truncated, HTML or otherwise broken body
-/// is refused for the cost of one scan.
-fn is_json_object(body: &[u8]) -> bool {
-    body.trim_ascii_start().first() == Some(&b'{')
-        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
 }
 
 fn finish_failed(

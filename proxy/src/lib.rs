@@ -13,6 +13,7 @@ pub mod cli;
 pub mod cluster;
 pub mod front;
 pub mod gateway;
+pub mod json;
 mod lanes;
 pub mod limit;
 pub mod manifest;

@@ -2,7 +2,8 @@
 //! the SSE framer, the model rewrite, manifest parsing and translation never panic
 //! on any input; the framer is lossless, independent of where the network cut the
 //! bytes, and holds no more than its limit; the rewrite changes exactly the member
-//! the router reads.
+//! the router reads; the unary answer check (`json::is_object`) says valid exactly
+//! when serde_json does.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -11,6 +12,7 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
+use switchback_proxy::json;
 use switchback_proxy::manifest::{self, ManifestSet};
 use switchback_proxy::rewrite::{JsonStr, replace_top_level_model};
 use switchback_proxy::sse::Framer;
@@ -146,8 +148,108 @@ fn without_model(doc: &[u8]) -> Value {
     v
 }
 
+/// The answer check's reference: what the proxy asked of serde before `json`.
+fn serde_says_object(b: &[u8]) -> bool {
+    b.trim_ascii_start().first() == Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(b).is_ok()
+}
+
+/// Bytes that change a JSON document's meaning when put anywhere in it.
+fn json_byte() -> impl Strategy<Value = u8> {
+    prop_oneof![
+        2 => prop::sample::select(b"{}[]\",:\\/ \n\t\r0123456789.eE+-tfnulrsabu".to_vec()),
+        1 => any::<u8>(),
+    ]
+}
+
+/// An object of [`json_value`]s, compact or pretty.
+fn json_object() -> impl Strategy<Value = Vec<u8>> {
+    (
+        proptest::collection::btree_map("[a-z\"\\\\é]{0,6}", json_value(), 0..5),
+        any::<bool>(),
+    )
+        .prop_map(|(m, pretty)| {
+            let v = Value::Object(m.into_iter().collect());
+            if pretty {
+                serde_json::to_vec_pretty(&v).expect("a value")
+            } else {
+                serde_json::to_vec(&v).expect("a value")
+            }
+        })
+}
+
+/// One edit of `doc`: a byte removed, replaced or inserted at `at`.
+fn mutated(mut doc: Vec<u8>, at: prop::sample::Index, edit: u8, byte: u8) -> Vec<u8> {
+    let i = at.index(doc.len() + 1);
+    match edit % 3 {
+        0 if i < doc.len() => {
+            doc.remove(i);
+        }
+        1 if i < doc.len() => doc[i] = byte,
+        _ => doc.insert(i, byte),
+    }
+    doc
+}
+
+#[test]
+fn the_answer_check_agrees_with_serde_on_every_truncation_of_real_answers() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate");
+    let mut answers = Vec::new();
+    for side in ["chat-client", "messages-client"] {
+        for entry in std::fs::read_dir(dir.join(side)).expect("fixtures") {
+            let path = entry.expect("an entry").path();
+            if path.extension().is_some_and(|e| e == "json") {
+                answers.push(std::fs::read(&path).expect("a fixture"));
+            }
+        }
+    }
+    assert!(answers.len() > 50, "{} fixtures", answers.len());
+    for doc in &answers {
+        assert_eq!(json::is_object(doc), serde_says_object(doc));
+        for cut in 0..doc.len() {
+            let part = &doc[..cut];
+            assert_eq!(
+                json::is_object(part),
+                serde_says_object(part),
+                "{:?}",
+                String::from_utf8_lossy(part)
+            );
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_answer_check_agrees_with_serde_on_generated_and_mutated_answers(
+        doc in json_object(),
+        edits in proptest::collection::vec(
+            (any::<prop::sample::Index>(), any::<u8>(), json_byte()),
+            0..4,
+        ),
+    ) {
+        prop_assert!(json::is_object(&doc));
+        let mut doc = doc;
+        for (at, edit, byte) in edits {
+            doc = mutated(doc, at, edit, byte);
+            prop_assert_eq!(
+                json::is_object(&doc),
+                serde_says_object(&doc),
+                "{:?}",
+                String::from_utf8_lossy(&doc)
+            );
+        }
+    }
+
+    #[test]
+    fn the_answer_check_agrees_with_serde_on_json_like_noise(
+        doc in proptest::collection::vec(json_byte(), 0..60),
+    ) {
+        let mut body = b"{".to_vec();
+        body.extend(doc);
+        prop_assert_eq!(json::is_object(&body), serde_says_object(&body));
+    }
 
     #[test]
     fn framing_is_lossless_and_independent_of_the_cuts(
