@@ -42,10 +42,18 @@ impl KeyHasher {
 
     /// The hash of one client key, as delivered in the compiled config and as the
     /// proxy computes it for a presented key.
+    ///
+    /// Per call, aws-lc-rs copies the keyed HMAC state (the padded secret's two
+    /// SHA-256 blocks are hashed once, in [`KeyHasher::new`]) and runs two SHA-256
+    /// blocks for a key of up to 55 bytes: HMAC's minimum. Its API has no way to
+    /// reuse one context across calls; `sign_to_buffer` at least writes the tag
+    /// straight into the hash instead of through a 64-byte `Tag`.
     pub fn hash(&self, client_key: &[u8]) -> KeyHash {
-        let tag = hmac::sign(&self.key, client_key);
         let mut out = [0u8; 32];
-        out.copy_from_slice(tag.as_ref());
+        // Fails only for a buffer shorter than the tag: SHA-256's is 32 bytes.
+        if hmac::sign_to_buffer(&self.key, client_key, &mut out).is_err() {
+            unreachable!("an HMAC-SHA256 tag is 32 bytes");
+        }
         KeyHash(out)
     }
 }

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use http::HeaderMap;
 use http::header::AUTHORIZATION;
+use http::{HeaderMap, HeaderName};
 use switchback_crds::keyhash::{KeyHasher, MIN_SECRET_LEN};
 
 use crate::snapshot::{Snapshot, Tenant};
@@ -75,9 +75,13 @@ impl Denied {
     }
 }
 
+/// Anthropic SDKs' key header. A constant: looking up a `&str` name parses and
+/// lower-cases it first, on every request.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
 /// The key a request presents: `x-api-key`, else the token of `Authorization: Bearer`.
 pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
-    if let Some(v) = headers.get("x-api-key") {
+    if let Some(v) = headers.get(&X_API_KEY) {
         let v = v.as_bytes().trim_ascii();
         if !v.is_empty() {
             return Some(v);
@@ -94,9 +98,10 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
 
 /// The client a request comes from. `Ok(None)` when authentication is off.
 ///
-/// The hash map finds the candidate by the HMAC of the presented key (SipHash with a
-/// random seed: which bucket is probed says nothing to the caller); the candidate is
-/// then confirmed with a constant-time comparison of the two HMACs.
+/// The hash map finds the candidate by the HMAC of the presented key (its first 8
+/// bytes pick the bucket: without the cluster secret a caller can neither choose nor
+/// predict them, see [`crate::snapshot::ByKeyHash`]); the candidate is then confirmed
+/// with a constant-time comparison of the two HMACs.
 pub fn authenticate<'s>(
     auth: &Auth,
     snapshot: &'s Snapshot,

@@ -214,10 +214,7 @@ impl Gateway {
 
     /// The wall clock budgets are read on: the start time plus tokio's clock since.
     pub fn clock(&self) -> WallClock {
-        WallClock {
-            started_at: self.started_at,
-            epoch: self.epoch,
-        }
+        WallClock::new(self.started_at, self.epoch)
     }
 
     /// Counters that outlive reloads (per-client usage).

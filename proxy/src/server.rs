@@ -272,11 +272,13 @@ async fn route_and_run(
     };
     let route = &served.route;
     let client = served.client.as_ref();
+    // The request's one clock read: its duration, and its client's admission.
+    let started = tokio::time::Instant::now();
     // Limits and budgets before anything is sent upstream; the slot (if any) is held
     // until the answer is out (a stream's until it ends).
     let admitted = match client {
         None => None,
-        Some(c) => match c.client.admit() {
+        Some(c) => match c.client.admit(started) {
             Ok(a) => Some(a),
             Err(t) => return throttled(wire, route, &c.client, t),
         },
@@ -306,7 +308,6 @@ async fn route_and_run(
         include_usage,
         strip_usage,
     };
-    let started = tokio::time::Instant::now();
     let op = surface.operation();
     let span = tracing::info_span!(
         target: TRACE_TARGET,

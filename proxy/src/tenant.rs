@@ -37,7 +37,7 @@ pub struct ClientCounters {
 }
 
 /// The current UTC day's tokens and month's cost (standalone budgets).
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Period {
     /// Days since 1970-01-01 the tokens are for.
     day: u64,
@@ -47,14 +47,28 @@ struct Period {
     micro_usd: u64,
 }
 
-impl Period {
-    /// Roll over to the day and month of `wall` (a new period starts from zero).
-    fn at(&mut self, wall: SystemTime) {
-        let day = days(wall);
-        if day != self.day {
-            self.day = day;
-            self.tokens = 0;
+/// No day nor month yet: the first [`Period::at`] starts both.
+impl Default for Period {
+    fn default() -> Self {
+        Self {
+            day: u64::MAX,
+            tokens: 0,
+            month: u64::MAX,
+            micro_usd: 0,
         }
+    }
+}
+
+impl Period {
+    /// Roll over to `day` (days since 1970-01-01) and its month (a new period starts
+    /// from zero). The month is a function of the day: worked out only when the day
+    /// changes.
+    fn at(&mut self, day: u64) {
+        if day == self.day {
+            return;
+        }
+        self.day = day;
+        self.tokens = 0;
         let month = month_index(day);
         if month != self.month {
             self.month = month;
@@ -74,13 +88,33 @@ pub struct RouteTokens {
 /// since then. Immune to wall-clock jumps, and paused-clock tests can move it.
 #[derive(Debug, Clone, Copy)]
 pub struct WallClock {
-    pub started_at: SystemTime,
-    pub epoch: Instant,
+    /// The start time, as time since the Unix epoch (kept so, the request path does
+    /// no `SystemTime` arithmetic).
+    started: Duration,
+    epoch: Instant,
 }
 
 impl WallClock {
+    /// `started_at` (wall) was `epoch` (monotonic).
+    pub fn new(started_at: SystemTime, epoch: Instant) -> Self {
+        Self {
+            started: started_at.duration_since(UNIX_EPOCH).unwrap_or_default(),
+            epoch,
+        }
+    }
+
     pub fn now(&self) -> SystemTime {
-        self.started_at + self.epoch.elapsed()
+        self.at(Instant::now())
+    }
+
+    /// The wall time of a monotonic instant already read (one clock read per request).
+    pub fn at(&self, now: Instant) -> SystemTime {
+        UNIX_EPOCH + self.unix(now)
+    }
+
+    /// [`WallClock::at`] as time since the Unix epoch.
+    pub fn unix(&self, now: Instant) -> Duration {
+        self.started + now.saturating_duration_since(self.epoch)
     }
 }
 
@@ -221,13 +255,14 @@ pub struct Admitted(pub Option<OwnedSemaphorePermit>);
 impl ClientRt {
     /// Let the request through or say why not. Budgets first (a spent budget is
     /// the more lasting reason), then concurrency, tokens (nothing taken), and
-    /// requests (a token taken only once everything else agreed).
-    pub fn admit(&self) -> Result<Admitted, Throttled> {
+    /// requests (a token taken only once everything else agreed). `now`: when the
+    /// request arrived, read once by the caller (it also times the request).
+    pub fn admit(&self, now: Instant) -> Result<Admitted, Throttled> {
         let c = &self.counters;
-        let wall = self.clock.now();
+        let unix = self.clock.unix(now);
         c.last_request_ms
-            .store(unix_ms(wall).max(1), Ordering::Relaxed);
-        let refused = self.check(wall);
+            .store((unix.as_millis() as u64).max(1), Ordering::Relaxed);
+        let refused = self.check(unix, now);
         match &refused {
             Err(Throttled::RateLimited { .. }) => c.rate_limited.fetch_add(1, Ordering::Relaxed),
             Err(Throttled::BudgetExhausted { .. }) => {
@@ -238,9 +273,10 @@ impl ClientRt {
         refused
     }
 
-    fn check(&self, wall: SystemTime) -> Result<Admitted, Throttled> {
+    /// `unix`: `now` as wall time since the Unix epoch.
+    fn check(&self, unix: Duration, now: Instant) -> Result<Admitted, Throttled> {
         if let Some(spent) = &self.exhausted
-            && let Ok(left) = spent.until.duration_since(wall)
+            && let Ok(left) = spent.until.duration_since(UNIX_EPOCH + unix)
             && !left.is_zero()
         {
             return Err(Throttled::BudgetExhausted {
@@ -249,7 +285,7 @@ impl ClientRt {
             });
         }
         if let Some(b) = &self.standalone_budget {
-            self.standalone_check(b, wall)?;
+            self.standalone_check(b, unix)?;
         }
         let Some(l) = &self.limits else {
             return Ok(Admitted(None));
@@ -265,7 +301,6 @@ impl ClientRt {
                     })?,
             ),
         };
-        let now = Instant::now();
         if let Some(t) = &l.tokens {
             t.check(now).map_err(|retry_after| Throttled::RateLimited {
                 retry_after,
@@ -281,18 +316,18 @@ impl ClientRt {
         Ok(Admitted(permit))
     }
 
-    fn standalone_check(&self, b: &ClientBudget, wall: SystemTime) -> Result<(), Throttled> {
+    fn standalone_check(&self, b: &ClientBudget, unix: Duration) -> Result<(), Throttled> {
         let p = {
             let mut p = self
                 .counters
                 .period
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            p.at(wall);
+            p.at(day_of(unix));
             *p
         };
         let spent = |budget: &str, until: SystemTime| Throttled::BudgetExhausted {
-            retry_after: secs_up(until.duration_since(wall).unwrap_or_default()),
+            retry_after: secs_up(until.duration_since(UNIX_EPOCH + unix).unwrap_or_default()),
             budget: budget.into(),
         };
         if b.tokens_per_day.is_some_and(|max| p.tokens >= max) {
@@ -337,12 +372,18 @@ impl ClientUsage {
         });
         c.micro_usd.fetch_add(micro, Ordering::Relaxed);
         let tokens = u.input_tokens + u.output_tokens;
-        if let Some(t) = self.client.limits.as_ref().and_then(|l| l.tokens.as_ref()) {
-            t.charge(tokens, Instant::now());
+        let bucket = self.client.limits.as_ref().and_then(|l| l.tokens.as_ref());
+        if bucket.is_none() && !self.client.standalone {
+            return;
+        }
+        // One clock read for both.
+        let now = Instant::now();
+        if let Some(t) = bucket {
+            t.charge(tokens, now);
         }
         if self.client.standalone {
             let mut p = c.period.lock().unwrap_or_else(|p| p.into_inner());
-            p.at(self.client.clock.now());
+            p.at(day_of(self.client.clock.unix(now)));
             p.tokens += tokens;
             p.micro_usd += micro;
         }
@@ -354,15 +395,9 @@ fn secs_up(d: Duration) -> u64 {
     d.as_millis().div_ceil(1000).max(1) as u64
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Days since 1970-01-01 (UTC).
-fn days(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400)
+/// Days since 1970-01-01 (UTC) of a time since the Unix epoch.
+fn day_of(unix: Duration) -> u64 {
+    unix.as_secs() / 86_400
 }
 
 fn day_start(day: u64) -> SystemTime {
@@ -403,6 +438,10 @@ fn month_start(index: u64) -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn days(t: SystemTime) -> u64 {
+        day_of(t.duration_since(UNIX_EPOCH).unwrap())
+    }
 
     #[test]
     fn months_and_days_are_utc_calendar_ones() {
