@@ -196,7 +196,8 @@ pub fn rfc3339(ms: u64) -> String {
         .unwrap_or_default()
 }
 
-fn time(ms: u64) -> Option<Time> {
+/// `Time` of a millisecond instant (to the second).
+pub fn at(ms: u64) -> Option<Time> {
     timestamp(ms - ms % 1000).map(Time)
 }
 
@@ -379,7 +380,7 @@ pub fn usage_period(p: &Period) -> UsagePeriod {
     let u = &p.usage;
     let i = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     UsagePeriod {
-        since: time(p.since_ms),
+        since: at(p.since_ms),
         requests: i(u.requests),
         input_tokens: i(u.input_tokens),
         output_tokens: i(u.output_tokens),
@@ -395,11 +396,6 @@ pub fn throttled(t: &Throttles) -> Throttled {
         rate_limited: i(t.rate_limited),
         budget_exhausted: i(t.budget_exhausted),
     }
-}
-
-/// `Time` of a millisecond instant (to the second).
-pub fn at(ms: u64) -> Option<Time> {
-    time(ms)
 }
 
 #[cfg(test)]

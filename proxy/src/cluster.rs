@@ -420,13 +420,7 @@ mod tests {
             m.problems[0].object.as_deref(),
             Some("switchback/switchback-routes-team-a")
         );
-        let ids: Vec<String> = m
-            .compiled
-            .config
-            .routes
-            .iter()
-            .map(|r| r.id.to_string())
-            .collect();
+        let ids = served(&m);
         assert_eq!(ids, ["team-a/smart", "team-b/fast"]);
         // The ConfigMap is deleted: the namespace goes.
         let m = merge(
@@ -438,6 +432,16 @@ mod tests {
         );
         assert_eq!(m.compiled.config.routes.len(), 1);
         assert!(m.problems.is_empty());
+    }
+
+    /// The routes a merge serves, as `namespace/name`.
+    fn served(m: &Merged) -> Vec<String> {
+        m.compiled
+            .config
+            .routes
+            .iter()
+            .map(|r| r.id.to_string())
+            .collect()
     }
 
     #[test]
@@ -478,13 +482,7 @@ mod tests {
             true,
         );
         // team-b's `same` is for team-b's clients; team-a's second one is refused.
-        let served: Vec<String> = m
-            .compiled
-            .config
-            .routes
-            .iter()
-            .map(|r| r.id.to_string())
-            .collect();
+        let served = served(&m);
         assert_eq!(served, ["team-a/x", "team-b/y"]);
         assert_eq!(m.problems.len(), 1);
         assert!(m.problems[0].message.contains("already served by team-a/x"));

@@ -155,27 +155,26 @@ struct CarriedMaps {
 impl Carried {
     /// Every client's counters, by client (for the stats document and metrics).
     pub fn clients(&self) -> Vec<(ObjectId, Arc<ClientCounters>)> {
-        let maps = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<_> = maps
-            .clients
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        sorted(&self.0.lock().unwrap_or_else(|p| p.into_inner()).clients)
     }
 
     /// Every (client, route) token count.
     pub fn client_routes(&self) -> Vec<((ObjectId, ObjectId), Arc<RouteTokens>)> {
-        let maps = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<_> = maps
-            .client_routes
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        sorted(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .client_routes,
+        )
     }
+}
+
+/// A copy of `map`'s entries, sorted by key (the order the reports list them in).
+fn sorted<K: Clone + Ord, V>(map: &HashMap<K, Arc<V>>) -> Vec<(K, Arc<V>)> {
+    let mut v: Vec<_> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
 }
 
 /// How the clients of a snapshot are served, fixed for the process.
