@@ -59,6 +59,9 @@ fn profile_dir() -> PathBuf {
 pub struct Process {
     name: &'static str,
     child: Child,
+    /// Where its output goes, if not to ours: its tail is printed when it exits
+    /// unexpectedly, the one clue a failed run leaves in CI's output.
+    log: Option<PathBuf>,
     /// Ended by [`Process::stop`], so its exit is no news.
     stopped: bool,
 }
@@ -97,6 +100,7 @@ impl Process {
         Process {
             name,
             child,
+            log: log.map(Path::to_path_buf),
             stopped: false,
         }
     }
@@ -119,6 +123,41 @@ impl Process {
         self.child.try_wait().ok().flatten()
     }
 
+    /// Waits until the process's log, past byte `from`, holds `needle`. Err carries the
+    /// log's tail when the process exits first or `within` passes.
+    pub fn wait_for_log(
+        &mut self,
+        from: u64,
+        needle: &str,
+        within: std::time::Duration,
+    ) -> Result<(), String> {
+        let log = self.log.clone().expect("a process started with a log");
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let text = std::fs::read(&log).unwrap_or_default();
+            let fresh = text.get(from as usize..).unwrap_or_default();
+            if String::from_utf8_lossy(fresh).contains(needle) {
+                return Ok(());
+            }
+            if let Some(status) = self.exited() {
+                self.stopped = true;
+                return Err(format!(
+                    "{} exited ({status}) before logging {needle:?}:\n{}",
+                    self.name,
+                    tail(&log, 30)
+                ));
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "{} did not log {needle:?} within {within:?}:\n{}",
+                    self.name,
+                    tail(&log, 30)
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn stop(&mut self) {
         self.stopped = true;
         let _ = self.child.kill();
@@ -132,7 +171,27 @@ impl Drop for Process {
             && let Some(status) = self.exited()
         {
             eprintln!("{} had exited: {status}", self.name);
+            if let Some(log) = &self.log {
+                eprintln!("the end of {}:\n{}", log.display(), tail(log, 30));
+            }
         }
         self.stop();
     }
+}
+
+/// The last `lines` lines of `log` (or why it cannot be read).
+pub fn tail(log: &Path, lines: usize) -> String {
+    match std::fs::read(log) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("({}: {e})", log.display()),
+    }
+}
+
+/// The length of `log` now: where the output of a process started next begins.
+pub fn log_len(log: &Path) -> u64 {
+    std::fs::metadata(log).map(|m| m.len()).unwrap_or(0)
 }

@@ -332,7 +332,7 @@ impl Stack {
         // In the kept arguments: a restarted replica gets it too.
         proxy_args.push(format!("--admin-token-file={}", admin_token_file.display()));
         let proxies: Vec<Proxy> = (0..replicas)
-            .map(|i| Self::proxy(&bin, gateway, &proxy_args, i, free_port(), free_port()))
+            .map(|i| Self::proxy(&bin, gateway, &proxy_args, i, None))
             .collect();
         let operator_admin = free_port();
         let mut args: Vec<String> = vec![
@@ -376,38 +376,57 @@ impl Stack {
         }
     }
 
+    /// Starts replica `index` on `ports` (data, admin), or on free ones, and waits
+    /// until it serves. A free port is only free when it was looked at: a connection
+    /// of the API server's or of another process may take it before the proxy binds
+    /// it. Then the proxy exits with "Address in use" and is started again, on fresh
+    /// ports when they were ours to pick, on the same ones a moment later when not.
     fn proxy(
         bin: &Path,
         gateway: &str,
         extra: &[String],
         index: usize,
-        data: u16,
-        admin: u16,
+        ports: Option<(u16, u16)>,
     ) -> Proxy {
         let log = log_dir().join(format!("{gateway}-proxy-{index}.log"));
-        let mut args: Vec<String> = vec![
-            "--namespace".into(),
-            gateway.into(),
-            "--listen".into(),
-            format!("127.0.0.1:{data}"),
-            "--admin-listen".into(),
-            format!("127.0.0.1:{admin}"),
-            // Two processes per test: one event loop each is plenty on loopback.
-            "--threads".into(),
-            "1".into(),
-        ];
-        args.extend(extra.iter().cloned());
-        let process = Process::start_logged(
-            "switchback-proxy",
-            &bin.join("switchback-proxy"),
-            &args,
-            &log,
-        );
-        Proxy {
-            data,
-            admin,
-            process,
-            log,
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (data, admin) = ports.unwrap_or_else(|| (free_port(), free_port()));
+            let mut args: Vec<String> = vec![
+                "--namespace".into(),
+                gateway.into(),
+                "--listen".into(),
+                format!("127.0.0.1:{data}"),
+                "--admin-listen".into(),
+                format!("127.0.0.1:{admin}"),
+                // Two processes per test: one event loop each is plenty on loopback.
+                "--threads".into(),
+                "1".into(),
+            ];
+            args.extend(extra.iter().cloned());
+            let from = switchback_tests::binaries::log_len(&log);
+            let mut process = Process::start_logged(
+                "switchback-proxy",
+                &bin.join("switchback-proxy"),
+                &args,
+                &log,
+            );
+            match process.wait_for_log(from, "switchback-proxy serving", Duration::from_secs(30)) {
+                Ok(()) => {
+                    return Proxy {
+                        data,
+                        admin,
+                        process,
+                        log,
+                    };
+                }
+                Err(e) if e.contains("in use") && tries < 5 => {
+                    eprintln!("e2e: proxy {index} could not bind its ports, starting it again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("proxy {index} of {gateway}: {e}"),
+            }
         }
     }
 
@@ -418,14 +437,13 @@ impl Stack {
     /// Starts replica `index` again on its old ports (appending to its log).
     async fn restart_proxy(&mut self, index: usize) {
         self.stop_proxy(index);
-        let (data, admin) = (self.proxies[index].data, self.proxies[index].admin);
+        let ports = (self.proxies[index].data, self.proxies[index].admin);
         self.proxies[index] = Self::proxy(
             &self.bin,
             &self.gateway,
             &self.proxy_args,
             index,
-            data,
-            admin,
+            Some(ports),
         );
         let url = format!("{}/readyz", self.proxies[index].admin_url());
         let http = self.http.clone();
