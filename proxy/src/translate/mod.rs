@@ -160,6 +160,9 @@ mod openai;
 mod stream;
 mod vocab;
 
+#[cfg(test)]
+mod round_trips;
+
 use bytes::Bytes;
 use serde_json::Value;
 use switchback_crds::config::Provider;
