@@ -240,6 +240,10 @@ pub enum Event<'a> {
     Stop(Stop),
     /// The answer is complete: stop reason and usage are final.
     End,
+    /// The provider failed mid-answer; the stream ends with it. (In-band errors of
+    /// SSE wires are found by `sse::error_in` before any decoder sees them; a wire
+    /// with its own framing, such as Bedrock's event stream, decodes its own.)
+    Error(Error),
 }
 
 /// What went wrong, as a class both sides of a pairing can name.
@@ -261,7 +265,7 @@ pub enum ErrorClass {
 
 /// An upstream error answer. The status is the caller's (the upstream's is kept);
 /// the message is the provider's, word for word.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Error {
     pub class: ErrorClass,
     pub message: String,

@@ -396,19 +396,15 @@ pub fn response_at(
 /// A non-2xx upstream body → the client's error shape, message kept. The status is
 /// unchanged (the caller keeps the upstream's).
 pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> Bytes {
-    to_bytes(&error_value(direction, status, upstream_error_body))
-}
-
-fn error_value(direction: Direction, status: u16, body: &[u8]) -> Value {
     let (client, upstream) = direction.dialects();
     let e = match upstream {
-        Dialect::OpenAiChat => openai::decode_error(status, body),
-        Dialect::AnthropicMessages => anthropic::decode_error(status, body),
+        Dialect::OpenAiChat => openai::decode_error(status, upstream_error_body),
+        Dialect::AnthropicMessages => anthropic::decode_error(status, upstream_error_body),
     };
-    match client {
+    to_bytes(&match client {
         Dialect::OpenAiChat => openai::encode_error(&e),
         Dialect::AnthropicMessages => anthropic::encode_error(&e),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -142,11 +142,15 @@ impl StreamTranslator {
     /// An in-band upstream error, in the client's shape; the stream ends with it.
     fn error(&mut self, status: u16, body: &[u8], out: &mut BytesMut) {
         self.done = true;
-        let body = super::error_value(self.direction, status, body);
-        match &self.encoder {
-            Encoder::OpenAi(_) => openai::StreamEncoder::error(out, &body),
-            Encoder::Anthropic(_) => anthropic::StreamEncoder::error(out, &body),
-        }
+        let e = match self.decoder {
+            Decoder::OpenAi(_) => openai::decode_error(status, body),
+            Decoder::Anthropic(_) => anthropic::decode_error(status, body),
+        };
+        let ev = form::Event::Error(e);
+        match &mut self.encoder {
+            Encoder::OpenAi(enc) => enc.encode(ev, out),
+            Encoder::Anthropic(enc) => enc.encode(ev, out),
+        };
     }
 }
 

@@ -357,6 +357,12 @@ impl StreamEncoder {
                 self.end(out);
                 return true;
             }
+            Event::Error(e) => {
+                out.put_slice(b"event: error\ndata: ");
+                write_json(out, &super::encode_error(&e));
+                out.put_slice(b"\n\n");
+                return true;
+            }
         }
         false
     }
@@ -454,12 +460,5 @@ impl StreamEncoder {
                 kind: "message_stop",
             },
         );
-    }
-
-    /// An error event in the client's stream.
-    pub(in super::super) fn error(out: &mut BytesMut, body: &serde_json::Value) {
-        out.put_slice(b"event: error\ndata: ");
-        write_json(out, body);
-        out.put_slice(b"\n\n");
     }
 }

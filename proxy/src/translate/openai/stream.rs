@@ -325,6 +325,12 @@ impl StreamEncoder {
                 self.end(out);
                 return true;
             }
+            Event::Error(e) => {
+                out.put_slice(b"data: ");
+                write_json(out, &super::encode_error(&e));
+                out.put_slice(b"\n\n");
+                return true;
+            }
         }
         false
     }
@@ -380,12 +386,5 @@ impl StreamEncoder {
             self.write_chunk(out, &[], Some(Some(usage)));
         }
         out.put_slice(b"data: [DONE]\n\n");
-    }
-
-    /// An error event in the client's stream.
-    pub(in super::super) fn error(out: &mut BytesMut, body: &serde_json::Value) {
-        out.put_slice(b"data: ");
-        write_json(out, body);
-        out.put_slice(b"\n\n");
     }
 }
