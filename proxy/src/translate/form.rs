@@ -12,7 +12,8 @@
 //! adapter maps blocks one to one instead of rebuilding turns.
 //!
 //! Everything borrows from the parsed client body or upstream event: decoding copies
-//! no strings. Nothing here knows a wire format.
+//! no strings (tool arguments that arrive as a JSON string, and ids made up for tool
+//! calls that came without one, aside). Nothing here knows a wire format.
 
 use std::borrow::Cow;
 
@@ -110,7 +111,9 @@ pub struct ToolUse<'a> {
     pub input: Cow<'a, Value>,
 }
 
-/// The result of a tool call, sent back by the client.
+/// The result of a tool call, sent back by the client. It names the call by id only:
+/// a wire that names the function instead (Gemini's `functionResponse`) finds it in
+/// the [`ToolUse`] with that id earlier in the conversation.
 #[derive(Debug)]
 pub struct ToolResult<'a> {
     pub tool_use_id: &'a str,

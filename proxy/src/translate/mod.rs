@@ -19,6 +19,11 @@
 //! adapter); encoders cannot fail. A target that speaks the client's API natively
 //! never comes here: its bodies are relayed with only `model` rewritten.
 //!
+//! A provider is added as one module beside `openai` and `anthropic`: its `TARGET`,
+//! `encode_request`, `decode_answer`, `decode_error` and a `StreamDecoder` (the
+//! decode and encode halves of the other direction too if it is to be a client
+//! surface), a [`Dialect`] variant, and the pairings in [`Direction`].
+//!
 //! # Interface
 //!
 //! | call | input | output |
