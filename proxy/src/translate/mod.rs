@@ -22,7 +22,7 @@
 //! A provider is added as one module beside `openai` and `anthropic`: its `TARGET`,
 //! `encode_request`, `decode_answer`, `decode_error` and a `StreamDecoder` (the
 //! decode and encode halves of the other direction too if it is to be a client
-//! surface), a [`Dialect`] variant, and the pairings in [`Direction`].
+//! surface), a `Dialect` variant, and the pairings in [`Direction`].
 //!
 //! # Interface
 //!
