@@ -183,7 +183,9 @@ async fn the_simulator_refuses_what_azure_refuses() {
     let base = azure.base_url();
     let classic = |q: &str| format!("{base}/deployments/gpt-4o/chat/completions{q}");
     let body = chat_body("gpt-4o", false);
-    let cases: Vec<(String, Vec<(&str, &str)>, u16, &str)> = vec![
+    // (url, request headers, status, error.code)
+    type Case<'a> = (String, Vec<(&'a str, &'a str)>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (azure.endpoint(), vec![], 401, "401"),
         (
             azure.endpoint(),

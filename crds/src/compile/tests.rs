@@ -1668,7 +1668,7 @@ fn azure_openai_compiles_with_a_dated_api_version() {
     assert_eq!(c.provider, Provider::AzureOpenai);
     assert_eq!(c.base_url, "https://contoso.openai.azure.com/openai");
     assert_eq!(c.api_version.as_deref(), Some("2024-10-21"));
-    for preview in ["2025-04-01-preview"] {
+    for preview in ["2025-04-01-preview", "2024-06-01"] {
         let mut s = sample();
         azure(&mut s, Some(preview));
         let compiled = s.compile();
