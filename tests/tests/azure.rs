@@ -557,3 +557,26 @@ async fn model_map_picks_the_upstream_model_by_the_clients_name() {
     let config = proxy.admin_config().await.to_string();
     assert!(config.contains("claude-haiku-4-5"), "{config}");
 }
+
+/// Without `model` or `modelMap` the deployment is the name the client sent, made
+/// into one path segment however it is spelt.
+#[tokio::test]
+async fn the_clients_name_is_the_deployment_when_the_target_names_none() {
+    let azure = SimProvider::start(Flavor::Azure).await;
+    azure.set_deployments(&["team/gpt 4o"]);
+    let manifests = format!(
+        "{}{}",
+        azure_credential("az", &azure, Some("2024-06-01")),
+        route(
+            "odd",
+            "  models: [\"team/gpt 4o\"]\n  targets:\n    - credentialRef: { name: az }\n"
+        ),
+    );
+    let proxy = TestProxy::start(&manifests).await;
+    let r = proxy.chat("team/gpt 4o", true).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        azure.received()[0].path,
+        "/openai/deployments/team%2Fgpt%204o/chat/completions?api-version=2024-06-01"
+    );
+}
