@@ -230,6 +230,55 @@ fn route_rules_agree() {
             Box::new(|s| set(s, &["sharedWith"], "[team-b, '*']")),
             false,
         ),
+        (
+            "modelMap covering every model",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, modelMap: {smart: gpt-4o, smart-latest: gpt-4o-mini}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            true,
+        ),
+        (
+            "modelMap and model",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, model: gpt-4o, modelMap: {smart: gpt-4o, smart-latest: gpt-4o-mini}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            false,
+        ),
+        (
+            "modelMap missing a model",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}}, {credentialRef: {name: anthropic-prod}, modelMap: {smart: claude-sonnet-4-5}}]",
+                )
+            }),
+            false,
+        ),
+        (
+            "modelMap with a name the route does not serve",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, modelMap: {smart: a, smart-latest: b, smrt: c}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            false,
+        ),
+        (
+            "contentFilter in onFailures",
+            Box::new(|s| set(s, &["fallback", "onFailures"], "[status5xx, contentFilter]")),
+            true,
+        ),
     ];
     for (name, change, accepted) in cases {
         assert_eq!(route_verdicts(change), (accepted, accepted), "{name}");
@@ -251,6 +300,33 @@ fn credential_rules_agree() {
                 set(s, &["baseURL"], "https://llm.example.com/v1");
             }),
             true,
+        ),
+        (
+            "azure-openai without baseURL",
+            Box::new(|s| set(s, &["provider"], "azure-openai")),
+            false,
+        ),
+        (
+            "azure-openai with baseURL",
+            Box::new(|s| {
+                set(s, &["provider"], "azure-openai");
+                set(s, &["baseURL"], "https://contoso.openai.azure.com/openai");
+            }),
+            true,
+        ),
+        (
+            "azure-openai with a dated apiVersion",
+            Box::new(|s| {
+                set(s, &["provider"], "azure-openai");
+                set(s, &["baseURL"], "https://contoso.openai.azure.com/openai");
+                set(s, &["apiVersion"], "'2024-10-21'");
+            }),
+            true,
+        ),
+        (
+            "apiVersion on openai",
+            Box::new(|s| set(s, &["apiVersion"], "v1")),
+            false,
         ),
         (
             "maxQueue without maxConcurrency",

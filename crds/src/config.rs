@@ -124,8 +124,14 @@ pub enum Strategy {
 pub struct Target {
     /// The ProviderCredential, always in the route's namespace.
     pub credential: ObjectId,
-    /// Upstream model; `None` sends the name the client sent.
+    /// Upstream model; `None` sends the name the client sent (or, with
+    /// `model_map`, the name it maps to).
     pub model: Option<String>,
+    /// Upstream model by the name the client sent (`spec.targets[].modelMap`): covers
+    /// every model name of the route, and is exclusive with `model`. Empty (and then
+    /// absent from the JSON, so existing revisions do not change) when not used.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_map: BTreeMap<String, String>,
     /// 1..=100, read by `loadbalance` only.
     pub weight: u32,
     /// One attempt: unary = whole response, stream = until the first content event.
@@ -133,6 +139,20 @@ pub struct Target {
     pub timeout_ms: Option<u64>,
     pub retry: Retry,
     pub price: Option<Price>,
+}
+
+impl Target {
+    /// The upstream model for a request whose client sent `client_model`: `model`,
+    /// else the `modelMap` entry, else the client's own name.
+    pub fn upstream_model<'a>(&'a self, client_model: &'a str) -> &'a str {
+        match &self.model {
+            Some(m) => m,
+            None => self
+                .model_map
+                .get(client_model)
+                .map_or(client_model, String::as_str),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +201,10 @@ pub enum FailureClass {
     /// event, or an answer over the response size limit.
     InvalidResponse,
     AuthError,
+    /// A provider's content filter refused the request (Azure OpenAI's 400
+    /// `content_filter`). Opt-in, like `authError`: by default the answer is the
+    /// request's fault and goes back to the client unchanged.
+    ContentFilter,
 }
 
 impl FailureClass {
@@ -194,6 +218,7 @@ impl FailureClass {
             Self::ContextLength => "contextLength",
             Self::InvalidResponse => "invalidResponse",
             Self::AuthError => "authError",
+            Self::ContentFilter => "contentFilter",
         }
     }
 
@@ -256,6 +281,10 @@ pub enum Provider {
     Openai,
     Anthropic,
     OpenaiCompatible,
+    /// Azure OpenAI: the OpenAI wire with an `api-key` header, deployments for
+    /// models, and either the classic `/deployments/{model}/...?api-version=` paths
+    /// or the v1 API (see [`Credential::api_version`]).
+    AzureOpenai,
 }
 
 impl Provider {
@@ -264,17 +293,28 @@ impl Provider {
             Self::Openai => "openai",
             Self::Anthropic => "anthropic",
             Self::OpenaiCompatible => "openai-compatible",
+            Self::AzureOpenai => "azure-openai",
         }
     }
 
     /// The base URL used when a credential does not set `baseURL`.
-    /// `openai-compatible` has none: it must be given.
+    /// `openai-compatible` and `azure-openai` (one host per resource) have none: it
+    /// must be given.
     pub fn default_base_url(self) -> Option<&'static str> {
         match self {
             Self::Openai => Some("https://api.openai.com/v1"),
             Self::Anthropic => Some("https://api.anthropic.com/v1"),
-            Self::OpenaiCompatible => None,
+            Self::OpenaiCompatible | Self::AzureOpenai => None,
         }
+    }
+
+    /// Speaks the OpenAI wire (chat completions, embeddings, its SSE framing and
+    /// error shapes), whatever its paths and auth header.
+    pub fn speaks_openai(self) -> bool {
+        matches!(
+            self,
+            Self::Openai | Self::OpenaiCompatible | Self::AzureOpenai
+        )
     }
 }
 
@@ -293,6 +333,13 @@ pub struct Credential {
     pub max_queue: Option<u32>,
     pub allow_private_network: bool,
     pub secret_ref: SecretKeyRef,
+    /// `azure-openai` only: the `api-version` of the classic deployment paths
+    /// (`{baseURL}/deployments/{model}/chat/completions?api-version=...`). `None`
+    /// (spec `apiVersion` absent or `v1`) = the v1 API (`{baseURL}/v1/chat/completions`,
+    /// the deployment in the body's `model`). Always `None` for other providers, and
+    /// then absent from the JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -217,7 +217,8 @@ mod tests {
                 "connectionError",
                 "contextLength",
                 "invalidResponse",
-                "authError"
+                "authError",
+                "contentFilter"
             ])
         );
         assert_eq!(
@@ -235,7 +236,8 @@ mod tests {
         assert_eq!(
             rules(spec),
             [
-                "!has(self.fallback) || !has(self.fallback.onFailures) || !('authError' in self.fallback.onFailures) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
+                "!has(self.fallback) || !has(self.fallback.onFailures) || !('authError' in self.fallback.onFailures) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)",
+                "!has(self.models) || self.targets.all(t, !has(t.modelMap) || (self.models.all(m, m in t.modelMap) && t.modelMap.all(k, k in self.models)))",
             ]
         );
 
@@ -374,7 +376,11 @@ mod tests {
         let p = &spec["properties"];
         assert_eq!(
             p["provider"]["enum"],
-            json!(["openai", "anthropic", "openai-compatible"])
+            json!(["openai", "anthropic", "openai-compatible", "azure-openai"])
+        );
+        assert_eq!(
+            p["apiVersion"]["pattern"],
+            crate::schema::API_VERSION_PATTERN
         );
         assert_eq!(p["baseURL"]["pattern"], "^https?://");
         assert_eq!(p["secretRef"]["required"], json!(["key", "name"]));
@@ -386,6 +392,8 @@ mod tests {
             rules(spec),
             [
                 "self.provider != 'openai-compatible' || has(self.baseURL)",
+                "self.provider != 'azure-openai' || has(self.baseURL)",
+                "!has(self.apiVersion) || self.provider == 'azure-openai'",
                 "!has(self.maxQueue) || has(self.maxConcurrency)",
             ]
         );

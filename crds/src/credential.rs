@@ -35,16 +35,22 @@ use crate::schema;
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.provider != 'openai-compatible' || has(self.baseURL)").message("baseURL is required for provider openai-compatible").field_path(".baseURL"))]
+#[x_kube(validation = Rule::new("self.provider != 'azure-openai' || has(self.baseURL)").message("baseURL is required for provider azure-openai (https://RESOURCE.openai.azure.com/openai)").field_path(".baseURL"))]
+#[x_kube(validation = Rule::new("!has(self.apiVersion) || self.provider == 'azure-openai'").message("apiVersion is only meaningful for provider azure-openai").field_path(".apiVersion"))]
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
 pub struct ProviderCredentialSpec {
-    /// Provider API flavour: openai, anthropic or openai-compatible (any server speaking
-    /// the OpenAI API: vLLM, Ollama, LiteLLM, ...). Required.
+    /// Provider API flavour: openai, anthropic, openai-compatible (any server speaking
+    /// the OpenAI API: vLLM, Ollama, LiteLLM, ...) or azure-openai (Azure OpenAI: the
+    /// key goes in the api-key header and a target's model names the deployment).
+    /// Required.
     #[schemars(schema_with = "schema::provider")]
     pub provider: String,
 
     /// Provider API base URL (http or https); endpoint paths such as /chat/completions
     /// are appended to it. Default: https://api.openai.com/v1 for openai,
-    /// https://api.anthropic.com/v1 for anthropic; required for openai-compatible. A
+    /// https://api.anthropic.com/v1 for anthropic; required for openai-compatible and
+    /// for azure-openai, where it is the resource's
+    /// https://RESOURCE.openai.azure.com/openai (deployment or /v1 paths are appended). A
     /// host that is a loopback, private, link-local or unspecified address, or
     /// localhost, is refused unless allowPrivateNetwork is true. At most 2048 characters.
     #[serde(rename = "baseURL", default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +85,19 @@ pub struct ProviderCredentialSpec {
     /// false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_private_network: Option<bool>,
+
+    /// azure-openai only. "v1" (the default) calls Azure's v1 API,
+    /// {baseURL}/v1/chat/completions, with the deployment as the body's model. A dated
+    /// version such as 2024-10-21 or 2025-04-01-preview calls the classic
+    /// {baseURL}/deployments/{model}/chat/completions?api-version={apiVersion}.
+    /// Default: v1.
+    #[serde(
+        rename = "apiVersion",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "schema::api_version")]
+    pub api_version: Option<String>,
 }
 
 /// Names one key of a Secret in the same namespace.

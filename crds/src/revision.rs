@@ -147,6 +147,7 @@ mod tests {
 
     fn credential(name: &str) -> Credential {
         Credential {
+            api_version: None,
             id: ObjectId::new("team-a", name),
             provider: Provider::Openai,
             base_url: "https://api.openai.com/v1".into(),
@@ -170,6 +171,7 @@ mod tests {
             targets: credentials
                 .iter()
                 .map(|c| Target {
+                    model_map: Default::default(),
                     credential: ObjectId::new("team-a", *c),
                     model: None,
                     weight: 1,

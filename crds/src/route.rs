@@ -40,6 +40,9 @@ use crate::schema;
 #[x_kube(validation = Rule::new(
     "!has(self.fallback) || !has(self.fallback.onFailures) || !('authError' in self.fallback.onFailures) || self.targets.exists(t, t.credentialRef.name != self.targets[0].credentialRef.name)"
 ).message("authError in fallback.onFailures needs at least two targets on different credentials").field_path(".fallback.onFailures"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.models) || self.targets.all(t, !has(t.modelMap) || (self.models.all(m, m in t.modelMap) && t.modelMap.all(k, k in self.models)))"
+).message("a target's modelMap must map every model name of the route, and no other").field_path(".targets"))]
 pub struct LLMRouteSpec {
     /// Model names clients send in the request's "model" field. Each name is served by
     /// one route only: when two routes claim a name, the older route keeps it and the
@@ -103,16 +106,25 @@ pub struct Strategy {
 /// One provider target.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!(has(self.model) && has(self.modelMap))").message("model and modelMap are mutually exclusive").field_path(".modelMap"))]
 pub struct TargetSpec {
     /// The ProviderCredential (in the route's namespace) whose endpoint and key this
     /// target uses. Required.
     pub credential_ref: CredentialRef,
 
-    /// Upstream model name sent to the provider. Default: the name the client sent.
-    /// 1 to 256 characters.
+    /// Upstream model name sent to the provider; for azure-openai, the deployment
+    /// name. Default: the name the client sent. 1 to 256 characters. Not with modelMap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub model: Option<String>,
+
+    /// Upstream model (azure-openai: deployment) by the name the client sent, for a
+    /// route serving several names, e.g. {smart: gpt-4o, fast: gpt-4o-mini}. Must map
+    /// every name in the route's models (metadata.name when models is unset) and no
+    /// other. Not with model. At most 32 entries, values 1 to 256 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::model_map")]
+    pub model_map: Option<std::collections::BTreeMap<String, String>>,
 
     /// Relative weight for mode loadbalance (ignored by the other modes). 1 to 100.
     /// Default: 1.
@@ -202,8 +214,10 @@ pub struct FallbackSpec {
     /// Failure classes that advance to the next target: status5xx, rateLimited, timeout,
     /// connectionError, contextLength, invalidResponse (a 2xx that cannot be used),
     /// authError (401/403; needs two targets on
-    /// different credentials). Any other failure is returned to the client. An empty
-    /// list never advances. Default: all but authError.
+    /// different credentials), contentFilter (a provider's content filter refused the
+    /// request: Azure OpenAI's 400 content_filter). Any other failure is returned to
+    /// the client. An empty list never advances. Default: all but authError and
+    /// contentFilter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::failure_classes")]
     pub on_failures: Option<Vec<String>>,

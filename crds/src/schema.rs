@@ -44,8 +44,10 @@ pub const MAX_CLIENT_CONCURRENCY: i32 = 100_000;
 pub const MAX_TOKENS_PER_DAY: i64 = 1_000_000_000_000;
 
 pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
-pub const PROVIDERS: [&str; 3] = ["openai", "anthropic", "openai-compatible"];
-pub const FAILURE_CLASSES: [&str; 7] = [
+pub const PROVIDERS: [&str; 4] = ["openai", "anthropic", "openai-compatible", "azure-openai"];
+/// `apiVersion` of an azure-openai credential: `v1`, or a dated (preview) version.
+pub const API_VERSION_PATTERN: &str = r"^(v1|[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?)$";
+pub const FAILURE_CLASSES: [&str; 8] = [
     "status5xx",
     "rateLimited",
     "timeout",
@@ -53,6 +55,7 @@ pub const FAILURE_CLASSES: [&str; 7] = [
     "contextLength",
     "invalidResponse",
     "authError",
+    "contentFilter",
 ];
 
 pub(crate) fn duration(_: &mut SchemaGenerator) -> Schema {
@@ -83,6 +86,24 @@ pub(crate) fn provider(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
         "enum": PROVIDERS,
+    })
+}
+
+pub(crate) fn api_version(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": API_VERSION_PATTERN,
+    })
+}
+
+/// `modelMap`: client model name to upstream model, at most 32 entries.
+pub(crate) fn model_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": MAX_MODELS,
+        "additionalProperties": { "type": "string", "minLength": 1, "maxLength": MAX_MODEL_LEN },
     })
 }
 

@@ -257,10 +257,15 @@ impl Walk<'_, '_> {
         let body = match dir {
             Some(d) => {
                 let defaults = translate::Defaults {
-                    openai_max_completion_tokens: t.credential.spec.provider == Provider::Openai,
+                    // Azure OpenAI takes it too (the v1 API, and dated versions since
+                    // 2024-09-01-preview), and its reasoning deployments need it.
+                    openai_max_completion_tokens: matches!(
+                        t.credential.spec.provider,
+                        Provider::Openai | Provider::AzureOpenai
+                    ),
                     ..translate::Defaults::default()
                 };
-                let model = t.spec.model.as_deref().unwrap_or(call.client_model);
+                let model = t.spec.upstream_model(call.client_model);
                 match translate::request(d, &call.body, model, &defaults) {
                     Ok(b) => b,
                     Err(e) => {
@@ -270,7 +275,7 @@ impl Walk<'_, '_> {
                     }
                 }
             }
-            None => match &t.upstream_model_json {
+            None => match t.upstream_model_json(call.client_model) {
                 Some(m) => {
                     replace_top_level_model(&call.body, m).unwrap_or_else(|| call.body.clone())
                 }
@@ -511,11 +516,12 @@ impl Walk<'_, '_> {
 
 /// The trace span of one upstream attempt (disabled, and free, unless traces are on).
 fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
-    let model = t.spec.model.as_deref().unwrap_or(call.client_model);
+    let model = t.spec.upstream_model(call.client_model);
     let op = call.surface.operation();
     let provider = match t.credential.spec.provider {
         Provider::Anthropic => "anthropic",
         Provider::Openai | Provider::OpenaiCompatible => "openai",
+        Provider::AzureOpenai => "azure.ai.openai",
     };
     tracing::info_span!(
         target: TRACE_TARGET,
@@ -598,10 +604,14 @@ async fn attempt(
     crate::telemetry::propagate(span, call.client_headers, &mut headers);
     let mut request = hyper::Request::new(upstream::Body::new(body));
     *request.method_mut() = Method::POST;
-    *request.uri_mut() = cred.urls[dir
-        .map_or(call.surface, Direction::upstream_surface)
-        .index()]
-    .clone();
+    let Some(uri) = t.url(
+        dir.map_or(call.surface, Direction::upstream_surface),
+        call.client_model,
+    ) else {
+        // A deployment name no URL can carry: nothing was sent.
+        return Attempted::Failed(Failure::bare(Reason::UnsupportedParameter));
+    };
+    *request.uri_mut() = uri;
     *request.headers_mut() = headers;
 
     let response = match timeout_at(deadline, cred.client.here().request(request)).await {
@@ -812,11 +822,13 @@ fn finish_failed(
             "no target of this route can take the request",
         ),
         // A 4xx class that came without an answer to relay (an in-band stream error).
-        Reason::ContextLength | Reason::AuthError | Reason::ClientError => (
-            StatusCode::BAD_GATEWAY,
-            "upstream_error",
-            "the provider rejected the request in its stream",
-        ),
+        Reason::ContextLength | Reason::AuthError | Reason::ClientError | Reason::ContentFilter => {
+            (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "the provider rejected the request in its stream",
+            )
+        }
         // The answer came but this replica may hold no more answers now: the same
         // answer as for a body over the in-flight budget.
         Reason::Overloaded => (
@@ -831,7 +843,7 @@ fn finish_failed(
             let t = &route.targets[l.target as usize];
             AttemptView {
                 target: &t.label,
-                model: t.spec.model.as_deref().unwrap_or(call.client_model),
+                model: t.spec.upstream_model(call.client_model),
                 status: l.status,
                 reason: l.reason.as_str(),
                 duration_ms: l.duration.as_millis() as u64,

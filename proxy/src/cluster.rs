@@ -329,6 +329,7 @@ mod tests {
                 models: vec![model.into()],
                 strategy: Strategy::Fallback,
                 targets: vec![Target {
+                    model_map: Default::default(),
                     credential: credential.clone(),
                     model: None,
                     weight: 1,
@@ -342,6 +343,7 @@ mod tests {
                 shared_with: Vec::new(),
             }],
             credentials: vec![Credential {
+                api_version: None,
                 id: credential,
                 provider: Provider::Openai,
                 base_url: "https://api.openai.com/v1".into(),

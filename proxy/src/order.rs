@@ -87,6 +87,7 @@ pub(crate) mod tests {
     pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
         let cred = Arc::new(CredentialRt {
             spec: Credential {
+                api_version: None,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
                 base_url: "http://x".into(),
@@ -130,6 +131,7 @@ pub(crate) mod tests {
                 .into_iter()
                 .map(|(weight, price)| TargetRt {
                     spec: Target {
+                        model_map: Default::default(),
                         credential: ObjectId::new("ns", "c"),
                         model: None,
                         weight,
@@ -144,7 +146,9 @@ pub(crate) mod tests {
                     state: Arc::new(TargetState::default()),
                     counters: Default::default(),
                     label: "ns/c".into(),
-                    upstream_model_json: None,
+                    model_json: None,
+                    model_map_json: Default::default(),
+                    deployment_urls: Default::default(),
                 })
                 .collect(),
         }

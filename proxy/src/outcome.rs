@@ -23,6 +23,10 @@ pub enum Reason {
     AuthError,
     /// Any other 4xx: the caller's mistake, returned unchanged.
     ClientError,
+    /// A provider's content filter refused the request (Azure OpenAI's 400
+    /// `content_filter`): the request's fault, returned unchanged unless the route
+    /// lists `contentFilter` in `fallback.onFailures`.
+    ContentFilter,
     /// A 2xx that cannot be used: not the surface's JSON, a stream without content.
     InvalidResponse,
     /// A unary 2xx over `--max-response-bytes` (class `invalidResponse`).
@@ -44,7 +48,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 19;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -54,6 +58,7 @@ impl Reason {
         Self::ContextLength,
         Self::AuthError,
         Self::ClientError,
+        Self::ContentFilter,
         Self::InvalidResponse,
         Self::ResponseTooLarge,
         Self::EventTooLarge,
@@ -108,6 +113,7 @@ impl Reason {
             Self::ContextLength => "contextLength",
             Self::AuthError => "authError",
             Self::ClientError => "clientError",
+            Self::ContentFilter => "contentFilter",
             Self::InvalidResponse => "invalidResponse",
             Self::ResponseTooLarge => "responseTooLarge",
             Self::EventTooLarge => "eventTooLarge",
@@ -130,6 +136,7 @@ impl Reason {
             Self::ConnectionError => FailureClass::ConnectionError,
             Self::ContextLength => FailureClass::ContextLength,
             Self::AuthError => FailureClass::AuthError,
+            Self::ContentFilter => FailureClass::ContentFilter,
             Self::InvalidResponse | Self::ResponseTooLarge | Self::EventTooLarge => {
                 FailureClass::InvalidResponse
             }
@@ -142,7 +149,7 @@ impl Reason {
     pub fn returns_upstream_answer(self) -> bool {
         matches!(
             self,
-            Self::ContextLength | Self::AuthError | Self::ClientError
+            Self::ContextLength | Self::AuthError | Self::ClientError | Self::ContentFilter
         )
     }
 }
@@ -155,8 +162,26 @@ pub fn classify_status(status: u16, body: &[u8]) -> Reason {
         500..=599 => Reason::Status5xx,
         401 | 403 => Reason::AuthError,
         400..=499 if is_context_length(body) => Reason::ContextLength,
+        400..=499 if is_content_filter(body) => Reason::ContentFilter,
         _ => Reason::ClientError,
     }
+}
+
+/// A content filter's refusal, as Azure OpenAI words it: an OpenAI-shaped error whose
+/// `code` is `content_filter` (its `innererror.code` `ResponsibleAIPolicyViolation`).
+/// Read only from 4xx bodies, already cut to a bound.
+pub fn is_content_filter(body: &[u8]) -> bool {
+    if memchr::memmem::find(body, b"content_filter").is_none()
+        && memchr::memmem::find(body, b"ResponsibleAIPolicyViolation").is_none()
+    {
+        return false;
+    }
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let error = &v["error"];
+    error["code"] == "content_filter"
+        || error["innererror"]["code"] == "ResponsibleAIPolicyViolation"
 }
 
 /// Context-window overflow, as OpenAI (`context_length_exceeded`), Anthropic
@@ -173,19 +198,23 @@ pub fn is_context_length(body: &[u8]) -> bool {
         .any(|n| memchr::memmem::find(body, n).is_some())
 }
 
-/// Retry-After as a duration: `retry-after-ms` (OpenAI) first, then `Retry-After` in
-/// seconds or as an HTTP date. A provider's number: it may be absurd
+/// Retry-After as a duration: `retry-after-ms` (OpenAI, Azure OpenAI) first, then
+/// `x-ms-retry-after-ms` (Azure OpenAI), then `Retry-After` in seconds or as an HTTP
+/// date: the millisecond forms are the more precise. A provider's number: it may be absurd
 /// (`9223372036854775809`, more digits than any integer holds), so it saturates
 /// instead of overflowing, and every use of it is checked or clamped by the caller
 /// (to `maxRetryAfter`). A number too large for any clock is still "very long".
 pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
-    if let Some(ms) = headers
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
-    {
-        return Some(Duration::from_millis(ms as u64));
+    for name in ["retry-after-ms", "x-ms-retry-after-ms"] {
+        if let Some(ms) = headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        {
+            // `as` saturates: an absurd number is "very long", never a wrap.
+            return Some(Duration::from_millis(ms as u64));
+        }
     }
     let v = headers
         .get(http::header::RETRY_AFTER)?
@@ -206,8 +235,9 @@ pub fn millis(d: Duration) -> u64 {
 
 /// May the same target be tried again after this failure (attempts permitting)?
 pub fn retryable(reason: Reason, status: Option<u16>, retry: &Retry) -> bool {
-    // A context-length answer is never retried, even if its status is listed.
-    if reason == Reason::ContextLength {
+    // A context-length or content-filter answer is never retried, even if its status
+    // is listed: the same request gets the same answer.
+    if matches!(reason, Reason::ContextLength | Reason::ContentFilter) {
         return false;
     }
     match (reason, status) {
@@ -290,6 +320,62 @@ mod tests {
         for body in [&openai[..], &anthropic[..], &vllm[..]] {
             assert_eq!(classify_status(400, body), Reason::ContextLength);
         }
+    }
+
+    #[test]
+    fn azure_wordings_classify() {
+        let filtered = br#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy.","type":null,"param":"prompt","code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation","content_filter_result":{"violence":{"filtered":true,"severity":"medium"}}}}}"#;
+        assert_eq!(classify_status(400, filtered), Reason::ContentFilter);
+        let inner_only =
+            br#"{"error":{"code":"400","innererror":{"code":"ResponsibleAIPolicyViolation"}}}"#;
+        assert_eq!(classify_status(400, inner_only), Reason::ContentFilter);
+        // Azure words context length as OpenAI does.
+        let azure_context = br#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded","status":400}}"#;
+        assert_eq!(classify_status(400, azure_context), Reason::ContextLength);
+        // The words alone, not as the error's code, are not a filter.
+        let mentions = br#"{"error":{"message":"unknown parameter content_filter","code":null}}"#;
+        assert_eq!(classify_status(400, mentions), Reason::ClientError);
+        assert_eq!(classify_status(400, b"content_filter"), Reason::ClientError);
+    }
+
+    #[test]
+    fn content_filter_is_returned_unless_listed_and_never_retried() {
+        let r = Retry {
+            on_status_codes: Some(vec![400]),
+            ..retry_default()
+        };
+        assert!(!retryable(Reason::ContentFilter, Some(400), &r));
+        assert!(!Reason::ContentFilter.trips_breaker(Some(400)));
+        assert!(Reason::ContentFilter.returns_upstream_answer());
+        assert!(!may_advance(
+            Reason::ContentFilter,
+            Some(400),
+            &Fallback::default()
+        ));
+        let mut listed = Fallback::default();
+        listed.on_failures.push(FailureClass::ContentFilter);
+        assert!(may_advance(Reason::ContentFilter, Some(400), &listed));
+    }
+
+    #[test]
+    fn azure_millisecond_retry_afters() {
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("30"));
+        h.insert("x-ms-retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(250)));
+        // retry-after-ms first when both are sent.
+        h.insert("retry-after-ms", HeaderValue::from_static("120"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(120)));
+        // An unusable one is passed over for the next form.
+        h.insert("retry-after-ms", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(250)));
+        h.insert("x-ms-retry-after-ms", HeaderValue::from_static("-1"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(30)));
+        // Absurd numbers saturate, never wrap.
+        h.insert("x-ms-retry-after-ms", HeaderValue::from_static("1e300"));
+        let ra = retry_after(&h, now).expect("saturated");
+        assert_eq!(millis(ra), u64::MAX);
     }
 
     #[test]
@@ -457,6 +543,7 @@ mod tests {
         h.insert("retry-after-ms", HeaderValue::from_static("1e300"));
         assert_eq!(retry_after(&h, now), Some(Duration::from_millis(u64::MAX)));
         let target = Target {
+            model_map: Default::default(),
             credential: switchback_crds::config::ObjectId::new("ns", "c"),
             model: None,
             weight: 1,

@@ -478,7 +478,7 @@ impl RequestLine {
         let fallback_provider = answered.filter(|_| fell_back).map(|t| t.label.as_str());
         let fallback_model = answered
             .filter(|_| fell_back)
-            .map(|t| t.spec.model.as_deref().unwrap_or(model));
+            .map(|t| t.spec.upstream_model(model));
         tracing::info!(
             target: "switchback::request",
             route = %route.spec.id,

@@ -128,6 +128,8 @@ impl TargetState {
 pub struct TargetKey {
     pub credential: ObjectId,
     pub model: Option<String>,
+    /// A `modelMap` target's map (empty otherwise): one state for the whole map.
+    pub model_map: std::collections::BTreeMap<String, String>,
 }
 
 /// Everything that outlives a reload: target state, counters, concurrency limiters.
@@ -220,14 +222,67 @@ pub struct TargetRt {
     pub counters: Arc<RouteTargetCounters>,
     /// `namespace/name` of the credential, for attempt logs.
     pub label: String,
-    /// The upstream model as a JSON literal, spliced into request bodies.
-    pub upstream_model_json: Option<JsonStr>,
+    /// The upstream model (`model`) as a JSON literal, spliced into request bodies.
+    pub model_json: Option<JsonStr>,
+    /// `modelMap` as JSON literals, by the name the client sent.
+    pub model_map_json: HashMap<String, JsonStr>,
+    /// azure-openai with a dated `apiVersion`: the classic URLs (per surface) of the
+    /// deployments this target names (`model`, the `modelMap` values), made once.
+    /// A deployment named by the client (neither set) is made per request.
+    pub deployment_urls: HashMap<String, [http::Uri; 3]>,
 }
 
 impl TargetRt {
-    /// The model this target is asked for: its own, or the client's.
+    /// The model this target is asked for: its own, the one `modelMap` gives the
+    /// client's name, or the client's.
     pub fn model<'a>(&'a self, client_model: &'a str) -> &'a str {
-        self.spec.model.as_deref().unwrap_or(client_model)
+        self.spec.upstream_model(client_model)
+    }
+
+    /// The upstream model to splice into a request body whose client sent
+    /// `client_model`; `None`: leave the client's.
+    pub fn upstream_model_json(&self, client_model: &str) -> Option<&JsonStr> {
+        self.model_json
+            .as_ref()
+            .or_else(|| self.model_map_json.get(client_model))
+    }
+
+    /// Where a request of `surface` for `client_model` goes: the credential's URL,
+    /// or for Azure's classic API the deployment's (`None` only for a deployment
+    /// name no URL can carry).
+    pub fn url(&self, surface: Surface, client_model: &str) -> Option<http::Uri> {
+        if self.credential.spec.api_version.is_none() {
+            return Some(self.credential.urls[surface.index()].clone());
+        }
+        let deployment = self.model(client_model);
+        match self.deployment_urls.get(deployment) {
+            Some(urls) => Some(urls[surface.index()].clone()),
+            None => self.credential.deployment_url(surface, deployment),
+        }
+    }
+}
+
+impl CredentialRt {
+    /// Azure OpenAI's classic path of `surface` for `deployment`:
+    /// `{baseURL}/deployments/{deployment}/chat/completions?api-version=...`, the
+    /// deployment percent-encoded as one path segment. `None` without an
+    /// `apiVersion` (the v1 API has no deployment in its path).
+    pub fn deployment_url(&self, surface: Surface, deployment: &str) -> Option<http::Uri> {
+        let version = self.spec.api_version.as_deref()?;
+        let mut url = String::with_capacity(self.spec.base_url.len() + deployment.len() + 64);
+        url.push_str(&self.spec.base_url);
+        url.push_str("/deployments/");
+        for b in deployment.bytes() {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                url.push(b as char);
+            } else {
+                url.push_str(&format!("%{b:02X}"));
+            }
+        }
+        url.push_str(surface.upstream_path());
+        url.push_str("?api-version=");
+        url.push_str(version);
+        url.parse().ok()
     }
 }
 
@@ -419,6 +474,7 @@ pub fn prepare(
             let key = TargetKey {
                 credential: t.credential.clone(),
                 model: t.model.clone(),
+                model_map: t.model_map.clone(),
             };
             let state = carried(&mut maps.targets, key.clone());
             state.adopt(fingerprint(&credential.spec, compiled));
@@ -427,7 +483,28 @@ pub fn prepare(
                 counters: carried(&mut maps.route_targets, (r.id.clone(), key.clone())),
                 state,
                 label: t.credential.to_string(),
-                upstream_model_json: t.model.as_deref().map(JsonStr::new),
+                model_json: t.model.as_deref().map(JsonStr::new),
+                model_map_json: t
+                    .model_map
+                    .iter()
+                    .map(|(client, upstream)| (client.clone(), JsonStr::new(upstream)))
+                    .collect(),
+                deployment_urls: t
+                    .model
+                    .iter()
+                    .chain(t.model_map.values())
+                    .filter_map(|d| {
+                        let url = |s| credential.deployment_url(s, d);
+                        Some((
+                            d.clone(),
+                            [
+                                url(Surface::ChatCompletions)?,
+                                url(Surface::Embeddings)?,
+                                url(Surface::Messages)?,
+                            ],
+                        ))
+                    })
+                    .collect(),
                 credential,
             });
         }
@@ -480,7 +557,7 @@ pub fn prepare(
 fn fingerprint(c: &Credential, compiled: &Compiled) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (c.provider, &c.base_url, &c.headers).hash(&mut h);
+    (c.provider, &c.base_url, &c.headers, &c.api_version).hash(&mut h);
     compiled.keys.get(&c.id).map(|k| k.expose()).hash(&mut h);
     h.finish().max(1)
 }
@@ -609,8 +686,15 @@ fn prepare_credential(
         field,
         message,
     };
+    // Azure's v1 API lives under `{baseURL}/v1`; its classic paths are made per
+    // deployment (`TargetRt::url`), these then only name the host.
+    let version_prefix = if c.provider == Provider::AzureOpenai {
+        "/v1"
+    } else {
+        ""
+    };
     let url = |s: Surface| {
-        format!("{}{}", c.base_url, s.upstream_path())
+        format!("{}{version_prefix}{}", c.base_url, s.upstream_path())
             .parse::<http::Uri>()
             .map_err(|e| {
                 err(
@@ -658,6 +742,9 @@ fn prepare_credential(
                 Provider::Openai | Provider::OpenaiCompatible => {
                     ("authorization", format!("Bearer {}", key.expose()))
                 }
+                // Azure OpenAI's key header; never `Authorization` (Azure reads that
+                // as an Entra ID token and refuses a key there).
+                Provider::AzureOpenai => ("api-key", key.expose().clone()),
             };
             // The message never includes the value: it is key material.
             let mut v = HeaderValue::from_str(&value).map_err(|_| {

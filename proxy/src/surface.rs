@@ -50,9 +50,7 @@ impl Surface {
     /// and skipped otherwise (embeddings on an Anthropic target).
     pub fn served_by(self, provider: Provider) -> bool {
         match self {
-            Self::ChatCompletions | Self::Embeddings => {
-                matches!(provider, Provider::Openai | Provider::OpenaiCompatible)
-            }
+            Self::ChatCompletions | Self::Embeddings => provider.speaks_openai(),
             Self::Messages => provider == Provider::Anthropic,
         }
     }

@@ -19,7 +19,9 @@
 //! that whole bodies can be compared.
 //!
 //! Routes: OpenAI flavor serves `POST /v1/chat/completions`, `POST /v1/embeddings`,
-//! `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`.
+//! `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`;
+//! Azure flavor serves Azure OpenAI's paths under `/openai` and is strict, see
+//! [`Flavor::Azure`].
 //! Any other path still consumes a behaviour; answering behaviours turn into a 404 in
 //! the flavor's error shape there, failure behaviours fail as scripted.
 
@@ -69,7 +71,38 @@ pub const ARGUMENT_FRAGMENT_CHARS: usize = 8;
 pub enum Flavor {
     OpenAi,
     Anthropic,
+    /// Azure OpenAI, strict: refuses what the real service refuses, before any
+    /// behaviour is taken from the queue (the request is still recorded and counted):
+    ///
+    /// * paths: `/openai/deployments/{deployment}/chat/completions` and
+    ///   `.../embeddings` with `?api-version=` one of [`AZURE_API_VERSIONS`] (missing
+    ///   or unknown: 404 `Resource not found`), or the v1 API's
+    ///   `/openai/v1/chat/completions` and `/openai/v1/embeddings` (the deployment is
+    ///   the body's `model`); anything else 404;
+    /// * auth: the key in `api-key`; none is 401, an `Authorization` header instead
+    ///   of it is the 401 Azure gives a bad Entra ID token;
+    /// * the deployment must be one of [`SimProvider::set_deployments`] (default
+    ///   [`AZURE_DEPLOYMENTS`]): 404 `DeploymentNotFound` otherwise.
+    ///
+    /// Answers are OpenAI's with what Azure adds: `prompt_filter_results`,
+    /// `content_filter_results` per choice, a stream that opens with a chunk whose
+    /// `choices` is empty (the prompt's filter results) and carries a filter
+    /// annotation chunk before its finish; errors in Azure's shapes (see
+    /// [`azure_error`]).
+    Azure,
 }
+
+/// API versions the Azure flavor accepts on its classic (deployment) paths.
+pub const AZURE_API_VERSIONS: [&str; 5] = [
+    "2024-02-01",
+    "2024-06-01",
+    "2024-10-21",
+    "2024-12-01-preview",
+    "2025-04-01-preview",
+];
+
+/// Deployments an Azure flavor simulator has until told otherwise.
+pub const AZURE_DEPLOYMENTS: [&str; 3] = ["gpt-4o", "gpt-4o-mini", "text-embedding-3-small"];
 
 /// How a provider words a context-length overflow (the proxy must recognise all three).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +161,20 @@ pub enum Behavior {
     },
     /// 429 with `retry-after: <secs>` and a rate-limit error body.
     RateLimited { retry_after_secs: u64 },
+    /// 429 as Azure OpenAI sends it: `header` (`retry-after-ms` or
+    /// `x-ms-retry-after-ms`) set to `ms`, and `retry-after` to `secs` (Azure rounds
+    /// up; a test may set it apart to see which one is read).
+    RateLimitedMs {
+        ms: u64,
+        header: &'static str,
+        secs: u64,
+    },
+    /// 400 with Azure OpenAI's content-filter error: `code: "content_filter"`, the
+    /// prompt's filter results in `innererror` (see [`azure_content_filter_error`]).
+    ContentFilter,
+    /// 200 whose answer was cut by the output filter: `finish_reason:
+    /// "content_filter"` (unary, or the stream's finish chunk) after [`answer_text`].
+    FilteredAnswer,
     /// The given 5xx (or any) status with the flavor's error body for it.
     ServerError(u16),
     /// Never answers. When the client goes away the handler is dropped and
@@ -419,6 +466,8 @@ impl Drop for Inner {
 struct State {
     name: String,
     flavor: Flavor,
+    /// Azure flavor: the deployments that exist.
+    deployments: Mutex<Vec<String>>,
     queue: Mutex<VecDeque<Behavior>>,
     default: Mutex<Behavior>,
     received: Mutex<Vec<Received>>,
@@ -463,6 +512,7 @@ impl SimProvider {
         let state = Arc::new(State {
             name: name.into(),
             flavor,
+            deployments: Mutex::new(AZURE_DEPLOYMENTS.map(String::from).to_vec()),
             queue: Mutex::new(VecDeque::new()),
             default: Mutex::new(Behavior::Answer),
             received: Mutex::new(Vec::new()),
@@ -493,18 +543,30 @@ impl SimProvider {
         self.inner.addr
     }
 
-    /// `http://127.0.0.1:PORT/v1`, the form a provider base URL takes.
+    /// `http://127.0.0.1:PORT/v1`, the form a provider base URL takes; for the Azure
+    /// flavor `http://127.0.0.1:PORT/openai` (a resource's
+    /// `https://RESOURCE.openai.azure.com/openai`).
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.inner.addr)
+        match self.flavor() {
+            Flavor::Azure => format!("http://{}/openai", self.inner.addr),
+            _ => format!("http://{}/v1", self.inner.addr),
+        }
     }
 
     /// Full URL of the flavor's generation endpoint (`/v1/chat/completions` or
-    /// `/v1/messages`).
+    /// `/v1/messages`; Azure: the v1 API's chat completions).
     pub fn endpoint(&self) -> String {
         match self.flavor() {
             Flavor::OpenAi => format!("{}/chat/completions", self.base_url()),
             Flavor::Anthropic => format!("{}/messages", self.base_url()),
+            Flavor::Azure => format!("{}/v1/chat/completions", self.base_url()),
         }
+    }
+
+    /// Azure flavor: the deployments that exist from now on (others get 404
+    /// `DeploymentNotFound`).
+    pub fn set_deployments(&self, names: &[&str]) {
+        *lock(&self.inner.state.deployments) = names.iter().map(|n| n.to_string()).collect();
     }
 
     /// Queues a behaviour for the next request that finds the queue non-empty.
@@ -676,12 +738,17 @@ async fn handle(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
     let flavor = state.flavor;
-    let endpoint = match (flavor, &parts.method, parts.uri.path()) {
-        (Flavor::OpenAi, &Method::POST, "/v1/chat/completions") => Endpoint::Chat,
-        (Flavor::OpenAi, &Method::POST, "/v1/embeddings") => Endpoint::Embeddings,
-        (Flavor::Anthropic, &Method::POST, "/v1/messages") => Endpoint::Messages,
-        (_, &Method::GET, "/v1/models") => Endpoint::Models,
-        _ => Endpoint::Unknown,
+    let (endpoint, refusal) = if flavor == Flavor::Azure {
+        azure_route(&state, &parts, json.as_ref())
+    } else {
+        let endpoint = match (flavor, &parts.method, parts.uri.path()) {
+            (Flavor::OpenAi, &Method::POST, "/v1/chat/completions") => Endpoint::Chat,
+            (Flavor::OpenAi, &Method::POST, "/v1/embeddings") => Endpoint::Embeddings,
+            (Flavor::Anthropic, &Method::POST, "/v1/messages") => Endpoint::Messages,
+            (_, &Method::GET, "/v1/models") => Endpoint::Models,
+            _ => Endpoint::Unknown,
+        };
+        (endpoint, None)
     };
     let field = |k: &str| json.as_ref().and_then(|j| j.get(k));
     let inputs = match field("input") {
@@ -713,7 +780,10 @@ async fn handle(
     };
 
     // Arrival: record, count, and take this request's behaviour, all before it runs.
-    let behavior = {
+    // A request the strict Azure flavor refuses takes none.
+    let behavior = if refusal.is_some() {
+        Behavior::Answer
+    } else {
         let mut queue = lock(&state.queue);
         queue
             .pop_front()
@@ -743,8 +813,121 @@ async fn handle(
     });
     ctx.request_id = format!("req_sim_{index}");
 
+    if let Some((status, body)) = refusal {
+        return Ok(json_response(&ctx, status, &body));
+    }
     let guard = CancelGuard { state: Some(state) };
     respond(&ctx, behavior, guard).await
+}
+
+/// Azure flavor: which endpoint a request is for, and the refusal (status, body) the
+/// real service would answer it with, if any. See [`Flavor::Azure`].
+fn azure_route(
+    state: &State,
+    parts: &axum::http::request::Parts,
+    json: Option<&Value>,
+) -> (Endpoint, Option<(u16, Value)>) {
+    let not_found = || {
+        (
+            404,
+            json!({"error": {"code": "404", "message": "Resource not found"}}),
+        )
+    };
+    let path = parts.uri.path();
+    let api_version = parts.uri.query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("api-version="))
+            .map(str::to_owned)
+    });
+    let post = parts.method == Method::POST;
+    let (endpoint, deployment) = if let Some(rest) = path.strip_prefix("/openai/deployments/") {
+        let Some((deployment, op)) = rest.split_once('/') else {
+            return (Endpoint::Unknown, Some(not_found()));
+        };
+        let endpoint = match (post, op) {
+            (true, "chat/completions") => Endpoint::Chat,
+            (true, "embeddings") => Endpoint::Embeddings,
+            _ => return (Endpoint::Unknown, Some(not_found())),
+        };
+        if !api_version
+            .as_deref()
+            .is_some_and(|v| AZURE_API_VERSIONS.contains(&v))
+        {
+            return (endpoint, Some(not_found()));
+        }
+        (endpoint, Some(percent_decode(deployment)))
+    } else {
+        let endpoint = match (post, path) {
+            (true, "/openai/v1/chat/completions") => Endpoint::Chat,
+            (true, "/openai/v1/embeddings") => Endpoint::Embeddings,
+            (false, "/openai/v1/models") => Endpoint::Models,
+            _ => return (Endpoint::Unknown, Some(not_found())),
+        };
+        let model = json
+            .and_then(|j| j.get("model"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        (
+            endpoint,
+            model.or_else(|| (endpoint == Endpoint::Models).then(String::new)),
+        )
+    };
+    let key = parts.headers.get("api-key").and_then(|v| v.to_str().ok());
+    if key.is_none_or(str::is_empty) {
+        let body = if parts.headers.contains_key(header::AUTHORIZATION) {
+            azure_error(
+                "401",
+                "Unauthorized. Access token is missing, invalid, audience is incorrect (https://cognitiveservices.azure.com), or have expired.",
+            )
+        } else {
+            azure_error(
+                "401",
+                "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.",
+            )
+        };
+        return (endpoint, Some((401, body)));
+    }
+    if endpoint == Endpoint::Models {
+        return (endpoint, None);
+    }
+    let known = deployment
+        .as_deref()
+        .is_some_and(|d| lock(&state.deployments).iter().any(|k| k == d));
+    if !known {
+        return (
+            endpoint,
+            Some((
+                404,
+                azure_error(
+                    "DeploymentNotFound",
+                    "The API deployment for this resource does not exist. If you created the deployment within the last 5 minutes, please wait a moment and try again.",
+                ),
+            )),
+        );
+    }
+    (endpoint, None)
+}
+
+/// `%XX` escapes decoded (a deployment name as it was sent in a path segment).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn respond(
@@ -784,7 +967,7 @@ async fn respond(
         }
         Behavior::StreamErrorFirst => {
             let event = match flavor {
-                Flavor::OpenAi => openai_sse(&openai_error(
+                Flavor::OpenAi | Flavor::Azure => openai_sse(&openai_error(
                     "The server is overloaded. Please try again later.",
                     "server_error",
                     None,
@@ -799,7 +982,7 @@ async fn respond(
         Behavior::EmptyStream => sse(ctx, Vec::new(), Duration::ZERO, StreamEnd::Finish, guard),
         Behavior::StreamWithoutContent => {
             let mut events = opening_events(ctx);
-            if flavor == Flavor::OpenAi {
+            if flavor != Flavor::Anthropic {
                 events.push("data: [DONE]\n\n".into());
             }
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
@@ -807,7 +990,7 @@ async fn respond(
         Behavior::OpeningThenError => {
             let mut events = opening_events(ctx);
             events.push(match flavor {
-                Flavor::OpenAi => openai_sse(&openai_error(
+                Flavor::OpenAi | Flavor::Azure => openai_sse(&openai_error(
                     "The server is overloaded. Please try again later.",
                     "server_error",
                     None,
@@ -833,6 +1016,7 @@ async fn respond(
             guard.finish();
             let whole = match flavor {
                 Flavor::OpenAi => openai_completion(&ctx.model, &answer_text(&ctx.name)),
+                Flavor::Azure => azure_completion(&ctx.model, &answer_text(&ctx.name), "stop"),
                 Flavor::Anthropic => anthropic_message(&ctx.model, &answer_text(&ctx.name)),
             }
             .to_string();
@@ -904,6 +1088,46 @@ async fn respond(
             guard.finish();
             json_response(ctx, status, &error_body(flavor, status))
         }
+        Behavior::RateLimitedMs { ms, header, secs } => {
+            guard.finish();
+            let mut resp = json_response(ctx, 429, &error_body(flavor, 429));
+            resp.headers_mut().insert(header, HeaderValue::from(ms));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            resp
+        }
+        Behavior::ContentFilter => {
+            guard.finish();
+            json_response(ctx, 400, &azure_content_filter_error())
+        }
+        Behavior::FilteredAnswer => {
+            let text = answer_text(&ctx.name);
+            match ctx.endpoint {
+                Endpoint::Chat if ctx.stream => {
+                    let mut events = stream_events(ctx, &split_words(&text));
+                    for e in &mut events {
+                        *e = e.replace(
+                            r#""finish_reason":"stop""#,
+                            r#""finish_reason":"content_filter""#,
+                        );
+                    }
+                    sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+                }
+                Endpoint::Chat => {
+                    guard.finish();
+                    let body = match flavor {
+                        Flavor::Azure => azure_completion(&ctx.model, &text, "content_filter"),
+                        _ => {
+                            let mut v = openai_completion(&ctx.model, &text);
+                            v["choices"][0]["finish_reason"] = json!("content_filter");
+                            v
+                        }
+                    };
+                    json_response(ctx, 200, &body)
+                }
+                _ => answer(ctx, &text, guard),
+            }
+        }
         Behavior::ContextLength(wording) => {
             guard.finish();
             json_response(ctx, 400, &context_length_error(wording))
@@ -929,6 +1153,8 @@ fn opening_events(ctx: &Ctx) -> Vec<String> {
     let mut events = stream_events(ctx, &[]);
     events.truncate(match ctx.flavor {
         Flavor::OpenAi => 1,
+        // The prompt's filter results, then the role chunk.
+        Flavor::Azure => 2,
         Flavor::Anthropic => 3,
     });
     events.insert(1, ": keep-alive\n\n".into());
@@ -973,7 +1199,7 @@ fn endless_line(ctx: &Ctx, events: usize, guard: CancelGuard) -> Response<Body> 
 fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Response<Body> {
     guard.finish();
     let whole = match ctx.flavor {
-        Flavor::OpenAi => openai_completion(&ctx.model, "@@TEXT@@"),
+        Flavor::OpenAi | Flavor::Azure => openai_completion(&ctx.model, "@@TEXT@@"),
         Flavor::Anthropic => anthropic_message(&ctx.model, "@@TEXT@@"),
     }
     .to_string();
@@ -1118,6 +1344,7 @@ fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
             let events = stream_events(ctx, &split_words(text));
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
+        Endpoint::Chat if ctx.flavor == Flavor::Azure => azure_completion(&ctx.model, text, "stop"),
         Endpoint::Chat => openai_completion(&ctx.model, text),
         Endpoint::Messages => anthropic_message(&ctx.model, text),
         Endpoint::Embeddings => openai_embeddings(&ctx.model, ctx.inputs),
@@ -1149,6 +1376,13 @@ fn tool_call(
                     arguments,
                     ctx.include_usage,
                 ),
+                Flavor::Azure => azure_stream(openai_tool_call_stream_events(
+                    &ctx.model,
+                    text,
+                    name,
+                    arguments,
+                    ctx.include_usage,
+                )),
                 Flavor::Anthropic => {
                     anthropic_tool_use_stream_events(&ctx.model, text, name, arguments)
                 }
@@ -1167,6 +1401,7 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
     match ctx.flavor {
         Flavor::OpenAi => openai_stream_events(&ctx.model, pieces, ctx.include_usage),
         Flavor::Anthropic => anthropic_stream_events(&ctx.model, pieces),
+        Flavor::Azure => azure_stream(openai_stream_events(&ctx.model, pieces, ctx.include_usage)),
     }
 }
 
@@ -1174,7 +1409,7 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
 /// proxy must not relay.
 fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
     let id_header = match ctx.flavor {
-        Flavor::OpenAi => "x-request-id",
+        Flavor::OpenAi | Flavor::Azure => "x-request-id",
         Flavor::Anthropic => "request-id",
     };
     let status = StatusCode::from_u16(status).expect("sim: status must be in 100..=999");
@@ -1261,7 +1496,7 @@ fn sse(
         }
     });
     let content_type = match ctx.flavor {
-        Flavor::OpenAi => "text/event-stream; charset=utf-8",
+        Flavor::OpenAi | Flavor::Azure => "text/event-stream; charset=utf-8",
         Flavor::Anthropic => "text/event-stream",
     };
     base_response(ctx, 200)
@@ -1698,7 +1933,7 @@ pub fn openai_embeddings(model: &str, inputs: usize) -> Value {
 /// `GET /v1/models` list in the flavor's shape.
 pub fn models_list(flavor: Flavor, ids: &[&str]) -> Value {
     match flavor {
-        Flavor::OpenAi => json!({
+        Flavor::OpenAi | Flavor::Azure => json!({
             "object": "list",
             "data": ids.iter().map(|id| json!({
                 "id": id, "object": "model", "created": CREATED, "owned_by": "switchback-sim"
@@ -1729,6 +1964,22 @@ pub fn anthropic_error(kind: &str, message: &str) -> Value {
 /// The error body a real provider of `flavor` sends with `status`.
 pub fn error_body(flavor: Flavor, status: u16) -> Value {
     match flavor {
+        Flavor::Azure => match status {
+            401 => azure_error(
+                "401",
+                "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.",
+            ),
+            404 => azure_error("404", "Resource not found"),
+            429 => azure_error(
+                "429",
+                "Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 1 second. Please go here: https://aka.ms/oai/quotaincrease if you would like to further increase the default rate limit.",
+            ),
+            s if s >= 500 => azure_error(
+                "InternalServerError",
+                "The service is temporarily unable to process your request. Please try again later.",
+            ),
+            _ => error_body(Flavor::OpenAi, status),
+        },
         Flavor::OpenAi => {
             let (message, kind, code) = match status {
                 400 => (
@@ -1820,6 +2071,112 @@ pub fn context_length_error(wording: ContextWording) -> Value {
             "code": 400
         }}),
     }
+}
+
+/// Azure OpenAI's own error shape: `{"error":{"code","message"}}` (the gateway
+/// layer's; model errors are OpenAI-shaped, see [`context_length_error`]).
+pub fn azure_error(code: &str, message: &str) -> Value {
+    json!({"error": {"code": code, "message": message}})
+}
+
+/// Azure's content-filter results for one piece of text, nothing filtered.
+pub fn azure_filter_results() -> Value {
+    let safe = json!({"filtered": false, "severity": "safe"});
+    json!({"hate": safe, "self_harm": safe, "sexual": safe, "violence": safe})
+}
+
+/// `prompt_filter_results` of every Azure answer (one prompt).
+pub fn azure_prompt_filter_results() -> Value {
+    json!([{
+        "prompt_index": 0,
+        "content_filter_results": {
+            "hate": {"filtered": false, "severity": "safe"},
+            "jailbreak": {"filtered": false, "detected": false},
+            "self_harm": {"filtered": false, "severity": "safe"},
+            "sexual": {"filtered": false, "severity": "safe"},
+            "violence": {"filtered": false, "severity": "safe"}
+        }
+    }])
+}
+
+/// Azure OpenAI chat completion: OpenAI's with the filter results Azure adds and
+/// the model's own name and fingerprint, ending with `finish_reason`.
+pub fn azure_completion(model: &str, text: &str, finish_reason: &str) -> Value {
+    let mut v = openai_completion(model, text);
+    v["choices"][0]["content_filter_results"] = azure_filter_results();
+    v["choices"][0]["finish_reason"] = json!(finish_reason);
+    v["prompt_filter_results"] = azure_prompt_filter_results();
+    v["system_fingerprint"] = json!("fp_sim_azure");
+    v
+}
+
+/// An OpenAI stream as Azure OpenAI sends it: first a chunk with `choices: []` and
+/// the prompt's filter results (empty `id`, `model` and `object`), every chunk's
+/// choices with `content_filter_results` (empty on the role chunk), and before the
+/// finish chunk an annotation chunk with an empty delta.
+pub fn azure_stream(openai_events: Vec<String>) -> Vec<String> {
+    let mut out = vec![openai_sse(&json!({
+        "choices": [],
+        "created": 0,
+        "id": "",
+        "model": "",
+        "object": "",
+        "prompt_filter_results": azure_prompt_filter_results()
+    }))];
+    for event in openai_events {
+        let Some(data) = event
+            .strip_prefix("data: ")
+            .and_then(|d| d.strip_suffix("\n\n"))
+        else {
+            out.push(event);
+            continue;
+        };
+        let Ok(mut chunk) = serde_json::from_str::<Value>(data) else {
+            out.push(event);
+            continue;
+        };
+        let mut finishing = false;
+        if let Some(choices) = chunk["choices"].as_array_mut() {
+            for choice in choices {
+                let role_only = choice["delta"].get("role").is_some();
+                finishing |= !choice["finish_reason"].is_null();
+                choice["content_filter_results"] = if role_only {
+                    json!({})
+                } else {
+                    azure_filter_results()
+                };
+            }
+        }
+        if finishing {
+            let mut note = chunk.clone();
+            note["choices"][0]["delta"] = json!({});
+            note["choices"][0]["finish_reason"] = Value::Null;
+            out.push(openai_sse(&note));
+        }
+        out.push(openai_sse(&chunk));
+    }
+    out
+}
+
+/// 400 of Azure OpenAI's prompt filter: the request's fault.
+pub fn azure_content_filter_error() -> Value {
+    json!({"error": {
+        "message": "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
+        "type": null,
+        "param": "prompt",
+        "code": "content_filter",
+        "status": 400,
+        "innererror": {
+            "code": "ResponsibleAIPolicyViolation",
+            "content_filter_result": {
+                "hate": {"filtered": false, "severity": "safe"},
+                "jailbreak": {"filtered": false, "detected": false},
+                "self_harm": {"filtered": false, "severity": "safe"},
+                "sexual": {"filtered": false, "severity": "safe"},
+                "violence": {"filtered": true, "severity": "medium"}
+            }
+        }
+    }})
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProx
     let primary = SimProvider::start_named("primary", flavor).await;
     let provider = match flavor {
         Flavor::OpenAi => "openai",
+        Flavor::Azure => "azure-openai",
         Flavor::Anthropic => "anthropic",
     };
     let manifests = [

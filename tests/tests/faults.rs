@@ -28,6 +28,7 @@ const SPEC: &str = "  targets:
 fn provider(flavor: Flavor) -> &'static str {
     match flavor {
         Flavor::OpenAi => "openai",
+        Flavor::Azure => "azure-openai",
         Flavor::Anthropic => "anthropic",
     }
 }
@@ -68,7 +69,7 @@ async fn setup(flavor: Flavor) -> (SimProvider, SimProvider, TestProxy) {
 
 async fn ask(proxy: &TestProxy, flavor: Flavor, stream: bool) -> reqwest::Response {
     match flavor {
-        Flavor::OpenAi => proxy.chat("smart", stream).await,
+        Flavor::OpenAi | Flavor::Azure => proxy.chat("smart", stream).await,
         Flavor::Anthropic => proxy.messages("smart", stream).await,
     }
 }
@@ -491,7 +492,7 @@ async fn an_in_band_error_after_commit_is_relayed_without_the_key_in_any_spellin
     for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
         let (primary, backup, proxy) = setup(flavor).await;
         let event = match flavor {
-            Flavor::OpenAi => format!(
+            Flavor::OpenAi | Flavor::Azure => format!(
                 "data: {{\"error\":{{\"message\":\"{message}\",\"type\":\"invalid_request_error\",\"code\":\"invalid_api_key\"}}}}\n\n"
             ),
             Flavor::Anthropic => format!(
@@ -848,7 +849,7 @@ async fn a_reset_after_commit_ends_the_stream_with_the_error_event() {
         let text = r.text().await.unwrap();
         let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
         let error_event = match flavor {
-            Flavor::OpenAi => last.contains("\"code\":\"stream_interrupted\""),
+            Flavor::OpenAi | Flavor::Azure => last.contains("\"code\":\"stream_interrupted\""),
             Flavor::Anthropic => last.starts_with("event: error\n"),
         };
         assert!(error_event, "{flavor:?} ends with the error event: {text}");

@@ -236,3 +236,46 @@ fn the_multi_team_example_gives_each_client_the_routes_the_walkthrough_says() {
         ]
     );
 }
+
+/// `crds/examples/azure-openai.yaml` compiles to what its comments say: Azure
+/// credentials on the classic and the v1 API, a route whose targets map each model
+/// name to a deployment, and contentFilter opted in.
+#[test]
+fn the_azure_example_compiles_to_azure_targets_with_model_maps() {
+    use switchback_crds::config::{FailureClass, Provider};
+    let file = workspace().join("crds/examples/azure-openai.yaml");
+    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+        &file,
+        &switchback_proxy::auth::Auth::default(),
+    )
+    .expect("compiles");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let by_name = |n: &str| {
+        compiled
+            .config
+            .credentials
+            .iter()
+            .find(|c| c.id.name == n)
+            .unwrap_or_else(|| panic!("{n}"))
+    };
+    let eastus = by_name("azure-eastus");
+    assert_eq!(eastus.provider, Provider::AzureOpenai);
+    assert_eq!(eastus.api_version.as_deref(), Some("2024-10-21"));
+    let v1 = by_name("azure-v1");
+    assert_eq!(v1.provider, Provider::AzureOpenai);
+    assert_eq!(v1.api_version, None, "no apiVersion: the v1 API");
+    assert_eq!(compiled.keys.0.len(), 3);
+    let route = &compiled.config.routes[0];
+    assert_eq!(route.models, ["smart", "fast"]);
+    let first = &route.targets[0];
+    assert_eq!(first.credential.name, "azure-eastus");
+    assert_eq!(first.upstream_model("smart"), "gpt-4o-prod");
+    assert_eq!(first.upstream_model("fast"), "gpt-4o-mini-prod");
+    assert_eq!(route.targets[2].upstream_model("fast"), "gpt-4o-mini");
+    assert!(
+        route
+            .fallback
+            .on_failures
+            .contains(&FailureClass::ContentFilter)
+    );
+}

@@ -34,11 +34,15 @@ impl Outcome {
     }
 }
 
-const PROVIDERS: [(&str, Provider); 3] = [
+const PROVIDERS: [(&str, Provider); 4] = [
     ("openai", Provider::Openai),
     ("anthropic", Provider::Anthropic),
     ("openai-compatible", Provider::OpenaiCompatible),
+    ("azure-openai", Provider::AzureOpenai),
 ];
+
+/// `apiVersion` that selects Azure's v1 API (also the default).
+const AZURE_V1: &str = "v1";
 
 /// Header names that carry the key: they come from the Secret, never from `headers`.
 const KEY_HEADERS: [&str; 4] = [
@@ -98,6 +102,7 @@ pub(crate) fn compile(
     );
 
     let headers = headers(&mut c, spec.headers.as_ref());
+    let api_version = api_version(&mut c, provider, spec.api_version.as_deref());
 
     let max_concurrency = spec
         .max_concurrency
@@ -144,11 +149,47 @@ pub(crate) fn compile(
                 name: spec.secret_ref.name.clone(),
                 key: spec.secret_ref.key.clone(),
             },
+            api_version,
         }),
         key,
         key_problem,
         diagnostics: c.diagnostics,
     }
+}
+
+/// `spec.apiVersion`: only for azure-openai; `v1` or absent selects the v1 API
+/// (`None`), a dated version the classic deployment paths.
+fn api_version(c: &mut Checker, provider: Option<Provider>, raw: Option<&str>) -> Option<String> {
+    let raw = raw?;
+    let field = "spec.apiVersion";
+    if provider.is_some_and(|p| p != Provider::AzureOpenai) {
+        c.invalid(field, "is only meaningful for provider azure-openai");
+        return None;
+    }
+    if raw == AZURE_V1 {
+        return None;
+    }
+    if !is_dated_api_version(raw) {
+        c.invalid(
+            field,
+            format!(
+                "{raw:?} is not an Azure OpenAI API version: v1, or a date like 2024-10-21 or 2025-04-01-preview"
+            ),
+        );
+        return None;
+    }
+    Some(raw.to_string())
+}
+
+/// `YYYY-MM-DD` or `YYYY-MM-DD-preview` (the schema's pattern, without a regex).
+fn is_dated_api_version(v: &str) -> bool {
+    let date = v.strip_suffix("-preview").unwrap_or(v);
+    let b = date.as_bytes();
+    b.len() == 10
+        && b.iter().enumerate().all(|(i, ch)| match i {
+            4 | 7 => *ch == b'-',
+            _ => ch.is_ascii_digit(),
+        })
 }
 
 /// An absolute http(s) URL without credentials, query or fragment, whose host is not

@@ -25,7 +25,7 @@ const MODES: [(&str, Strategy); 4] = [
     ("cost-optimized", Strategy::CostOptimized),
 ];
 
-const FAILURE_CLASSES: [(&str, FailureClass); 7] = [
+const FAILURE_CLASSES: [(&str, FailureClass); 8] = [
     ("status5xx", FailureClass::Status5xx),
     ("rateLimited", FailureClass::RateLimited),
     ("timeout", FailureClass::Timeout),
@@ -33,6 +33,7 @@ const FAILURE_CLASSES: [(&str, FailureClass); 7] = [
     ("contextLength", FailureClass::ContextLength),
     ("invalidResponse", FailureClass::InvalidResponse),
     ("authError", FailureClass::AuthError),
+    ("contentFilter", FailureClass::ContentFilter),
 ];
 
 const DEFAULT_TIMEOUT_MS: u64 = 60_000;
@@ -73,6 +74,7 @@ pub(crate) fn compile(
                 id,
                 target,
                 credentials,
+                &models,
             )
         })
         .collect();
@@ -182,6 +184,7 @@ fn target(
     route: &ObjectId,
     spec: &TargetSpec,
     credentials: &BTreeMap<ObjectId, Outcome>,
+    models: &[String],
 ) -> Target {
     let credential = ObjectId::new(route.namespace.clone(), spec.credential_ref.name.clone());
     let name_field = format!("{path}.credentialRef.name");
@@ -197,6 +200,7 @@ fn target(
             MAX_MODEL_LEN as usize,
         );
     }
+    let model_map = model_map(c, path, spec, models);
     let weight = fields::int_in_range(c, &format!("{path}.weight"), spec.weight, 1, 100, 1);
     let timeout_ms =
         fields::optional_duration_ms(c, &format!("{path}.timeout"), spec.timeout.as_deref(), true);
@@ -216,11 +220,51 @@ fn target(
     Target {
         credential,
         model: spec.model.clone(),
+        model_map,
         weight,
         timeout_ms,
         retry,
         price,
     }
+}
+
+/// `modelMap`: exclusive with `model`, and mapping exactly the route's model names
+/// (`spec.models`, or `[metadata.name]` when unset): a name it misses would have no
+/// upstream model, a name the route does not serve is a typo.
+fn model_map(
+    c: &mut Checker,
+    path: &str,
+    spec: &TargetSpec,
+    models: &[String],
+) -> BTreeMap<String, String> {
+    let Some(map) = &spec.model_map else {
+        return BTreeMap::new();
+    };
+    let field = format!("{path}.modelMap");
+    if spec.model.is_some() {
+        c.invalid(&field, "model and modelMap are mutually exclusive");
+    }
+    fields::list_len(c, &field, map.len(), 1, MAX_MODELS as usize, "entries");
+    for (name, upstream) in map {
+        let entry = format!("{field}[{name}]");
+        fields::string_len(c, &entry, upstream, 1, MAX_MODEL_LEN as usize);
+        if !models.contains(name) {
+            c.invalid(
+                &entry,
+                format!(
+                    "{name:?} is not a model name of this route ({})",
+                    models.join(", ")
+                ),
+            );
+        }
+    }
+    for name in models.iter().filter(|m| !map.contains_key(*m)) {
+        c.invalid(
+            &field,
+            format!("maps no upstream model for {name:?}, a model name of this route"),
+        );
+    }
+    map.clone()
 }
 
 /// The target's credential must exist in the route's namespace and be valid; one

@@ -316,6 +316,7 @@ fn sample_compiles_to_the_expected_config() {
                 models: vec!["fast".into()],
                 strategy: Strategy::Fallback,
                 targets: vec![Target {
+                    model_map: Default::default(),
                     credential: anthropic.clone(),
                     model: None,
                     weight: 1,
@@ -355,6 +356,7 @@ fn sample_compiles_to_the_expected_config() {
                 strategy: Strategy::Fallback,
                 targets: vec![
                     Target {
+                        model_map: Default::default(),
                         credential: openai.clone(),
                         model: Some("gpt-4o".into()),
                         weight: 3,
@@ -372,6 +374,7 @@ fn sample_compiles_to_the_expected_config() {
                         }),
                     },
                     Target {
+                        model_map: Default::default(),
                         credential: anthropic.clone(),
                         model: Some("claude-sonnet-4-5".into()),
                         weight: 1,
@@ -399,6 +402,7 @@ fn sample_compiles_to_the_expected_config() {
         ],
         credentials: vec![
             Credential {
+                api_version: None,
                 id: anthropic.clone(),
                 provider: Provider::Anthropic,
                 base_url: "https://api.anthropic.com/v1".into(),
@@ -412,6 +416,7 @@ fn sample_compiles_to_the_expected_config() {
                 },
             },
             Credential {
+                api_version: None,
                 id: openai.clone(),
                 provider: Provider::Openai,
                 base_url: "https://api.openai.com/v1".into(),
@@ -628,7 +633,7 @@ fn unknown_failure_class() {
                 ..Default::default()
             })
         },
-        "team-a/smart: spec.fallback.onFailures[1]: \"status4xx\" is not one of status5xx, rateLimited, timeout, connectionError, contextLength, invalidResponse, authError",
+        "team-a/smart: spec.fallback.onFailures[1]: \"status4xx\" is not one of status5xx, rateLimited, timeout, connectionError, contextLength, invalidResponse, authError, contentFilter",
     );
 }
 
@@ -1620,5 +1625,225 @@ fn models_are_global_unless_resolved_per_client() {
     assert_eq!(
         d.to_string(),
         "team-b/reports: spec.routes: route team-a/smart serves the model \"smart\", which route team-b/smart already serves to this client; team-a/smart is left out"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// azure-openai credentials and modelMap targets.
+// ---------------------------------------------------------------------------------
+
+fn map(entries: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    Some(
+        entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// The sample's anthropic credential turned into an Azure one.
+fn azure(s: &mut Sample, api_version: Option<&str>) {
+    let c = s.credential("anthropic-prod");
+    c.provider = "azure-openai".into();
+    c.base_url = Some("https://contoso.openai.azure.com/openai".into());
+    c.api_version = api_version.map(Into::into);
+}
+
+fn compiled_credential<'a>(compiled: &'a Compiled, name: &str) -> &'a Credential {
+    compiled
+        .config
+        .credentials
+        .iter()
+        .find(|c| c.id == id(name))
+        .unwrap_or_else(|| panic!("{name} not compiled"))
+}
+
+#[test]
+fn azure_openai_compiles_with_a_dated_api_version() {
+    let mut s = sample();
+    azure(&mut s, Some("2024-10-21"));
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let c = compiled_credential(&compiled, "anthropic-prod");
+    assert_eq!(c.provider, Provider::AzureOpenai);
+    assert_eq!(c.base_url, "https://contoso.openai.azure.com/openai");
+    assert_eq!(c.api_version.as_deref(), Some("2024-10-21"));
+    for preview in ["2025-04-01-preview", "2024-06-01"] {
+        let mut s = sample();
+        azure(&mut s, Some(preview));
+        let compiled = s.compile();
+        let c = compiled_credential(&compiled, "anthropic-prod");
+        assert_eq!(c.api_version.as_deref(), Some(preview));
+    }
+}
+
+#[test]
+fn azure_openai_v1_or_no_api_version_is_the_v1_api() {
+    for v in [None, Some("v1")] {
+        let mut s = sample();
+        azure(&mut s, v);
+        let compiled = s.compile();
+        assert_eq!(messages(&compiled), Vec::<String>::new(), "{v:?}");
+        assert_eq!(
+            compiled_credential(&compiled, "anthropic-prod").api_version,
+            None
+        );
+    }
+}
+
+#[test]
+fn azure_openai_without_base_url() {
+    rejects(
+        |s| {
+            azure(s, None);
+            s.credential("anthropic-prod").base_url = None;
+            s.route("fast").targets[0].credential_ref.name = "openai-prod".into();
+            s.target(1).credential_ref.name = "openai-prod".into();
+            s.smart().fallback = None;
+        },
+        "team-a/anthropic-prod: spec.baseURL: is required for provider azure-openai",
+    );
+}
+
+#[test]
+fn azure_openai_unknown_api_version() {
+    rejects(
+        |s| {
+            azure(s, Some("2024-13"));
+            s.route("fast").targets[0].credential_ref.name = "openai-prod".into();
+            s.target(1).credential_ref.name = "openai-prod".into();
+            s.smart().fallback = None;
+        },
+        "team-a/anthropic-prod: spec.apiVersion: \"2024-13\" is not an Azure OpenAI API version: v1, or a date like 2024-10-21 or 2025-04-01-preview",
+    );
+}
+
+#[test]
+fn api_version_on_another_provider() {
+    rejects(
+        |s| {
+            s.credential("openai-prod").api_version = Some("2024-10-21".into());
+            s.route("fast").targets[0].credential_ref.name = "anthropic-prod".into();
+            s.target(0).credential_ref.name = "anthropic-prod".into();
+            s.smart().fallback = None;
+            s.clients.clear();
+        },
+        "team-a/openai-prod: spec.apiVersion: is only meaningful for provider azure-openai",
+    );
+}
+
+#[test]
+fn azure_key_header_cannot_be_a_static_header() {
+    let mut s = sample();
+    azure(&mut s, None);
+    s.credential("anthropic-prod").headers = map(&[("api-key", "x")]);
+    let compiled = s.compile();
+    assert!(
+        messages(&compiled).contains(
+            &"team-a/anthropic-prod: spec.headers[api-key]: \"api-key\" carries the key from the Secret; it cannot be a static header".to_string()
+        ),
+        "{:?}",
+        messages(&compiled)
+    );
+}
+
+#[test]
+fn content_filter_is_an_opt_in_failure_class() {
+    assert!(!FailureClass::DEFAULT_ON_FAILURES.contains(&FailureClass::ContentFilter));
+    let mut s = sample();
+    s.smart().fallback.as_mut().expect("fallback").on_failures =
+        Some(vec!["status5xx".into(), "contentFilter".into()]);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let route = &compiled.config.routes.iter().find(|r| r.id == id("smart"));
+    assert_eq!(
+        route.expect("smart").fallback.on_failures,
+        vec![FailureClass::Status5xx, FailureClass::ContentFilter]
+    );
+}
+
+#[test]
+fn model_map_compiles_and_picks_by_client_name() {
+    let mut s = sample();
+    s.target(0).model = None;
+    s.target(0).model_map = map(&[("smart", "gpt-4o"), ("smart-latest", "gpt-4o-mini")]);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let route = compiled
+        .config
+        .routes
+        .iter()
+        .find(|r| r.id == id("smart"))
+        .expect("smart");
+    let t = &route.targets[0];
+    assert_eq!(t.model, None);
+    assert_eq!(t.upstream_model("smart"), "gpt-4o");
+    assert_eq!(t.upstream_model("smart-latest"), "gpt-4o-mini");
+    // Without a map the compiled JSON does not change (revisions stay put).
+    let json = serde_json::to_string(&route.targets[1]).expect("json");
+    assert!(!json.contains("modelMap"), "{json}");
+}
+
+#[test]
+fn model_map_with_model() {
+    rejects(
+        |s| s.target(0).model_map = map(&[("smart", "a"), ("smart-latest", "b")]),
+        "team-a/smart: spec.targets[0].modelMap: model and modelMap are mutually exclusive",
+    );
+}
+
+#[test]
+fn model_map_missing_a_route_model() {
+    rejects(
+        |s| {
+            s.target(0).model = None;
+            s.target(0).model_map = map(&[("smart", "gpt-4o")]);
+        },
+        "team-a/smart: spec.targets[0].modelMap: maps no upstream model for \"smart-latest\", a model name of this route",
+    );
+}
+
+#[test]
+fn model_map_with_a_name_the_route_does_not_serve() {
+    rejects(
+        |s| {
+            s.target(0).model = None;
+            s.target(0).model_map = map(&[
+                ("smart", "gpt-4o"),
+                ("smart-latest", "gpt-4o-mini"),
+                ("smrt", "gpt-4o"),
+            ]);
+        },
+        "team-a/smart: spec.targets[0].modelMap[smrt]: \"smrt\" is not a model name of this route (smart, smart-latest)",
+    );
+}
+
+#[test]
+fn model_map_covers_the_default_model_name() {
+    let mut s = sample();
+    s.route("fast").targets[0].model_map = map(&[("fast", "claude-haiku-4-5")]);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let mut s = sample();
+    s.route("fast").targets[0].model_map = map(&[("quick", "claude-haiku-4-5")]);
+    let compiled = s.compile();
+    assert_eq!(
+        messages(&compiled),
+        vec![
+            "team-a/fast: spec.targets[0].modelMap[quick]: \"quick\" is not a model name of this route (fast)",
+            "team-a/fast: spec.targets[0].modelMap: maps no upstream model for \"fast\", a model name of this route",
+        ]
+    );
+    assert!(!route_ids(&compiled).contains(&"team-a/fast".to_string()));
+}
+
+#[test]
+fn model_map_empty_value() {
+    rejects(
+        |s| {
+            s.target(0).model = None;
+            s.target(0).model_map = map(&[("smart", "gpt-4o"), ("smart-latest", "")]);
+        },
+        "team-a/smart: spec.targets[0].modelMap[smart-latest]: must not be empty",
     );
 }

@@ -209,9 +209,10 @@ impl Direction {
     pub fn for_target(surface: Surface, provider: Provider) -> Option<Self> {
         match (surface, provider) {
             (Surface::ChatCompletions, Provider::Anthropic) => Some(Self::OpenAiToAnthropic),
-            (Surface::Messages, Provider::Openai | Provider::OpenaiCompatible) => {
-                Some(Self::AnthropicToOpenAi)
-            }
+            (
+                Surface::Messages,
+                Provider::Openai | Provider::OpenaiCompatible | Provider::AzureOpenai,
+            ) => Some(Self::AnthropicToOpenAi),
             _ => None,
         }
     }

@@ -291,7 +291,7 @@ async fn stream_events_arrive_incrementally() {
             interval,
         });
         let body = match flavor {
-            Flavor::OpenAi => chat_stream("m"),
+            Flavor::OpenAi | Flavor::Azure => chat_stream("m"),
             Flavor::Anthropic => message_stream("m"),
         };
         let start = Instant::now();
@@ -306,7 +306,9 @@ async fn stream_events_arrive_incrementally() {
             arrivals.push((start.elapsed(), chunk));
         }
         let expected = match flavor {
-            Flavor::OpenAi => openai_stream_events("m", &stream_pieces("p", 3), false),
+            Flavor::OpenAi | Flavor::Azure => {
+                openai_stream_events("m", &stream_pieces("p", 3), false)
+            }
             Flavor::Anthropic => anthropic_stream_events("m", &stream_pieces("p", 3)),
         };
         assert_eq!(
