@@ -916,9 +916,12 @@ where
         let st = &mut this.state;
         let mut out = std::mem::take(&mut this.pending);
         loop {
+            // The framer is taken out for the loop: its events are read in place
+            // while `forward` borrows the rest of the state.
+            let mut framer = std::mem::take(&mut st.framer);
             loop {
-                match st.framer.next_event() {
-                    Ok(Some(ev)) => st.forward(&ev, &mut out),
+                match framer.next_in_place() {
+                    Ok(Some(ev)) => st.forward(ev, &mut out),
                     Ok(None) => break,
                     Err(EventTooLarge) => {
                         st.refused();
@@ -931,6 +934,7 @@ where
                     }
                 }
             }
+            st.framer = framer;
             // Enough for one write: send it, keep the rest for the next poll.
             if st.done || out.len() >= COALESCE_LIMIT {
                 break;
