@@ -88,6 +88,7 @@ pub(crate) mod tests {
         let cred = Arc::new(CredentialRt {
             spec: Credential {
                 api_version: None,
+                responses_api: false,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
                 base_url: "http://x".into(),
