@@ -1,11 +1,28 @@
-//! OpenAI chat completions <-> Anthropic messages translation: requests, unary
-//! responses, error bodies and streams, so a route can answer an OpenAI-SDK client
-//! from an Anthropic target and an Anthropic-SDK client from an OpenAI (or
-//! OpenAI-compatible) target.
+//! Translation between chat APIs: requests, unary responses, error bodies and
+//! streams, so a route can answer an OpenAI-SDK client from an Anthropic target and
+//! an Anthropic-SDK client from an OpenAI (or OpenAI-compatible) target.
 //!
-//! Pure functions and one stream state machine: nothing here does I/O, reads the
-//! clock (except `created` stamps) or knows about routes. The pipeline only needs to
-//! know the [`Direction`] of a (client surface, target provider) pair.
+//! Pure functions and stream state machines: nothing here does I/O, reads the clock
+//! (except `created` stamps) or knows about routes. The pipeline only needs to know
+//! the [`Direction`] of a (client surface, target provider) pair.
+//!
+//! # Shape
+//!
+//! Every API is one adapter to and from one internal form (`form`: a request, an
+//! answer, stream events, an error). A pairing is a decode by the client's adapter
+//! and an encode by the target's for requests, and the reverse for answers, streams
+//! and errors: OpenAI client → Anthropic target is `openai::decode_request` then
+//! `anthropic::encode_request`, its answer `anthropic::decode_answer` then
+//! `openai::encode_answer`, and so on. A new provider is one adapter, not one
+//! translator per API it must serve. Only a decoder knows the client's parameter
+//! paths, so it refuses what the target cannot take (`form::Target`, declared by each
+//! adapter); encoders cannot fail. A target that speaks the client's API natively
+//! never comes here: its bodies are relayed with only `model` rewritten.
+//!
+//! A provider is added as one module beside `openai` and `anthropic`: its `TARGET`,
+//! `encode_request`, `decode_answer`, `decode_error` and a `StreamDecoder` (the
+//! decode and encode halves of the other direction too if it is to be a client
+//! surface), a `Dialect` variant, and the pairings in [`Direction`].
 //!
 //! # Interface
 //!
@@ -71,7 +88,10 @@
 //! # Parameters the other side cannot honour
 //!
 //! Every top-level field is accounted for: an unknown field is a 400 naming it,
-//! never silently dropped. A field that is `null` counts as absent.
+//! never silently dropped. A field that is `null` counts as absent. A field the form
+//! carries must have its JSON type (`temperature` and `top_p` numbers, `stream` a
+//! boolean, stop sequences and tool names strings): otherwise it is a 400 naming it,
+//! not relayed for the provider to refuse.
 //!
 //! | client field | target | decision | why |
 //! |---|---|---|---|
@@ -132,14 +152,24 @@
 //! event later, no content held back. Anthropic's `message_start` needs input tokens
 //! that OpenAI only reports at the end: it says 0, and the final `message_delta`
 //! carries the real `input_tokens` (the Anthropic SDKs take them from there).
+//!
+//! In form terms: the upstream's adapter decodes each event into `form::Event`s that
+//! the client's adapter writes as they come. The Anthropic encoder writes stop reason
+//! and usage on `Event::End`, which the OpenAI decoder emits once it has seen both
+//! (or `[DONE]`).
 
+mod anthropic;
 mod errors;
-mod request;
-mod response;
+mod form;
+mod openai;
 mod stream;
 mod vocab;
 
+#[cfg(test)]
+mod round_trips;
+
 use bytes::Bytes;
+use serde_json::Value;
 use switchback_crds::config::Provider;
 
 use crate::surface::{Surface, Wire};
@@ -156,6 +186,22 @@ pub enum Direction {
     AnthropicToOpenAi,
 }
 
+/// The API an adapter speaks (one module each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dialect {
+    OpenAiChat,
+    AnthropicMessages,
+}
+
+impl Dialect {
+    fn target(self) -> &'static form::Target {
+        match self {
+            Self::OpenAiChat => &openai::TARGET,
+            Self::AnthropicMessages => &anthropic::TARGET,
+        }
+    }
+}
+
 impl Direction {
     /// The translation a target needs for this surface: `None` when the provider
     /// speaks the surface natively, or when no translation exists (embeddings on an
@@ -168,6 +214,14 @@ impl Direction {
                 Provider::Openai | Provider::OpenaiCompatible | Provider::AzureOpenai,
             ) => Some(Self::AnthropicToOpenAi),
             _ => None,
+        }
+    }
+
+    /// (client's adapter, upstream's adapter).
+    fn dialects(self) -> (Dialect, Dialect) {
+        match self {
+            Self::OpenAiToAnthropic => (Dialect::OpenAiChat, Dialect::AnthropicMessages),
+            Self::AnthropicToOpenAi => (Dialect::AnthropicMessages, Dialect::OpenAiChat),
         }
     }
 
@@ -277,19 +331,15 @@ impl TranslateError {
     /// The error in the client's shape (OpenAI's carries `param`).
     pub fn body(&self, client: Wire) -> Bytes {
         let body = match client {
-            Wire::OpenAi => serde_json::json!({"error": {
-                "message": self.message,
-                "type": if self.status >= 500 { "server_error" } else { "invalid_request_error" },
-                "param": self.param,
-                "code": self.code(),
-            }}),
-            Wire::Anthropic => serde_json::json!({"type": "error", "error": {
-                "type": if self.status >= 500 { "api_error" } else { "invalid_request_error" },
-                "message": self.message,
-            }}),
+            Wire::OpenAi => openai::encode_refusal(self),
+            Wire::Anthropic => anthropic::encode_refusal(self),
         };
-        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+        to_bytes(&body)
     }
+}
+
+fn to_bytes(v: &Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).unwrap_or_default())
 }
 
 /// The client's request body (its wire format) → the upstream's, with `model` set to
@@ -300,17 +350,24 @@ pub fn request(
     upstream_model: &str,
     defaults: &Defaults,
 ) -> Result<Bytes, TranslateError> {
-    let v = match direction {
-        Direction::OpenAiToAnthropic => request::chat_to_messages(body, upstream_model, defaults)?,
-        Direction::AnthropicToOpenAi => request::messages_to_chat(body, upstream_model, defaults)?,
+    let (client, upstream) = direction.dialects();
+    let parsed = vocab::parse_object(body)?;
+    let target = upstream.target();
+    let form = match client {
+        Dialect::OpenAiChat => openai::decode_request(&parsed, target)?,
+        Dialect::AnthropicMessages => anthropic::decode_request(&parsed, target)?,
     };
-    Ok(Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+    let out = match upstream {
+        Dialect::OpenAiChat => openai::encode_request(&form, upstream_model, defaults),
+        Dialect::AnthropicMessages => anthropic::encode_request(&form, upstream_model, defaults),
+    };
+    Ok(to_bytes(&out))
 }
 
 /// Whether a chat completions body asked for the stream's usage chunk
 /// (`stream_options.include_usage`). Anthropic clients always get usage.
 pub fn include_usage(client_body: &[u8]) -> bool {
-    request::include_usage(client_body)
+    openai::include_usage(client_body)
 }
 
 /// A 2xx unary upstream body → the client's, `model` = `client_model`.
@@ -329,26 +386,53 @@ pub fn response_at(
     client_model: &str,
     created: u64,
 ) -> Result<Bytes, TranslateError> {
-    let v = match direction {
-        Direction::OpenAiToAnthropic => {
-            response::messages_to_chat(upstream_body, client_model, created)?
-        }
-        Direction::AnthropicToOpenAi => response::chat_to_messages(upstream_body, client_model)?,
+    let (client, upstream) = direction.dialects();
+    let parsed = vocab::parse_answer(upstream_body)?;
+    let answer = match upstream {
+        Dialect::OpenAiChat => openai::decode_answer(&parsed)?,
+        Dialect::AnthropicMessages => anthropic::decode_answer(&parsed),
     };
-    Ok(Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+    let out = match client {
+        Dialect::OpenAiChat => openai::encode_answer(&answer, client_model, created),
+        Dialect::AnthropicMessages => anthropic::encode_answer(&answer, client_model),
+    };
+    Ok(to_bytes(&out))
 }
 
 /// A non-2xx upstream body → the client's error shape, message kept. The status is
 /// unchanged (the caller keeps the upstream's).
 pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> Bytes {
-    let v = errors::translate(direction, status, upstream_error_body);
-    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+    let (client, upstream) = direction.dialects();
+    let e = match upstream {
+        Dialect::OpenAiChat => openai::decode_error(status, upstream_error_body),
+        Dialect::AnthropicMessages => anthropic::decode_error(status, upstream_error_body),
+    };
+    to_bytes(&match client {
+        Dialect::OpenAiChat => openai::encode_error(&e),
+        Dialect::AnthropicMessages => anthropic::encode_error(&e),
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::vocab::{anthropic_id, finish_reason, openai_id, parse_data_url, stop_reason};
+    use super::vocab::parse_data_url;
     use super::*;
+
+    fn openai_id(anthropic_id: &str) -> String {
+        openai::wire_id(anthropic::bare_id(anthropic_id))
+    }
+
+    fn anthropic_id(openai_id: &str) -> String {
+        anthropic::wire_id(openai::bare_id(openai_id))
+    }
+
+    fn finish_reason(stop_reason: &str) -> &'static str {
+        openai::finish_reason(anthropic::stop_of(stop_reason))
+    }
+
+    fn stop_reason(finish_reason: &str) -> &'static str {
+        anthropic::stop_reason(openai::stop_of(finish_reason))
+    }
 
     fn chat(body: serde_json::Value) -> serde_json::Value {
         let out = request(

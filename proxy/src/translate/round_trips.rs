@@ -1,0 +1,185 @@
+//! Each adapter against itself, on every golden fixture in its wire: encoding what it
+//! decoded from its own encoding changes nothing (`encode ∘ decode` is idempotent).
+//! The form then loses nothing an adapter writes, so what a pairing produces depends
+//! on the other adapter only.
+
+use std::path::Path;
+
+use bytes::BytesMut;
+use serde_json::Value;
+
+use super::{Defaults, anthropic, form, openai, vocab};
+use crate::sse::Framer;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Adapter {
+    OpenAi,
+    Anthropic,
+}
+
+const ADAPTERS: [Adapter; 2] = [Adapter::OpenAi, Adapter::Anthropic];
+const CREATED: u64 = 1_700_000_000;
+
+/// Fixture bodies in `adapter`'s wire of one kind (`request`, `response`, `error`,
+/// `stream`), with their names: the inputs of one folder and the expected outputs
+/// of the other.
+fn fixtures(adapter: Adapter, kind: &str) -> Vec<(String, Vec<u8>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate");
+    // chat-client's inputs are OpenAI requests and Anthropic answers, errors and
+    // streams; messages-client's the reverse. Each folder's outputs are in the other
+    // wire.
+    let anthropic_inputs = kind != "request";
+    let (in_dir, out_dir) = if (adapter == Adapter::Anthropic) == anthropic_inputs {
+        ("chat-client", "messages-client")
+    } else {
+        ("messages-client", "chat-client")
+    };
+    let ext = if kind == "stream" { "sse" } else { "json" };
+    let mut out = Vec::new();
+    for (dir, part) in [(in_dir, "in"), (out_dir, "out")] {
+        for e in std::fs::read_dir(root.join(dir)).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            if name.starts_with(&format!("{kind}-")) && name.ends_with(&format!(".{part}.{ext}")) {
+                let body = std::fs::read(root.join(dir).join(&name)).unwrap();
+                out.push((format!("{dir}/{name}"), body));
+            }
+        }
+    }
+    out.sort();
+    assert!(out.len() >= 6, "{adapter:?} {kind}: {} fixtures", out.len());
+    out
+}
+
+fn request_round(adapter: Adapter, body: &[u8]) -> Value {
+    let parsed = vocab::parse_object(body).expect("a JSON object");
+    let defaults = Defaults::default();
+    match adapter {
+        Adapter::OpenAi => {
+            let form = openai::decode_request(&parsed, &openai::TARGET).expect("decodes");
+            openai::encode_request(&form, "m", &defaults)
+        }
+        Adapter::Anthropic => {
+            let form = anthropic::decode_request(&parsed, &anthropic::TARGET).expect("decodes");
+            anthropic::encode_request(&form, "m", &defaults)
+        }
+    }
+}
+
+fn answer_round(adapter: Adapter, body: &[u8]) -> Value {
+    let parsed = vocab::parse_answer(body).expect("a JSON object");
+    match adapter {
+        Adapter::OpenAi => {
+            let answer = openai::decode_answer(&parsed).expect("decodes");
+            openai::encode_answer(&answer, "m", CREATED)
+        }
+        Adapter::Anthropic => anthropic::encode_answer(&anthropic::decode_answer(&parsed), "m"),
+    }
+}
+
+fn error_round(adapter: Adapter, status: u16, body: &[u8]) -> Value {
+    match adapter {
+        Adapter::OpenAi => openai::encode_error(&openai::decode_error(status, body)),
+        Adapter::Anthropic => anthropic::encode_error(&anthropic::decode_error(status, body)),
+    }
+}
+
+/// A stream through one adapter's decoder and encoder, as `StreamTranslator` feeds
+/// them (in-band errors aside: they never reach a decoder).
+fn stream_round(adapter: Adapter, body: &[u8]) -> (Vec<u8>, Vec<String>) {
+    let mut framer = Framer::default();
+    framer.push(body);
+    let mut events = Vec::new();
+    while let Some(ev) = framer.next_event().unwrap().or_else(|| framer.take_rest()) {
+        events.push(ev);
+    }
+    let mut out = BytesMut::new();
+    let mut seen = Vec::new();
+    let mut done = false;
+    let mut openai = (
+        openai::StreamDecoder::default(),
+        openai::StreamEncoder::new("m", CREATED, true),
+    );
+    let mut anthropic = (
+        anthropic::StreamDecoder::default(),
+        anthropic::StreamEncoder::new("m"),
+    );
+    for ev in &events {
+        let fields = crate::sse::fields(ev);
+        let Some(data) = fields.data else { continue };
+        if done || crate::sse::error_in(&fields).is_some() {
+            break;
+        }
+        let mut emit = |e: form::Event<'_>| {
+            seen.push(format!("{e:?}"));
+            if !done {
+                done = match adapter {
+                    Adapter::OpenAi => openai.1.encode(e, &mut out),
+                    Adapter::Anthropic => anthropic.1.encode(e, &mut out),
+                };
+            }
+        };
+        match adapter {
+            Adapter::OpenAi => openai.0.decode(data, &mut emit),
+            Adapter::Anthropic => anthropic.0.decode(data, &mut emit),
+        }
+    }
+    (out.to_vec(), seen)
+}
+
+#[test]
+fn requests_survive_their_own_adapter() {
+    for adapter in ADAPTERS {
+        for (name, body) in fixtures(adapter, "request") {
+            let once = request_round(adapter, &body);
+            let twice = request_round(adapter, once.to_string().as_bytes());
+            assert_eq!(once, twice, "{adapter:?} {name}");
+        }
+    }
+}
+
+#[test]
+fn answers_survive_their_own_adapter() {
+    for adapter in ADAPTERS {
+        for (name, body) in fixtures(adapter, "response") {
+            let once = answer_round(adapter, &body);
+            let twice = answer_round(adapter, once.to_string().as_bytes());
+            assert_eq!(once, twice, "{adapter:?} {name}");
+        }
+    }
+}
+
+#[test]
+fn errors_survive_their_own_adapter() {
+    for adapter in ADAPTERS {
+        for (name, body) in fixtures(adapter, "error") {
+            for status in [400, 401, 403, 404, 429, 500, 503, 529] {
+                let once = error_round(adapter, status, &body);
+                let twice = error_round(adapter, status, once.to_string().as_bytes());
+                assert_eq!(once, twice, "{adapter:?} {name} {status}");
+            }
+        }
+    }
+}
+
+#[test]
+fn streams_survive_their_own_adapter() {
+    for adapter in ADAPTERS {
+        for (name, body) in fixtures(adapter, "stream") {
+            let (once, events) = stream_round(adapter, &body);
+            let (twice, again) = stream_round(adapter, &once);
+            assert_eq!(
+                String::from_utf8_lossy(&once),
+                String::from_utf8_lossy(&twice),
+                "{adapter:?} {name}"
+            );
+            // What the encoder wrote decodes to the same text and tool calls.
+            let content = |evs: &[String]| -> Vec<String> {
+                evs.iter()
+                    .filter(|e| e.starts_with("Text") || e.starts_with("Tool"))
+                    .cloned()
+                    .collect()
+            };
+            assert_eq!(content(&events), content(&again), "{adapter:?} {name}");
+        }
+    }
+}
