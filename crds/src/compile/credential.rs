@@ -103,9 +103,7 @@ pub(crate) fn compile(
 
     let headers = headers(&mut c, spec.headers.as_ref());
     let api_version = api_version(&mut c, provider, spec.api_version.as_deref());
-    if spec.responses_api.is_some()
-        && provider.is_some_and(|p| p != Provider::OpenaiCompatible)
-    {
+    if spec.responses_api.is_some() && provider.is_some_and(|p| p != Provider::OpenaiCompatible) {
         c.invalid(
             "spec.responsesAPI",
             "is only meaningful for provider openai-compatible (openai and azure-openai serve the Responses API already)",
