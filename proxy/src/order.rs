@@ -106,6 +106,7 @@ pub(crate) mod tests {
                 "http://x/a".parse().unwrap(),
                 "http://x/b".parse().unwrap(),
                 "http://x/c".parse().unwrap(),
+                "http://x/d".parse().unwrap(),
             ],
             headers: None,
             key: None,
