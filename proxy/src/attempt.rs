@@ -147,7 +147,9 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
     let order = order.as_slice();
     let mut last_real: Option<Failure> = None;
     let mut position = 0u32;
-    let (mut skipped, mut skipped_open) = (0usize, 0usize);
+    let (mut skipped, mut skipped_open, mut skipped_unserved) = (0usize, 0usize, 0usize);
+    // The first target skipped for its open circuit, and its position in the order.
+    let mut first_open: Option<(usize, u8)> = None;
 
     let outcome = 'walk: {
         for (pos, &i) in order.iter().enumerate() {
@@ -160,6 +162,10 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
                 Tried::Skipped(reason) => {
                     skipped += 1;
                     skipped_open += usize::from(reason == Reason::CircuitOpen);
+                    skipped_unserved += usize::from(reason == Reason::UnsupportedSurface);
+                    if reason == Reason::CircuitOpen && first_open.is_none() {
+                        first_open = Some((pos, i));
+                    }
                     if pos + 1 < order.len() {
                         t.counters.fallbacks_away.inc(reason);
                     }
@@ -178,12 +184,16 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
                 break;
             }
         }
-        // Every target skipped because its circuit is open: try one anyway, so a
-        // recovered provider is found even when no probe is due; its failure is 503.
-        if walk.sent == 0 && skipped > 0 && skipped_open == skipped {
-            let first = order[0];
+        // Every target that can serve the API called skipped because its circuit is
+        // open: try the first of them anyway, so a recovered provider is found even
+        // when no probe is due; its failure is 503. (Targets that cannot serve the API
+        // at all are no reason not to.)
+        if walk.sent == 0
+            && let Some((pos, first)) = first_open
+            && skipped_open + skipped_unserved == skipped
+        {
             break 'walk match walk.target(first, true).await {
-                Tried::Answered(response, line) => walk.answered(response, line, 0, first),
+                Tried::Answered(response, line) => walk.answered(response, line, pos as u32, first),
                 Tried::Failed(_) | Tried::Skipped(_) => {
                     walk.failed(Failure::bare(Reason::CircuitOpen), position)
                 }

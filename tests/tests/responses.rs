@@ -316,6 +316,45 @@ async fn an_anthropic_target_is_skipped_as_unsupported_surface() {
     assert_eq!(header(&r, "x-switchback-target"), "team-a/claude");
 }
 
+/// SPEC §3: when every target is skipped for an open circuit, one is tried anyway.
+/// A target that cannot serve the API at all does not stand in the way of that.
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_is_still_tried_when_the_other_targets_cannot_serve_it() {
+    let claude = SimProvider::start_named("claude", Flavor::Anthropic).await;
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let manifests = [
+        credential("claude", "anthropic", &claude.base_url(), "sk-claude"),
+        credential("primary", "openai", &primary.base_url(), "sk-primary"),
+        route(
+            "guarded",
+            "  circuitBreaker: { consecutiveFailures: 1, openFor: 60s }
+  targets:
+    - credentialRef: { name: claude }
+      model: claude-sonnet-4-5
+    - credentialRef: { name: primary }
+      model: gpt-4o
+",
+        ),
+    ]
+    .concat();
+    let proxy = TestProxy::start(&manifests).await;
+    primary.push(Behavior::ServerError(500));
+    let r = responses(&proxy, "guarded", false).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(
+        target_stats(&proxy, "guarded", "primary").await["circuit"],
+        "Open"
+    );
+
+    // Open, and the only target that serves it: tried anyway, and it has recovered.
+    let r = responses(&proxy, "guarded", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/primary");
+    assert_eq!(header(&r, "x-switchback-fallbacks"), "1");
+    assert_eq!(primary.hits(), 2);
+    assert_eq!(claude.hits(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn when_no_target_can_serve_it_the_client_is_told_which_and_why() {
     let s = setup().await;
