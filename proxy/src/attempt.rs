@@ -806,11 +806,11 @@ fn finish_failed(
         };
     }
     let (status, code, message): (_, _, std::borrow::Cow<'_, str>) = match failure.reason {
-        // Nothing but targets that cannot serve the API called: the route's make-up,
-        // not a passing state, so not a 503 a client would retry.
+        // Nothing but targets that cannot serve the API called: still SPEC §3's 503
+        // for "all skipped", but the message says which targets and why.
         Reason::UnsupportedSurface if log.iter().all(|l| l.reason == failure.reason) => (
-            StatusCode::BAD_REQUEST,
-            "unsupported_surface",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_available_target",
             unsupported_surface(route, call.surface, &log).into(),
         ),
         Reason::RateLimited | Reason::Parked => (

@@ -360,13 +360,13 @@ async fn when_no_target_can_serve_it_the_client_is_told_which_and_why() {
     let s = setup().await;
     for stream in [false, true] {
         let r = responses(&s.proxy, "legacy", stream).await;
-        assert_eq!(r.status(), 400);
+        // SPEC §3: all skipped is 503 `no_available_target`; the message says why.
+        assert_eq!(r.status(), 503);
         assert_eq!(header(&r, "x-switchback-attempts"), "0");
         assert_eq!(header(&r, "x-switchback-route"), "team-a/legacy");
         let body: Value = r.json().await.unwrap();
         let e = &body["error"];
-        assert_eq!(e["code"], "unsupported_surface");
-        assert_eq!(e["type"], "invalid_request_error");
+        assert_eq!(e["code"], "no_available_target");
         let message = e["message"].as_str().unwrap();
         for part in [
             "team-a/legacy",
