@@ -324,6 +324,20 @@ fn credential_rules_agree() {
             true,
         ),
         (
+            "openai-compatible declaring the Responses API",
+            Box::new(|s| {
+                set(s, &["provider"], "openai-compatible");
+                set(s, &["baseURL"], "https://llm.example.com/v1");
+                set(s, &["responsesAPI"], "true");
+            }),
+            true,
+        ),
+        (
+            "responsesAPI on openai",
+            Box::new(|s| set(s, &["responsesAPI"], "true")),
+            false,
+        ),
+        (
             "apiVersion on openai",
             Box::new(|s| set(s, &["apiVersion"], "v1")),
             false,

@@ -340,6 +340,26 @@ pub struct Credential {
     /// then absent from the JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
+    /// `openai-compatible` only (spec `responsesAPI: true`): the server answers the
+    /// OpenAI Responses API too. Always `false` for other providers (whether they
+    /// serve it follows from the provider), and then absent from the JSON.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub responses_api: bool,
+}
+
+impl Credential {
+    /// Can this credential answer the OpenAI Responses API (`POST /responses`)?
+    /// openai and azure-openai on its v1 API do; openai-compatible when it declares
+    /// it; anthropic never. Azure's classic (dated `apiVersion`) paths are not used
+    /// for it.
+    pub fn serves_responses(&self) -> bool {
+        match self.provider {
+            Provider::Openai => true,
+            Provider::AzureOpenai => self.api_version.is_none(),
+            Provider::OpenaiCompatible => self.responses_api,
+            Provider::Anthropic => false,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

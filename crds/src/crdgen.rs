@@ -388,12 +388,14 @@ mod tests {
         assert_eq!(p["maxQueue"]["minimum"], json!(0.0));
         assert_eq!(p["headers"]["maxProperties"], json!(32));
         assert_eq!(p["allowPrivateNetwork"]["type"], "boolean");
+        assert_eq!(p["responsesAPI"]["type"], "boolean");
         assert_eq!(
             rules(spec),
             [
                 "self.provider != 'openai-compatible' || has(self.baseURL)",
                 "self.provider != 'azure-openai' || has(self.baseURL)",
                 "!has(self.apiVersion) || self.provider == 'azure-openai'",
+                "!has(self.responsesAPI) || self.provider == 'openai-compatible'",
                 "!has(self.maxQueue) || has(self.maxConcurrency)",
             ]
         );

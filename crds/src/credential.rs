@@ -37,6 +37,7 @@ use crate::schema;
 #[x_kube(validation = Rule::new("self.provider != 'openai-compatible' || has(self.baseURL)").message("baseURL is required for provider openai-compatible").field_path(".baseURL"))]
 #[x_kube(validation = Rule::new("self.provider != 'azure-openai' || has(self.baseURL)").message("baseURL is required for provider azure-openai (https://RESOURCE.openai.azure.com/openai)").field_path(".baseURL"))]
 #[x_kube(validation = Rule::new("!has(self.apiVersion) || self.provider == 'azure-openai'").message("apiVersion is only meaningful for provider azure-openai").field_path(".apiVersion"))]
+#[x_kube(validation = Rule::new("!has(self.responsesAPI) || self.provider == 'openai-compatible'").message("responsesAPI is only meaningful for provider openai-compatible (openai and azure-openai serve the Responses API already)").field_path(".responsesAPI"))]
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
 pub struct ProviderCredentialSpec {
     /// Provider API flavour: openai, anthropic, openai-compatible (any server speaking
@@ -98,6 +99,17 @@ pub struct ProviderCredentialSpec {
     )]
     #[schemars(schema_with = "schema::api_version")]
     pub api_version: Option<String>,
+
+    /// openai-compatible only. true: the server also answers the OpenAI Responses
+    /// API at {baseURL}/responses, so POST /v1/responses may be sent to it; false: it
+    /// is skipped for that API (attempt reason unsupportedSurface). openai and
+    /// azure-openai (v1 API) serve it without this field. Default: false.
+    #[serde(
+        rename = "responsesAPI",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub responses_api: Option<bool>,
 }
 
 /// Names one key of a Secret in the same namespace.

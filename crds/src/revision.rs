@@ -148,6 +148,7 @@ mod tests {
     fn credential(name: &str) -> Credential {
         Credential {
             api_version: None,
+            responses_api: false,
             id: ObjectId::new("team-a", name),
             provider: Provider::Openai,
             base_url: "https://api.openai.com/v1".into(),

@@ -147,7 +147,9 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
     let order = order.as_slice();
     let mut last_real: Option<Failure> = None;
     let mut position = 0u32;
-    let (mut skipped, mut skipped_open) = (0usize, 0usize);
+    let (mut skipped, mut skipped_open, mut skipped_unserved) = (0usize, 0usize, 0usize);
+    // The first target skipped for its open circuit, and its position in the order.
+    let mut first_open: Option<(usize, u8)> = None;
 
     let outcome = 'walk: {
         for (pos, &i) in order.iter().enumerate() {
@@ -160,6 +162,10 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
                 Tried::Skipped(reason) => {
                     skipped += 1;
                     skipped_open += usize::from(reason == Reason::CircuitOpen);
+                    skipped_unserved += usize::from(reason == Reason::UnsupportedSurface);
+                    if reason == Reason::CircuitOpen && first_open.is_none() {
+                        first_open = Some((pos, i));
+                    }
                     if pos + 1 < order.len() {
                         t.counters.fallbacks_away.inc(reason);
                     }
@@ -178,12 +184,16 @@ pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
                 break;
             }
         }
-        // Every target skipped because its circuit is open: try one anyway, so a
-        // recovered provider is found even when no probe is due; its failure is 503.
-        if walk.sent == 0 && skipped > 0 && skipped_open == skipped {
-            let first = order[0];
+        // Every target that can serve the API called skipped because its circuit is
+        // open: try the first of them anyway, so a recovered provider is found even
+        // when no probe is due; its failure is 503. (Targets that cannot serve the API
+        // at all are no reason not to.)
+        if walk.sent == 0
+            && let Some((pos, first)) = first_open
+            && skipped_open + skipped_unserved == skipped
+        {
             break 'walk match walk.target(first, true).await {
-                Tried::Answered(response, line) => walk.answered(response, line, 0, first),
+                Tried::Answered(response, line) => walk.answered(response, line, pos as u32, first),
                 Tried::Failed(_) | Tried::Skipped(_) => {
                     walk.failed(Failure::bare(Reason::CircuitOpen), position)
                 }
@@ -494,11 +504,14 @@ impl Walk<'_, '_> {
     }
 
     /// Nothing was sent: every target was skipped. Parked everywhere answers 429 with
-    /// the soonest end of a park.
+    /// the soonest end of a park; no target that can serve the API called at all, a
+    /// 400 saying so (see `finish_failed`).
     fn all_skipped(&mut self) -> Failure {
-        let all_parked =
-            !self.log.is_empty() && self.log.iter().all(|l| l.reason == Reason::Parked);
-        if !all_parked {
+        let all = |reason| !self.log.is_empty() && self.log.iter().all(|l| l.reason == reason);
+        if all(Reason::UnsupportedSurface) {
+            return Failure::bare(Reason::UnsupportedSurface);
+        }
+        if !all(Reason::Parked) {
             return Failure::bare(Reason::MissingKey);
         }
         let now = self.gw.now_ms();
@@ -545,8 +558,10 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
 /// A target passed over before anything is sent to it, for a reason known without
 /// asking anyone. (Open circuits and full queues are checked as the target is tried.)
 fn skip_reason(gw: &Gateway, route: &RouteRt, t: &TargetRt, surface: Surface) -> Option<Reason> {
-    let provider = t.credential.spec.provider;
-    if !surface.served_by(provider) && Direction::for_target(surface, provider).is_none() {
+    let credential = &t.credential.spec;
+    if !surface.served_by(credential)
+        && Direction::for_target(surface, credential.provider).is_none()
+    {
         return Some(Reason::UnsupportedSurface);
     }
     if t.credential.headers.is_none() {
@@ -641,7 +656,7 @@ async fn attempt(
                 max_event_bytes: limits.max_event_bytes,
                 refused: &gw.refused,
                 model: &call.client_model_json,
-                wire: call.surface.wire(),
+                surface: call.surface,
                 translator: dir.map(|d| {
                     let usage = call
                         .include_usage
@@ -790,16 +805,23 @@ fn finish_failed(
             stream_line: None,
         };
     }
-    let (status, code, message) = match failure.reason {
+    let (status, code, message): (_, _, std::borrow::Cow<'_, str>) = match failure.reason {
+        // Nothing but targets that cannot serve the API called: still SPEC §3's 503
+        // for "all skipped", but the message says which targets and why.
+        Reason::UnsupportedSurface if log.iter().all(|l| l.reason == failure.reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_available_target",
+            unsupported_surface(route, call.surface, &log).into(),
+        ),
         Reason::RateLimited | Reason::Parked => (
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
-            "every target of this route is rate limited",
+            "every target of this route is rate limited".into(),
         ),
         Reason::Timeout | Reason::Budget => (
             StatusCode::GATEWAY_TIMEOUT,
             "upstream_timeout",
-            "no target answered within the time allowed",
+            "no target answered within the time allowed".into(),
         ),
         Reason::Status5xx
         | Reason::ConnectionError
@@ -808,10 +830,10 @@ fn finish_failed(
         | Reason::EventTooLarge => (
             StatusCode::BAD_GATEWAY,
             "all_providers_failed",
-            "every target that was tried failed",
+            "every target that was tried failed".into(),
         ),
-        // Every target skipped: missing keys, APIs it cannot serve, open circuits,
-        // full queues.
+        // Every target skipped: missing keys, open circuits, full queues (some of them
+        // perhaps also unable to serve the API called).
         Reason::MissingKey
         | Reason::UnsupportedSurface
         | Reason::CircuitOpen
@@ -819,14 +841,14 @@ fn finish_failed(
         | Reason::UnsupportedParameter => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no_available_target",
-            "no target of this route can take the request",
+            "no target of this route can take the request".into(),
         ),
         // A 4xx class that came without an answer to relay (an in-band stream error).
         Reason::ContextLength | Reason::AuthError | Reason::ClientError | Reason::ContentFilter => {
             (
                 StatusCode::BAD_GATEWAY,
                 "upstream_error",
-                "the provider rejected the request in its stream",
+                "the provider rejected the request in its stream".into(),
             )
         }
         // The answer came but this replica may hold no more answers now: the same
@@ -834,7 +856,7 @@ fn finish_failed(
         Reason::Overloaded => (
             StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
-            "the gateway holds as many provider answers as it may; retry in a second",
+            "the gateway holds as many provider answers as it may; retry in a second".into(),
         ),
     };
     let views: Vec<AttemptView<'_>> = log
@@ -850,7 +872,7 @@ fn finish_failed(
             }
         })
         .collect();
-    let body = surface::error_body(wire, status.as_u16(), code, message, &views);
+    let body = surface::error_body(wire, status.as_u16(), code, &message, &views);
     let mut response = surface::json_response(status, body);
     if status == StatusCode::TOO_MANY_REQUESTS
         && let Some(ra) = shortest_retry_after
@@ -875,4 +897,23 @@ fn finish_failed(
         log,
         stream_line: None,
     }
+}
+
+/// Why no target of the route can serve the API the client called (the Responses
+/// API on a route of Anthropic targets, embeddings on one of Anthropic targets):
+/// each target and what it is.
+fn unsupported_surface(route: &RouteRt, surface: Surface, log: &[AttemptLog]) -> String {
+    let why: Vec<String> = log
+        .iter()
+        .map(|l| {
+            let t = &route.targets[l.target as usize];
+            format!("{} is {}", t.label, surface.refusal(&t.credential.spec))
+        })
+        .collect();
+    format!(
+        "no target of route {} can serve {}: {}",
+        route.spec.id,
+        surface.endpoint(),
+        why.join("; ")
+    )
 }

@@ -88,6 +88,7 @@ pub(crate) mod tests {
         let cred = Arc::new(CredentialRt {
             spec: Credential {
                 api_version: None,
+                responses_api: false,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
                 base_url: "http://x".into(),
@@ -105,6 +106,7 @@ pub(crate) mod tests {
                 "http://x/a".parse().unwrap(),
                 "http://x/b".parse().unwrap(),
                 "http://x/c".parse().unwrap(),
+                "http://x/d".parse().unwrap(),
             ],
             headers: None,
             key: None,

@@ -30,7 +30,7 @@ use crate::rewrite::{JsonStr, replace_model_into};
 use crate::snapshot::{CredentialRt, RouteRt, TargetRt, TargetState};
 use crate::sse::{self, EventTooLarge, Framer, Opening, StreamError};
 use crate::stats::{self, RouteCounters, RouteTargetCounters, Usage};
-use crate::surface::Wire;
+use crate::surface::Surface;
 use crate::tenant::ClientUsage;
 use crate::translate::{Direction, StreamTranslator};
 use switchback_crds::config::Price;
@@ -58,7 +58,11 @@ pub(crate) enum Opened<U> {
 /// Read a stream's opening: hold back the events without content until the first
 /// event that is not (content or error). The caller bounds it in time (the
 /// attempt's timeout); the held prefix is bounded by `max_event` in size.
-pub(crate) async fn open<U>(mut upstream: U, max_event: usize) -> Result<Opened<U>, hyper::Error>
+pub(crate) async fn open<U>(
+    mut upstream: U,
+    max_event: usize,
+    surface: Surface,
+) -> Result<Opened<U>, hyper::Error>
 where
     U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
 {
@@ -85,7 +89,7 @@ where
                 }
             },
         };
-        let error = match sse::opening(&ev) {
+        let error = match sse::opening_for(surface, &ev) {
             Opening::Hold => {
                 if held.len().saturating_add(ev.len()) > max_event {
                     return Ok(Opened::TooLarge);
@@ -116,8 +120,8 @@ pub(crate) struct StreamAttempt<'a> {
     pub refused: &'a Arc<Refusals>,
     /// The name the client sent, as a JSON string (every event gets it back).
     pub model: &'a JsonStr,
-    /// The client's API.
-    pub wire: Wire,
+    /// The client's API: its event vocabulary and its error event.
+    pub surface: Surface,
     /// Set when the upstream speaks the other API: the direction, the client's
     /// model name and whether the client asked for usage.
     pub translator: Option<(Direction, &'a str, bool)>,
@@ -154,7 +158,7 @@ pub(crate) async fn start_stream(
 ) -> Result<(Response<Body>, Arc<LineSlot>), NotCommitted> {
     let opened = tokio::time::timeout_at(
         deadline,
-        open(BodyDataStream::new(response), a.max_event_bytes),
+        open(BodyDataStream::new(response), a.max_event_bytes, a.surface),
     )
     .await;
     let (held, first, error, upstream, framer) = match opened {
@@ -211,7 +215,7 @@ pub(crate) async fn start_stream(
         upstream,
         framer,
         model: a.model.clone(),
-        wire: a.wire,
+        surface: a.surface,
         translator: a
             .translator
             .map(|(d, model, usage)| StreamTranslator::new(d, model, usage)),
@@ -734,7 +738,8 @@ pub(crate) struct Committed<U = Upstream> {
     pub upstream: U,
     pub framer: Framer,
     pub model: JsonStr,
-    pub wire: Wire,
+    /// The client's API.
+    pub surface: Surface,
     /// Set when the upstream speaks the other API.
     pub translator: Option<StreamTranslator>,
     pub idle: Duration,
@@ -784,7 +789,7 @@ impl<U> Committed<U> {
         let without_key;
         let mut ev = ev;
         if ERROR_WORD.find(ev).is_some() {
-            if let Some(e) = sse::error_event(ev) {
+            if let Some(e) = sse::error_event_for(self.surface, ev) {
                 self.fail(classify_status(e.status, &e.body), Some(e.status));
             }
             // Relayed like an error body: without the key, should it echo it.
@@ -837,7 +842,7 @@ impl<U> Committed<U> {
     fn abort(&mut self, reason: Reason, message: &str, out: &mut BytesMut) {
         self.done = true;
         self.fail(reason, None);
-        out.extend_from_slice(&sse::failure_event(self.wire, message));
+        out.extend_from_slice(&sse::failure_event_for(self.surface, message));
         // The upstream connection and the concurrency slot go now, not when the
         // client finally reads the end.
         self.permit = None;
@@ -1064,7 +1069,7 @@ mod tests {
             upstream,
             framer: Framer::new(max_event),
             model: JsonStr::new("smart"),
-            wire: Wire::OpenAi,
+            surface: Surface::ChatCompletions,
             translator: None,
             idle: Duration::from_secs(60),
             counters: Arc::default(),
@@ -1303,7 +1308,7 @@ mod tests {
                  event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
         let Ok(Opened::Event {
             held, first, error, ..
-        }) = open(chunks(s), 1 << 20).await
+        }) = open(chunks(s), 1 << 20, Surface::Messages).await
         else {
             panic!("opened on content")
         };
@@ -1313,7 +1318,9 @@ mod tests {
 
         let s = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n\
                  event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
-        let Ok(Opened::Event { error: Some(e), .. }) = open(chunks(s), 1 << 20).await else {
+        let Ok(Opened::Event { error: Some(e), .. }) =
+            open(chunks(s), 1 << 20, Surface::Messages).await
+        else {
             panic!("opened on the error")
         };
         assert_eq!(classify_status(e.status, &e.body), Reason::Status5xx);
@@ -1326,18 +1333,21 @@ mod tests {
             role,
         ] {
             assert!(
-                matches!(open(chunks(empty), 1 << 20).await, Ok(Opened::Empty)),
+                matches!(
+                    open(chunks(empty), 1 << 20, Surface::ChatCompletions).await,
+                    Ok(Opened::Empty)
+                ),
                 "{empty:?}"
             );
         }
         let many_pings = "event: ping\ndata: {\"type\":\"ping\"}\n\n".repeat(100);
         assert!(matches!(
-            open(chunks(&many_pings), 1000).await,
+            open(chunks(&many_pings), 1000, Surface::Messages).await,
             Ok(Opened::TooLarge)
         ));
         let endless = format!("data: {{\"x\":\"{}", "y".repeat(5000));
         assert!(matches!(
-            open(chunks(&endless), 1000).await,
+            open(chunks(&endless), 1000, Surface::ChatCompletions).await,
             Ok(Opened::TooLarge)
         ));
     }

@@ -39,6 +39,7 @@ pub fn data_router(gw: Arc<Gateway>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(messages))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .fallback(|State(gw), headers| not_served(gw, headers, StatusCode::NOT_FOUND))
         .method_not_allowed_fallback(|State(gw), headers| {
@@ -59,7 +60,7 @@ async fn not_served(gw: Arc<Gateway>, headers: HeaderMap, status: StatusCode) ->
             "method_not_allowed"
         },
         "the data port serves POST /v1/chat/completions, POST /v1/embeddings, \
-         POST /v1/messages and GET /v1/models",
+         POST /v1/messages, POST /v1/responses and GET /v1/models",
     );
     r.headers_mut().insert(X_REQUEST_ID, request_id(&headers));
     unrouted(&gw.snapshot(), r)
@@ -104,6 +105,11 @@ async fn embeddings(State(gw): State<Arc<Gateway>>, request: Request) -> Respons
 
 async fn messages(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
     handle(&gw, Surface::Messages, request).await
+}
+
+/// The OpenAI Responses API, passed through to the targets that serve it (SPEC §10).
+async fn responses(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
+    handle(&gw, Surface::Responses, request).await
 }
 
 /// The two fields the proxy reads from a request body; everything else is forwarded
@@ -370,7 +376,7 @@ async fn route_and_run(
     let mut response = outcome.response;
     if call.stream && response.status().is_success() {
         let front = gw.front.clone();
-        response = response.map(|b| crate::front::drain::until_shutdown(front, wire, b));
+        response = response.map(|b| crate::front::drain::until_shutdown(front, surface, b));
         // The client's concurrency slot goes with the stream.
         if let Some(Admitted(Some(slot))) = admitted {
             response = response.map(|inner| Body::new(HoldingSlot { inner, _slot: slot }));

@@ -197,13 +197,25 @@ fn prune<K, V>(map: &mut HashMap<K, Arc<V>>) {
     map.retain(|_, v| Arc::strong_count(v) > 1);
 }
 
+/// One upstream URL per client surface, indexed by `Surface::index`.
+pub type PerSurface = [http::Uri; Surface::ALL.len()];
+
+/// The URL of every surface, or the first error making one.
+fn per_surface<E>(mut url: impl FnMut(Surface) -> Result<http::Uri, E>) -> Result<PerSurface, E> {
+    let mut urls: PerSurface = Default::default();
+    for (slot, s) in urls.iter_mut().zip(Surface::ALL) {
+        *slot = url(s)?;
+    }
+    Ok(urls)
+}
+
 #[derive(Debug)]
 pub struct CredentialRt {
     pub spec: Credential,
     /// Rendered `namespace/name`, the `x-switchback-target` value.
     pub target_header: HeaderValue,
     /// Upstream URL per surface (indexed by `Surface::index`).
-    pub urls: [http::Uri; 3],
+    pub urls: PerSurface,
     /// Static headers plus the auth header; `None` when the key is missing.
     pub headers: Option<HeaderMap>,
     /// The key itself, only to mask it in provider error bodies relayed to clients
@@ -229,7 +241,7 @@ pub struct TargetRt {
     /// azure-openai with a dated `apiVersion`: the classic URLs (per surface) of the
     /// deployments this target names (`model`, the `modelMap` values), made once.
     /// A deployment named by the client (neither set) is made per request.
-    pub deployment_urls: HashMap<String, [http::Uri; 3]>,
+    pub deployment_urls: HashMap<String, PerSurface>,
 }
 
 impl TargetRt {
@@ -494,15 +506,8 @@ pub fn prepare(
                     .iter()
                     .chain(t.model_map.values())
                     .filter_map(|d| {
-                        let url = |s| credential.deployment_url(s, d);
-                        Some((
-                            d.clone(),
-                            [
-                                url(Surface::ChatCompletions)?,
-                                url(Surface::Embeddings)?,
-                                url(Surface::Messages)?,
-                            ],
-                        ))
+                        let urls = per_surface(|s| credential.deployment_url(s, d).ok_or(()));
+                        Some((d.clone(), urls.ok()?))
                     })
                     .collect(),
                 credential,
@@ -703,11 +708,7 @@ fn prepare_credential(
                 )
             })
     };
-    let urls = [
-        url(Surface::ChatCompletions)?,
-        url(Surface::Embeddings)?,
-        url(Surface::Messages)?,
-    ];
+    let urls = per_surface(url)?;
     let headers = match compiled.keys.get(&c.id) {
         None => None,
         Some(key) => {

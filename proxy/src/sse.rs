@@ -1,6 +1,8 @@
 //! Server-sent events on the stream path: cutting upstream bytes into whole events
-//! (wherever the network split them), spotting an in-band error event, and the
-//! error event the proxy writes when a committed stream fails.
+//! (wherever the network split them), telling an opening event without content
+//! from one that commits (OpenAI chat chunks and Anthropic events by their shape,
+//! the Responses API's typed events by their type), spotting an in-band error
+//! event, and the error event the proxy writes when a committed stream fails.
 //!
 //! Events are emitted as soon as their terminating blank line arrives: the framer
 //! holds at most one partial event, never the stream, and never more than its
@@ -13,7 +15,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use crate::json::{member_end, skip_ws, string_end};
-use crate::surface::Wire;
+use crate::surface::{Surface, Wire};
 
 /// The default `--max-event-bytes`: the largest SSE event relayed.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
@@ -255,7 +257,7 @@ fn status_for(kind: Option<&str>, code: Option<&serde_json::Value>) -> u16 {
         Some("not_found_error") => 404,
         Some("request_too_large") => 413,
         Some("timeout_error") => 504,
-        Some("invalid_request_error" | "context_length_exceeded") => 400,
+        Some("invalid_request_error" | "context_length_exceeded" | "invalid_prompt") => 400,
         _ => 500,
     }
 }
@@ -553,6 +555,160 @@ fn plain_string_end(data: &[u8], at: usize) -> Option<usize> {
         .iter()
         .all(|&b| b != b'\\' && b.is_ascii())
         .then_some(end)
+}
+
+/// [`opening`] for a stream of `surface`: the Responses API's events are read by
+/// [`responses_opening`], every other stream (OpenAI chat chunks, Anthropic events)
+/// by [`opening`].
+pub fn opening_for(surface: Surface, event: &[u8]) -> Opening {
+    match surface {
+        Surface::Responses => responses_opening(event),
+        _ => opening(event),
+    }
+}
+
+/// [`error_event`] for a stream of `surface` (after commit: does this event say the
+/// stream failed?).
+pub fn error_event_for(surface: Surface, event: &[u8]) -> Option<StreamError> {
+    match surface {
+        Surface::Responses => responses_error(&fields(event)),
+        _ => error_event(event),
+    }
+}
+
+/// The parts of a Responses API event that say whether it carries content or an
+/// error. Fields not listed are skipped unparsed.
+#[derive(Deserialize)]
+struct ResponsesEvent<'a> {
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    /// The text, arguments or refusal of a `*.delta` event.
+    #[serde(default, borrow)]
+    delta: Option<Cow<'a, str>>,
+    /// `response.output_item.done`: the finished item.
+    #[serde(default)]
+    item: Option<serde::de::IgnoredAny>,
+    /// `response.created`, `.in_progress`, `.completed`, `.incomplete`, `.failed`.
+    #[serde(default, borrow)]
+    response: Option<ResponseObject<'a>>,
+    /// `error` as OpenAI sends it: `{"type":"error","error":{"code","message",...}}`.
+    #[serde(default, borrow)]
+    error: Option<ErrorDetail<'a>>,
+    /// `error` as OpenAI documents it: `code` and `message` at the top level.
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ResponseObject<'a> {
+    #[serde(default)]
+    output: Option<Vec<serde::de::IgnoredAny>>,
+    #[serde(default, borrow)]
+    error: Option<ErrorDetail<'a>>,
+}
+
+/// Events of a Responses API stream that only announce what is coming: held back
+/// until the first that carries output (SPEC §3's commit rule on this API's events).
+const RESPONSES_ANNOUNCEMENTS: [&str; 6] = [
+    "response.created",
+    "response.queued",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.reasoning_summary_part.added",
+];
+
+/// Classify one opening event of an OpenAI Responses API stream. Held back: SSE
+/// comments, the lifecycle and announcement events ([`RESPONSES_ANNOUNCEMENTS`]),
+/// a `*.delta` with an empty delta, a `response.completed` / `.incomplete` with no
+/// output. An `error` event or `response.failed` is an in-band error, classified by
+/// its `code` like a status (`rate_limit_exceeded` as 429, `server_error` as 500,
+/// ...). Anything else commits: a text, refusal or function-call arguments delta,
+/// a finished output item, a completed response with output, and any event type this
+/// proxy does not know (not ours to judge).
+pub fn responses_opening(event: &[u8]) -> Opening {
+    let f = fields(event);
+    let Some(data) = f.data else {
+        return Opening::Hold;
+    };
+    if data.trim_ascii() == b"[DONE]" {
+        return Opening::Done;
+    }
+    let Ok(d) = serde_json::from_slice::<ResponsesEvent<'_>>(data) else {
+        return Opening::Content;
+    };
+    let event_name = f.event.and_then(|e| std::str::from_utf8(e).ok());
+    let kind = d.kind.as_deref().or(event_name).unwrap_or("");
+    if let Some(e) = responses_error_in(kind, &d, data) {
+        return Opening::Error(e);
+    }
+    let empty = |s: &Option<Cow<'_, str>>| s.as_deref().is_none_or(str::is_empty);
+    match kind {
+        k if RESPONSES_ANNOUNCEMENTS.contains(&k) => Opening::Hold,
+        k if k.ends_with(".delta") && empty(&d.delta) => Opening::Hold,
+        "response.completed" | "response.incomplete" => {
+            let output = d.response.as_ref().and_then(|r| r.output.as_ref());
+            if output.is_some_and(|o| !o.is_empty()) {
+                Opening::Content
+            } else {
+                Opening::Hold
+            }
+        }
+        "response.output_item.done" if d.item.is_none() => Opening::Hold,
+        _ => Opening::Content,
+    }
+}
+
+/// Is this Responses API event an in-band error (`error`, `response.failed`)? Only
+/// events named so (or, without an `event:` line, mentioning an error at all) are
+/// parsed.
+fn responses_error(f: &EventFields<'_>) -> Option<StreamError> {
+    let data = f.data?;
+    match f.event {
+        Some(b"error" | b"response.failed") => {}
+        Some(_) => return None,
+        None if ERROR_KEY.find(data).is_none() => return None,
+        None => {}
+    }
+    let d: ResponsesEvent<'_> = serde_json::from_slice(data).ok()?;
+    let event_name = f.event.and_then(|e| std::str::from_utf8(e).ok());
+    responses_error_in(d.kind.as_deref().or(event_name)?, &d, data)
+}
+
+fn responses_error_in(kind: &str, d: &ResponsesEvent<'_>, data: &[u8]) -> Option<StreamError> {
+    let status = match kind {
+        "error" => match &d.error {
+            Some(e) => status_for(e.kind.as_deref(), e.code.as_ref()),
+            None => status_for(None, d.code.as_ref()),
+        },
+        "response.failed" => {
+            let e = d.response.as_ref().and_then(|r| r.error.as_ref());
+            status_for(
+                e.and_then(|e| e.kind.as_deref()),
+                e.and_then(|e| e.code.as_ref()),
+            )
+        }
+        _ => return None,
+    };
+    Some(StreamError {
+        status,
+        body: Bytes::copy_from_slice(data),
+    })
+}
+
+/// [`failure_event`] for a stream of `surface`: a Responses API client gets the
+/// API's own `error` event (`event: error`, `"type":"error"`, the error object
+/// inside, as OpenAI sends it and its SDKs raise it).
+pub fn failure_event_for(surface: Surface, message: &str) -> Bytes {
+    match surface {
+        Surface::Responses => {
+            let body = serde_json::json!({"type": "error", "error": {
+                "type": "server_error", "code": "stream_interrupted",
+                "message": message, "param": null}});
+            Bytes::from(format!("event: error\ndata: {body}\n\n"))
+        }
+        s => failure_event(s.wire(), message),
+    }
 }
 
 /// The event that ends a committed stream which failed, in the client's wire format.
@@ -892,5 +1048,115 @@ mod tests {
             let ev = failure_event(wire, "upstream broke");
             assert!(error_event(&ev).is_some(), "{wire:?}");
         }
+    }
+
+    fn responses_event(kind: &str, data: &str) -> Vec<u8> {
+        format!("event: {kind}\ndata: {{\"type\":\"{kind}\",\"sequence_number\":0,{data}}}\n\n")
+            .into_bytes()
+    }
+
+    /// SPEC §10 with §3's commit rule on the Responses API's events: lifecycle and
+    /// announcement events are held, the first output commits, `error` and
+    /// `response.failed` are in-band errors classified by their code.
+    #[test]
+    fn responses_events_hold_commit_and_fail_by_their_type() {
+        let created = r#""response":{"id":"resp_1","object":"response","status":"in_progress","error":null,"model":"gpt-4o","output":[],"usage":null}"#;
+        for (kind, data) in [
+            ("response.created", created),
+            ("response.in_progress", created),
+            (
+                "response.output_item.added",
+                r#""output_index":0,"item":{"type":"message","id":"m","status":"in_progress","role":"assistant","content":[]}"#,
+            ),
+            (
+                "response.content_part.added",
+                r#""item_id":"m","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}"#,
+            ),
+            ("response.output_text.delta", r#""item_id":"m","delta":"""#),
+            ("response.completed", created),
+        ] {
+            assert_eq!(
+                responses_opening(&responses_event(kind, data)),
+                Opening::Hold,
+                "{kind}"
+            );
+        }
+        assert_eq!(responses_opening(b": keep-alive\n\n"), Opening::Hold);
+        for (kind, data) in [
+            (
+                "response.output_text.delta",
+                r#""item_id":"m","delta":"Hi""#,
+            ),
+            ("response.refusal.delta", r#""item_id":"m","delta":"No""#),
+            (
+                "response.function_call_arguments.delta",
+                r#""item_id":"fc","delta":"{\"a\""#,
+            ),
+            (
+                "response.output_item.done",
+                r#""output_index":0,"item":{"type":"message","id":"m","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Hi","annotations":[]}]}"#,
+            ),
+            (
+                "response.completed",
+                r#""response":{"status":"completed","error":null,"output":[{"type":"message"}],"usage":{"input_tokens":1,"output_tokens":1}}"#,
+            ),
+            ("response.some_future_event", r#""x":1"#),
+        ] {
+            assert_eq!(
+                responses_opening(&responses_event(kind, data)),
+                Opening::Content,
+                "{kind}"
+            );
+        }
+        let status = |ev: Vec<u8>| match responses_opening(&ev) {
+            Opening::Error(e) => e.status,
+            other => panic!("not an error: {other:?}"),
+        };
+        // As OpenAI sends it, as it documents it, and the terminal event.
+        assert_eq!(
+            status(responses_event(
+                "error",
+                r#""error":{"type":"server_error","code":"server_error","message":"overloaded","param":null}"#
+            )),
+            500
+        );
+        assert_eq!(
+            status(responses_event(
+                "error",
+                r#""code":"rate_limit_exceeded","message":"slow down","param":null"#
+            )),
+            429
+        );
+        assert_eq!(
+            status(responses_event(
+                "response.failed",
+                r#""response":{"status":"failed","error":{"code":"invalid_prompt","message":"no"},"output":[]}"#
+            )),
+            400
+        );
+        // After commit too, but not on the chat rules, which would not see them.
+        let failed = responses_event(
+            "response.failed",
+            r#""response":{"status":"failed","error":{"code":"server_error","message":"x"}}"#,
+        );
+        assert_eq!(
+            error_event_for(Surface::Responses, &failed).map(|e| e.status),
+            Some(500)
+        );
+        assert!(
+            error_event_for(
+                Surface::Responses,
+                &responses_event("response.created", created)
+            )
+            .is_none()
+        );
+        assert!(error_event_for(Surface::ChatCompletions, &failed).is_none());
+        // The proxy's own failure event is one a Responses client reads as an error.
+        let ev = failure_event_for(Surface::Responses, "upstream broke");
+        assert!(ev.starts_with(b"event: error\n"));
+        assert_eq!(
+            error_event_for(Surface::Responses, &ev).map(|e| e.status),
+            Some(500)
+        );
     }
 }

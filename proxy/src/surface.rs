@@ -1,12 +1,13 @@
-//! The client-facing APIs the proxy serves (OpenAI chat completions and embeddings,
-//! Anthropic messages): which providers can answer each, the upstream path, and the
-//! error bodies in each API's own shape.
+//! The client-facing APIs the proxy serves (OpenAI chat completions, embeddings and
+//! responses, Anthropic messages): which credentials can answer each, the upstream
+//! path, and the error bodies in each API's own shape.
 
 use bytes::Bytes;
 use serde::Serialize;
-use switchback_crds::config::Provider;
+use switchback_crds::config::{Credential, Provider};
 
-/// The wire format a client speaks.
+/// The error shape a client's API uses (the OpenAI Responses API answers errors
+/// as chat completions do).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wire {
     OpenAi,
@@ -18,12 +19,15 @@ pub enum Surface {
     ChatCompletions,
     Embeddings,
     Messages,
+    /// The OpenAI Responses API: passed through to the credentials that serve it
+    /// (never translated), its stream read by its own event types.
+    Responses,
 }
 
 impl Surface {
     pub fn wire(self) -> Wire {
         match self {
-            Self::ChatCompletions | Self::Embeddings => Wire::OpenAi,
+            Self::ChatCompletions | Self::Embeddings | Self::Responses => Wire::OpenAi,
             Self::Messages => Wire::Anthropic,
         }
     }
@@ -31,7 +35,7 @@ impl Surface {
     /// `gen_ai.operation.name` in traces.
     pub fn operation(self) -> &'static str {
         match self {
-            Self::ChatCompletions | Self::Messages => "chat",
+            Self::ChatCompletions | Self::Messages | Self::Responses => "chat",
             Self::Embeddings => "embeddings",
         }
     }
@@ -42,20 +46,55 @@ impl Surface {
             Self::ChatCompletions => "/chat/completions",
             Self::Embeddings => "/embeddings",
             Self::Messages => "/messages",
+            Self::Responses => "/responses",
         }
     }
 
-    /// Whether a provider speaks this surface natively. One that does not is reached
-    /// through `translate` where a translation exists (chat completions <-> messages)
-    /// and skipped otherwise (embeddings on an Anthropic target).
-    pub fn served_by(self, provider: Provider) -> bool {
+    /// How a client calls it, for messages that name it.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "POST /v1/chat/completions",
+            Self::Embeddings => "POST /v1/embeddings",
+            Self::Messages => "POST /v1/messages",
+            Self::Responses => "POST /v1/responses",
+        }
+    }
+
+    /// Whether a credential speaks this surface natively. One that does not is
+    /// reached through `translate` where a translation exists (chat completions <->
+    /// messages) and skipped otherwise (embeddings on an Anthropic target; the
+    /// Responses API anywhere but where [`Credential::serves_responses`]).
+    pub fn served_by(self, credential: &Credential) -> bool {
+        let provider = credential.provider;
         match self {
             Self::ChatCompletions | Self::Embeddings => provider.speaks_openai(),
             Self::Messages => provider == Provider::Anthropic,
+            Self::Responses => credential.serves_responses(),
         }
     }
 
-    pub const ALL: [Surface; 3] = [Self::ChatCompletions, Self::Embeddings, Self::Messages];
+    /// Why `credential` cannot serve this surface, for the error that says no target
+    /// of a route can: its provider, and what would make it serve it if anything.
+    pub fn refusal(self, credential: &Credential) -> String {
+        let provider = credential.provider.as_str();
+        match (self, credential.provider) {
+            (Self::Responses, Provider::OpenaiCompatible) => {
+                format!("{provider} without responsesAPI: true")
+            }
+            (Self::Responses, Provider::AzureOpenai) => format!(
+                "{provider} on the dated apiVersion {} (the Responses API needs the v1 API)",
+                credential.api_version.as_deref().unwrap_or_default()
+            ),
+            _ => provider.to_owned(),
+        }
+    }
+
+    pub const ALL: [Surface; 4] = [
+        Self::ChatCompletions,
+        Self::Embeddings,
+        Self::Messages,
+        Self::Responses,
+    ];
 
     pub fn index(self) -> usize {
         self as usize
@@ -174,14 +213,65 @@ mod tests {
         assert_eq!(v["error"]["code"], "model_not_found");
     }
 
+    fn credential(
+        provider: Provider,
+        api_version: Option<&str>,
+        responses_api: bool,
+    ) -> Credential {
+        Credential {
+            id: switchback_crds::config::ObjectId::new("team-a", "c"),
+            provider,
+            base_url: "https://llm.example.com/v1".into(),
+            headers: Default::default(),
+            max_concurrency: None,
+            max_queue: None,
+            allow_private_network: false,
+            secret_ref: switchback_crds::config::SecretKeyRef {
+                name: "k".into(),
+                key: "apiKey".into(),
+            },
+            api_version: api_version.map(str::to_owned),
+            responses_api,
+        }
+    }
+
     #[test]
-    fn surfaces_map_to_providers() {
-        assert!(Surface::ChatCompletions.served_by(Provider::OpenaiCompatible));
-        assert!(!Surface::ChatCompletions.served_by(Provider::Anthropic));
-        assert!(Surface::Messages.served_by(Provider::Anthropic));
-        assert!(!Surface::Messages.served_by(Provider::Openai));
+    fn surfaces_map_to_credentials() {
+        let c = |p| credential(p, None, false);
+        assert!(Surface::ChatCompletions.served_by(&c(Provider::OpenaiCompatible)));
+        assert!(!Surface::ChatCompletions.served_by(&c(Provider::Anthropic)));
+        assert!(Surface::Messages.served_by(&c(Provider::Anthropic)));
+        assert!(!Surface::Messages.served_by(&c(Provider::Openai)));
         for (i, s) in Surface::ALL.iter().enumerate() {
             assert_eq!(s.index(), i);
         }
+    }
+
+    /// The Responses API: openai, azure-openai on its v1 API, openai-compatible that
+    /// declares it; the refusal says why the others cannot.
+    #[test]
+    fn the_responses_api_is_served_where_the_credential_says() {
+        let r = Surface::Responses;
+        assert!(r.served_by(&credential(Provider::Openai, None, false)));
+        assert!(r.served_by(&credential(Provider::AzureOpenai, None, false)));
+        assert!(r.served_by(&credential(Provider::OpenaiCompatible, None, true)));
+        let dated = credential(Provider::AzureOpenai, Some("2024-10-21"), false);
+        assert!(!r.served_by(&dated));
+        assert!(
+            r.refusal(&dated).contains("2024-10-21"),
+            "{}",
+            r.refusal(&dated)
+        );
+        let undeclared = credential(Provider::OpenaiCompatible, None, false);
+        assert!(!r.served_by(&undeclared));
+        assert_eq!(
+            r.refusal(&undeclared),
+            "openai-compatible without responsesAPI: true"
+        );
+        let anthropic = credential(Provider::Anthropic, None, false);
+        assert!(!r.served_by(&anthropic));
+        assert_eq!(r.refusal(&anthropic), "anthropic");
+        assert_eq!(r.upstream_path(), "/responses");
+        assert_eq!(r.wire(), Wire::OpenAi);
     }
 }

@@ -19,7 +19,7 @@
 //! that whole bodies can be compared.
 //!
 //! Routes: OpenAI flavor serves `POST /v1/chat/completions`, `POST /v1/embeddings`,
-//! `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`;
+//! `POST /v1/responses` (the Responses API, see [`responses`]), `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`;
 //! Azure flavor serves Azure OpenAI's paths under `/openai` and is strict, see
 //! [`Flavor::Azure`].
 //! Any other path still consumes a behaviour; answering behaviours turn into a 404 in
@@ -191,7 +191,8 @@ pub enum Behavior {
     BreakMidStream { chunks: usize },
     /// 400 context-length overflow in the given provider's wording.
     ContextLength(ContextWording),
-    /// 200 `text/event-stream` whose first (and only) event is an overload error.
+    /// 200 `text/event-stream` whose first (and only) event is an overload error
+    /// (Responses API: the `error` event, then `response.failed`).
     StreamErrorFirst,
     /// 200 stream: the first `events` events of the answer, then bytes without an
     /// event boundary (`data: {"x":"yyyy…`), 64 KiB a chunk, until the client goes
@@ -205,7 +206,9 @@ pub enum Behavior {
     /// both: an SSE comment).
     StreamWithoutContent,
     /// 200 stream whose events without content are followed by an in-band overload
-    /// error (Anthropic: `message_start` then `event: error` `overloaded_error`).
+    /// error (Anthropic: `message_start` then `event: error` `overloaded_error`;
+    /// Responses API: `response.created` ... `response.content_part.added`, then the
+    /// `error` event `server_error` and `response.failed`).
     OpeningThenError,
     /// 200 stream: the events without content of [`Behavior::StreamWithoutContent`]
     /// (without `[DONE]`), then this SSE event verbatim (an in-band error of one's
@@ -701,6 +704,8 @@ enum Endpoint {
     Chat,
     Messages,
     Embeddings,
+    /// The OpenAI Responses API.
+    Responses,
     Models,
     Unknown,
 }
@@ -744,11 +749,16 @@ async fn handle(
         let endpoint = match (flavor, &parts.method, parts.uri.path()) {
             (Flavor::OpenAi, &Method::POST, "/v1/chat/completions") => Endpoint::Chat,
             (Flavor::OpenAi, &Method::POST, "/v1/embeddings") => Endpoint::Embeddings,
+            (Flavor::OpenAi, &Method::POST, "/v1/responses") => Endpoint::Responses,
             (Flavor::Anthropic, &Method::POST, "/v1/messages") => Endpoint::Messages,
             (_, &Method::GET, "/v1/models") => Endpoint::Models,
             _ => Endpoint::Unknown,
         };
-        (endpoint, None)
+        // Strict like OpenAI: a malformed Responses request takes no behaviour.
+        let refusal = (endpoint == Endpoint::Responses)
+            .then(|| responses::refusal(json.as_ref(), |m| RESPONSES_MODELS.contains(&m)))
+            .flatten();
+        (endpoint, refusal)
     };
     let field = |k: &str| json.as_ref().and_then(|j| j.get(k));
     let inputs = match field("input") {
@@ -860,6 +870,7 @@ fn azure_route(
         let endpoint = match (post, path) {
             (true, "/openai/v1/chat/completions") => Endpoint::Chat,
             (true, "/openai/v1/embeddings") => Endpoint::Embeddings,
+            (true, "/openai/v1/responses") => Endpoint::Responses,
             (false, "/openai/v1/models") => Endpoint::Models,
             _ => return (Endpoint::Unknown, Some(not_found())),
         };
@@ -904,6 +915,10 @@ fn azure_route(
                 ),
             )),
         );
+    }
+    if endpoint == Endpoint::Responses {
+        // The deployment exists; the body must still be a Responses request.
+        return (endpoint, responses::refusal(json, |_| true));
     }
     (endpoint, None)
 }
@@ -965,6 +980,10 @@ async fn respond(
             events.truncate(chunks);
             sse(ctx, events, Duration::ZERO, end, guard)
         }
+        Behavior::StreamErrorFirst if ctx.endpoint == Endpoint::Responses => {
+            let events = responses_overloaded(ctx, 0);
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
         Behavior::StreamErrorFirst => {
             let event = match flavor {
                 Flavor::OpenAi | Flavor::Azure => openai_sse(&openai_error(
@@ -982,9 +1001,14 @@ async fn respond(
         Behavior::EmptyStream => sse(ctx, Vec::new(), Duration::ZERO, StreamEnd::Finish, guard),
         Behavior::StreamWithoutContent => {
             let mut events = opening_events(ctx);
-            if flavor != Flavor::Anthropic {
+            if flavor != Flavor::Anthropic && ctx.endpoint != Endpoint::Responses {
                 events.push("data: [DONE]\n\n".into());
             }
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::OpeningThenError if ctx.endpoint == Endpoint::Responses => {
+            let mut events = opening_events(ctx);
+            events.extend(responses_overloaded(ctx, events.len()));
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
         }
         Behavior::OpeningThenError => {
@@ -1015,6 +1039,9 @@ async fn respond(
         Behavior::Unusable(kind) => {
             guard.finish();
             let whole = match flavor {
+                _ if ctx.endpoint == Endpoint::Responses => {
+                    responses::response_object(&ctx.model, Some(&answer_text(&ctx.name)))
+                }
                 Flavor::OpenAi => openai_completion(&ctx.model, &answer_text(&ctx.name)),
                 Flavor::Azure => azure_completion(&ctx.model, &answer_text(&ctx.name), "stop"),
                 Flavor::Anthropic => anthropic_message(&ctx.model, &answer_text(&ctx.name)),
@@ -1152,6 +1179,8 @@ async fn respond(
 fn opening_events(ctx: &Ctx) -> Vec<String> {
     let mut events = stream_events(ctx, &[]);
     events.truncate(match ctx.flavor {
+        // Created, in progress, the empty message and its empty text part.
+        _ if ctx.endpoint == Endpoint::Responses => 4,
         Flavor::OpenAi => 1,
         // The prompt's filter results, then the role chunk.
         Flavor::Azure => 2,
@@ -1159,6 +1188,16 @@ fn opening_events(ctx: &Ctx) -> Vec<String> {
     });
     events.insert(1, ": keep-alive\n\n".into());
     events
+}
+
+/// A Responses API stream's overload, from event number `first` on: the `error`
+/// event, then `response.failed`, as OpenAI ends such a stream.
+fn responses_overloaded(ctx: &Ctx, first: usize) -> Vec<String> {
+    const MESSAGE: &str = "The server is overloaded. Please try again later.";
+    vec![
+        responses::error_event(first, "server_error", MESSAGE),
+        responses::failed_event(&ctx.model, first + 1, "server_error", MESSAGE),
+    ]
 }
 
 /// How much of its line [`Behavior::EndlessLine`] sends at most: 128 MiB.
@@ -1234,13 +1273,17 @@ fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Re
 fn answer_body(ctx: &Ctx) -> (&'static str, String) {
     let text = answer_text(&ctx.name);
     match ctx.endpoint {
-        Endpoint::Chat | Endpoint::Messages if ctx.stream => (
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses if ctx.stream => (
             "text/event-stream",
             stream_events(ctx, &split_words(&text)).concat(),
         ),
         Endpoint::Messages => (
             "application/json",
             anthropic_message(&ctx.model, &text).to_string(),
+        ),
+        Endpoint::Responses => (
+            "application/json",
+            responses::response_object(&ctx.model, Some(&text)).to_string(),
         ),
         _ => (
             "application/json",
@@ -1340,13 +1383,14 @@ fn crc32(data: &[u8]) -> u32 {
 /// Answering behaviours: shape by endpoint, stream when the request asked for it.
 fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
     let body = match ctx.endpoint {
-        Endpoint::Chat | Endpoint::Messages if ctx.stream => {
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses if ctx.stream => {
             let events = stream_events(ctx, &split_words(text));
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
         Endpoint::Chat if ctx.flavor == Flavor::Azure => azure_completion(&ctx.model, text, "stop"),
         Endpoint::Chat => openai_completion(&ctx.model, text),
         Endpoint::Messages => anthropic_message(&ctx.model, text),
+        Endpoint::Responses => responses::response_object(&ctx.model, Some(text)),
         Endpoint::Embeddings => openai_embeddings(&ctx.model, ctx.inputs),
         Endpoint::Models => models_list(ctx.flavor, &SIM_MODELS),
         Endpoint::Unknown => {
@@ -1398,6 +1442,9 @@ fn tool_call(
 }
 
 fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
+    if ctx.endpoint == Endpoint::Responses {
+        return responses::stream_events(&ctx.model, pieces);
+    }
     match ctx.flavor {
         Flavor::OpenAi => openai_stream_events(&ctx.model, pieces, ctx.include_usage),
         Flavor::Anthropic => anthropic_stream_events(&ctx.model, pieces),
@@ -2178,6 +2225,9 @@ pub fn azure_content_filter_error() -> Value {
         }
     }})
 }
+
+pub mod responses;
+pub use responses::RESPONSES_MODELS;
 
 #[cfg(test)]
 mod tests;

@@ -103,6 +103,12 @@ pub(crate) fn compile(
 
     let headers = headers(&mut c, spec.headers.as_ref());
     let api_version = api_version(&mut c, provider, spec.api_version.as_deref());
+    if spec.responses_api.is_some() && provider.is_some_and(|p| p != Provider::OpenaiCompatible) {
+        c.invalid(
+            "spec.responsesAPI",
+            "is only meaningful for provider openai-compatible (openai and azure-openai serve the Responses API already)",
+        );
+    }
 
     let max_concurrency = spec
         .max_concurrency
@@ -150,6 +156,7 @@ pub(crate) fn compile(
                 key: spec.secret_ref.key.clone(),
             },
             api_version,
+            responses_api: spec.responses_api.unwrap_or(false),
         }),
         key,
         key_problem,

@@ -403,6 +403,7 @@ fn sample_compiles_to_the_expected_config() {
         credentials: vec![
             Credential {
                 api_version: None,
+                responses_api: false,
                 id: anthropic.clone(),
                 provider: Provider::Anthropic,
                 base_url: "https://api.anthropic.com/v1".into(),
@@ -417,6 +418,7 @@ fn sample_compiles_to_the_expected_config() {
             },
             Credential {
                 api_version: None,
+                responses_api: false,
                 id: openai.clone(),
                 provider: Provider::Openai,
                 base_url: "https://api.openai.com/v1".into(),

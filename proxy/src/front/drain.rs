@@ -19,7 +19,7 @@ use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 
 use super::Front;
-use crate::surface::Wire;
+use crate::surface::Surface;
 
 /// How long the streams ended at the grace have to get their error event out.
 const FINAL_WRITE: Duration = Duration::from_secs(2);
@@ -64,13 +64,13 @@ async fn all_closed(front: &Front, within: Duration) -> bool {
     )
 }
 
-/// `body` (a committed stream in `wire`'s format), ended with the error event when
+/// `body` (a committed stream of `surface`), ended with that API's error event when
 /// the shutdown grace is over.
-pub fn until_shutdown(front: Arc<Front>, wire: Wire, body: Body) -> Body {
+pub fn until_shutdown(front: Arc<Front>, surface: Surface, body: Body) -> Body {
     Body::new(EndAtShutdown {
         inner: Some(body),
         front,
-        wire,
+        surface,
         waiting: None,
     })
 }
@@ -79,7 +79,7 @@ struct EndAtShutdown {
     /// `None` once ended.
     inner: Option<Body>,
     front: Arc<Front>,
-    wire: Wire,
+    surface: Surface,
     waiting: Option<Pin<Box<tokio::sync::futures::OwnedNotified>>>,
 }
 
@@ -87,8 +87,8 @@ impl EndAtShutdown {
     fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         // Dropping the upstream body here is what stops the upstream stream.
         self.inner = None;
-        Poll::Ready(Some(Ok(Frame::data(crate::sse::failure_event(
-            self.wire,
+        Poll::Ready(Some(Ok(Frame::data(crate::sse::failure_event_for(
+            self.surface,
             SHUTDOWN_MESSAGE,
         )))))
     }
@@ -170,7 +170,7 @@ mod tests {
                             Bytes::from_static(b"data: {\"n\":1}\n\n"),
                         )])
                         .chain(futures_util::stream::pending());
-                        until_shutdown(front, Wire::OpenAi, Body::from_stream(events))
+                        until_shutdown(front, Surface::ChatCompletions, Body::from_stream(events))
                     }
                 }),
             )
@@ -275,7 +275,7 @@ mod tests {
         front.end_streams.set();
         let body = until_shutdown(
             front,
-            Wire::Anthropic,
+            Surface::Messages,
             Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>()),
         );
         let all = axum::body::to_bytes(body, usize::MAX).await.unwrap();

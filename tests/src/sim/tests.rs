@@ -1031,3 +1031,69 @@ async fn tool_declarations_calls_and_results_are_readable_from_requests() {
     assert!(plain.tool_uses().is_empty());
     assert!(plain.tool_results().is_empty());
 }
+
+#[tokio::test]
+async fn the_responses_api_answers_in_openais_shapes_and_refuses_what_openai_does() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    let ask = json!({"model": "gpt-4o", "input": "hello"});
+    let r = post(&sim, "/v1/responses", &ask).await;
+    assert_eq!(r.status(), 200);
+    let body = json_of(r).await;
+    assert_eq!(
+        body,
+        responses::response_object("gpt-4o", Some(&answer_text("sim")))
+    );
+    assert_eq!(body["usage"]["input_tokens"], PROMPT_TOKENS);
+    assert_eq!(body["usage"]["output_tokens"], 3);
+
+    // Streamed: typed events, numbered, ending with `response.completed`.
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let r = post(&sim, "/v1/responses", &streamed).await;
+    assert!(header(&r, "content-type").starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    let datas: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = datas.iter().map(|d| d["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds[..5],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta"
+        ]
+    );
+    assert_eq!(kinds.last(), Some(&"response.completed"));
+    for (i, d) in datas.iter().enumerate() {
+        assert_eq!(d["sequence_number"], i, "{d}");
+    }
+    assert!(!text.contains("[DONE]"));
+
+    // Refused before any behaviour is taken: no input, an unknown model.
+    sim.push(Behavior::ServerError(500));
+    for (body, code) in [
+        (json!({"model": "gpt-4o"}), "missing_required_parameter"),
+        (json!({"model": "gpt-9", "input": "hi"}), "model_not_found"),
+    ] {
+        let r = post(&sim, "/v1/responses", &body).await;
+        assert_eq!(r.status(), 400);
+        assert_eq!(json_of(r).await["error"]["code"], code);
+    }
+    assert_eq!(sim.queued(), 1, "refusals take no behaviour");
+    assert_eq!(post(&sim, "/v1/responses", &ask).await.status(), 500);
+
+    // In-band failures: `error`, then `response.failed`.
+    sim.push(Behavior::StreamErrorFirst);
+    let text = post(&sim, "/v1/responses", &streamed)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(text.starts_with("event: error\n"), "{text}");
+    assert!(text.contains("event: response.failed\n"), "{text}");
+}
