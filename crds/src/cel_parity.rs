@@ -324,6 +324,19 @@ fn credential_rules_agree() {
             true,
         ),
         (
+            "gemini without baseURL (the default)",
+            Box::new(|s| set(s, &["provider"], "gemini")),
+            true,
+        ),
+        (
+            "apiVersion on gemini",
+            Box::new(|s| {
+                set(s, &["provider"], "gemini");
+                set(s, &["apiVersion"], "v1");
+            }),
+            false,
+        ),
+        (
             "apiVersion on openai",
             Box::new(|s| set(s, &["apiVersion"], "v1")),
             false,
