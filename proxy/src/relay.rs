@@ -58,7 +58,11 @@ pub(crate) enum Opened<U> {
 /// Read a stream's opening: hold back the events without content until the first
 /// event that is not (content or error). The caller bounds it in time (the
 /// attempt's timeout); the held prefix is bounded by `max_event` in size.
-pub(crate) async fn open<U>(mut upstream: U, max_event: usize) -> Result<Opened<U>, hyper::Error>
+pub(crate) async fn open<U>(
+    mut upstream: U,
+    max_event: usize,
+    direction: Option<Direction>,
+) -> Result<Opened<U>, hyper::Error>
 where
     U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
 {
@@ -85,7 +89,7 @@ where
                 }
             },
         };
-        let error = match sse::opening(&ev) {
+        let error = match crate::translate::opening(direction, &ev) {
             Opening::Hold => {
                 if held.len().saturating_add(ev.len()) > max_event {
                     return Ok(Opened::TooLarge);
@@ -154,7 +158,11 @@ pub(crate) async fn start_stream(
 ) -> Result<(Response<Body>, Arc<LineSlot>), NotCommitted> {
     let opened = tokio::time::timeout_at(
         deadline,
-        open(BodyDataStream::new(response), a.max_event_bytes),
+        open(
+            BodyDataStream::new(response),
+            a.max_event_bytes,
+            a.translator.map(|(d, _, _)| d),
+        ),
     )
     .await;
     let (held, first, error, upstream, framer) = match opened {
@@ -760,7 +768,11 @@ impl<U> Committed<U> {
     /// API or given the client's `model` name. May append nothing (an event the
     /// client's API has no counterpart for).
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
-        if let Some(u) = stats::usage(ev) {
+        let usage = match &self.translator {
+            Some(t) if t.from_gemini() => stats::gemini_usage(ev),
+            _ => stats::usage(ev),
+        };
+        if let Some(u) = usage {
             // Counts are running totals, not increments: Anthropic's message_start
             // says the input (and an output of 1 or so), each message_delta the
             // output so far; some OpenAI-compatible servers repeat usage on every
@@ -1299,7 +1311,7 @@ mod tests {
                  event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
         let Ok(Opened::Event {
             held, first, error, ..
-        }) = open(chunks(s), 1 << 20).await
+        }) = open(chunks(s), 1 << 20, None).await
         else {
             panic!("opened on content")
         };
@@ -1309,7 +1321,7 @@ mod tests {
 
         let s = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n\
                  event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
-        let Ok(Opened::Event { error: Some(e), .. }) = open(chunks(s), 1 << 20).await else {
+        let Ok(Opened::Event { error: Some(e), .. }) = open(chunks(s), 1 << 20, None).await else {
             panic!("opened on the error")
         };
         assert_eq!(classify_status(e.status, &e.body), Reason::Status5xx);
@@ -1322,18 +1334,18 @@ mod tests {
             role,
         ] {
             assert!(
-                matches!(open(chunks(empty), 1 << 20).await, Ok(Opened::Empty)),
+                matches!(open(chunks(empty), 1 << 20, None).await, Ok(Opened::Empty)),
                 "{empty:?}"
             );
         }
         let many_pings = "event: ping\ndata: {\"type\":\"ping\"}\n\n".repeat(100);
         assert!(matches!(
-            open(chunks(&many_pings), 1000).await,
+            open(chunks(&many_pings), 1000, None).await,
             Ok(Opened::TooLarge)
         ));
         let endless = format!("data: {{\"x\":\"{}", "y".repeat(5000));
         assert!(matches!(
-            open(chunks(&endless), 1000).await,
+            open(chunks(&endless), 1000, None).await,
             Ok(Opened::TooLarge)
         ));
     }

@@ -161,6 +161,7 @@
 mod anthropic;
 mod errors;
 mod form;
+mod gemini;
 mod openai;
 mod stream;
 mod vocab;
@@ -184,11 +185,24 @@ pub enum Direction {
     OpenAiToAnthropic,
     /// An Anthropic messages client answered by an OpenAI chat completions target.
     AnthropicToOpenAi,
+    /// An OpenAI chat completions client answered by a Gemini `generateContent` target.
+    OpenAiToGemini,
+    /// An Anthropic messages client answered by a Gemini `generateContent` target.
+    AnthropicToGemini,
 }
 
 /// The API an adapter speaks (one module each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dialect {
+    OpenAiChat,
+    AnthropicMessages,
+    /// Google AI's `generateContent`: a provider only, never a client surface.
+    Gemini,
+}
+
+/// The APIs clients speak (adapters with a decode half for requests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Client {
     OpenAiChat,
     AnthropicMessages,
 }
@@ -198,6 +212,7 @@ impl Dialect {
         match self {
             Self::OpenAiChat => &openai::TARGET,
             Self::AnthropicMessages => &anthropic::TARGET,
+            Self::Gemini => &gemini::TARGET,
         }
     }
 }
@@ -209,6 +224,8 @@ impl Direction {
     pub fn for_target(surface: Surface, provider: Provider) -> Option<Self> {
         match (surface, provider) {
             (Surface::ChatCompletions, Provider::Anthropic) => Some(Self::OpenAiToAnthropic),
+            (Surface::ChatCompletions, Provider::Gemini) => Some(Self::OpenAiToGemini),
+            (Surface::Messages, Provider::Gemini) => Some(Self::AnthropicToGemini),
             (
                 Surface::Messages,
                 Provider::Openai | Provider::OpenaiCompatible | Provider::AzureOpenai,
@@ -218,33 +235,47 @@ impl Direction {
     }
 
     /// (client's adapter, upstream's adapter).
-    fn dialects(self) -> (Dialect, Dialect) {
+    fn dialects(self) -> (Client, Dialect) {
         match self {
-            Self::OpenAiToAnthropic => (Dialect::OpenAiChat, Dialect::AnthropicMessages),
-            Self::AnthropicToOpenAi => (Dialect::AnthropicMessages, Dialect::OpenAiChat),
+            Self::OpenAiToAnthropic => (Client::OpenAiChat, Dialect::AnthropicMessages),
+            Self::AnthropicToOpenAi => (Client::AnthropicMessages, Dialect::OpenAiChat),
+            Self::OpenAiToGemini => (Client::OpenAiChat, Dialect::Gemini),
+            Self::AnthropicToGemini => (Client::AnthropicMessages, Dialect::Gemini),
         }
     }
 
     pub fn client_wire(self) -> Wire {
-        match self {
-            Self::OpenAiToAnthropic => Wire::OpenAi,
-            Self::AnthropicToOpenAi => Wire::Anthropic,
+        match self.dialects().0 {
+            Client::OpenAiChat => Wire::OpenAi,
+            Client::AnthropicMessages => Wire::Anthropic,
         }
     }
 
-    pub fn upstream_wire(self) -> Wire {
-        match self {
-            Self::OpenAiToAnthropic => Wire::Anthropic,
-            Self::AnthropicToOpenAi => Wire::OpenAi,
+    /// The client-surface wire the upstream speaks; `None` for Gemini, which is no
+    /// client surface (and takes none of their headers).
+    pub fn upstream_wire(self) -> Option<Wire> {
+        match self.dialects().1 {
+            Dialect::AnthropicMessages => Some(Wire::Anthropic),
+            Dialect::OpenAiChat => Some(Wire::OpenAi),
+            Dialect::Gemini => None,
         }
     }
 
-    /// The API called upstream (its URL is `credential.urls[surface.index()]`).
-    pub fn upstream_surface(self) -> Surface {
-        match self {
-            Self::OpenAiToAnthropic => Surface::Messages,
-            Self::AnthropicToOpenAi => Surface::ChatCompletions,
+    /// The API called upstream (its URL is `credential.urls[surface.index()]`);
+    /// `None` for Gemini, whose URL names the model and the method
+    /// (`TargetRt::gemini_url`).
+    pub fn upstream_surface(self) -> Option<Surface> {
+        match self.dialects().1 {
+            Dialect::AnthropicMessages => Some(Surface::Messages),
+            Dialect::OpenAiChat => Some(Surface::ChatCompletions),
+            Dialect::Gemini => None,
         }
+    }
+
+    /// Whether the upstream is Gemini: its streams open, and report usage, in its own
+    /// shapes.
+    pub fn to_gemini(self) -> bool {
+        self.dialects().1 == Dialect::Gemini
     }
 }
 
@@ -354,12 +385,14 @@ pub fn request(
     let parsed = vocab::parse_object(body)?;
     let target = upstream.target();
     let form = match client {
-        Dialect::OpenAiChat => openai::decode_request(&parsed, target)?,
-        Dialect::AnthropicMessages => anthropic::decode_request(&parsed, target)?,
+        Client::OpenAiChat => openai::decode_request(&parsed, target)?,
+        Client::AnthropicMessages => anthropic::decode_request(&parsed, target)?,
     };
     let out = match upstream {
         Dialect::OpenAiChat => openai::encode_request(&form, upstream_model, defaults),
         Dialect::AnthropicMessages => anthropic::encode_request(&form, upstream_model, defaults),
+        // The model is in the URL.
+        Dialect::Gemini => gemini::encode_request(&form),
     };
     Ok(to_bytes(&out))
 }
@@ -391,10 +424,11 @@ pub fn response_at(
     let answer = match upstream {
         Dialect::OpenAiChat => openai::decode_answer(&parsed)?,
         Dialect::AnthropicMessages => anthropic::decode_answer(&parsed),
+        Dialect::Gemini => gemini::decode_answer(&parsed),
     };
     let out = match client {
-        Dialect::OpenAiChat => openai::encode_answer(&answer, client_model, created),
-        Dialect::AnthropicMessages => anthropic::encode_answer(&answer, client_model),
+        Client::OpenAiChat => openai::encode_answer(&answer, client_model, created),
+        Client::AnthropicMessages => anthropic::encode_answer(&answer, client_model),
     };
     Ok(to_bytes(&out))
 }
@@ -406,11 +440,30 @@ pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> B
     let e = match upstream {
         Dialect::OpenAiChat => openai::decode_error(status, upstream_error_body),
         Dialect::AnthropicMessages => anthropic::decode_error(status, upstream_error_body),
+        Dialect::Gemini => gemini::decode_error(status, upstream_error_body),
     };
     to_bytes(&match client {
-        Dialect::OpenAiChat => openai::encode_error(&e),
-        Dialect::AnthropicMessages => anthropic::encode_error(&e),
+        Client::OpenAiChat => openai::encode_error(&e),
+        Client::AnthropicMessages => anthropic::encode_error(&e),
     })
+}
+
+/// What an event of an upstream stream's opening means for the commit, read in the
+/// upstream's own shapes: Gemini's chunks (see `gemini::stream::opening`), or the
+/// client surfaces' (`sse::opening`).
+pub fn opening(direction: Option<Direction>, event: &[u8]) -> crate::sse::Opening {
+    match direction {
+        Some(d) if d.to_gemini() => gemini::opening(event),
+        _ => crate::sse::opening(event),
+    }
+}
+
+/// A 2xx unary answer that is a Gemini prompt blocked by its safety filters (no
+/// candidate, `promptFeedback.blockReason`): class `contentFilter`.
+pub fn is_blocked(direction: Direction, upstream_body: &[u8]) -> bool {
+    direction.to_gemini()
+        && memchr::memmem::find(upstream_body, b"blockReason").is_some()
+        && vocab::parse_answer(upstream_body).is_ok_and(|a| gemini::is_blocked(&a))
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@ pub(super) const TARGET: Target = Target {
     // Anthropic's range is 0–1.
     max_temperature: 1.0,
     top_k: true,
+    image_urls: true,
+    tool_result_names: false,
 };
 
 /// A bare id → `msg_X`.

@@ -24,6 +24,8 @@ pub(super) const TARGET: Target = Target {
     name: "an OpenAI target",
     max_temperature: 2.0,
     top_k: false,
+    image_urls: true,
+    tool_result_names: false,
 };
 
 /// `msg`-style bare id → `chatcmpl-X`.
