@@ -121,6 +121,41 @@
 //! | `tool_result.is_error` | OpenAI | dropped | tool messages have no error flag; the result's text still says what failed |
 //! | images inside `tool_result` | OpenAI | 400 | tool messages carry text only |
 //!
+//! # Requests: either surface → Gemini ([`Direction::OpenAiToGemini`], [`Direction::AnthropicToGemini`])
+//!
+//! Gemini (Google AI's native `generateContent`) is a provider only. Its adapter
+//! encodes the form: the system prompt → `systemInstruction`; turns → `contents`
+//! (`user` / `model`, consecutive turns of one role merged, empty text parts left
+//! out); text, base64 images and PDFs → `text` / `inlineData`; tool calls →
+//! `functionCall {name, args}`; tool results → `functionResponse {name, response:
+//! {"output": text}}` (`{"error": text}` when the client flagged an error), the name
+//! taken from the call with the result's id earlier in the conversation; tools → one
+//! `functionDeclarations` list, each schema sent as `parametersJsonSchema` (JSON
+//! Schema as the client wrote it); `tool_choice` → `functionCallingConfig.mode`
+//! `AUTO` / `NONE` / `ANY` (a named tool: `ANY` with `allowedFunctionNames`);
+//! sampling, the output limit and stop sequences → `generationConfig`. The model and
+//! whether to stream are in the URL, never the body. Its `form::Target` says what the
+//! decoders refuse beyond the Anthropic-like core: images by URL (only inline bytes)
+//! and tool results whose call is not in the conversation (they could not name their
+//! function). `parallel_tool_calls: false` and the end-user id are dropped (no
+//! equivalent); `top_k` is taken from Anthropic clients; temperatures up to 2.
+//!
+//! Answers: the first candidate's text and `functionCall` parts (thought parts left
+//! out); `responseId` is the id; calls get ids `call_{responseId}_{n}` (Gemini gives
+//! none), the same unary and streamed, so results can name them back; `finishReason`
+//! `STOP` → end turn (tool use when the answer calls a function), `MAX_TOKENS` → max
+//! tokens, `SAFETY` / `RECITATION` / `BLOCKLIST` / `PROHIBITED_CONTENT` / `SPII` (and
+//! the image variants) → refusal; a prompt blocked before any candidate
+//! (`promptFeedback.blockReason`) → an empty answer stopped as a refusal (the
+//! pipeline classes it `contentFilter`, see [`is_blocked`] and [`opening`]). Usage:
+//! `promptTokenCount` less `cachedContentTokenCount` in, cached tokens as cache reads,
+//! `candidatesTokenCount` + `thoughtsTokenCount` out. Errors: by `error.status`
+//! (`RESOURCE_EXHAUSTED` → rate limit, `UNAVAILABLE` → overloaded, `NOT_FOUND`,
+//! `PERMISSION_DENIED`, `UNAUTHENTICATED`, `DEADLINE_EXCEEDED`, `INTERNAL`), with
+//! Google's context-length wording and `API_KEY_INVALID` recognised first. Streams:
+//! `alt=sse` chunks of whole parts, no `[DONE]`; the client's stream is completed by
+//! [`StreamTranslator::finish`] once a finish reason came.
+//!
 //! # Responses
 //!
 //! Text blocks are concatenated (as their stream deltas would be); `tool_use` ↔
