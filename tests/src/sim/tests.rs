@@ -389,6 +389,7 @@ async fn context_length_wordings() {
         ContextWording::OpenAi,
         ContextWording::Anthropic,
         ContextWording::Vllm,
+        ContextWording::Gemini,
     ] {
         sim.push(Behavior::ContextLength(wording));
         let resp = post(&sim, "/v1/chat/completions", &chat("m")).await;
@@ -412,6 +413,15 @@ async fn context_length_wordings() {
                         .as_str()
                         .unwrap()
                         .contains("maximum context length")
+                );
+            }
+            ContextWording::Gemini => {
+                assert_eq!(body["error"]["status"], "INVALID_ARGUMENT");
+                assert!(
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("exceeds the maximum number of tokens")
                 );
             }
         }
