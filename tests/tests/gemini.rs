@@ -591,3 +591,27 @@ async fn the_simulator_refuses_what_google_refuses() {
     assert_eq!(s, 200);
     assert_eq!(sim.hits(), 10, "refusals are recorded and counted");
 }
+
+#[tokio::test]
+async fn an_unknown_gemini_model_is_returned_as_model_not_found() {
+    let (gemini, backup, proxy) = setup(Some(Flavor::OpenAi), "").await;
+    let backup = backup.unwrap();
+    gemini.push(Behavior::ServerError(404));
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/gem");
+    let body = json_of(r).await;
+    assert_eq!(body["error"]["code"], "model_not_found", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("models/"),
+        "Google's words: {body}"
+    );
+    gemini.push(Behavior::ServerError(404));
+    let r = proxy.messages("smart", false).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(json_of(r).await["error"]["type"], "not_found_error");
+    assert_eq!(backup.hits(), 0, "never failed over");
+}

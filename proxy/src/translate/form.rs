@@ -267,6 +267,9 @@ pub enum ErrorClass {
     Permission,
     Billing,
     NotFound,
+    /// The model named does not exist (or the caller cannot see it): OpenAI's
+    /// `model_not_found`, what the gateway answers for a model no route serves.
+    ModelNotFound,
     RequestTooLarge,
     RateLimit,
     Overloaded,

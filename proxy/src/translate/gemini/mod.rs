@@ -181,6 +181,9 @@ pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
             }
             Some("UNAUTHENTICATED") => ErrorClass::Authentication,
             Some("PERMISSION_DENIED") => ErrorClass::Permission,
+            // "models/x is not found for API version v1beta, or is not supported
+            // for generateContent": what OpenAI calls model_not_found.
+            Some("NOT_FOUND") if message.contains("models/") => ErrorClass::ModelNotFound,
             Some("NOT_FOUND") => ErrorClass::NotFound,
             Some("RESOURCE_EXHAUSTED") => ErrorClass::RateLimit,
             Some("UNAVAILABLE") => ErrorClass::Overloaded,
@@ -267,6 +270,13 @@ mod tests {
             e(
                 404,
                 r#"{"error":{"code":404,"message":"models/gemini-9 is not found for API version v1beta","status":"NOT_FOUND"}}"#
+            ),
+            ErrorClass::ModelNotFound
+        );
+        assert_eq!(
+            e(
+                404,
+                r#"{"error":{"code":404,"message":"Requested entity was not found.","status":"NOT_FOUND"}}"#
             ),
             ErrorClass::NotFound
         );
