@@ -615,3 +615,33 @@ async fn an_unknown_gemini_model_is_returned_as_model_not_found() {
     assert_eq!(json_of(r).await["error"]["type"], "not_found_error");
     assert_eq!(backup.hits(), 0, "never failed over");
 }
+
+/// The model is one path segment: Google's own `models/` prefix is taken as written
+/// once, and a name the client sent is percent-encoded, never a path of its own.
+#[tokio::test]
+async fn the_model_is_one_path_segment() {
+    let gemini = SimProvider::start_named("gemini", Flavor::Gemini).await;
+    let manifests = format!(
+        "{}{}{}",
+        credential("gem", "gemini", &gemini.base_url(), GEMINI_KEY),
+        route(
+            "smart",
+            "  targets:\n    - credentialRef: { name: gem }\n      model: models/gemini-2.5-flash\n"
+        ),
+        route(
+            "tuned",
+            "  models: [\"tuned/v1 beta\"]\n  targets:\n    - credentialRef: { name: gem }\n"
+        ),
+    );
+    let proxy = TestProxy::start(&manifests).await;
+    assert_eq!(proxy.chat("smart", true).await.status(), 200);
+    assert_eq!(proxy.messages("tuned/v1 beta", false).await.status(), 200);
+    let paths: Vec<String> = gemini.received().into_iter().map(|r| r.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+            "/v1beta/models/tuned%2Fv1%20beta:generateContent",
+        ]
+    );
+}
