@@ -338,6 +338,19 @@ fn credential_rules_agree() {
             false,
         ),
         (
+            "gemini without baseURL (the default)",
+            Box::new(|s| set(s, &["provider"], "gemini")),
+            true,
+        ),
+        (
+            "apiVersion on gemini",
+            Box::new(|s| {
+                set(s, &["provider"], "gemini");
+                set(s, &["apiVersion"], "v1");
+            }),
+            false,
+        ),
+        (
             "apiVersion on openai",
             Box::new(|s| set(s, &["apiVersion"], "v1")),
             false,

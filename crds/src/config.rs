@@ -202,7 +202,7 @@ pub enum FailureClass {
     InvalidResponse,
     AuthError,
     /// A provider's content filter refused the request (Azure OpenAI's 400
-    /// `content_filter`). Opt-in, like `authError`: by default the answer is the
+    /// `content_filter`, Gemini's `promptFeedback.blockReason`). Opt-in, like `authError`: by default the answer is the
     /// request's fault and goes back to the client unchanged.
     ContentFilter,
 }
@@ -285,6 +285,10 @@ pub enum Provider {
     /// models, and either the classic `/deployments/{model}/...?api-version=` paths
     /// or the v1 API (see [`Credential::api_version`]).
     AzureOpenai,
+    /// Google AI's native Gemini API (`generateContent` /
+    /// `streamGenerateContent?alt=sse`, the model in the path, the key in
+    /// `x-goog-api-key`): reached through translation from both client surfaces.
+    Gemini,
 }
 
 impl Provider {
@@ -294,6 +298,7 @@ impl Provider {
             Self::Anthropic => "anthropic",
             Self::OpenaiCompatible => "openai-compatible",
             Self::AzureOpenai => "azure-openai",
+            Self::Gemini => "gemini",
         }
     }
 
@@ -304,6 +309,7 @@ impl Provider {
         match self {
             Self::Openai => Some("https://api.openai.com/v1"),
             Self::Anthropic => Some("https://api.anthropic.com/v1"),
+            Self::Gemini => Some("https://generativelanguage.googleapis.com/v1beta"),
             Self::OpenaiCompatible | Self::AzureOpenai => None,
         }
     }
@@ -350,14 +356,14 @@ pub struct Credential {
 impl Credential {
     /// Can this credential answer the OpenAI Responses API (`POST /responses`)?
     /// openai and azure-openai on its v1 API do; openai-compatible when it declares
-    /// it; anthropic never. Azure's classic (dated `apiVersion`) paths are not used
+    /// it; anthropic and gemini never. Azure's classic (dated `apiVersion`) paths are not used
     /// for it.
     pub fn serves_responses(&self) -> bool {
         match self.provider {
             Provider::Openai => true,
             Provider::AzureOpenai => self.api_version.is_none(),
             Provider::OpenaiCompatible => self.responses_api,
-            Provider::Anthropic => false,
+            Provider::Anthropic | Provider::Gemini => false,
         }
     }
 }

@@ -376,7 +376,13 @@ mod tests {
         let p = &spec["properties"];
         assert_eq!(
             p["provider"]["enum"],
-            json!(["openai", "anthropic", "openai-compatible", "azure-openai"])
+            json!([
+                "openai",
+                "anthropic",
+                "openai-compatible",
+                "azure-openai",
+                "gemini"
+            ])
         );
         assert_eq!(
             p["apiVersion"]["pattern"],

@@ -41,15 +41,18 @@ use crate::schema;
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
 pub struct ProviderCredentialSpec {
     /// Provider API flavour: openai, anthropic, openai-compatible (any server speaking
-    /// the OpenAI API: vLLM, Ollama, LiteLLM, ...) or azure-openai (Azure OpenAI: the
-    /// key goes in the api-key header and a target's model names the deployment).
-    /// Required.
+    /// the OpenAI API: vLLM, Ollama, LiteLLM, ...), azure-openai (Azure OpenAI: the
+    /// key goes in the api-key header and a target's model names the deployment) or
+    /// gemini (Google AI's native Gemini API: generateContent, the key in the
+    /// x-goog-api-key header). Required.
     #[schemars(schema_with = "schema::provider")]
     pub provider: String,
 
     /// Provider API base URL (http or https); endpoint paths such as /chat/completions
     /// are appended to it. Default: https://api.openai.com/v1 for openai,
-    /// https://api.anthropic.com/v1 for anthropic; required for openai-compatible and
+    /// https://api.anthropic.com/v1 for anthropic,
+    /// https://generativelanguage.googleapis.com/v1beta for gemini (where
+    /// /models/MODEL:generateContent is appended); required for openai-compatible and
     /// for azure-openai, where it is the resource's
     /// https://RESOURCE.openai.azure.com/openai (deployment or /v1 paths are appended). A
     /// host that is a loopback, private, link-local or unspecified address, or

@@ -215,7 +215,8 @@ pub struct FallbackSpec {
     /// connectionError, contextLength, invalidResponse (a 2xx that cannot be used),
     /// authError (401/403; needs two targets on
     /// different credentials), contentFilter (a provider's content filter refused the
-    /// request: Azure OpenAI's 400 content_filter). Any other failure is returned to
+    /// request: Azure OpenAI's 400 content_filter, a Gemini prompt blocked for safety).
+    /// Any other failure is returned to
     /// the client. An empty list never advances. Default: all but authError and
     /// contentFilter.
     #[serde(default, skip_serializing_if = "Option::is_none")]

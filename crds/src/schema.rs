@@ -44,7 +44,13 @@ pub const MAX_CLIENT_CONCURRENCY: i32 = 100_000;
 pub const MAX_TOKENS_PER_DAY: i64 = 1_000_000_000_000;
 
 pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
-pub const PROVIDERS: [&str; 4] = ["openai", "anthropic", "openai-compatible", "azure-openai"];
+pub const PROVIDERS: [&str; 5] = [
+    "openai",
+    "anthropic",
+    "openai-compatible",
+    "azure-openai",
+    "gemini",
+];
 /// `apiVersion` of an azure-openai credential: `v1`, or a dated (preview) version.
 pub const API_VERSION_PATTERN: &str = r"^(v1|[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?)$";
 pub const FAILURE_CLASSES: [&str; 8] = [

@@ -15,6 +15,14 @@ use switchback_proxy::translate::{self, Defaults, Direction, StreamTranslator};
 
 const ROUNDS: usize = 20_000;
 
+/// Every pairing with its fixtures folder.
+const PAIRINGS: [(&str, Direction); 4] = [
+    ("chat-client", Direction::OpenAiToAnthropic),
+    ("messages-client", Direction::AnthropicToOpenAi),
+    ("chat-client-gemini", Direction::OpenAiToGemini),
+    ("messages-client-gemini", Direction::AnthropicToGemini),
+];
+
 fn fixtures(sub: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/translate")
@@ -61,11 +69,9 @@ fn main() {
         "{:<28} {:>8} {:>12} {:>12} {:>12}",
         "streams", "events", "native µs", "translated", "added µs"
     );
-    // chat-client fixtures are Anthropic upstream streams; messages-client are OpenAI ones.
-    for (sub, dir) in [
-        ("chat-client", Direction::OpenAiToAnthropic),
-        ("messages-client", Direction::AnthropicToOpenAi),
-    ] {
+    // chat-client fixtures are Anthropic upstream streams; messages-client are OpenAI
+    // ones; the -gemini folders' are Gemini's, for each client.
+    for (sub, dir) in PAIRINGS {
         let streams: Vec<Vec<bytes::Bytes>> = files(sub, "stream-", ".in.sse")
             .iter()
             .map(|s| events(s))
@@ -104,10 +110,7 @@ fn main() {
         "\n{:<28} {:>8} {:>12} {:>12} {:>12}",
         "unary (request + response)", "calls", "native µs", "translated", "added µs"
     );
-    for (sub, dir) in [
-        ("chat-client", Direction::OpenAiToAnthropic),
-        ("messages-client", Direction::AnthropicToOpenAi),
-    ] {
+    for (sub, dir) in PAIRINGS {
         let requests = files(sub, "request-", ".in.json");
         let responses = files(sub, "response-", ".in.json");
         let pairs: Vec<(&Vec<u8>, &Vec<u8>)> =

@@ -535,6 +535,7 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
         Provider::Anthropic => "anthropic",
         Provider::Openai | Provider::OpenaiCompatible => "openai",
         Provider::AzureOpenai => "azure.ai.openai",
+        Provider::Gemini => "gcp.gemini",
     };
     tracing::info_span!(
         target: TRACE_TARGET,
@@ -601,12 +602,13 @@ async fn attempt(
     };
     let mut headers = auth.clone();
     headers.insert(X_REQUEST_ID, call.request_id.clone());
-    let upstream_wire = dir.map_or(call.surface.wire(), Direction::upstream_wire);
+    let upstream_wire = dir.map_or(Some(call.surface.wire()), Direction::upstream_wire);
     for name in FORWARDED {
-        // A provider gets only the client headers of its own API.
+        // A provider gets only the client headers of its own API (Gemini: none).
         let own = match upstream_wire {
-            Wire::Anthropic => name != "openai-beta",
-            Wire::OpenAi => !name.as_str().starts_with("anthropic-"),
+            Some(Wire::Anthropic) => name != "openai-beta",
+            Some(Wire::OpenAi) => !name.as_str().starts_with("anthropic-"),
+            None => false,
         };
         if own && let Some(v) = call.client_headers.get(&name) {
             headers.insert(name, v.clone());
@@ -619,11 +621,13 @@ async fn attempt(
     crate::telemetry::propagate(span, call.client_headers, &mut headers);
     let mut request = hyper::Request::new(upstream::Body::new(body));
     *request.method_mut() = Method::POST;
-    let Some(uri) = t.url(
-        dir.map_or(call.surface, Direction::upstream_surface),
-        call.client_model,
-    ) else {
-        // A deployment name no URL can carry: nothing was sent.
+    let uri = match dir.map_or(Some(call.surface), Direction::upstream_surface) {
+        Some(surface) => t.url(surface, call.client_model),
+        // Gemini: the model and the method are in the URL.
+        None => t.gemini_url(call.client_model, call.stream),
+    };
+    let Some(uri) = uri else {
+        // A deployment or model name no URL can carry: nothing was sent.
         return Attempted::Failed(Failure::bare(Reason::UnsupportedParameter));
     };
     *request.uri_mut() = uri;
@@ -717,7 +721,9 @@ async fn attempt(
         reason: classify_status(code, &body),
         status: Some(code),
         retry_after: if code == 429 || code == 503 {
+            // The header, else Google's RetryInfo in the body.
             outcome::retry_after(&headers, SystemTime::now())
+                .or_else(|| outcome::retry_delay(&body))
         } else {
             None
         },
@@ -752,7 +758,11 @@ fn unary_answer(
     if dir.is_none() && !json::is_object(&bytes) {
         return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
     }
-    if let Some(u) = stats::usage(&bytes) {
+    let usage = match dir {
+        Some(d) if d.to_gemini() => stats::gemini_usage(&bytes),
+        _ => stats::usage(&bytes),
+    };
+    if let Some(u) = usage {
         t.counters.add_usage(u);
         if let Some(c) = call.client {
             c.record(u, t.spec.price.as_ref());
@@ -761,6 +771,10 @@ fn unary_answer(
             .record("gen_ai.usage.input_tokens", u.input_tokens)
             .record("gen_ai.usage.output_tokens", u.output_tokens);
     }
+    // A Gemini prompt blocked by its safety filters is a 200 without an answer: the
+    // request's fault, like Azure's content filter, answered (translated: no content,
+    // stopped as a refusal) unless the route fails over on `contentFilter`.
+    let blocked = dir.is_some_and(|d| translate::is_blocked(d, &bytes));
     let bytes = match dir {
         None => replace_model(&bytes, &call.client_model_json).unwrap_or(bytes),
         Some(d) => match translate::response(d, &bytes, call.client_model) {
@@ -771,6 +785,18 @@ fn unary_answer(
             }
         },
     };
+    if blocked {
+        return Attempted::Failed(Failure {
+            reason: Reason::ContentFilter,
+            status: Some(status.as_u16()),
+            retry_after: None,
+            answer: Some(UpstreamAnswer {
+                status,
+                headers,
+                body: bytes,
+            }),
+        });
+    }
     // The reservation goes with the answer until its last byte is handed on.
     let body = Body::new(relay::HeldAnswer::new(bytes, held));
     Attempted::Committed(relay(status, headers, body), None)

@@ -151,6 +151,7 @@ pub(crate) mod tests {
                     model_json: None,
                     model_map_json: Default::default(),
                     deployment_urls: Default::default(),
+                    gemini_urls: Default::default(),
                 })
                 .collect(),
         }

@@ -162,16 +162,22 @@ pub fn classify_status(status: u16, body: &[u8]) -> Reason {
         500..=599 => Reason::Status5xx,
         401 | 403 => Reason::AuthError,
         400..=499 if is_context_length(body) => Reason::ContextLength,
+        // Google answers a key it does not know with 400 INVALID_ARGUMENT.
+        400 if memchr::memmem::find(body, b"API_KEY_INVALID").is_some() => Reason::AuthError,
         400..=499 if is_content_filter(body) => Reason::ContentFilter,
         _ => Reason::ClientError,
     }
 }
 
 /// A content filter's refusal, as Azure OpenAI words it: an OpenAI-shaped error whose
-/// `code` is `content_filter` (its `innererror.code` `ResponsibleAIPolicyViolation`).
+/// `code` is `content_filter` (its `innererror.code` `ResponsibleAIPolicyViolation`);
+/// or as Gemini does: a response with `promptFeedback.blockReason` and no candidate
+/// (a 200, reported by the stream's opening as a 400, see `translate::opening`).
 /// Read only from 4xx bodies, already cut to a bound.
 pub fn is_content_filter(body: &[u8]) -> bool {
-    if memchr::memmem::find(body, b"content_filter").is_none()
+    let gemini = memchr::memmem::find(body, b"blockReason").is_some();
+    if !gemini
+        && memchr::memmem::find(body, b"content_filter").is_none()
         && memchr::memmem::find(body, b"ResponsibleAIPolicyViolation").is_none()
     {
         return false;
@@ -182,16 +188,21 @@ pub fn is_content_filter(body: &[u8]) -> bool {
     let error = &v["error"];
     error["code"] == "content_filter"
         || error["innererror"]["code"] == "ResponsibleAIPolicyViolation"
+        || (gemini
+            && !v["promptFeedback"]["blockReason"].is_null()
+            && v["candidates"].as_array().is_none_or(Vec::is_empty))
 }
 
 /// Context-window overflow, as OpenAI (`context_length_exceeded`), Anthropic
-/// ("prompt is too long") and vLLM ("maximum context length") word it.
+/// ("prompt is too long"), vLLM ("maximum context length") and Gemini ("The input
+/// token count (N) exceeds the maximum number of tokens allowed (M).") word it.
 pub fn is_context_length(body: &[u8]) -> bool {
-    const NEEDLES: [&[u8]; 4] = [
+    const NEEDLES: [&[u8]; 5] = [
         b"context_length_exceeded",
         b"prompt is too long",
         b"maximum context length",
         b"context length",
+        b"exceeds the maximum number of tokens",
     ];
     NEEDLES
         .iter()
@@ -226,6 +237,28 @@ pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Du
     }
     let at = httpdate::parse_http_date(v).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Google's `RetryInfo.retryDelay` in an error body (`"retryDelay": "37s"`, a
+/// protobuf Duration: seconds with an optional fraction), for a 429 or 503 that
+/// came without a Retry-After header. Saturates like [`retry_after`].
+pub fn retry_delay(body: &[u8]) -> Option<Duration> {
+    let at = memchr::memmem::find(body, b"\"retryDelay\"")? + b"\"retryDelay\"".len();
+    let rest = &body[at..];
+    let open = memchr::memchr(b'"', rest)?;
+    if !rest[..open]
+        .iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b':'))
+    {
+        return None;
+    }
+    let value = &rest[open + 1..];
+    let value = &value[..memchr::memchr(b'"', value)?];
+    let secs: f64 = std::str::from_utf8(value.strip_suffix(b"s")?)
+        .ok()?
+        .parse()
+        .ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_millis((secs * 1000.0) as u64))
 }
 
 /// Whole milliseconds of `d`, saturating (a provider's Retry-After may not fit).
@@ -320,6 +353,37 @@ mod tests {
         for body in [&openai[..], &anthropic[..], &vllm[..]] {
             assert_eq!(classify_status(400, body), Reason::ContextLength);
         }
+    }
+
+    #[test]
+    fn gemini_wordings_classify() {
+        let exhausted = br#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"37s"}]}}"#;
+        assert_eq!(classify_status(429, exhausted), Reason::RateLimited);
+        assert_eq!(retry_delay(exhausted), Some(Duration::from_secs(37)));
+        assert_eq!(
+            retry_delay(br#"{"retryDelay" : "1.5s"}"#),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(retry_delay(br#"{"retryDelay":"soon"}"#), None);
+        assert_eq!(retry_delay(br#"{"retryDelay":"-3s"}"#), None);
+        assert_eq!(
+            retry_delay(br#"{"retryDelay":"1e300s"}"#).map(millis),
+            Some(u64::MAX)
+        );
+        let unavailable = br#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#;
+        assert_eq!(classify_status(503, unavailable), Reason::Status5xx);
+        let context = br#"{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#;
+        assert_eq!(classify_status(400, context), Reason::ContextLength);
+        let key = br#"{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"API_KEY_INVALID","domain":"googleapis.com"}]}}"#;
+        assert_eq!(classify_status(400, key), Reason::AuthError);
+        let denied = br#"{"error":{"code":403,"message":"Method doesn't allow unregistered callers.","status":"PERMISSION_DENIED"}}"#;
+        assert_eq!(classify_status(403, denied), Reason::AuthError);
+        let missing = br#"{"error":{"code":404,"message":"models/gemini-9 is not found for API version v1beta, or is not supported for generateContent.","status":"NOT_FOUND"}}"#;
+        assert_eq!(classify_status(404, missing), Reason::ClientError);
+        let blocked = br#"{"promptFeedback":{"blockReason":"SAFETY","safetyRatings":[]},"usageMetadata":{"promptTokenCount":8,"totalTokenCount":8}}"#;
+        assert_eq!(classify_status(400, blocked), Reason::ContentFilter);
+        let answered = br#"{"candidates":[{"content":{"parts":[{"text":"ok"}]}}],"promptFeedback":{"blockReason":"SAFETY"}}"#;
+        assert!(!is_content_filter(answered));
     }
 
     #[test]

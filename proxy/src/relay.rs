@@ -62,6 +62,7 @@ pub(crate) async fn open<U>(
     mut upstream: U,
     max_event: usize,
     surface: Surface,
+    direction: Option<Direction>,
 ) -> Result<Opened<U>, hyper::Error>
 where
     U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
@@ -89,7 +90,13 @@ where
                 }
             },
         };
-        let error = match sse::opening_for(surface, &ev) {
+        // The Responses API is never translated; the others are read in the
+        // upstream's own API (a Gemini chunk is not an OpenAI one).
+        let opening = match surface {
+            Surface::Responses => sse::opening_for(surface, &ev),
+            _ => crate::translate::opening(direction, &ev),
+        };
+        let error = match opening {
             Opening::Hold => {
                 if held.len().saturating_add(ev.len()) > max_event {
                     return Ok(Opened::TooLarge);
@@ -158,7 +165,12 @@ pub(crate) async fn start_stream(
 ) -> Result<(Response<Body>, Arc<LineSlot>), NotCommitted> {
     let opened = tokio::time::timeout_at(
         deadline,
-        open(BodyDataStream::new(response), a.max_event_bytes, a.surface),
+        open(
+            BodyDataStream::new(response),
+            a.max_event_bytes,
+            a.surface,
+            a.translator.map(|(d, _, _)| d),
+        ),
     )
     .await;
     let (held, first, error, upstream, framer) = match opened {
@@ -765,7 +777,11 @@ impl<U> Committed<U> {
     /// API or given the client's `model` name. May append nothing (an event the
     /// client's API has no counterpart for).
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
-        if let Some(u) = stats::usage(ev) {
+        let usage = match &self.translator {
+            Some(t) if t.from_gemini() => stats::gemini_usage(ev),
+            _ => stats::usage(ev),
+        };
+        if let Some(u) = usage {
             // Counts are running totals, not increments: Anthropic's message_start
             // says the input (and an output of 1 or so), each message_delta the
             // output so far; some OpenAI-compatible servers repeat usage on every
@@ -1308,7 +1324,7 @@ mod tests {
                  event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
         let Ok(Opened::Event {
             held, first, error, ..
-        }) = open(chunks(s), 1 << 20, Surface::Messages).await
+        }) = open(chunks(s), 1 << 20, Surface::Messages, None).await
         else {
             panic!("opened on content")
         };
@@ -1319,7 +1335,7 @@ mod tests {
         let s = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n\
                  event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
         let Ok(Opened::Event { error: Some(e), .. }) =
-            open(chunks(s), 1 << 20, Surface::Messages).await
+            open(chunks(s), 1 << 20, Surface::Messages, None).await
         else {
             panic!("opened on the error")
         };
@@ -1334,7 +1350,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    open(chunks(empty), 1 << 20, Surface::ChatCompletions).await,
+                    open(chunks(empty), 1 << 20, Surface::ChatCompletions, None).await,
                     Ok(Opened::Empty)
                 ),
                 "{empty:?}"
@@ -1342,12 +1358,12 @@ mod tests {
         }
         let many_pings = "event: ping\ndata: {\"type\":\"ping\"}\n\n".repeat(100);
         assert!(matches!(
-            open(chunks(&many_pings), 1000, Surface::Messages).await,
+            open(chunks(&many_pings), 1000, Surface::Messages, None).await,
             Ok(Opened::TooLarge)
         ));
         let endless = format!("data: {{\"x\":\"{}", "y".repeat(5000));
         assert!(matches!(
-            open(chunks(&endless), 1000, Surface::ChatCompletions).await,
+            open(chunks(&endless), 1000, Surface::ChatCompletions, None).await,
             Ok(Opened::TooLarge)
         ));
     }

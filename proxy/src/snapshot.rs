@@ -242,6 +242,10 @@ pub struct TargetRt {
     /// deployments this target names (`model`, the `modelMap` values), made once.
     /// A deployment named by the client (neither set) is made per request.
     pub deployment_urls: HashMap<String, PerSurface>,
+    /// gemini: the `generateContent` and `streamGenerateContent?alt=sse` URLs of the
+    /// models this target names (`model`, the `modelMap` values), made once. A model
+    /// named by the client (neither set) is made per request.
+    pub gemini_urls: HashMap<String, [http::Uri; 2]>,
 }
 
 impl TargetRt {
@@ -274,7 +278,50 @@ impl TargetRt {
     }
 }
 
+impl TargetRt {
+    /// Where a Gemini request for `client_model` goes: the model's
+    /// `generateContent`, or `streamGenerateContent?alt=sse` for a stream (`None`
+    /// only for a model name no URL can carry).
+    pub fn gemini_url(&self, client_model: &str, stream: bool) -> Option<http::Uri> {
+        let model = self.model(client_model);
+        match self.gemini_urls.get(model) {
+            Some(urls) => Some(urls[usize::from(stream)].clone()),
+            None => self.credential.gemini_url(model, stream),
+        }
+    }
+}
+
+/// `s` percent-encoded as one URL path segment (unreserved characters kept).
+fn push_segment(url: &mut String, s: &str) {
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            url.push(b as char);
+        } else {
+            url.push_str(&format!("%{b:02X}"));
+        }
+    }
+}
+
 impl CredentialRt {
+    /// Gemini's `{baseURL}/models/{model}:generateContent`, or
+    /// `:streamGenerateContent?alt=sse` (SSE framing; without it Google streams a
+    /// JSON array). The model is one percent-encoded path segment; a leading
+    /// `models/` (the resource name Google's own answers use) is taken as written
+    /// twice and dropped.
+    pub fn gemini_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
+        let model = model.strip_prefix("models/").unwrap_or(model);
+        let mut url = String::with_capacity(self.spec.base_url.len() + model.len() + 48);
+        url.push_str(&self.spec.base_url);
+        url.push_str("/models/");
+        push_segment(&mut url, model);
+        url.push_str(if stream {
+            ":streamGenerateContent?alt=sse"
+        } else {
+            ":generateContent"
+        });
+        url.parse().ok()
+    }
+
     /// Azure OpenAI's classic path of `surface` for `deployment`:
     /// `{baseURL}/deployments/{deployment}/chat/completions?api-version=...`, the
     /// deployment percent-encoded as one path segment. `None` without an
@@ -284,13 +331,7 @@ impl CredentialRt {
         let mut url = String::with_capacity(self.spec.base_url.len() + deployment.len() + 64);
         url.push_str(&self.spec.base_url);
         url.push_str("/deployments/");
-        for b in deployment.bytes() {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                url.push(b as char);
-            } else {
-                url.push_str(&format!("%{b:02X}"));
-            }
-        }
+        push_segment(&mut url, deployment);
         url.push_str(surface.upstream_path());
         url.push_str("?api-version=");
         url.push_str(version);
@@ -510,6 +551,18 @@ pub fn prepare(
                         Some((d.clone(), urls.ok()?))
                     })
                     .collect(),
+                gemini_urls: if credential.spec.provider == Provider::Gemini {
+                    t.model
+                        .iter()
+                        .chain(t.model_map.values())
+                        .filter_map(|m| {
+                            let url = |stream| credential.gemini_url(m, stream);
+                            Some((m.clone(), [url(false)?, url(true)?]))
+                        })
+                        .collect()
+                } else {
+                    HashMap::new()
+                },
                 credential,
             });
         }
@@ -746,6 +799,9 @@ fn prepare_credential(
                 // Azure OpenAI's key header; never `Authorization` (Azure reads that
                 // as an Entra ID token and refuses a key there).
                 Provider::AzureOpenai => ("api-key", key.expose().clone()),
+                // Google AI's key header (never `?key=` in the URL, which would put
+                // the key in access logs).
+                Provider::Gemini => ("x-goog-api-key", key.expose().clone()),
             };
             // The message never includes the value: it is key material.
             let mut v = HeaderValue::from_str(&value).map_err(|_| {

@@ -213,6 +213,45 @@ pub fn usage(doc: &[u8]) -> Option<Usage> {
     values.next()?.ok()
 }
 
+/// Gemini's `usageMetadata`, as [`Usage`]: the prompt (cached and tool-use prompt
+/// tokens included, as OpenAI counts cached ones) in, candidates plus thinking
+/// tokens (billed as output) out.
+#[derive(Debug, Default, Clone, Copy, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GeminiUsage {
+    #[serde(default)]
+    prompt_token_count: u64,
+    #[serde(default)]
+    tool_use_prompt_token_count: u64,
+    #[serde(default)]
+    candidates_token_count: u64,
+    #[serde(default)]
+    thoughts_token_count: u64,
+}
+
+static GEMINI_USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usageMetadata\""));
+
+/// [`usage`] for a Gemini answer or stream chunk (`usageMetadata`).
+pub fn gemini_usage(doc: &[u8]) -> Option<Usage> {
+    let at = GEMINI_USAGE_KEY.find(doc)? + b"\"usageMetadata\"".len();
+    let rest = &doc[at..];
+    let start = rest
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b':'))?;
+    let mut values =
+        serde_json::Deserializer::from_slice(&rest[start..]).into_iter::<GeminiUsage>();
+    let u = values.next()?.ok()?;
+    Some(Usage {
+        input_tokens: u
+            .prompt_token_count
+            .saturating_add(u.tool_use_prompt_token_count),
+        output_tokens: u
+            .candidates_token_count
+            .saturating_add(u.thoughts_token_count),
+    })
+}
+
 impl RouteTargetCounters {
     pub fn add_usage(&self, u: Usage) {
         add(&self.input_tokens, u.input_tokens);
@@ -243,6 +282,16 @@ mod usage_tests {
             })
         );
         assert_eq!(usage(b"data: {\"choices\":[]}\n\n"), None);
+        let gemini = b"data: {\"candidates\":[],\"usageMetadata\": {\"promptTokenCount\":12,\"candidatesTokenCount\":5,\"thoughtsTokenCount\":3,\"totalTokenCount\":20}}\n\n";
+        assert_eq!(usage(gemini), None);
+        assert_eq!(
+            gemini_usage(gemini),
+            Some(Usage {
+                input_tokens: 12,
+                output_tokens: 8
+            })
+        );
+        assert_eq!(gemini_usage(br#"{"candidates":[]}"#), None);
         assert_eq!(usage(br#"{"usage":null}"#), None);
     }
 }

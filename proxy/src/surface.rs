@@ -271,6 +271,9 @@ mod tests {
         let anthropic = credential(Provider::Anthropic, None, false);
         assert!(!r.served_by(&anthropic));
         assert_eq!(r.refusal(&anthropic), "anthropic");
+        let gemini = credential(Provider::Gemini, None, false);
+        assert!(!r.served_by(&gemini));
+        assert_eq!(r.refusal(&gemini), "gemini");
         assert_eq!(r.upstream_path(), "/responses");
         assert_eq!(r.wire(), Wire::OpenAi);
     }

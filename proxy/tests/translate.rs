@@ -22,7 +22,7 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/translate")
 }
 
-fn dirs() -> [(&'static str, Direction, &'static str); 2] {
+fn dirs() -> [(&'static str, Direction, &'static str); 4] {
     [
         (
             "chat-client",
@@ -30,6 +30,16 @@ fn dirs() -> [(&'static str, Direction, &'static str); 2] {
             "claude-sonnet-4-5",
         ),
         ("messages-client", Direction::AnthropicToOpenAi, "gpt-4o"),
+        (
+            "chat-client-gemini",
+            Direction::OpenAiToGemini,
+            "gemini-2.5-flash",
+        ),
+        (
+            "messages-client-gemini",
+            Direction::AnthropicToGemini,
+            "gemini-2.5-flash",
+        ),
     ]
 }
 
@@ -168,7 +178,7 @@ fn golden_fixtures() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     // Every mapping has fixtures in both directions.
-    for sub in ["chat-client", "messages-client"] {
+    for (sub, ..) in dirs() {
         for kind in ["request", "reject", "response", "stream", "error"] {
             let n = counts.get(&format!("{sub}/{kind}")).copied().unwrap_or(0);
             assert!(n >= 3, "{sub}: only {n} {kind} fixtures");
@@ -259,11 +269,26 @@ fn in_band_errors_stay_errors_after_translation() {
 
 #[test]
 fn context_length_errors_still_classify_after_translation() {
-    let [(chat, to_anthropic, _), (messages, to_openai, _)] = dirs();
+    let [
+        (chat, to_anthropic, _),
+        (messages, to_openai, _),
+        (chat_gemini, openai_to_gemini, _),
+        (messages_gemini, anthropic_to_gemini, _),
+    ] = dirs();
     for (sub, direction, name) in [
         (chat, to_anthropic, "error-context-length.in.json"),
         (messages, to_openai, "error-context-length.in.json"),
         (messages, to_openai, "error-vllm-context.in.json"),
+        (
+            chat_gemini,
+            openai_to_gemini,
+            "error-context-length.in.json",
+        ),
+        (
+            messages_gemini,
+            anthropic_to_gemini,
+            "error-context-length.in.json",
+        ),
     ] {
         let path = fixtures().join(sub).join(name);
         let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -389,13 +414,33 @@ fn directions_follow_surface_and_provider() {
         Direction::for_target(Surface::Embeddings, Provider::Anthropic),
         None
     );
-    assert_eq!(OpenAiToAnthropic.upstream_surface(), Surface::Messages);
+    assert_eq!(
+        OpenAiToAnthropic.upstream_surface(),
+        Some(Surface::Messages)
+    );
     assert_eq!(
         AnthropicToOpenAi.upstream_surface(),
-        Surface::ChatCompletions
+        Some(Surface::ChatCompletions)
     );
     assert_eq!(OpenAiToAnthropic.client_wire(), Wire::OpenAi);
-    assert_eq!(AnthropicToOpenAi.upstream_wire(), Wire::OpenAi);
+    assert_eq!(AnthropicToOpenAi.upstream_wire(), Some(Wire::OpenAi));
+    // Gemini answers both surfaces; it is no surface itself (its URL names the
+    // model and the method), and embeddings on it have no translation.
+    assert_eq!(
+        Direction::for_target(Surface::ChatCompletions, Provider::Gemini),
+        Some(OpenAiToGemini)
+    );
+    assert_eq!(
+        Direction::for_target(Surface::Messages, Provider::Gemini),
+        Some(AnthropicToGemini)
+    );
+    assert_eq!(
+        Direction::for_target(Surface::Embeddings, Provider::Gemini),
+        None
+    );
+    assert_eq!(AnthropicToGemini.client_wire(), Wire::Anthropic);
+    assert_eq!(OpenAiToGemini.upstream_wire(), None);
+    assert_eq!(OpenAiToGemini.upstream_surface(), None);
 }
 
 #[test]

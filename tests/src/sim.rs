@@ -21,7 +21,8 @@
 //! Routes: OpenAI flavor serves `POST /v1/chat/completions`, `POST /v1/embeddings`,
 //! `POST /v1/responses` (the Responses API, see [`responses`]), `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`;
 //! Azure flavor serves Azure OpenAI's paths under `/openai` and is strict, see
-//! [`Flavor::Azure`].
+//! [`Flavor::Azure`]; Gemini flavor serves Google AI's `generateContent` under
+//! `/v1beta` and is strict too, see [`Flavor::Gemini`].
 //! Any other path still consumes a behaviour; answering behaviours turn into a 404 in
 //! the flavor's error shape there, failure behaviours fail as scripted.
 
@@ -90,6 +91,16 @@ pub enum Flavor {
     /// annotation chunk before its finish; errors in Azure's shapes (see
     /// [`azure_error`]).
     Azure,
+    /// Google AI's native Gemini API, strict (see the `gemini` module for what it
+    /// refuses): `POST /v1beta/models/{model}:generateContent` and
+    /// `:streamGenerateContent?alt=sse`, the key in `x-goog-api-key`, the model in
+    /// the path. Answers are `GenerateContentResponse`s ([`gemini_response`]),
+    /// streams `data:` chunks with CRLF framing and no `[DONE]`, errors Google's
+    /// `{"error":{"code","message","status"}}` (a 429 `RESOURCE_EXHAUSTED` with a
+    /// `RetryInfo`). [`Behavior::ContentFilter`] is a prompt blocked by the safety
+    /// filters (a 200 without candidates), [`Behavior::FilteredAnswer`] an answer
+    /// stopped for `SAFETY`.
+    Gemini,
 }
 
 /// API versions the Azure flavor accepts on its classic (deployment) paths.
@@ -113,6 +124,9 @@ pub enum ContextWording {
     Anthropic,
     /// vLLM (OpenAI-compatible): "maximum context length" in the message, no string code.
     Vllm,
+    /// Gemini: 400 `INVALID_ARGUMENT`, "The input token count (N) exceeds the maximum
+    /// number of tokens allowed (M)."
+    Gemini,
 }
 
 /// What the simulator does with one request.
@@ -552,6 +566,7 @@ impl SimProvider {
     pub fn base_url(&self) -> String {
         match self.flavor() {
             Flavor::Azure => format!("http://{}/openai", self.inner.addr),
+            Flavor::Gemini => format!("http://{}/v1beta", self.inner.addr),
             _ => format!("http://{}/v1", self.inner.addr),
         }
     }
@@ -563,6 +578,10 @@ impl SimProvider {
             Flavor::OpenAi => format!("{}/chat/completions", self.base_url()),
             Flavor::Anthropic => format!("{}/messages", self.base_url()),
             Flavor::Azure => format!("{}/v1/chat/completions", self.base_url()),
+            Flavor::Gemini => format!(
+                "{}/models/gemini-2.5-flash:generateContent",
+                self.base_url()
+            ),
         }
     }
 
@@ -703,6 +722,8 @@ impl Drop for CancelGuard {
 enum Endpoint {
     Chat,
     Messages,
+    /// Gemini's `generateContent` / `streamGenerateContent`.
+    Generate,
     Embeddings,
     /// The OpenAI Responses API.
     Responses,
@@ -743,8 +764,14 @@ async fn handle(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
     let flavor = state.flavor;
+    // Gemini names the model and whether to stream in the path.
+    let mut from_path = None;
     let (endpoint, refusal) = if flavor == Flavor::Azure {
         azure_route(&state, &parts, json.as_ref())
+    } else if flavor == Flavor::Gemini {
+        let (endpoint, model, stream, refusal) = gemini::route(&parts, json.as_ref());
+        from_path = Some((model, stream));
+        (endpoint, refusal)
     } else {
         let endpoint = match (flavor, &parts.method, parts.uri.path()) {
             (Flavor::OpenAi, &Method::POST, "/v1/chat/completions") => Endpoint::Chat,
@@ -788,6 +815,11 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .is_none_or(|v| v.contains("gzip") || v.contains('*')),
     };
+
+    if let Some((model, stream)) = from_path {
+        ctx.model = model;
+        ctx.stream = stream;
+    }
 
     // Arrival: record, count, and take this request's behaviour, all before it runs.
     // A request the strict Azure flavor refuses takes none.
@@ -994,6 +1026,7 @@ async fn respond(
                 Flavor::Anthropic => {
                     anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
                 }
+                Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
             };
             sse(ctx, vec![event], Duration::ZERO, StreamEnd::Finish, guard)
         }
@@ -1001,7 +1034,9 @@ async fn respond(
         Behavior::EmptyStream => sse(ctx, Vec::new(), Duration::ZERO, StreamEnd::Finish, guard),
         Behavior::StreamWithoutContent => {
             let mut events = opening_events(ctx);
-            if flavor != Flavor::Anthropic && ctx.endpoint != Endpoint::Responses {
+            if matches!(flavor, Flavor::OpenAi | Flavor::Azure)
+                && ctx.endpoint != Endpoint::Responses
+            {
                 events.push("data: [DONE]\n\n".into());
             }
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
@@ -1022,6 +1057,7 @@ async fn respond(
                 Flavor::Anthropic => {
                     anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
                 }
+                Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
             });
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
         }
@@ -1045,6 +1081,7 @@ async fn respond(
                 Flavor::OpenAi => openai_completion(&ctx.model, &answer_text(&ctx.name)),
                 Flavor::Azure => azure_completion(&ctx.model, &answer_text(&ctx.name), "stop"),
                 Flavor::Anthropic => anthropic_message(&ctx.model, &answer_text(&ctx.name)),
+                Flavor::Gemini => gemini_response(&ctx.model, &answer_text(&ctx.name), "STOP"),
             }
             .to_string();
             let body = match kind {
@@ -1123,6 +1160,15 @@ async fn respond(
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
             resp
         }
+        // Gemini blocks a prompt with a 200 that holds no candidate.
+        Behavior::ContentFilter if flavor == Flavor::Gemini && ctx.stream => {
+            let events = vec![gemini_sse(&gemini_blocked_prompt(&ctx.model))];
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::ContentFilter if flavor == Flavor::Gemini => {
+            guard.finish();
+            json_response(ctx, 200, &gemini_blocked_prompt(&ctx.model))
+        }
         Behavior::ContentFilter => {
             guard.finish();
             json_response(ctx, 400, &azure_content_filter_error())
@@ -1130,6 +1176,17 @@ async fn respond(
         Behavior::FilteredAnswer => {
             let text = answer_text(&ctx.name);
             match ctx.endpoint {
+                Endpoint::Generate if ctx.stream => {
+                    let mut events = stream_events(ctx, &split_words(&text));
+                    for e in &mut events {
+                        *e = e.replace(r#""finishReason":"STOP""#, r#""finishReason":"SAFETY""#);
+                    }
+                    sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+                }
+                Endpoint::Generate => {
+                    guard.finish();
+                    json_response(ctx, 200, &gemini_response(&ctx.model, &text, "SAFETY"))
+                }
                 Endpoint::Chat if ctx.stream => {
                     let mut events = stream_events(ctx, &split_words(&text));
                     for e in &mut events {
@@ -1177,6 +1234,9 @@ async fn respond(
 /// chunk; Anthropic: `message_start`, the empty text `content_block_start`, `ping`;
 /// an SSE comment (a keep-alive) after the first for both.
 fn opening_events(ctx: &Ctx) -> Vec<String> {
+    if ctx.flavor == Flavor::Gemini {
+        return vec![gemini_empty_chunk(&ctx.model), ": keep-alive\n\n".into()];
+    }
     let mut events = stream_events(ctx, &[]);
     events.truncate(match ctx.flavor {
         // Created, in progress, the empty message and its empty text part.
@@ -1184,7 +1244,7 @@ fn opening_events(ctx: &Ctx) -> Vec<String> {
         Flavor::OpenAi => 1,
         // The prompt's filter results, then the role chunk.
         Flavor::Azure => 2,
-        Flavor::Anthropic => 3,
+        Flavor::Anthropic | Flavor::Gemini => 3,
     });
     events.insert(1, ": keep-alive\n\n".into());
     events
@@ -1240,6 +1300,7 @@ fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Re
     let whole = match ctx.flavor {
         Flavor::OpenAi | Flavor::Azure => openai_completion(&ctx.model, "@@TEXT@@"),
         Flavor::Anthropic => anthropic_message(&ctx.model, "@@TEXT@@"),
+        Flavor::Gemini => gemini_response(&ctx.model, "@@TEXT@@", "STOP"),
     }
     .to_string();
     let (before, after) = whole.split_once("@@TEXT@@").expect("sim: placeholder");
@@ -1273,9 +1334,17 @@ fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Re
 fn answer_body(ctx: &Ctx) -> (&'static str, String) {
     let text = answer_text(&ctx.name);
     match ctx.endpoint {
-        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses if ctx.stream => (
-            "text/event-stream",
-            stream_events(ctx, &split_words(&text)).concat(),
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses | Endpoint::Generate
+            if ctx.stream =>
+        {
+            (
+                "text/event-stream",
+                stream_events(ctx, &split_words(&text)).concat(),
+            )
+        }
+        Endpoint::Generate => (
+            "application/json",
+            gemini_response(&ctx.model, &text, "STOP").to_string(),
         ),
         Endpoint::Messages => (
             "application/json",
@@ -1383,10 +1452,13 @@ fn crc32(data: &[u8]) -> u32 {
 /// Answering behaviours: shape by endpoint, stream when the request asked for it.
 fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
     let body = match ctx.endpoint {
-        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses if ctx.stream => {
+        Endpoint::Chat | Endpoint::Messages | Endpoint::Responses | Endpoint::Generate
+            if ctx.stream =>
+        {
             let events = stream_events(ctx, &split_words(text));
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
+        Endpoint::Generate => gemini_response(&ctx.model, text, "STOP"),
         Endpoint::Chat if ctx.flavor == Flavor::Azure => azure_completion(&ctx.model, text, "stop"),
         Endpoint::Chat => openai_completion(&ctx.model, text),
         Endpoint::Messages => anthropic_message(&ctx.model, text),
@@ -1411,7 +1483,7 @@ fn tool_call(
     guard: CancelGuard,
 ) -> Response<Body> {
     let body = match (ctx.endpoint, ctx.flavor) {
-        (Endpoint::Chat | Endpoint::Messages, _) if ctx.stream => {
+        (Endpoint::Chat | Endpoint::Messages | Endpoint::Generate, _) if ctx.stream => {
             let events = match ctx.flavor {
                 Flavor::OpenAi => openai_tool_call_stream_events(
                     &ctx.model,
@@ -1430,11 +1502,13 @@ fn tool_call(
                 Flavor::Anthropic => {
                     anthropic_tool_use_stream_events(&ctx.model, text, name, arguments)
                 }
+                Flavor::Gemini => gemini_tool_call_stream_events(&ctx.model, text, name, arguments),
             };
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
         (Endpoint::Chat, _) => openai_tool_call_completion(&ctx.model, text, name, arguments),
         (Endpoint::Messages, _) => anthropic_tool_use_message(&ctx.model, text, name, arguments),
+        (Endpoint::Generate, _) => gemini_tool_call_response(&ctx.model, text, name, arguments),
         _ => return answer(ctx, &answer_text(&ctx.name), guard),
     };
     guard.finish();
@@ -1449,6 +1523,7 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
         Flavor::OpenAi => openai_stream_events(&ctx.model, pieces, ctx.include_usage),
         Flavor::Anthropic => anthropic_stream_events(&ctx.model, pieces),
         Flavor::Azure => azure_stream(openai_stream_events(&ctx.model, pieces, ctx.include_usage)),
+        Flavor::Gemini => gemini_stream_events(&ctx.model, pieces),
     }
 }
 
@@ -1458,6 +1533,8 @@ fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
     let id_header = match ctx.flavor {
         Flavor::OpenAi | Flavor::Azure => "x-request-id",
         Flavor::Anthropic => "request-id",
+        // Google sends no request id header of its own; a debug id stands in.
+        Flavor::Gemini => "x-goog-sim-request-id",
     };
     let status = StatusCode::from_u16(status).expect("sim: status must be in 100..=999");
     Response::builder()
@@ -1544,7 +1621,7 @@ fn sse(
     });
     let content_type = match ctx.flavor {
         Flavor::OpenAi | Flavor::Azure => "text/event-stream; charset=utf-8",
-        Flavor::Anthropic => "text/event-stream",
+        Flavor::Anthropic | Flavor::Gemini => "text/event-stream",
     };
     base_response(ctx, 200)
         .header(header::CONTENT_TYPE, content_type)
@@ -1995,6 +2072,7 @@ pub fn models_list(flavor: Flavor, ids: &[&str]) -> Value {
             "first_id": ids.first(),
             "last_id": ids.last()
         }),
+        Flavor::Gemini => gemini_models(ids),
     }
 }
 
@@ -2011,6 +2089,7 @@ pub fn anthropic_error(kind: &str, message: &str) -> Value {
 /// The error body a real provider of `flavor` sends with `status`.
 pub fn error_body(flavor: Flavor, status: u16) -> Value {
     match flavor {
+        Flavor::Gemini => gemini_error_body(status),
         Flavor::Azure => match status {
             401 => azure_error(
                 "401",
@@ -2117,6 +2196,7 @@ pub fn context_length_error(wording: ContextWording) -> Value {
             "param": null,
             "code": 400
         }}),
+        ContextWording::Gemini => gemini_context_length_error(),
     }
 }
 
@@ -2226,6 +2306,8 @@ pub fn azure_content_filter_error() -> Value {
     }})
 }
 
+mod gemini;
+pub use gemini::*;
 pub mod responses;
 pub use responses::RESPONSES_MODELS;
 

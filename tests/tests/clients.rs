@@ -31,6 +31,7 @@ async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProx
     let provider = match flavor {
         Flavor::OpenAi => "openai",
         Flavor::Azure => "azure-openai",
+        Flavor::Gemini => "gemini",
         Flavor::Anthropic => "anthropic",
     };
     let manifests = [

@@ -29,6 +29,7 @@ fn provider(flavor: Flavor) -> &'static str {
     match flavor {
         Flavor::OpenAi => "openai",
         Flavor::Azure => "azure-openai",
+        Flavor::Gemini => "gemini",
         Flavor::Anthropic => "anthropic",
     }
 }
@@ -69,7 +70,7 @@ async fn setup(flavor: Flavor) -> (SimProvider, SimProvider, TestProxy) {
 
 async fn ask(proxy: &TestProxy, flavor: Flavor, stream: bool) -> reqwest::Response {
     match flavor {
-        Flavor::OpenAi | Flavor::Azure => proxy.chat("smart", stream).await,
+        Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => proxy.chat("smart", stream).await,
         Flavor::Anthropic => proxy.messages("smart", stream).await,
     }
 }
@@ -492,7 +493,7 @@ async fn an_in_band_error_after_commit_is_relayed_without_the_key_in_any_spellin
     for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
         let (primary, backup, proxy) = setup(flavor).await;
         let event = match flavor {
-            Flavor::OpenAi | Flavor::Azure => format!(
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => format!(
                 "data: {{\"error\":{{\"message\":\"{message}\",\"type\":\"invalid_request_error\",\"code\":\"invalid_api_key\"}}}}\n\n"
             ),
             Flavor::Anthropic => format!(
@@ -849,7 +850,9 @@ async fn a_reset_after_commit_ends_the_stream_with_the_error_event() {
         let text = r.text().await.unwrap();
         let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
         let error_event = match flavor {
-            Flavor::OpenAi | Flavor::Azure => last.contains("\"code\":\"stream_interrupted\""),
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
+                last.contains("\"code\":\"stream_interrupted\"")
+            }
             Flavor::Anthropic => last.starts_with("event: error\n"),
         };
         assert!(error_event, "{flavor:?} ends with the error event: {text}");

@@ -279,3 +279,44 @@ fn the_azure_example_compiles_to_azure_targets_with_model_maps() {
             .contains(&FailureClass::ContentFilter)
     );
 }
+
+/// `crds/examples/gemini.yaml` compiles to what its comments say: a gemini credential
+/// on the default v1beta endpoint, Gemini models by the name the client sent, and
+/// contentFilter left out (a blocked prompt is answered, not failed over).
+#[test]
+fn the_gemini_example_compiles_to_a_gemini_target_first() {
+    use switchback_crds::config::{FailureClass, Provider};
+    let file = workspace().join("crds/examples/gemini.yaml");
+    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+        &file,
+        &switchback_proxy::auth::Auth::default(),
+    )
+    .expect("compiles");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let gemini = compiled
+        .config
+        .credentials
+        .iter()
+        .find(|c| c.id.name == "gemini-prod")
+        .expect("gemini-prod");
+    assert_eq!(gemini.provider, Provider::Gemini);
+    assert_eq!(
+        gemini.base_url,
+        "https://generativelanguage.googleapis.com/v1beta"
+    );
+    assert_eq!(compiled.keys.0.len(), 2);
+    let route = &compiled.config.routes[0];
+    assert_eq!(route.models, ["smart", "fast"]);
+    let first = &route.targets[0];
+    assert_eq!(first.credential.name, "gemini-prod");
+    assert_eq!(first.upstream_model("smart"), "gemini-2.5-pro");
+    assert_eq!(first.upstream_model("fast"), "gemini-2.5-flash");
+    assert_eq!(route.targets[1].upstream_model("fast"), "claude-haiku-4-5");
+    assert!(
+        !route
+            .fallback
+            .on_failures
+            .contains(&FailureClass::ContentFilter)
+    );
+    assert_eq!(route.fallback.max_retry_after_ms, 20_000);
+}

@@ -264,6 +264,7 @@ impl Sims {
             let provider = match sim.flavor() {
                 Flavor::OpenAi => "openai",
                 Flavor::Azure => "azure-openai",
+                Flavor::Gemini => "gemini",
                 Flavor::Anthropic => "anthropic",
             };
             let key = format!("sk-upstream-{}", sim.name());
@@ -545,7 +546,7 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                     );
                     assert_eq!(r.header("authorization"), None, "{}", sim.name());
                 }
-                Flavor::OpenAi | Flavor::Azure => {
+                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
                     assert!(
                         ["/v1/chat/completions", "/v1/embeddings"].contains(&r.path.as_str()),
                         "{}: {}",
@@ -567,10 +568,11 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
             let auth = match sim.flavor() {
                 Flavor::OpenAi => r.header("authorization").map(str::to_owned),
                 Flavor::Azure => r.header("api-key").map(|k| format!("Bearer {k}")),
+                Flavor::Gemini => r.header("x-goog-api-key").map(|k| format!("Bearer {k}")),
                 Flavor::Anthropic => r.header("x-api-key").map(str::to_owned),
             };
             let want = match sim.flavor() {
-                Flavor::OpenAi | Flavor::Azure => format!("Bearer {key}"),
+                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => format!("Bearer {key}"),
                 Flavor::Anthropic => key,
             };
             assert_eq!(auth.as_deref(), Some(want.as_str()), "{}", sim.name());

@@ -34,11 +34,12 @@ impl Outcome {
     }
 }
 
-const PROVIDERS: [(&str, Provider); 4] = [
+const PROVIDERS: [(&str, Provider); 5] = [
     ("openai", Provider::Openai),
     ("anthropic", Provider::Anthropic),
     ("openai-compatible", Provider::OpenaiCompatible),
     ("azure-openai", Provider::AzureOpenai),
+    ("gemini", Provider::Gemini),
 ];
 
 /// `apiVersion` that selects Azure's v1 API (also the default).

@@ -1849,3 +1849,37 @@ fn model_map_empty_value() {
         "team-a/smart: spec.targets[0].modelMap[smart-latest]: must not be empty",
     );
 }
+
+// ---------------------------------------------------------------------------------
+// gemini credentials.
+// ---------------------------------------------------------------------------------
+
+#[test]
+fn gemini_defaults_to_google_ais_v1beta_endpoint() {
+    let mut s = sample();
+    let c = s.credential("anthropic-prod");
+    c.provider = "gemini".into();
+    c.base_url = None;
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let c = compiled_credential(&compiled, "anthropic-prod");
+    assert_eq!(c.provider, Provider::Gemini);
+    assert_eq!(
+        c.base_url,
+        "https://generativelanguage.googleapis.com/v1beta"
+    );
+    assert_eq!(c.api_version, None);
+    // apiVersion stays Azure's alone.
+    let mut s = sample();
+    let c = s.credential("anthropic-prod");
+    c.provider = "gemini".into();
+    c.api_version = Some("v1".into());
+    let m = messages(&s.compile());
+    assert!(
+        m.contains(
+            &"team-a/anthropic-prod: spec.apiVersion: is only meaningful for provider azure-openai"
+                .to_string()
+        ),
+        "{m:?}"
+    );
+}

@@ -32,6 +32,13 @@ pub struct Target {
     pub max_temperature: f64,
     /// Whether `top_k` can be sent.
     pub top_k: bool,
+    /// Whether an image can be sent by URL for the provider to fetch (otherwise only
+    /// inline, base64 images).
+    pub image_urls: bool,
+    /// Whether a tool result must name the function it answers (Gemini's
+    /// `functionResponse`): the decoder then refuses a result whose call is not
+    /// earlier in the conversation, as the encoder finds the name there.
+    pub tool_result_names: bool,
 }
 
 /// A chat request.
@@ -207,8 +214,9 @@ impl Usage {
 #[derive(Debug)]
 pub struct Answer<'a> {
     /// The provider's id without its wire's prefix (`msg_`, `chatcmpl-`): each
-    /// encoder adds its own, so ids round-trip.
-    pub id: &'a str,
+    /// encoder adds its own, so ids round-trip. Made up only when the provider gave
+    /// none.
+    pub id: Cow<'a, str>,
     /// Text and tool calls.
     pub content: Vec<Part<'a>>,
     pub stop: Option<Stop>,
@@ -259,6 +267,9 @@ pub enum ErrorClass {
     Permission,
     Billing,
     NotFound,
+    /// The model named does not exist (or the caller cannot see it): OpenAI's
+    /// `model_not_found`, what the gateway answers for a model no route serves.
+    ModelNotFound,
     RequestTooLarge,
     RateLimit,
     Overloaded,

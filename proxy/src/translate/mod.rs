@@ -121,6 +121,41 @@
 //! | `tool_result.is_error` | OpenAI | dropped | tool messages have no error flag; the result's text still says what failed |
 //! | images inside `tool_result` | OpenAI | 400 | tool messages carry text only |
 //!
+//! # Requests: either surface → Gemini ([`Direction::OpenAiToGemini`], [`Direction::AnthropicToGemini`])
+//!
+//! Gemini (Google AI's native `generateContent`) is a provider only. Its adapter
+//! encodes the form: the system prompt → `systemInstruction`; turns → `contents`
+//! (`user` / `model`, consecutive turns of one role merged, empty text parts left
+//! out); text, base64 images and PDFs → `text` / `inlineData`; tool calls →
+//! `functionCall {name, args}`; tool results → `functionResponse {name, response:
+//! {"output": text}}` (`{"error": text}` when the client flagged an error), the name
+//! taken from the call with the result's id earlier in the conversation; tools → one
+//! `functionDeclarations` list, each schema sent as `parametersJsonSchema` (JSON
+//! Schema as the client wrote it); `tool_choice` → `functionCallingConfig.mode`
+//! `AUTO` / `NONE` / `ANY` (a named tool: `ANY` with `allowedFunctionNames`);
+//! sampling, the output limit and stop sequences → `generationConfig`. The model and
+//! whether to stream are in the URL, never the body. Its `form::Target` says what the
+//! decoders refuse beyond the Anthropic-like core: images by URL (only inline bytes)
+//! and tool results whose call is not in the conversation (they could not name their
+//! function). `parallel_tool_calls: false` and the end-user id are dropped (no
+//! equivalent); `top_k` is taken from Anthropic clients; temperatures up to 2.
+//!
+//! Answers: the first candidate's text and `functionCall` parts (thought parts left
+//! out); `responseId` is the id; calls get ids `call_{responseId}_{n}` (Gemini gives
+//! none), the same unary and streamed, so results can name them back; `finishReason`
+//! `STOP` → end turn (tool use when the answer calls a function), `MAX_TOKENS` → max
+//! tokens, `SAFETY` / `RECITATION` / `BLOCKLIST` / `PROHIBITED_CONTENT` / `SPII` (and
+//! the image variants) → refusal; a prompt blocked before any candidate
+//! (`promptFeedback.blockReason`) → an empty answer stopped as a refusal (the
+//! pipeline classes it `contentFilter`, see [`is_blocked`] and [`opening`]). Usage:
+//! `promptTokenCount` less `cachedContentTokenCount` in, cached tokens as cache reads,
+//! `candidatesTokenCount` + `thoughtsTokenCount` out. Errors: by `error.status`
+//! (`RESOURCE_EXHAUSTED` → rate limit, `UNAVAILABLE` → overloaded, `NOT_FOUND`,
+//! `PERMISSION_DENIED`, `UNAUTHENTICATED`, `DEADLINE_EXCEEDED`, `INTERNAL`), with
+//! Google's context-length wording and `API_KEY_INVALID` recognised first. Streams:
+//! `alt=sse` chunks of whole parts, no `[DONE]`; the client's stream is completed by
+//! [`StreamTranslator::finish`] once a finish reason came.
+//!
 //! # Responses
 //!
 //! Text blocks are concatenated (as their stream deltas would be); `tool_use` ↔
@@ -161,6 +196,7 @@
 mod anthropic;
 mod errors;
 mod form;
+mod gemini;
 mod openai;
 mod stream;
 mod vocab;
@@ -184,11 +220,24 @@ pub enum Direction {
     OpenAiToAnthropic,
     /// An Anthropic messages client answered by an OpenAI chat completions target.
     AnthropicToOpenAi,
+    /// An OpenAI chat completions client answered by a Gemini `generateContent` target.
+    OpenAiToGemini,
+    /// An Anthropic messages client answered by a Gemini `generateContent` target.
+    AnthropicToGemini,
 }
 
 /// The API an adapter speaks (one module each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dialect {
+    OpenAiChat,
+    AnthropicMessages,
+    /// Google AI's `generateContent`: a provider only, never a client surface.
+    Gemini,
+}
+
+/// The APIs clients speak (adapters with a decode half for requests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Client {
     OpenAiChat,
     AnthropicMessages,
 }
@@ -198,6 +247,7 @@ impl Dialect {
         match self {
             Self::OpenAiChat => &openai::TARGET,
             Self::AnthropicMessages => &anthropic::TARGET,
+            Self::Gemini => &gemini::TARGET,
         }
     }
 }
@@ -209,6 +259,8 @@ impl Direction {
     pub fn for_target(surface: Surface, provider: Provider) -> Option<Self> {
         match (surface, provider) {
             (Surface::ChatCompletions, Provider::Anthropic) => Some(Self::OpenAiToAnthropic),
+            (Surface::ChatCompletions, Provider::Gemini) => Some(Self::OpenAiToGemini),
+            (Surface::Messages, Provider::Gemini) => Some(Self::AnthropicToGemini),
             (
                 Surface::Messages,
                 Provider::Openai | Provider::OpenaiCompatible | Provider::AzureOpenai,
@@ -218,33 +270,47 @@ impl Direction {
     }
 
     /// (client's adapter, upstream's adapter).
-    fn dialects(self) -> (Dialect, Dialect) {
+    fn dialects(self) -> (Client, Dialect) {
         match self {
-            Self::OpenAiToAnthropic => (Dialect::OpenAiChat, Dialect::AnthropicMessages),
-            Self::AnthropicToOpenAi => (Dialect::AnthropicMessages, Dialect::OpenAiChat),
+            Self::OpenAiToAnthropic => (Client::OpenAiChat, Dialect::AnthropicMessages),
+            Self::AnthropicToOpenAi => (Client::AnthropicMessages, Dialect::OpenAiChat),
+            Self::OpenAiToGemini => (Client::OpenAiChat, Dialect::Gemini),
+            Self::AnthropicToGemini => (Client::AnthropicMessages, Dialect::Gemini),
         }
     }
 
     pub fn client_wire(self) -> Wire {
-        match self {
-            Self::OpenAiToAnthropic => Wire::OpenAi,
-            Self::AnthropicToOpenAi => Wire::Anthropic,
+        match self.dialects().0 {
+            Client::OpenAiChat => Wire::OpenAi,
+            Client::AnthropicMessages => Wire::Anthropic,
         }
     }
 
-    pub fn upstream_wire(self) -> Wire {
-        match self {
-            Self::OpenAiToAnthropic => Wire::Anthropic,
-            Self::AnthropicToOpenAi => Wire::OpenAi,
+    /// The client-surface wire the upstream speaks; `None` for Gemini, which is no
+    /// client surface (and takes none of their headers).
+    pub fn upstream_wire(self) -> Option<Wire> {
+        match self.dialects().1 {
+            Dialect::AnthropicMessages => Some(Wire::Anthropic),
+            Dialect::OpenAiChat => Some(Wire::OpenAi),
+            Dialect::Gemini => None,
         }
     }
 
-    /// The API called upstream (its URL is `credential.urls[surface.index()]`).
-    pub fn upstream_surface(self) -> Surface {
-        match self {
-            Self::OpenAiToAnthropic => Surface::Messages,
-            Self::AnthropicToOpenAi => Surface::ChatCompletions,
+    /// The API called upstream (its URL is `credential.urls[surface.index()]`);
+    /// `None` for Gemini, whose URL names the model and the method
+    /// (`TargetRt::gemini_url`).
+    pub fn upstream_surface(self) -> Option<Surface> {
+        match self.dialects().1 {
+            Dialect::AnthropicMessages => Some(Surface::Messages),
+            Dialect::OpenAiChat => Some(Surface::ChatCompletions),
+            Dialect::Gemini => None,
         }
+    }
+
+    /// Whether the upstream is Gemini: its streams open, and report usage, in its own
+    /// shapes.
+    pub fn to_gemini(self) -> bool {
+        self.dialects().1 == Dialect::Gemini
     }
 }
 
@@ -354,12 +420,14 @@ pub fn request(
     let parsed = vocab::parse_object(body)?;
     let target = upstream.target();
     let form = match client {
-        Dialect::OpenAiChat => openai::decode_request(&parsed, target)?,
-        Dialect::AnthropicMessages => anthropic::decode_request(&parsed, target)?,
+        Client::OpenAiChat => openai::decode_request(&parsed, target)?,
+        Client::AnthropicMessages => anthropic::decode_request(&parsed, target)?,
     };
     let out = match upstream {
         Dialect::OpenAiChat => openai::encode_request(&form, upstream_model, defaults),
         Dialect::AnthropicMessages => anthropic::encode_request(&form, upstream_model, defaults),
+        // The model is in the URL.
+        Dialect::Gemini => gemini::encode_request(&form),
     };
     Ok(to_bytes(&out))
 }
@@ -391,10 +459,11 @@ pub fn response_at(
     let answer = match upstream {
         Dialect::OpenAiChat => openai::decode_answer(&parsed)?,
         Dialect::AnthropicMessages => anthropic::decode_answer(&parsed),
+        Dialect::Gemini => gemini::decode_answer(&parsed),
     };
     let out = match client {
-        Dialect::OpenAiChat => openai::encode_answer(&answer, client_model, created),
-        Dialect::AnthropicMessages => anthropic::encode_answer(&answer, client_model),
+        Client::OpenAiChat => openai::encode_answer(&answer, client_model, created),
+        Client::AnthropicMessages => anthropic::encode_answer(&answer, client_model),
     };
     Ok(to_bytes(&out))
 }
@@ -406,11 +475,30 @@ pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> B
     let e = match upstream {
         Dialect::OpenAiChat => openai::decode_error(status, upstream_error_body),
         Dialect::AnthropicMessages => anthropic::decode_error(status, upstream_error_body),
+        Dialect::Gemini => gemini::decode_error(status, upstream_error_body),
     };
     to_bytes(&match client {
-        Dialect::OpenAiChat => openai::encode_error(&e),
-        Dialect::AnthropicMessages => anthropic::encode_error(&e),
+        Client::OpenAiChat => openai::encode_error(&e),
+        Client::AnthropicMessages => anthropic::encode_error(&e),
     })
+}
+
+/// What an event of an upstream stream's opening means for the commit, read in the
+/// upstream's own shapes: Gemini's chunks (see `gemini::stream::opening`), or the
+/// client surfaces' (`sse::opening`).
+pub fn opening(direction: Option<Direction>, event: &[u8]) -> crate::sse::Opening {
+    match direction {
+        Some(d) if d.to_gemini() => gemini::opening(event),
+        _ => crate::sse::opening(event),
+    }
+}
+
+/// A 2xx unary answer that is a Gemini prompt blocked by its safety filters (no
+/// candidate, `promptFeedback.blockReason`): class `contentFilter`.
+pub fn is_blocked(direction: Direction, upstream_body: &[u8]) -> bool {
+    direction.to_gemini()
+        && memchr::memmem::find(upstream_body, b"blockReason").is_some()
+        && vocab::parse_answer(upstream_body).is_ok_and(|a| gemini::is_blocked(&a))
 }
 
 #[cfg(test)]

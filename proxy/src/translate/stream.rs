@@ -6,7 +6,7 @@ use bytes::{BufMut, BytesMut};
 use serde::Serialize;
 
 use super::vocab::now;
-use super::{Dialect, Direction, anthropic, form, openai};
+use super::{Client, Dialect, Direction, anthropic, form, gemini, openai};
 use crate::sse;
 
 /// Translates one upstream stream for one client. Feed it every upstream event in
@@ -25,6 +25,7 @@ pub struct StreamTranslator {
 enum Decoder {
     OpenAi(openai::StreamDecoder),
     Anthropic(anthropic::StreamDecoder),
+    Gemini(gemini::StreamDecoder),
 }
 
 /// The client's side.
@@ -41,14 +42,15 @@ impl StreamTranslator {
         let decoder = match upstream {
             Dialect::OpenAiChat => Decoder::OpenAi(openai::StreamDecoder::default()),
             Dialect::AnthropicMessages => Decoder::Anthropic(anthropic::StreamDecoder::default()),
+            Dialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::default()),
         };
         let encoder = match client {
-            Dialect::OpenAiChat => Encoder::OpenAi(openai::StreamEncoder::new(
+            Client::OpenAiChat => Encoder::OpenAi(openai::StreamEncoder::new(
                 client_model,
                 now(),
                 include_usage,
             )),
-            Dialect::AnthropicMessages => {
+            Client::AnthropicMessages => {
                 Encoder::Anthropic(anthropic::StreamEncoder::new(client_model))
             }
         };
@@ -66,6 +68,11 @@ impl StreamTranslator {
             e.set_created(created);
         }
         self
+    }
+
+    /// Whether the upstream is Gemini (its usage is `usageMetadata`).
+    pub fn from_gemini(&self) -> bool {
+        self.direction.to_gemini()
     }
 
     /// Whether the client stream is complete (terminated normally or by an error
@@ -106,6 +113,7 @@ impl StreamTranslator {
         match decoder {
             Decoder::OpenAi(d) => d.decode(data, &mut emit),
             Decoder::Anthropic(d) => d.decode(data, &mut emit),
+            Decoder::Gemini(d) => d.decode(data, &mut emit),
         }
     }
 
@@ -145,6 +153,7 @@ impl StreamTranslator {
         let e = match self.decoder {
             Decoder::OpenAi(_) => openai::decode_error(status, body),
             Decoder::Anthropic(_) => anthropic::decode_error(status, body),
+            Decoder::Gemini(_) => gemini::decode_error(status, body),
         };
         let ev = form::Event::Error(e);
         match &mut self.encoder {

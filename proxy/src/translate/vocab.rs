@@ -164,3 +164,9 @@ pub(super) fn schema(schema: Option<&Value>) -> Value {
         .cloned()
         .unwrap_or_else(|| json!({"type": "object", "properties": {}}))
 }
+
+/// An image a target that reads only inline bytes cannot take.
+pub(super) const IMAGE_URL: &str = "an image by URL (send it inline, as a base64 data: URL)";
+
+/// A tool result a target that names the function it answers cannot place.
+pub(super) const UNKNOWN_CALL: &str = "a tool result whose tool call is not earlier in the conversation (the result must name the function it answers)";

@@ -291,7 +291,7 @@ async fn stream_events_arrive_incrementally() {
             interval,
         });
         let body = match flavor {
-            Flavor::OpenAi | Flavor::Azure => chat_stream("m"),
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => chat_stream("m"),
             Flavor::Anthropic => message_stream("m"),
         };
         let start = Instant::now();
@@ -306,7 +306,7 @@ async fn stream_events_arrive_incrementally() {
             arrivals.push((start.elapsed(), chunk));
         }
         let expected = match flavor {
-            Flavor::OpenAi | Flavor::Azure => {
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
                 openai_stream_events("m", &stream_pieces("p", 3), false)
             }
             Flavor::Anthropic => anthropic_stream_events("m", &stream_pieces("p", 3)),
@@ -389,6 +389,7 @@ async fn context_length_wordings() {
         ContextWording::OpenAi,
         ContextWording::Anthropic,
         ContextWording::Vllm,
+        ContextWording::Gemini,
     ] {
         sim.push(Behavior::ContextLength(wording));
         let resp = post(&sim, "/v1/chat/completions", &chat("m")).await;
@@ -412,6 +413,15 @@ async fn context_length_wordings() {
                         .as_str()
                         .unwrap()
                         .contains("maximum context length")
+                );
+            }
+            ContextWording::Gemini => {
+                assert_eq!(body["error"]["status"], "INVALID_ARGUMENT");
+                assert!(
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("exceeds the maximum number of tokens")
                 );
             }
         }

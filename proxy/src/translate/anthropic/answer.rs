@@ -1,5 +1,7 @@
 //! Unary messages ↔ the form.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
 use super::super::form::{Answer, Part, Usage};
@@ -23,7 +25,7 @@ pub(in super::super) fn decode_answer(msg: &Map<String, Value>) -> Answer<'_> {
         })
         .collect();
     Answer {
-        id: bare_id(msg.get("id").and_then(Value::as_str).unwrap_or("")),
+        id: Cow::Borrowed(bare_id(msg.get("id").and_then(Value::as_str).unwrap_or(""))),
         content,
         stop: msg.get("stop_reason").and_then(Value::as_str).map(stop_of),
         usage: msg.get("usage").filter(|u| u.is_object()).map(|u| Usage {
@@ -43,7 +45,7 @@ pub(in super::super) fn encode_answer(a: &Answer<'_>, client_model: &str) -> Val
         None => json!({"input_tokens": 0, "output_tokens": 0}),
     };
     json!({
-        "id": wire_id(a.id),
+        "id": wire_id(&a.id),
         "type": "message",
         "role": "assistant",
         "model": client_model,

@@ -24,6 +24,8 @@ pub(super) const TARGET: Target = Target {
     // Anthropic's range is 0–1.
     max_temperature: 1.0,
     top_k: true,
+    image_urls: true,
+    tool_result_names: false,
 };
 
 /// A bare id → `msg_X`.
@@ -118,7 +120,7 @@ pub(super) fn encode_error(e: &Error) -> Value {
         ErrorClass::Authentication => "authentication_error",
         ErrorClass::Billing => "billing_error",
         ErrorClass::Permission => "permission_error",
-        ErrorClass::NotFound => "not_found_error",
+        ErrorClass::NotFound | ErrorClass::ModelNotFound => "not_found_error",
         ErrorClass::RequestTooLarge => "request_too_large",
         ErrorClass::RateLimit => "rate_limit_error",
         ErrorClass::Overloaded => "overloaded_error",

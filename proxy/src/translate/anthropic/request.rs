@@ -10,8 +10,8 @@ use super::super::form::{
     ToolResult, ToolUse,
 };
 use super::super::vocab::{
-    description, invalid, number, present, refuse, schema, str_at, temperature, text_of,
-    token_count, tools_array,
+    IMAGE_URL, UNKNOWN_CALL, description, invalid, number, present, refuse, schema, str_at,
+    temperature, text_of, token_count, tools_array,
 };
 use super::super::{Defaults, TranslateError};
 
@@ -127,6 +127,8 @@ fn decode_messages<'a>(
         .and_then(Value::as_array)
         .ok_or_else(|| invalid("messages", "messages must be an array"))?;
     out.messages.reserve(messages.len());
+    // Tool call ids so far, for a target whose tool results name their function.
+    let mut calls: Vec<&str> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let role = str_at(m, "role").unwrap_or("");
         let content = m.get("content").unwrap_or(&Value::Null);
@@ -150,6 +152,24 @@ fn decode_messages<'a>(
                 ));
             }
         };
+        if target.tool_result_names {
+            for (j, p) in content.iter().enumerate() {
+                match p {
+                    Part::ToolUse(t) => calls.push(match &t.id {
+                        Cow::Borrowed(id) => id,
+                        Cow::Owned(_) => "",
+                    }),
+                    Part::ToolResult(r) if !calls.contains(&r.tool_use_id) => {
+                        return Err(refuse(
+                            format!("messages[{i}].content[{j}].tool_use_id"),
+                            UNKNOWN_CALL,
+                            target,
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
         out.messages.push(Message { role, content });
     }
     Ok(())
@@ -163,7 +183,8 @@ fn image<'a>(b: &'a Value, at: &str, target: &Target) -> Result<Image<'a>, Trans
             media_type: field("media_type"),
             data: field("data"),
         }),
-        Some("url") => Ok(Image::Url(field("url"))),
+        Some("url") if target.image_urls => Ok(Image::Url(field("url"))),
+        Some("url") => Err(refuse(format!("{at}.source.url"), IMAGE_URL, target)),
         _ => Err(refuse(
             format!("{at}.source.type"),
             "an image source other than base64 or url",

@@ -75,7 +75,7 @@ pub(in super::super) fn decode_answer(
         )
     });
     Ok(Answer {
-        id,
+        id: Cow::Borrowed(id),
         content,
         stop: Some(stop),
         usage,
@@ -87,7 +87,7 @@ pub(in super::super) fn encode_answer(a: &Answer<'_>, client_model: &str, create
     let mut message = assistant_message(&a.content);
     message.insert("refusal".into(), Value::Null);
     let mut out = json!({
-        "id": wire_id(a.id),
+        "id": wire_id(&a.id),
         "object": "chat.completion",
         "created": created,
         "model": client_model,

@@ -24,6 +24,8 @@ pub(super) const TARGET: Target = Target {
     name: "an OpenAI target",
     max_temperature: 2.0,
     top_k: false,
+    image_urls: true,
+    tool_result_names: false,
 };
 
 /// `msg`-style bare id → `chatcmpl-X`.
@@ -105,6 +107,8 @@ pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
         said.code.as_deref() == Some("context_length_exceeded") || is_context_length(body);
     let class = if context {
         ErrorClass::ContextLength
+    } else if said.code.as_deref() == Some("model_not_found") {
+        ErrorClass::ModelNotFound
     } else {
         match status {
             401 => ErrorClass::Authentication,
@@ -135,6 +139,7 @@ pub(super) fn encode_error(e: &Error) -> Value {
         ErrorClass::Authentication => (INVALID, Some("invalid_api_key")),
         ErrorClass::Permission => (INVALID, Some("permission_denied")),
         ErrorClass::NotFound => (INVALID, Some("not_found")),
+        ErrorClass::ModelNotFound => (INVALID, Some("model_not_found")),
         ErrorClass::RequestTooLarge => (INVALID, Some("request_too_large")),
         ErrorClass::Billing => ("insufficient_quota", Some("insufficient_quota")),
         ErrorClass::RateLimit => ("rate_limit_error", Some("rate_limit_exceeded")),

@@ -11,8 +11,8 @@ use super::super::form::{
     ToolResult, ToolUse,
 };
 use super::super::vocab::{
-    description, invalid, number, parse_data_url, present, refuse, schema, str_at, str_field,
-    temperature, text_of, token_count, tool_input, tools_array,
+    IMAGE_URL, UNKNOWN_CALL, description, invalid, number, parse_data_url, present, refuse, schema,
+    str_at, str_field, temperature, text_of, token_count, tool_input, tools_array,
 };
 use super::super::{Defaults, TranslateError};
 
@@ -150,6 +150,8 @@ fn decode_messages<'a>(
         .and_then(Value::as_array)
         .ok_or_else(|| invalid("messages", "messages must be an array"))?;
     out.messages.reserve(messages.len());
+    // Tool call ids so far, for a target whose tool results name their function.
+    let mut calls: Vec<&str> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let m = m
             .as_object()
@@ -162,7 +164,19 @@ fn decode_messages<'a>(
                 continue;
             }
             "user" => (Role::User, user_content(m.get("content"), i, target)?),
-            "assistant" => (Role::Assistant, assistant(m, i, target)?),
+            "assistant" => {
+                let parts = assistant(m, i, target)?;
+                if target.tool_result_names {
+                    calls.extend(parts.iter().filter_map(|p| match p {
+                        Part::ToolUse(t) => Some(match &t.id {
+                            Cow::Borrowed(id) => *id,
+                            Cow::Owned(_) => "",
+                        }),
+                        _ => None,
+                    }));
+                }
+                (Role::Assistant, parts)
+            }
             "tool" => {
                 let id = str_field(m, "tool_call_id").ok_or_else(|| {
                     invalid(
@@ -170,6 +184,13 @@ fn decode_messages<'a>(
                         "a tool message needs tool_call_id",
                     )
                 })?;
+                if target.tool_result_names && !calls.contains(&id) {
+                    return Err(refuse(
+                        format!("messages[{i}].tool_call_id"),
+                        UNKNOWN_CALL,
+                        target,
+                    ));
+                }
                 let content = match m.get("content") {
                     Some(Value::String(s)) => ToolOutput::Text(s),
                     other => ToolOutput::Parts(text_parts(other, i, target)?),
@@ -273,8 +294,10 @@ fn user_content<'a>(
                         )
                     })?;
                     Image::Base64 { media_type, data }
-                } else {
+                } else if target.image_urls {
                     Image::Url(url)
+                } else {
+                    return Err(refuse(at() + ".image_url.url", IMAGE_URL, target));
                 };
                 out.push(Part::Image(image));
             }
