@@ -55,6 +55,14 @@ Cross-provider routes (the proxy translates; the SDK must not notice):
   SWITCHBACK_ANTHROPIC_X_MODEL, _TARGET, _TEXT, _STREAM_MODEL, _STREAM_TEXT,
   _TOOLS_MODEL, _TOOL_ID, _TOOLS_TEXT, _TOOLS_PREAMBLE
                                  the same for messages routes served by OpenAI targets
+  SWITCHBACK_CHAIN_MODEL, _TARGET, _TEXT
+                                 chat route crossing three providers: azure-openai
+                                 (429), gemini (503), then an Anthropic target that
+                                 answers (unary; streams say the same)
+  SWITCHBACK_RESPONSES_MODEL, _TARGET, _TEXT
+                                 route for POST /v1/responses: an Anthropic target
+                                 (skipped: it cannot serve it), an OpenAI one that
+                                 answers 429, then an OpenAI one that answers
   SWITCHBACK_TOOL_NAME           the tool the simulated models call
   SWITCHBACK_TOOL_ARGS           the arguments they call it with (a JSON object)
   SWITCHBACK_SDK_CASES           comma-separated case names to run (default: all)
@@ -134,6 +142,12 @@ ANTHROPIC_X_TOOLS_PREAMBLE = env("SWITCHBACK_ANTHROPIC_X_TOOLS_PREAMBLE")
 TOOL_NAME = env("SWITCHBACK_TOOL_NAME", "get_weather") or "get_weather"
 TOOL_ARGS: dict | None = json.loads(env("SWITCHBACK_TOOL_ARGS", "null") or "null")
 
+CHAIN_MODEL = env("SWITCHBACK_CHAIN_MODEL", "sdk-x-chain")
+CHAIN_TARGET = env("SWITCHBACK_CHAIN_TARGET")
+CHAIN_TEXT = env("SWITCHBACK_CHAIN_TEXT")
+RESPONSES_MODEL = env("SWITCHBACK_RESPONSES_MODEL", "sdk-responses")
+RESPONSES_TARGET = env("SWITCHBACK_RESPONSES_TARGET")
+RESPONSES_TEXT = env("SWITCHBACK_RESPONSES_TEXT")
 MESSAGES = [{"role": "user", "content": "hello"}]
 SYSTEM = "You are terse."
 WEATHER_QUESTION = "What is the weather in Zurich?"
@@ -996,6 +1010,87 @@ def anthropic_x_tool_stream_round_trip() -> str:
     return f"{starts!r} {block.name}({json.dumps(block.input)}) in {len(partial)} fragments -> {answer!r}"
 
 
+def openai_chain_unary() -> str:
+    raw = openai_client().chat.completions.with_raw_response.create(
+        model=CHAIN_MODEL, messages=MESSAGES
+    )
+    eq(raw.status_code, 200, "status")
+    eq(raw.headers.get("x-switchback-fallbacks"), "2", "x-switchback-fallbacks")
+    target = raw.headers.get("x-switchback-target")
+    if CHAIN_TARGET:
+        eq(target, CHAIN_TARGET, "x-switchback-target")
+    completion = raw.parse()
+    eq(completion.model, CHAIN_MODEL, "completion.model")
+    if CHAIN_TEXT:
+        eq(completion.choices[0].message.content, CHAIN_TEXT, "content")
+    return f"azure-openai 429 -> gemini 503 -> answered by {target}"
+
+
+def openai_chain_stream() -> str:
+    raw = openai_client().chat.completions.with_raw_response.create(
+        model=CHAIN_MODEL, messages=MESSAGES, stream=True
+    )
+    eq(raw.status_code, 200, "status")
+    eq(raw.headers.get("x-switchback-fallbacks"), "2", "x-switchback-fallbacks")
+    target = raw.headers.get("x-switchback-target")
+    if CHAIN_TARGET:
+        eq(target, CHAIN_TARGET, "x-switchback-target")
+    pieces = []
+    for chunk in raw.parse():
+        eq(chunk.model, CHAIN_MODEL, "chunk.model")
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    text = "".join(pieces)
+    check(bool(text), "the stream has content")
+    if CHAIN_TEXT:
+        eq(text, CHAIN_TEXT, "assembled stream text")
+    return f"streamed by {target} after two providers failed"
+
+
+def openai_responses_unary() -> str:
+    raw = openai_client().responses.with_raw_response.create(
+        model=RESPONSES_MODEL, input="hello"
+    )
+    eq(raw.status_code, 200, "status")
+    # The Anthropic target is skipped (unsupportedSurface), the 429 moved past.
+    eq(raw.headers.get("x-switchback-fallbacks"), "2", "x-switchback-fallbacks")
+    target = raw.headers.get("x-switchback-target")
+    if RESPONSES_TARGET:
+        eq(target, RESPONSES_TARGET, "x-switchback-target")
+    response = raw.parse()
+    eq(response.model, RESPONSES_MODEL, "response.model")
+    eq(response.status, "completed", "response.status")
+    if RESPONSES_TEXT:
+        eq(response.output_text, RESPONSES_TEXT, "response.output_text")
+    return f"answered by {target}, {response.usage.output_tokens} output tokens"
+
+
+def openai_responses_stream() -> str:
+    raw = openai_client().responses.with_raw_response.create(
+        model=RESPONSES_MODEL, input="hello", stream=True
+    )
+    eq(raw.status_code, 200, "status")
+    eq(raw.headers.get("x-switchback-fallbacks"), "2", "x-switchback-fallbacks")
+    target = raw.headers.get("x-switchback-target")
+    if RESPONSES_TARGET:
+        eq(target, RESPONSES_TARGET, "x-switchback-target")
+    deltas, completed, kinds = [], None, []
+    for event in raw.parse():
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        elif event.type == "response.completed":
+            completed = event.response
+    eq(kinds[0], "response.created", "first event")
+    check(completed is not None, f"a response.completed event among {kinds!r}")
+    eq(completed.model, RESPONSES_MODEL, "completed response.model")
+    text = "".join(deltas)
+    if RESPONSES_TEXT:
+        eq(text, RESPONSES_TEXT, "assembled output_text deltas")
+    eq(completed.output_text, text, "completed output_text")
+    return f"{len(kinds)} events from {target}"
+
+
 CASES: list[tuple[str, Callable[[], str]]] = [
     ("openai unary chat completion", openai_unary),
     ("openai streaming chat completion", openai_stream),
@@ -1021,6 +1116,10 @@ CASES: list[tuple[str, Callable[[], str]]] = [
     ("openai sdk -> anthropic target: tool call round trip", openai_x_tool_round_trip),
     ("openai sdk -> anthropic target: streamed tool call round trip", openai_x_tool_stream_round_trip),
     ("openai sdk: fallback from an openai to an anthropic target", openai_x_fallback),
+    ("openai sdk: azure-openai 429 -> gemini 503 -> anthropic, unary", openai_chain_unary),
+    ("openai sdk: azure-openai 429 -> gemini 503 -> anthropic, stream", openai_chain_stream),
+    ("openai responses.create past a skipped and a 429 target", openai_responses_unary),
+    ("openai responses.create stream past a skipped and a 429 target", openai_responses_stream),
     ("anthropic sdk -> openai target: unary", anthropic_x_unary),
     ("anthropic sdk -> openai target: messages.stream", anthropic_x_stream),
     ("anthropic sdk -> openai target: tool use round trip", anthropic_x_tool_round_trip),

@@ -176,6 +176,14 @@ struct Sims {
     x_gpt: SimProvider,
     x_gpt_streamer: SimProvider,
     x_gpt_tools: SimProvider,
+    // OpenAI SDK -> a chain across three providers.
+    chain_azure: SimProvider,
+    chain_gemini: SimProvider,
+    chain_claude: SimProvider,
+    // OpenAI SDK, POST /v1/responses.
+    resp_claude: SimProvider,
+    resp_primary: SimProvider,
+    resp_backup: SimProvider,
 }
 
 impl Sims {
@@ -208,7 +216,21 @@ impl Sims {
             x_gpt: SimProvider::start_named("x-gpt", Flavor::OpenAi).await,
             x_gpt_streamer: SimProvider::start_named("x-gpt-streamer", Flavor::OpenAi).await,
             x_gpt_tools: SimProvider::start_named("x-gpt-tools", Flavor::OpenAi).await,
+            chain_azure: SimProvider::start_named("chain-azure", Flavor::Azure).await,
+            chain_gemini: SimProvider::start_named("chain-gemini", Flavor::Gemini).await,
+            chain_claude: SimProvider::start_named("chain-claude", Flavor::Anthropic).await,
+            resp_claude: SimProvider::start_named("resp-claude", Flavor::Anthropic).await,
+            resp_primary: SimProvider::start_named("resp-primary", Flavor::OpenAi).await,
+            resp_backup: SimProvider::start_named("resp-backup", Flavor::OpenAi).await,
         };
+        sims.chain_azure.set_default(Behavior::RateLimited {
+            retry_after_secs: 1,
+        });
+        sims.chain_azure.set_deployments(&["upstream-chain-azure"]);
+        sims.chain_gemini.set_default(Behavior::ServerError(503));
+        sims.resp_primary.set_default(Behavior::RateLimited {
+            retry_after_secs: 1,
+        });
         sims.x_claude_streamer.set_default(stream.clone());
         sims.x_gpt_streamer.set_default(stream.clone());
         sims.x_claude_tools.set_default(tool_script());
@@ -232,7 +254,7 @@ impl Sims {
         sims
     }
 
-    fn all(&self) -> [&SimProvider; 21] {
+    fn all(&self) -> [&SimProvider; 27] {
         [
             &self.chat,
             &self.streamer,
@@ -255,6 +277,12 @@ impl Sims {
             &self.x_gpt,
             &self.x_gpt_streamer,
             &self.x_gpt_tools,
+            &self.chain_azure,
+            &self.chain_gemini,
+            &self.chain_claude,
+            &self.resp_claude,
+            &self.resp_primary,
+            &self.resp_backup,
         ]
     }
 
@@ -314,6 +342,30 @@ impl Sims {
             m += &route(route_name, &one(cred, &format!("upstream-{cred}")));
         }
         m += &route("sdk-x-fallback", &two("x-down", "x-claude-backup"));
+        let three = |targets: [(&str, &str); 3]| {
+            let mut spec = String::from("  targets:\n");
+            for (n, model) in targets {
+                spec += &format!("    - credentialRef: {{ name: {n} }}\n      model: {model}\n");
+            }
+            spec
+        };
+        m += &route(
+            "sdk-x-chain",
+            &three([
+                ("chain-azure", "upstream-chain-azure"),
+                ("chain-gemini", "upstream-chain-gemini"),
+                ("chain-claude", "upstream-chain-claude"),
+            ]),
+        );
+        // The Responses simulator knows OpenAI's model names only.
+        m += &route(
+            "sdk-responses",
+            &three([
+                ("resp-claude", "upstream-resp-claude"),
+                ("resp-primary", "gpt-4o"),
+                ("resp-backup", "gpt-4o-mini"),
+            ]),
+        );
         // The SDKs authenticate as this client (their normal `api_key`); it may call
         // every route of its namespace, not another namespace's unshared one.
         m += &format!(
@@ -470,6 +522,12 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
             answer_text("x-gpt-tools"),
         )
         .env("SWITCHBACK_ANTHROPIC_X_TOOLS_PREAMBLE", PREAMBLE)
+        .env("SWITCHBACK_CHAIN_MODEL", "sdk-x-chain")
+        .env("SWITCHBACK_CHAIN_TARGET", target("chain-claude"))
+        .env("SWITCHBACK_CHAIN_TEXT", answer_text("chain-claude"))
+        .env("SWITCHBACK_RESPONSES_MODEL", "sdk-responses")
+        .env("SWITCHBACK_RESPONSES_TARGET", target("resp-backup"))
+        .env("SWITCHBACK_RESPONSES_TEXT", answer_text("resp-backup"))
         .env_remove("SWITCHBACK_SDK_CASES")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -526,6 +584,41 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
         "upstream gets the target's model"
     );
     check_cross_provider(&sims);
+    // The three-provider chain: azure parked after its 429 (the stream may skip it),
+    // gemini refused both, anthropic answered both.
+    assert!((1..=2).contains(&sent(&sims.chain_azure)), "chain-azure");
+    assert_eq!(sent(&sims.chain_gemini), 2, "chain-gemini: unary + stream");
+    assert_eq!(sent(&sims.chain_claude), 2, "chain-claude: unary + stream");
+    let azure = &sims.chain_azure.received()[0];
+    assert_eq!(azure.path, "/openai/v1/chat/completions");
+    assert_eq!(
+        azure.model(),
+        Some("upstream-chain-azure"),
+        "the deployment"
+    );
+    for r in sims.chain_gemini.received() {
+        assert!(
+            r.path.starts_with("/v1beta/models/upstream-chain-gemini:"),
+            "{}",
+            r.path
+        );
+        assert!(
+            body(&r)["contents"].is_array(),
+            "Gemini's wire: {}",
+            body(&r)
+        );
+    }
+    // The Responses API: never sent to the Anthropic target, passed through to the
+    // OpenAI ones with the target's model.
+    assert_eq!(sent(&sims.resp_claude), 0, "skipped as unsupportedSurface");
+    assert!((1..=2).contains(&sent(&sims.resp_primary)), "resp-primary");
+    let backup = sims.resp_backup.received();
+    assert_eq!(backup.len(), 2, "resp-backup: unary + stream");
+    for r in &backup {
+        assert_eq!(r.path, "/v1/responses");
+        assert_eq!(r.model(), Some("gpt-4o-mini"));
+        assert_eq!(body(r)["input"], "hello", "passed through");
+    }
 
     for sim in sims.all() {
         for r in sim.received() {
@@ -548,7 +641,14 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                 }
                 Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
                     assert!(
-                        ["/v1/chat/completions", "/v1/embeddings"].contains(&r.path.as_str()),
+                        [
+                            "/v1/chat/completions",
+                            "/v1/embeddings",
+                            "/v1/responses",
+                            "/openai/v1/chat/completions",
+                        ]
+                        .contains(&r.path.as_str())
+                            || r.path.starts_with("/v1beta/models/"),
                         "{}: {}",
                         sim.name(),
                         r.path
