@@ -289,6 +289,11 @@ pub enum Provider {
     /// `streamGenerateContent?alt=sse`, the model in the path, the key in
     /// `x-goog-api-key`): reached through translation from both client surfaces.
     Gemini,
+    /// Amazon Bedrock's Converse API (`/model/{modelId}/converse`, ConverseStream in
+    /// AWS event-stream framing), requests signed with SigV4 for the credential's
+    /// `region` from the access key pair (and session token) in its Secret: reached
+    /// through translation from both client surfaces.
+    Bedrock,
 }
 
 impl Provider {
@@ -299,18 +304,19 @@ impl Provider {
             Self::OpenaiCompatible => "openai-compatible",
             Self::AzureOpenai => "azure-openai",
             Self::Gemini => "gemini",
+            Self::Bedrock => "bedrock",
         }
     }
 
     /// The base URL used when a credential does not set `baseURL`.
     /// `openai-compatible` and `azure-openai` (one host per resource) have none: it
-    /// must be given.
+    /// must be given; `bedrock`'s follows from its region ([`bedrock_base_url`]).
     pub fn default_base_url(self) -> Option<&'static str> {
         match self {
             Self::Openai => Some("https://api.openai.com/v1"),
             Self::Anthropic => Some("https://api.anthropic.com/v1"),
             Self::Gemini => Some("https://generativelanguage.googleapis.com/v1beta"),
-            Self::OpenaiCompatible | Self::AzureOpenai => None,
+            Self::OpenaiCompatible | Self::AzureOpenai | Self::Bedrock => None,
         }
     }
 
@@ -351,7 +357,22 @@ pub struct Credential {
     /// serve it follows from the provider), and then absent from the JSON.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub responses_api: bool,
+    /// `bedrock` only: the AWS region requests are signed for (and whose runtime
+    /// endpoint is the default `base_url`). `None` for other providers, and then
+    /// absent from the JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
+
+/// Amazon Bedrock's runtime endpoint in `region`.
+pub fn bedrock_base_url(region: &str) -> String {
+    format!("https://bedrock-runtime.{region}.amazonaws.com")
+}
+
+/// The Secret data keys a `bedrock` credential reads (the whole Secret, SPEC §10).
+pub const AWS_ACCESS_KEY_ID: &str = "accessKeyId";
+pub const AWS_SECRET_ACCESS_KEY: &str = "secretAccessKey";
+pub const AWS_SESSION_TOKEN: &str = "sessionToken";
 
 impl Credential {
     /// Can this credential answer the OpenAI Responses API (`POST /responses`)?
@@ -363,7 +384,7 @@ impl Credential {
             Provider::Openai => true,
             Provider::AzureOpenai => self.api_version.is_none(),
             Provider::OpenaiCompatible => self.responses_api,
-            Provider::Anthropic | Provider::Gemini => false,
+            Provider::Anthropic | Provider::Gemini | Provider::Bedrock => false,
         }
     }
 }
@@ -372,6 +393,9 @@ impl Credential {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SecretKeyRef {
     pub name: String,
+    /// Empty for a `bedrock` credential, which reads the whole Secret (and then
+    /// absent from the JSON).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
 }
 
@@ -459,7 +483,58 @@ pub struct ClientBudget {
     pub usd_per_month: Option<f64>,
 }
 
-/// API keys by credential. Kept apart from [`CompiledConfig`] so the config can be
+/// A `bedrock` credential's AWS access key pair and optional session token, read from
+/// its whole Secret. In [`Keys`] it travels as one entry like any key: the JSON object
+/// `{"accessKeyId", "secretAccessKey", "sessionToken"?}` ([`AwsKeys::encode`]), so
+/// the keys Secret and its delivery stay one value per credential. `Debug` prints no
+/// secret part (the access key id is an identifier, not a secret, but is kept out
+/// too).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AwsKeys {
+    pub access_key_id: Secret<String>,
+    pub secret_access_key: Secret<String>,
+    pub session_token: Option<Secret<String>>,
+}
+
+impl fmt::Debug for AwsKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AwsKeys")
+            .field("session_token", &self.session_token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AwsKeys {
+    /// The one [`Keys`] entry that carries them.
+    pub fn encode(&self) -> Secret<String> {
+        let mut v = serde_json::json!({
+            AWS_ACCESS_KEY_ID: self.access_key_id.expose(),
+            AWS_SECRET_ACCESS_KEY: self.secret_access_key.expose(),
+        });
+        if let Some(t) = &self.session_token {
+            v[AWS_SESSION_TOKEN] = t.expose().clone().into();
+        }
+        Secret::new(v.to_string())
+    }
+
+    /// Reads a [`Keys`] entry made by [`AwsKeys::encode`]; `None` when it is not one.
+    pub fn decode(entry: &Secret<String>) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(entry.expose()).ok()?;
+        let text = |k: &str| {
+            v.get(k)
+                .and_then(serde_json::Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(|s| Secret::new(s.to_string()))
+        };
+        Some(Self {
+            access_key_id: text(AWS_ACCESS_KEY_ID)?,
+            secret_access_key: text(AWS_SECRET_ACCESS_KEY)?,
+            session_token: text(AWS_SESSION_TOKEN),
+        })
+    }
+}
+
+/// API keys by credential (for `bedrock`, see [`AwsKeys`]). Kept apart from [`CompiledConfig`] so the config can be
 /// shown, logged and stored in a ConfigMap; `Debug` never prints a key.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Keys(pub BTreeMap<ObjectId, Secret<String>>);

@@ -39,12 +39,17 @@ use crate::schema;
 #[x_kube(validation = Rule::new("!has(self.apiVersion) || self.provider == 'azure-openai'").message("apiVersion is only meaningful for provider azure-openai").field_path(".apiVersion"))]
 #[x_kube(validation = Rule::new("!has(self.responsesAPI) || self.provider == 'openai-compatible'").message("responsesAPI is only meaningful for provider openai-compatible (openai and azure-openai serve the Responses API already)").field_path(".responsesAPI"))]
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
+#[x_kube(validation = Rule::new("self.provider != 'bedrock' || has(self.region)").message("region is required for provider bedrock").field_path(".region"))]
+#[x_kube(validation = Rule::new("!has(self.region) || self.provider == 'bedrock'").message("region is only meaningful for provider bedrock").field_path(".region"))]
+#[x_kube(validation = Rule::new("self.provider == 'bedrock' || has(self.secretRef.key)").message("secretRef.key is required (it names the Secret key holding the API key)").field_path(".secretRef.key"))]
+#[x_kube(validation = Rule::new("self.provider != 'bedrock' || !has(self.secretRef.key)").message("provider bedrock takes the whole Secret (accessKeyId, secretAccessKey, optional sessionToken): secretRef.key must not be set").field_path(".secretRef.key"))]
 pub struct ProviderCredentialSpec {
     /// Provider API flavour: openai, anthropic, openai-compatible (any server speaking
     /// the OpenAI API: vLLM, Ollama, LiteLLM, ...), azure-openai (Azure OpenAI: the
     /// key goes in the api-key header and a target's model names the deployment) or
     /// gemini (Google AI's native Gemini API: generateContent, the key in the
-    /// x-goog-api-key header). Required.
+    /// x-goog-api-key header) or bedrock (Amazon Bedrock's Converse API, requests
+    /// signed with SigV4 from the access key pair in the Secret). Required.
     #[schemars(schema_with = "schema::provider")]
     pub provider: String,
 
@@ -52,7 +57,9 @@ pub struct ProviderCredentialSpec {
     /// are appended to it. Default: https://api.openai.com/v1 for openai,
     /// https://api.anthropic.com/v1 for anthropic,
     /// https://generativelanguage.googleapis.com/v1beta for gemini (where
-    /// /models/MODEL:generateContent is appended); required for openai-compatible and
+    /// /models/MODEL:generateContent is appended),
+    /// https://bedrock-runtime.REGION.amazonaws.com for bedrock (where
+    /// /model/MODEL/converse is appended); required for openai-compatible and
     /// for azure-openai, where it is the resource's
     /// https://RESOURCE.openai.azure.com/openai (deployment or /v1 paths are appended). A
     /// host that is a loopback, private, link-local or unspecified address, or
@@ -62,6 +69,8 @@ pub struct ProviderCredentialSpec {
     pub base_url: Option<String>,
 
     /// The Secret key holding the API key, in this credential's namespace. Required.
+    /// bedrock takes the whole Secret instead (no key): its data keys accessKeyId,
+    /// secretAccessKey and, for temporary credentials, sessionToken.
     pub secret_ref: SecretKeySelector,
 
     /// Static headers sent with every request to this provider, e.g.
@@ -113,6 +122,16 @@ pub struct ProviderCredentialSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub responses_api: Option<bool>,
+
+    /// bedrock only, and required there: the AWS region whose Bedrock runtime is
+    /// called (https://bedrock-runtime.REGION.amazonaws.com) and that requests are
+    /// signed for, e.g. us-east-1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
+    )]
+    pub region: Option<String>,
 }
 
 /// Names one key of a Secret in the same namespace.
@@ -123,7 +142,9 @@ pub struct SecretKeySelector {
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// Key within the Secret's data whose value is the API key. Required, 1 to 253
-    /// characters.
+    /// characters (except on a bedrock ProviderCredential, which reads the whole
+    /// Secret and must not set it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
 }

@@ -89,6 +89,7 @@ pub(crate) mod tests {
             spec: Credential {
                 api_version: None,
                 responses_api: false,
+                region: None,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
                 base_url: "http://x".into(),
