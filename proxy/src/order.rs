@@ -113,6 +113,7 @@ pub(crate) mod tests {
             key: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
+            signer: None,
         });
         RouteRt {
             spec: Route {
@@ -152,7 +153,7 @@ pub(crate) mod tests {
                     model_json: None,
                     model_map_json: Default::default(),
                     deployment_urls: Default::default(),
-                    gemini_urls: Default::default(),
+                    model_urls: Default::default(),
                 })
                 .collect(),
         }

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use switchback_crds::compile::Compiled;
 use switchback_crds::config::{
-    Client, CompiledConfig, Credential, ObjectId, Provider, Route, Target,
+    AwsKeys, Client, CompiledConfig, Credential, ObjectId, Provider, Route, Target,
 };
 use switchback_crds::keyhash::KeyHash;
 use switchback_crds::revision::{Revision, Revisions};
@@ -219,8 +219,11 @@ pub struct CredentialRt {
     /// Static headers plus the auth header; `None` when the key is missing.
     pub headers: Option<HeaderMap>,
     /// The key itself, only to mask it in provider error bodies relayed to clients
-    /// (some echo it back); `None` when missing.
+    /// (some echo it back); `None` when missing. For bedrock, the secret access key.
     pub key: Option<Secret<String>>,
+    /// bedrock: signs each request (SigV4) with the keys from the Secret; `None`
+    /// for other providers and when the keys are missing.
+    pub signer: Option<crate::aws::Signer>,
     pub client: upstream::Lanes,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,
@@ -242,10 +245,11 @@ pub struct TargetRt {
     /// deployments this target names (`model`, the `modelMap` values), made once.
     /// A deployment named by the client (neither set) is made per request.
     pub deployment_urls: HashMap<String, PerSurface>,
-    /// gemini: the `generateContent` and `streamGenerateContent?alt=sse` URLs of the
-    /// models this target names (`model`, the `modelMap` values), made once. A model
+    /// gemini and bedrock: the unary and streamed URLs of the models this target
+    /// names (`model`, the `modelMap` values), made once (`generateContent` /
+    /// `streamGenerateContent?alt=sse`, `converse` / `converse-stream`). A model
     /// named by the client (neither set) is made per request.
-    pub gemini_urls: HashMap<String, [http::Uri; 2]>,
+    pub model_urls: HashMap<String, [http::Uri; 2]>,
 }
 
 impl TargetRt {
@@ -279,14 +283,15 @@ impl TargetRt {
 }
 
 impl TargetRt {
-    /// Where a Gemini request for `client_model` goes: the model's
-    /// `generateContent`, or `streamGenerateContent?alt=sse` for a stream (`None`
-    /// only for a model name no URL can carry).
-    pub fn gemini_url(&self, client_model: &str, stream: bool) -> Option<http::Uri> {
+    /// Where a Gemini or Bedrock request for `client_model` goes: the model's
+    /// `generateContent` / `converse`, or `streamGenerateContent?alt=sse` /
+    /// `converse-stream` for a stream (`None` only for a model name no URL can
+    /// carry).
+    pub fn model_url(&self, client_model: &str, stream: bool) -> Option<http::Uri> {
         let model = self.model(client_model);
-        match self.gemini_urls.get(model) {
+        match self.model_urls.get(model) {
             Some(urls) => Some(urls[usize::from(stream)].clone()),
-            None => self.credential.gemini_url(model, stream),
+            None => self.credential.model_url(model, stream),
         }
     }
 }
@@ -303,6 +308,33 @@ fn push_segment(url: &mut String, s: &str) {
 }
 
 impl CredentialRt {
+    /// The URL of a provider that names the model in its path: Gemini's or
+    /// Bedrock's; `None` for the others.
+    pub fn model_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
+        match self.spec.provider {
+            Provider::Gemini => self.gemini_url(model, stream),
+            Provider::Bedrock => self.bedrock_url(model, stream),
+            _ => None,
+        }
+    }
+
+    /// Bedrock's `{baseURL}/model/{modelId}/converse`, or `/converse-stream`. The
+    /// model id (a name such as `anthropic.claude-3-5-sonnet-20240620-v1:0`, an
+    /// inference profile, or an ARN with its colons and slashes) is one
+    /// percent-encoded path segment.
+    pub fn bedrock_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
+        let mut url = String::with_capacity(self.spec.base_url.len() + model.len() * 3 + 24);
+        url.push_str(&self.spec.base_url);
+        url.push_str("/model/");
+        push_segment(&mut url, model);
+        url.push_str(if stream {
+            "/converse-stream"
+        } else {
+            "/converse"
+        });
+        url.parse().ok()
+    }
+
     /// Gemini's `{baseURL}/models/{model}:generateContent`, or
     /// `:streamGenerateContent?alt=sse` (SSE framing; without it Google streams a
     /// JSON array). The model is one percent-encoded path segment; a leading
@@ -551,12 +583,15 @@ pub fn prepare(
                         Some((d.clone(), urls.ok()?))
                     })
                     .collect(),
-                gemini_urls: if credential.spec.provider == Provider::Gemini {
+                model_urls: if matches!(
+                    credential.spec.provider,
+                    Provider::Gemini | Provider::Bedrock
+                ) {
                     t.model
                         .iter()
                         .chain(t.model_map.values())
                         .filter_map(|m| {
-                            let url = |stream| credential.gemini_url(m, stream);
+                            let url = |stream| credential.model_url(m, stream);
                             Some((m.clone(), [url(false)?, url(true)?]))
                         })
                         .collect()
@@ -762,8 +797,17 @@ fn prepare_credential(
             })
     };
     let urls = per_surface(url)?;
+    // bedrock: the Secret's keys sign each request; there is no key header.
+    let aws = match c.provider {
+        Provider::Bedrock => compiled.keys.get(&c.id).and_then(AwsKeys::decode),
+        _ => None,
+    };
+    let signer = aws
+        .as_ref()
+        .map(|k| crate::aws::Signer::new(k, c.region.as_deref().unwrap_or("us-east-1")));
     let headers = match compiled.keys.get(&c.id) {
         None => None,
+        Some(_) if c.provider == Provider::Bedrock && aws.is_none() => None,
         Some(key) => {
             // Room for the auth headers, accept-encoding, and for what each upstream
             // request adds to its copy (x-request-id, forwarded client headers,
@@ -802,16 +846,20 @@ fn prepare_credential(
                 // Google AI's key header (never `?key=` in the URL, which would put
                 // the key in access logs).
                 Provider::Gemini => ("x-goog-api-key", key.expose().clone()),
+                // Signed per request (`crate::aws`): no key header.
+                Provider::Bedrock => ("", String::new()),
             };
             // The message never includes the value: it is key material.
-            let mut v = HeaderValue::from_str(&value).map_err(|_| {
-                err(
-                    "secretRef",
-                    "the key contains characters not allowed in a header".into(),
-                )
-            })?;
-            v.set_sensitive(true);
-            h.insert(name, v);
+            if !name.is_empty() {
+                let mut v = HeaderValue::from_str(&value).map_err(|_| {
+                    err(
+                        "secretRef",
+                        "the key contains characters not allowed in a header".into(),
+                    )
+                })?;
+                v.set_sensitive(true);
+                h.insert(name, v);
+            }
             // Whatever `spec.headers` says: the proxy rewrites answers, so it must
             // read them, and it does not decode (SPEC §8).
             h.insert(
@@ -826,7 +874,11 @@ fn prepare_credential(
         target_header: header_value(&c.id.to_string()),
         urls,
         headers,
-        key: compiled.keys.get(&c.id).cloned(),
+        key: match &aws {
+            Some(k) => Some(k.secret_access_key.clone()),
+            None => compiled.keys.get(&c.id).cloned(),
+        },
+        signer,
         client: if c.allow_private_network {
             clients.private.clone()
         } else {
