@@ -22,7 +22,9 @@
 //! `POST /v1/responses` (the Responses API, see [`responses`]), `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`;
 //! Azure flavor serves Azure OpenAI's paths under `/openai` and is strict, see
 //! [`Flavor::Azure`]; Gemini flavor serves Google AI's `generateContent` under
-//! `/v1beta` and is strict too, see [`Flavor::Gemini`].
+//! `/v1beta` and is strict too, see [`Flavor::Gemini`]; Bedrock flavor serves
+//! Converse / ConverseStream (SigV4 checked, AWS event-stream framing) and is strict
+//! too, see [`Flavor::Bedrock`].
 //! Any other path still consumes a behaviour; answering behaviours turn into a 404 in
 //! the flavor's error shape there, failure behaviours fail as scripted.
 
@@ -101,6 +103,12 @@ pub enum Flavor {
     /// filters (a 200 without candidates), [`Behavior::FilteredAnswer`] an answer
     /// stopped for `SAFETY`.
     Gemini,
+    /// Amazon Bedrock's runtime Converse API, strict (see the `bedrock` module for
+    /// what it refuses, the SigV4 check included): `POST /model/{modelId}/converse`
+    /// and `/converse-stream`, answers `ConverseResponse`s ([`bedrock_response`]),
+    /// streams real AWS event-stream frames, errors `{"message"}` with
+    /// `x-amzn-errortype`. Its behaviours are those the `bedrock` module lists.
+    Bedrock,
 }
 
 /// API versions the Azure flavor accepts on its classic (deployment) paths.
@@ -567,6 +575,7 @@ impl SimProvider {
         match self.flavor() {
             Flavor::Azure => format!("http://{}/openai", self.inner.addr),
             Flavor::Gemini => format!("http://{}/v1beta", self.inner.addr),
+            Flavor::Bedrock => format!("http://{}", self.inner.addr),
             _ => format!("http://{}/v1", self.inner.addr),
         }
     }
@@ -580,6 +589,10 @@ impl SimProvider {
             Flavor::Azure => format!("{}/v1/chat/completions", self.base_url()),
             Flavor::Gemini => format!(
                 "{}/models/gemini-2.5-flash:generateContent",
+                self.base_url()
+            ),
+            Flavor::Bedrock => format!(
+                "{}/model/anthropic.claude-sonnet-4-v1%3A0/converse",
                 self.base_url()
             ),
         }
@@ -724,6 +737,8 @@ enum Endpoint {
     Messages,
     /// Gemini's `generateContent` / `streamGenerateContent`.
     Generate,
+    /// Bedrock's `converse` / `converse-stream`.
+    Converse,
     Embeddings,
     /// The OpenAI Responses API.
     Responses,
@@ -764,14 +779,20 @@ async fn handle(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
     let flavor = state.flavor;
-    // Gemini names the model and whether to stream in the path.
+    // Gemini and Bedrock name the model and whether to stream in the path.
     let mut from_path = None;
+    let mut bedrock_refusal = None;
     let (endpoint, refusal) = if flavor == Flavor::Azure {
         azure_route(&state, &parts, json.as_ref())
     } else if flavor == Flavor::Gemini {
         let (endpoint, model, stream, refusal) = gemini::route(&parts, json.as_ref());
         from_path = Some((model, stream));
         (endpoint, refusal)
+    } else if flavor == Flavor::Bedrock {
+        let (endpoint, model, stream, refusal) = bedrock::route(&parts, &body, json.as_ref());
+        from_path = Some((model, stream));
+        bedrock_refusal = refusal;
+        (endpoint, None)
     } else {
         let endpoint = match (flavor, &parts.method, parts.uri.path()) {
             (Flavor::OpenAi, &Method::POST, "/v1/chat/completions") => Endpoint::Chat,
@@ -823,7 +844,7 @@ async fn handle(
 
     // Arrival: record, count, and take this request's behaviour, all before it runs.
     // A request the strict Azure flavor refuses takes none.
-    let behavior = if refusal.is_some() {
+    let behavior = if refusal.is_some() || bedrock_refusal.is_some() {
         Behavior::Answer
     } else {
         let mut queue = lock(&state.queue);
@@ -858,7 +879,13 @@ async fn handle(
     if let Some((status, body)) = refusal {
         return Ok(json_response(&ctx, status, &body));
     }
+    if let Some(r) = &bedrock_refusal {
+        return Ok(bedrock::error_response(&ctx, r));
+    }
     let guard = CancelGuard { state: Some(state) };
+    if flavor == Flavor::Bedrock {
+        return bedrock::respond(&ctx, behavior, guard).await;
+    }
     respond(&ctx, behavior, guard).await
 }
 
@@ -1027,6 +1054,7 @@ async fn respond(
                     anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
                 }
                 Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             };
             sse(ctx, vec![event], Duration::ZERO, StreamEnd::Finish, guard)
         }
@@ -1058,6 +1086,7 @@ async fn respond(
                     anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
                 }
                 Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             });
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
         }
@@ -1082,6 +1111,7 @@ async fn respond(
                 Flavor::Azure => azure_completion(&ctx.model, &answer_text(&ctx.name), "stop"),
                 Flavor::Anthropic => anthropic_message(&ctx.model, &answer_text(&ctx.name)),
                 Flavor::Gemini => gemini_response(&ctx.model, &answer_text(&ctx.name), "STOP"),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             }
             .to_string();
             let body = match kind {
@@ -1245,6 +1275,7 @@ fn opening_events(ctx: &Ctx) -> Vec<String> {
         // The prompt's filter results, then the role chunk.
         Flavor::Azure => 2,
         Flavor::Anthropic | Flavor::Gemini => 3,
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     });
     events.insert(1, ": keep-alive\n\n".into());
     events
@@ -1301,6 +1332,7 @@ fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Re
         Flavor::OpenAi | Flavor::Azure => openai_completion(&ctx.model, "@@TEXT@@"),
         Flavor::Anthropic => anthropic_message(&ctx.model, "@@TEXT@@"),
         Flavor::Gemini => gemini_response(&ctx.model, "@@TEXT@@", "STOP"),
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     }
     .to_string();
     let (before, after) = whole.split_once("@@TEXT@@").expect("sim: placeholder");
@@ -1459,6 +1491,7 @@ fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
         Endpoint::Generate => gemini_response(&ctx.model, text, "STOP"),
+        Endpoint::Converse => bedrock_response(text, "end_turn"),
         Endpoint::Chat if ctx.flavor == Flavor::Azure => azure_completion(&ctx.model, text, "stop"),
         Endpoint::Chat => openai_completion(&ctx.model, text),
         Endpoint::Messages => anthropic_message(&ctx.model, text),
@@ -1503,6 +1536,7 @@ fn tool_call(
                     anthropic_tool_use_stream_events(&ctx.model, text, name, arguments)
                 }
                 Flavor::Gemini => gemini_tool_call_stream_events(&ctx.model, text, name, arguments),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             };
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
@@ -1524,6 +1558,7 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
         Flavor::Anthropic => anthropic_stream_events(&ctx.model, pieces),
         Flavor::Azure => azure_stream(openai_stream_events(&ctx.model, pieces, ctx.include_usage)),
         Flavor::Gemini => gemini_stream_events(&ctx.model, pieces),
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     }
 }
 
@@ -1535,6 +1570,7 @@ fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
         Flavor::Anthropic => "request-id",
         // Google sends no request id header of its own; a debug id stands in.
         Flavor::Gemini => "x-goog-sim-request-id",
+        Flavor::Bedrock => "x-amzn-requestid",
     };
     let status = StatusCode::from_u16(status).expect("sim: status must be in 100..=999");
     Response::builder()
@@ -1622,6 +1658,7 @@ fn sse(
     let content_type = match ctx.flavor {
         Flavor::OpenAi | Flavor::Azure => "text/event-stream; charset=utf-8",
         Flavor::Anthropic | Flavor::Gemini => "text/event-stream",
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     };
     base_response(ctx, 200)
         .header(header::CONTENT_TYPE, content_type)
@@ -2073,6 +2110,10 @@ pub fn models_list(flavor: Flavor, ids: &[&str]) -> Value {
             "last_id": ids.last()
         }),
         Flavor::Gemini => gemini_models(ids),
+        // The Bedrock runtime lists no models (the control plane does).
+        Flavor::Bedrock => {
+            json!({"modelSummaries": ids.iter().map(|id| json!({"modelId": id})).collect::<Vec<_>>()})
+        }
     }
 }
 
@@ -2090,6 +2131,7 @@ pub fn anthropic_error(kind: &str, message: &str) -> Value {
 pub fn error_body(flavor: Flavor, status: u16) -> Value {
     match flavor {
         Flavor::Gemini => gemini_error_body(status),
+        Flavor::Bedrock => bedrock_error_body(status),
         Flavor::Azure => match status {
             401 => azure_error(
                 "401",
@@ -2306,6 +2348,8 @@ pub fn azure_content_filter_error() -> Value {
     }})
 }
 
+mod bedrock;
+pub use bedrock::*;
 mod gemini;
 pub use gemini::*;
 pub mod responses;

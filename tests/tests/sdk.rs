@@ -293,6 +293,9 @@ impl Sims {
                 Flavor::OpenAi => "openai",
                 Flavor::Azure => "azure-openai",
                 Flavor::Gemini => "gemini",
+                Flavor::Bedrock => {
+                    unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs")
+                }
                 Flavor::Anthropic => "anthropic",
             };
             let key = format!("sk-upstream-{}", sim.name());
@@ -639,7 +642,7 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                     );
                     assert_eq!(r.header("authorization"), None, "{}", sim.name());
                 }
-                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
+                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
                     assert!(
                         [
                             "/v1/chat/completions",
@@ -669,10 +672,13 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                 Flavor::OpenAi => r.header("authorization").map(str::to_owned),
                 Flavor::Azure => r.header("api-key").map(|k| format!("Bearer {k}")),
                 Flavor::Gemini => r.header("x-goog-api-key").map(|k| format!("Bearer {k}")),
+                Flavor::Bedrock => unreachable!("no bedrock in this chain"),
                 Flavor::Anthropic => r.header("x-api-key").map(str::to_owned),
             };
             let want = match sim.flavor() {
-                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => format!("Bearer {key}"),
+                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
+                    format!("Bearer {key}")
+                }
                 Flavor::Anthropic => key,
             };
             assert_eq!(auth.as_deref(), Some(want.as_str()), "{}", sim.name());
