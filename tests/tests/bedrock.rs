@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use switchback_proxy::cli::LogFormat;
+use switchback_proxy::gateway::UpstreamLimits;
 use switchback_proxy::telemetry::{self, BatchedWriter};
 use switchback_tests::harness::{TestProxy, credential, header, json_of, route, streamed_text};
 use switchback_tests::sim::{
@@ -401,6 +402,61 @@ async fn an_exception_before_content_fails_over_and_after_commit_ends_the_stream
     bedrock.push(Behavior::BreakMidStream { chunks: 1 });
     let text = proxy.messages("smart", true).await.text().await.unwrap();
     assert!(text.contains("event: error"), "{text}");
+}
+
+/// A ConverseStream frame over `--max-event-bytes` is refused from its prelude: the
+/// attempt fails over before commit (class invalidResponse) instead of buffering it.
+#[tokio::test]
+async fn a_frame_over_the_event_limit_fails_over() {
+    let bedrock = SimProvider::start_named("bedrock", Flavor::Bedrock).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let manifests = format!(
+        "{}{}{}",
+        bedrock_credential(
+            "br",
+            &bedrock,
+            BEDROCK_ACCESS_KEY_ID,
+            BEDROCK_SECRET_ACCESS_KEY,
+            None
+        ),
+        credential(
+            "backup",
+            "openai",
+            &backup.base_url(),
+            "sk-backup-0123456789"
+        ),
+        route(
+            "smart",
+            &format!(
+                "  targets:\n    - credentialRef: {{ name: br }}\n      model: \"{MODEL}\"\n    - credentialRef: {{ name: backup }}\n"
+            ),
+        ),
+    );
+    let limits = UpstreamLimits {
+        max_event_bytes: 4096,
+        ..Default::default()
+    };
+    let proxy = TestProxy::start_with_limits(&manifests, limits).await;
+    bedrock.push(Behavior::HugeBody { bytes: 1 << 20 });
+    let r = proxy.messages("smart", true).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/backup");
+    assert_eq!(
+        streamed_text(&r.text().await.unwrap()),
+        "Hello from backup."
+    );
+    // Frames under the limit still stream.
+    let r = proxy.chat("smart", true).await;
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/br");
+    assert_eq!(
+        streamed_text(&r.text().await.unwrap()),
+        "Hello from bedrock."
+    );
+    let stats = proxy.admin_stats().await.to_string();
+    assert!(
+        stats.contains("eventTooLarge") || stats.contains("invalidResponse"),
+        "{stats}"
+    );
 }
 
 #[tokio::test]

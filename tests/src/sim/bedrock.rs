@@ -37,7 +37,8 @@
 //! model."; `StreamErrorFirst` / `OpeningThenError` → an exception frame
 //! (`serviceUnavailableException`) before any content; `StreamThen { chunks, event
 //! }` → `chunks` pieces then an exception frame whose `:exception-type` is `event`;
-//! `BreakMidStream`, `StallMidStream`, `Hang`, `Delay`, `Reset`, `Status` as
+//! `HugeBody { bytes }` → an answer whose text is `bytes` long (streamed: in one
+//! frame); `BreakMidStream`, `StallMidStream`, `Hang`, `Delay`, `Reset`, `Status` as
 //! elsewhere. Any other behaviour is a 500 `InternalServerException` saying it is not
 //! simulated.
 
@@ -864,6 +865,20 @@ pub(super) async fn respond(
             let mut f = opening();
             f.extend(text_deltas(&stream_pieces(name, chunks)));
             frames(ctx, f, Duration::ZERO, end, guard)
+        }
+        Behavior::HugeBody { bytes } => {
+            let text = "y".repeat(bytes);
+            if ctx.stream {
+                frames(
+                    ctx,
+                    bedrock_stream_frames(&[text]),
+                    Duration::ZERO,
+                    StreamEnd::Finish,
+                    guard,
+                )
+            } else {
+                converse_json(ctx, &bedrock_response(&text, "end_turn"), guard)
+            }
         }
         Behavior::StreamWithoutContent => {
             frames(ctx, opening(), Duration::ZERO, StreamEnd::Finish, guard)
