@@ -536,6 +536,7 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
         Provider::Openai | Provider::OpenaiCompatible => "openai",
         Provider::AzureOpenai => "azure.ai.openai",
         Provider::Gemini => "gcp.gemini",
+        Provider::Vertex => "gcp.vertex_ai",
     };
     tracing::info_span!(
         target: TRACE_TARGET,

@@ -89,6 +89,8 @@ pub(crate) mod tests {
             spec: Credential {
                 api_version: None,
                 responses_api: false,
+                project: None,
+                location: None,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
                 base_url: "http://x".into(),

@@ -764,6 +764,10 @@ fn prepare_credential(
     let urls = per_surface(url)?;
     let headers = match compiled.keys.get(&c.id) {
         None => None,
+        // A vertex key is a service-account JSON key, never a header: its OAuth token
+        // exchange is not wired into the attempt path yet, so a vertex target has no
+        // auth headers and is skipped as missingKey (README: vertex is partial).
+        Some(_) if c.provider == Provider::Vertex => None,
         Some(key) => {
             // Room for the auth headers, accept-encoding, and for what each upstream
             // request adds to its copy (x-request-id, forwarded client headers,
@@ -802,6 +806,7 @@ fn prepare_credential(
                 // Google AI's key header (never `?key=` in the URL, which would put
                 // the key in access logs).
                 Provider::Gemini => ("x-goog-api-key", key.expose().clone()),
+                Provider::Vertex => unreachable!("vertex keys are never a header (above)"),
             };
             // The message never includes the value: it is key material.
             let mut v = HeaderValue::from_str(&value).map_err(|_| {
