@@ -237,3 +237,29 @@ pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
 }
+
+/// A JSON answer's body (the test fails when it is not JSON).
+pub async fn json_of(r: reqwest::Response) -> Value {
+    r.json().await.expect("JSON body")
+}
+
+/// The text content of an SSE body, whichever client API it is in: OpenAI's
+/// `choices[0].delta.content` and Anthropic's `delta.text`, concatenated.
+pub fn streamed_text(body: &str) -> String {
+    let mut out = String::new();
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            out.push_str(t);
+        }
+        if let Some(t) = v["delta"]["text"].as_str() {
+            out.push_str(t);
+        }
+    }
+    out
+}

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use switchback_proxy::auth::AuthMode;
-use switchback_tests::harness::{TestProxy, chat_body, header, messages_body};
+use switchback_tests::harness::{TestProxy, chat_body, header, json_of, messages_body};
 use switchback_tests::sim::{Flavor, SimProvider};
 
 const A_KEY: &str = "sk-team-a-app-0123456789";
@@ -110,10 +110,6 @@ async fn chat_as(proxy: &TestProxy, key: &str, model: &str) -> reqwest::Response
         .send()
         .await
         .expect("proxy answers")
-}
-
-async fn json_of(r: reqwest::Response) -> Value {
-    r.json().await.expect("JSON body")
 }
 
 #[tokio::test]

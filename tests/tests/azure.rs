@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchback_tests::harness::{TestProxy, chat_body, credential, header, messages_body, route};
+use switchback_tests::harness::{
+    TestProxy, chat_body, credential, header, json_of, messages_body, route, streamed_text,
+};
 use switchback_tests::sim::{
     Behavior, ContextWording, Flavor, SimProvider, azure_content_filter_error,
 };
@@ -27,30 +29,6 @@ fn azure_credential(name: &str, sim: &SimProvider, api_version: Option<&str>) ->
         ),
         None => c,
     }
-}
-
-async fn json_of(r: reqwest::Response) -> Value {
-    r.json().await.expect("JSON body")
-}
-
-/// The text of an SSE body's content, whichever client API it is in.
-fn streamed_text(body: &str) -> String {
-    let mut out = String::new();
-    for line in body.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            continue;
-        };
-        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
-            out.push_str(t);
-        }
-        if let Some(t) = v["delta"]["text"].as_str() {
-            out.push_str(t);
-        }
-    }
-    out
 }
 
 /// One Azure deployment behind route `smart`, asked on both surfaces, unary and

@@ -7,37 +7,13 @@
 //! from and to OpenAI and Anthropic targets.
 
 use serde_json::{Value, json};
-use switchback_tests::harness::{TestProxy, credential, header, route};
+use switchback_tests::harness::{TestProxy, credential, header, json_of, route, streamed_text};
 use switchback_tests::sim::{
     Behavior, ContextWording, Flavor, GEMINI_BAD_KEY, GEMINI_RESPONSE_ID, PROMPT_TOKENS,
     SimProvider, gemini_function_calls, gemini_function_responses,
 };
 
 const GEMINI_KEY: &str = "gemini-key-0123456789abcdef";
-
-async fn json_of(r: reqwest::Response) -> Value {
-    r.json().await.expect("JSON body")
-}
-
-/// The text of an SSE body's content, whichever client API it is in.
-fn streamed_text(body: &str) -> String {
-    let mut out = String::new();
-    for line in body.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            continue;
-        };
-        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
-            out.push_str(t);
-        }
-        if let Some(t) = v["delta"]["text"].as_str() {
-            out.push_str(t);
-        }
-    }
-    out
-}
 
 /// Route `smart`: a gemini target (`gemini-2.5-flash`) alone, or before a backup of
 /// `backup_flavor`, with `fallback_extra` under `fallback:`.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchback_tests::harness::{TestProxy, chat_body, credential, header, route};
+use switchback_tests::harness::{TestProxy, chat_body, credential, header, json_of, route};
 use switchback_tests::sim::{Behavior, ContextWording, Flavor, SimProvider};
 use tokio::time::Instant;
 
@@ -35,10 +35,6 @@ const TWO_TARGETS: &str = "  targets:
     - credentialRef: { name: backup }
       model: gpt-backup
 ";
-
-async fn json_of(r: reqwest::Response) -> Value {
-    r.json().await.expect("JSON body")
-}
 
 #[tokio::test(start_paused = true)]
 async fn first_target_answers_with_headers_and_the_clients_model_name() {
