@@ -136,13 +136,13 @@ pub(crate) fn compile(
         };
     };
 
+    let (namespace, selector, path) = (&id.namespace, &spec.secret_ref, "spec.secretRef");
     let read = if provider == Provider::Vertex {
-        vertex_key
+        vertex_key(namespace, selector, path, secrets, allow_private_network)
     } else {
-        super::secret_key
+        super::secret_key(namespace, selector, path, secrets)
     };
-    let (key, key_problem) = match read(&id.namespace, &spec.secret_ref, "spec.secretRef", secrets)
-    {
+    let (key, key_problem) = match read {
         Ok(key) => (Some(Secret::new(key)), None),
         Err(problem) => {
             c.warning(
@@ -242,16 +242,32 @@ fn is_location(v: &str) -> bool {
 }
 
 /// A vertex credential's key: the whole service-account JSON, which must parse
-/// (the problem names the field, never the key's content).
+/// (the problem names the field, never the key's content), and whose `token_uri`
+/// is not a private address unless the credential allows private networks (as for
+/// `baseURL`: the token is fetched through the credential's own guarded client,
+/// whose resolver only sees host names, never IP literals).
 fn vertex_key(
     namespace: &str,
     selector: &crate::credential::SecretKeySelector,
     path: &str,
     secrets: &SecretIndex,
+    allow_private_network: bool,
 ) -> Result<String, super::KeyProblem> {
     let text = super::secret_text(namespace, selector, path, secrets)?;
-    match ServiceAccount::parse(&text) {
-        Ok(_) => Ok(text),
+    let checked = ServiceAccount::parse(&text).and_then(|sa| {
+        let url = url::Url::parse(&sa.token_uri).map_err(|_| "token_uri is not a valid URL")?;
+        match url.host() {
+            Some(host) if !allow_private_network && network::is_private_host(&host) => Err(
+                format!(
+                    "token_uri's host {host} is a loopback, private or link-local address; set spec.allowPrivateNetwork: true to allow it"
+                ),
+            ),
+            Some(_) => Ok(()),
+            None => Err("token_uri has no host".to_string()),
+        }
+    });
+    match checked {
+        Ok(()) => Ok(text),
         Err(why) => Err(super::KeyProblem {
             field: format!("{path}.key"),
             message: format!(

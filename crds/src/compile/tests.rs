@@ -1998,3 +1998,24 @@ fn an_unusable_service_account_key_is_a_warning_naming_the_field_not_the_key() {
     assert!(m.iter().all(|m| !m.contains("TUlJQ0tFWQ")), "{m:?}");
     assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
 }
+
+#[test]
+fn a_private_token_uri_needs_allow_private_network_like_a_base_url() {
+    let local = SERVICE_ACCOUNT.replace("https://oauth2.googleapis.com", "http://127.0.0.1:8443");
+    let compiled = vertex_sample(&local, "us-east5").compile();
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
+    let m = messages(&compiled);
+    assert!(
+        m.iter().any(
+            |m| m.starts_with("team-a/anthropic-prod: spec.secretRef.key:")
+                && m.contains("token_uri's host 127.0.0.1 is a loopback")
+                && m.contains("allowPrivateNetwork")
+        ),
+        "{m:?}"
+    );
+    let mut s = vertex_sample(&local, "us-east5");
+    s.credential("anthropic-prod").allow_private_network = Some(true);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_some());
+}
