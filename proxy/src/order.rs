@@ -111,6 +111,7 @@ pub(crate) mod tests {
                 "http://x/d".parse().unwrap(),
             ],
             headers: None,
+            vertex: None,
             key: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
@@ -153,7 +154,7 @@ pub(crate) mod tests {
                     model_json: None,
                     model_map_json: Default::default(),
                     deployment_urls: Default::default(),
-                    gemini_urls: Default::default(),
+                    model_urls: Default::default(),
                 })
                 .collect(),
         }

@@ -205,3 +205,153 @@ async fn a_failed_exchange_caches_nothing_and_the_next_request_tries_again() {
         .unwrap();
     assert_eq!(t.expose(), "later");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_short_lived_token_is_refreshed_at_half_its_life() {
+    let cache = TokenCache::default();
+    let t = cache.token(|| async { answer("short", 60) }).await.unwrap();
+    assert_eq!(t.expose(), "short");
+    tokio::time::advance(Duration::from_secs(29)).await;
+    let t = cache.token(|| async { answer("next", 60) }).await.unwrap();
+    assert_eq!(t.expose(), "short", "still fresh");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let t = cache.token(|| async { answer("next", 60) }).await.unwrap();
+    assert_eq!(t.expose(), "next");
+}
+
+fn credential(location: &str, base_url: &str) -> Credential {
+    use switchback_crds::config::{ObjectId, Provider, SecretKeyRef};
+    Credential {
+        id: ObjectId::new("team-a", "vtx"),
+        provider: Provider::Vertex,
+        base_url: base_url.into(),
+        headers: Default::default(),
+        max_concurrency: None,
+        max_queue: None,
+        allow_private_network: false,
+        secret_ref: SecretKeyRef {
+            name: "sa".into(),
+            key: "serviceAccount.json".into(),
+        },
+        api_version: None,
+        responses_api: false,
+        project: Some("my-project".into()),
+        location: Some(location.into()),
+    }
+}
+
+#[test]
+fn urls_follow_the_models_publisher() {
+    let c = credential(
+        "us-east5",
+        &switchback_crds::config::vertex_base_url("us-east5"),
+    );
+    let base = "https://us-east5-aiplatform.googleapis.com/v1/projects/my-project/locations/us-east5/publishers";
+    let url = |m, s| url(&c, m, s).unwrap().to_string();
+    assert_eq!(
+        url("claude-sonnet-4-5@20250929", false),
+        format!("{base}/anthropic/models/claude-sonnet-4-5@20250929:rawPredict")
+    );
+    assert_eq!(
+        url("claude-haiku-4-5", true),
+        format!("{base}/anthropic/models/claude-haiku-4-5:streamRawPredict")
+    );
+    assert_eq!(
+        url("gemini-2.5-flash", false),
+        format!("{base}/google/models/gemini-2.5-flash:generateContent")
+    );
+    assert_eq!(
+        url("gemini-2.5-flash", true),
+        format!("{base}/google/models/gemini-2.5-flash:streamGenerateContent?alt=sse")
+    );
+    // A name that is not one path segment is encoded as one.
+    assert_eq!(
+        url("a/b c", false),
+        format!("{base}/google/models/a%2Fb%20c:generateContent")
+    );
+    let global = credential(
+        "global",
+        &switchback_crds::config::vertex_base_url("global"),
+    );
+    assert_eq!(
+        super::url(&global, "gemini-2.5-pro", false)
+            .unwrap()
+            .to_string(),
+        "https://aiplatform.googleapis.com/v1/projects/my-project/locations/global/publishers/google/models/gemini-2.5-pro:generateContent"
+    );
+}
+
+#[test]
+fn each_surface_gets_its_publishers_wire() {
+    use crate::surface::Surface;
+    use crate::translate::Direction;
+    assert_eq!(
+        direction(Surface::ChatCompletions, "claude-opus-4-1"),
+        Some(Direction::OpenAiToAnthropic)
+    );
+    assert_eq!(direction(Surface::Messages, "claude-opus-4-1"), None);
+    assert_eq!(
+        direction(Surface::ChatCompletions, "gemini-2.5-pro"),
+        Some(Direction::OpenAiToGemini)
+    );
+    assert_eq!(
+        direction(Surface::Messages, "gemini-2.5-pro"),
+        Some(Direction::AnthropicToGemini)
+    );
+    assert!(serves(Surface::Messages) && serves(Surface::ChatCompletions));
+    assert!(!serves(Surface::Embeddings) && !serves(Surface::Responses));
+}
+
+#[test]
+fn a_claude_body_loses_its_model_and_gains_the_vertex_version() {
+    let body = anthropic_body(
+        br#"{"model":"claude","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"metadata":{"model":"kept"}}"#,
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"anthropic_version": "vertex-2023-10-16", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}], "metadata": {"model": "kept"}})
+    );
+    assert!(anthropic_body(b"[1]").is_none());
+    // The translated body of an OpenAI client, the same way.
+    let out = crate::translate::request(
+        crate::translate::Direction::OpenAiToAnthropic,
+        br#"{"model":"smart","messages":[{"role":"user","content":"hi"}]}"#,
+        "claude-haiku-4-5",
+        &crate::translate::Defaults {
+            anthropic_on_vertex: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert!(v.get("model").is_none(), "{v}");
+    assert_eq!(v["anthropic_version"], "vertex-2023-10-16");
+    assert_eq!(v["max_tokens"], 4096);
+}
+
+#[test]
+fn google_shaped_errors_reach_anthropic_clients_in_anthropics_shape() {
+    let quota = br#"{"error":{"code":429,"message":"Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model","status":"RESOURCE_EXHAUSTED"}}"#;
+    let out = crate::translate::anthropic_error(429, quota).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Quota exceeded")
+    );
+    let denied =
+        br#"{"error":{"code":403,"message":"Permission denied","status":"PERMISSION_DENIED"}}"#;
+    let v: serde_json::Value =
+        serde_json::from_slice(&crate::translate::anthropic_error(403, denied).unwrap()).unwrap();
+    assert_eq!(v["error"]["type"], "permission_error");
+    // Claude's own errors are Anthropic's already: relayed as they are.
+    let overloaded =
+        br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    assert!(crate::translate::anthropic_error(529, overloaded).is_none());
+}
