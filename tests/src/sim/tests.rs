@@ -291,7 +291,7 @@ async fn stream_events_arrive_incrementally() {
             interval,
         });
         let body = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => chat_stream("m"),
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => chat_stream("m"),
             Flavor::Anthropic => message_stream("m"),
         };
         let start = Instant::now();
@@ -306,7 +306,7 @@ async fn stream_events_arrive_incrementally() {
             arrivals.push((start.elapsed(), chunk));
         }
         let expected = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
                 openai_stream_events("m", &stream_pieces("p", 3), false)
             }
             Flavor::Anthropic => anthropic_stream_events("m", &stream_pieces("p", 3)),
