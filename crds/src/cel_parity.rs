@@ -351,6 +351,44 @@ fn credential_rules_agree() {
             false,
         ),
         (
+            "vertex with project and location",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
+            }),
+            true,
+        ),
+        (
+            "vertex without location",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+            }),
+            false,
+        ),
+        (
+            "vertex without project",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["location"], "global");
+            }),
+            false,
+        ),
+        (
+            "project on openai",
+            Box::new(|s| set(s, &["project"], "my-project")),
+            false,
+        ),
+        (
+            "location on gemini",
+            Box::new(|s| {
+                set(s, &["provider"], "gemini");
+                set(s, &["location"], "us-east5");
+            }),
+            false,
+        ),
+        (
             "apiVersion on openai",
             Box::new(|s| set(s, &["apiVersion"], "v1")),
             false,

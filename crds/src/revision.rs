@@ -149,6 +149,8 @@ mod tests {
         Credential {
             api_version: None,
             responses_api: false,
+            project: None,
+            location: None,
             id: ObjectId::new("team-a", name),
             provider: Provider::Openai,
             base_url: "https://api.openai.com/v1".into(),

@@ -345,6 +345,8 @@ mod tests {
             credentials: vec![Credential {
                 api_version: None,
                 responses_api: false,
+                project: None,
+                location: None,
                 id: credential,
                 provider: Provider::Openai,
                 base_url: "https://api.openai.com/v1".into(),

@@ -89,6 +89,8 @@ pub(crate) mod tests {
             spec: Credential {
                 api_version: None,
                 responses_api: false,
+                project: None,
+                location: None,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
                 base_url: "http://x".into(),
@@ -109,6 +111,7 @@ pub(crate) mod tests {
                 "http://x/d".parse().unwrap(),
             ],
             headers: None,
+            vertex: None,
             key: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
@@ -151,7 +154,7 @@ pub(crate) mod tests {
                     model_json: None,
                     model_map_json: Default::default(),
                     deployment_urls: Default::default(),
-                    gemini_urls: Default::default(),
+                    model_urls: Default::default(),
                 })
                 .collect(),
         }

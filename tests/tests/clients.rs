@@ -33,6 +33,7 @@ async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProx
         Flavor::Azure => "azure-openai",
         Flavor::Gemini => "gemini",
         Flavor::Anthropic => "anthropic",
+        Flavor::Vertex => "vertex",
     };
     let manifests = [
         credential("primary", provider, &primary.base_url(), "sk-primary"),

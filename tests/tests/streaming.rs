@@ -17,6 +17,7 @@ async fn setup(flavor: Flavor, spec: &str) -> (SimProvider, SimProvider, TestPro
         Flavor::Azure => "azure-openai",
         Flavor::Gemini => "gemini",
         Flavor::Anthropic => "anthropic",
+        Flavor::Vertex => unreachable!("a vertex credential is a service account: tests/vertex.rs"),
     };
     let primary = SimProvider::start_named("primary", flavor).await;
     let backup = SimProvider::start_named("backup", flavor).await;
@@ -109,7 +110,9 @@ async fn an_error_as_the_first_event_fails_over() {
         primary.set_default(Behavior::StreamErrorFirst);
         let r = match flavor {
             Flavor::Anthropic => proxy.messages("smart", true).await,
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => proxy.chat("smart", true).await,
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
+                proxy.chat("smart", true).await
+            }
         };
         assert_eq!(r.status(), 200);
         assert_eq!(
@@ -174,7 +177,9 @@ async fn a_break_after_commit_ends_the_stream_with_an_error_event() {
         primary.push(Behavior::BreakMidStream { chunks: 5 });
         let r = match flavor {
             Flavor::Anthropic => proxy.messages("smart", true).await,
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => proxy.chat("smart", true).await,
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
+                proxy.chat("smart", true).await
+            }
         };
         assert_eq!(r.status(), 200);
         let text = r.text().await.unwrap();
