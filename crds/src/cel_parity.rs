@@ -351,6 +351,44 @@ fn credential_rules_agree() {
             false,
         ),
         (
+            "vertex with project and location",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
+            }),
+            true,
+        ),
+        (
+            "vertex without location",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+            }),
+            false,
+        ),
+        (
+            "vertex without project",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["location"], "global");
+            }),
+            false,
+        ),
+        (
+            "project on openai",
+            Box::new(|s| set(s, &["project"], "my-project")),
+            false,
+        ),
+        (
+            "location on gemini",
+            Box::new(|s| {
+                set(s, &["provider"], "gemini");
+                set(s, &["location"], "us-east5");
+            }),
+            false,
+        ),
+        (
             "bedrock with a region, whole Secret",
             Box::new(|s| {
                 set(s, &["provider"], "bedrock");
@@ -383,6 +421,27 @@ fn credential_rules_agree() {
         (
             "openai without a Secret key",
             Box::new(|s| {
+                s["secretRef"].as_mapping_mut().unwrap().remove("key");
+            }),
+            false,
+        ),
+        (
+            "region on vertex",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
+                set(s, &["region"], "us-east-1");
+            }),
+            false,
+        ),
+        (
+            "project and location on bedrock",
+            Box::new(|s| {
+                set(s, &["provider"], "bedrock");
+                set(s, &["region"], "us-east-1");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
                 s["secretRef"].as_mapping_mut().unwrap().remove("key");
             }),
             false,

@@ -330,6 +330,27 @@ pub(crate) fn secret_key(
     path: &str,
     secrets: &SecretIndex,
 ) -> Result<String, KeyProblem> {
+    let key = secret_text(namespace, selector, path, secrets)?;
+    if !fields::is_header_value(&key) {
+        return Err(KeyProblem {
+            field: format!("{path}.key"),
+            message: format!(
+                "key {:?} of Secret {:?} has characters an HTTP header cannot carry",
+                selector.key, selector.name
+            ),
+        });
+    }
+    Ok(key)
+}
+
+/// [`secret_key`] without the header check: for a key that is a document (vertex's
+/// service-account JSON), not a header value.
+pub(crate) fn secret_text(
+    namespace: &str,
+    selector: &SecretKeySelector,
+    path: &str,
+    secrets: &SecretIndex,
+) -> Result<String, KeyProblem> {
     let problem = |field: &str, message: String| KeyProblem {
         field: format!("{path}.{field}"),
         message,
@@ -363,9 +384,6 @@ pub(crate) fn secret_key(
     let key = text.trim();
     if key.is_empty() {
         return Err(unusable("is empty"));
-    }
-    if !fields::is_header_value(key) {
-        return Err(unusable("has characters an HTTP header cannot carry"));
     }
     Ok(key.to_string())
 }

@@ -289,6 +289,11 @@ pub enum Provider {
     /// `streamGenerateContent?alt=sse`, the model in the path, the key in
     /// `x-goog-api-key`): reached through translation from both client surfaces.
     Gemini,
+    /// Google Cloud Vertex AI: a service-account JSON key exchanged for an OAuth
+    /// token; Gemini models through `generateContent`, Anthropic (`claude-*`) models
+    /// through `rawPredict` / `streamRawPredict`. Needs [`Credential::project`] and
+    /// [`Credential::location`].
+    Vertex,
     /// Amazon Bedrock's Converse API (`/model/{modelId}/converse`, ConverseStream in
     /// AWS event-stream framing), requests signed with SigV4 for the credential's
     /// `region` from the access key pair (and session token) in its Secret: reached
@@ -304,6 +309,7 @@ impl Provider {
             Self::OpenaiCompatible => "openai-compatible",
             Self::AzureOpenai => "azure-openai",
             Self::Gemini => "gemini",
+            Self::Vertex => "vertex",
             Self::Bedrock => "bedrock",
         }
     }
@@ -316,7 +322,8 @@ impl Provider {
             Self::Openai => Some("https://api.openai.com/v1"),
             Self::Anthropic => Some("https://api.anthropic.com/v1"),
             Self::Gemini => Some("https://generativelanguage.googleapis.com/v1beta"),
-            Self::OpenaiCompatible | Self::AzureOpenai | Self::Bedrock => None,
+            // vertex's endpoint follows from its location (`vertex_base_url`).
+            Self::OpenaiCompatible | Self::AzureOpenai | Self::Vertex | Self::Bedrock => None,
         }
     }
 
@@ -357,11 +364,30 @@ pub struct Credential {
     /// serve it follows from the provider), and then absent from the JSON.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub responses_api: bool,
+    /// `vertex` only (and always set there): the Google Cloud project ID. `None`
+    /// for other providers, and then absent from the JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// `vertex` only (and always set there): the Vertex AI location, a region such
+    /// as `us-east5` or `global`. `None` for other providers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
     /// `bedrock` only: the AWS region requests are signed for (and whose runtime
     /// endpoint is the default `base_url`). `None` for other providers, and then
     /// absent from the JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+}
+
+/// The Vertex AI endpoint of a location: `https://{location}-aiplatform.googleapis.com/v1`,
+/// or `https://aiplatform.googleapis.com/v1` for `global`. Model paths
+/// (`/projects/{project}/locations/{location}/publishers/...`) are appended to it.
+pub fn vertex_base_url(location: &str) -> String {
+    if location == "global" {
+        "https://aiplatform.googleapis.com/v1".to_string()
+    } else {
+        format!("https://{location}-aiplatform.googleapis.com/v1")
+    }
 }
 
 /// Amazon Bedrock's runtime endpoint in `region`.
@@ -377,14 +403,14 @@ pub const AWS_SESSION_TOKEN: &str = "sessionToken";
 impl Credential {
     /// Can this credential answer the OpenAI Responses API (`POST /responses`)?
     /// openai and azure-openai on its v1 API do; openai-compatible when it declares
-    /// it; anthropic and gemini never. Azure's classic (dated `apiVersion`) paths are not used
+    /// it; anthropic, gemini, vertex and bedrock never. Azure's classic (dated `apiVersion`) paths are not used
     /// for it.
     pub fn serves_responses(&self) -> bool {
         match self.provider {
             Provider::Openai => true,
             Provider::AzureOpenai => self.api_version.is_none(),
             Provider::OpenaiCompatible => self.responses_api,
-            Provider::Anthropic | Provider::Gemini | Provider::Bedrock => false,
+            Provider::Anthropic | Provider::Gemini | Provider::Vertex | Provider::Bedrock => false,
         }
     }
 }

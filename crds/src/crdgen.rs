@@ -384,6 +384,7 @@ mod tests {
                 "openai-compatible",
                 "azure-openai",
                 "gemini",
+                "vertex",
                 "bedrock"
             ])
         );
@@ -400,6 +401,8 @@ mod tests {
         assert_eq!(p["headers"]["maxProperties"], json!(32));
         assert_eq!(p["allowPrivateNetwork"]["type"], "boolean");
         assert_eq!(p["responsesAPI"]["type"], "boolean");
+        assert_eq!(p["project"]["pattern"], "^[a-z][a-z0-9-]{4,28}[a-z0-9]$");
+        assert_eq!(p["location"]["pattern"], "^[a-z][a-z0-9-]{0,62}$");
         assert_eq!(
             rules(spec),
             [
@@ -407,6 +410,10 @@ mod tests {
                 "self.provider != 'azure-openai' || has(self.baseURL)",
                 "!has(self.apiVersion) || self.provider == 'azure-openai'",
                 "!has(self.responsesAPI) || self.provider == 'openai-compatible'",
+                "self.provider != 'vertex' || has(self.project)",
+                "self.provider != 'vertex' || has(self.location)",
+                "!has(self.project) || self.provider == 'vertex'",
+                "!has(self.location) || self.provider == 'vertex'",
                 "!has(self.maxQueue) || has(self.maxConcurrency)",
                 "self.provider != 'bedrock' || has(self.region)",
                 "!has(self.region) || self.provider == 'bedrock'",

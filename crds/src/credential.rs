@@ -38,6 +38,10 @@ use crate::schema;
 #[x_kube(validation = Rule::new("self.provider != 'azure-openai' || has(self.baseURL)").message("baseURL is required for provider azure-openai (https://RESOURCE.openai.azure.com/openai)").field_path(".baseURL"))]
 #[x_kube(validation = Rule::new("!has(self.apiVersion) || self.provider == 'azure-openai'").message("apiVersion is only meaningful for provider azure-openai").field_path(".apiVersion"))]
 #[x_kube(validation = Rule::new("!has(self.responsesAPI) || self.provider == 'openai-compatible'").message("responsesAPI is only meaningful for provider openai-compatible (openai and azure-openai serve the Responses API already)").field_path(".responsesAPI"))]
+#[x_kube(validation = Rule::new("self.provider != 'vertex' || has(self.project)").message("project is required for provider vertex").field_path(".project"))]
+#[x_kube(validation = Rule::new("self.provider != 'vertex' || has(self.location)").message("location is required for provider vertex").field_path(".location"))]
+#[x_kube(validation = Rule::new("!has(self.project) || self.provider == 'vertex'").message("project is only meaningful for provider vertex").field_path(".project"))]
+#[x_kube(validation = Rule::new("!has(self.location) || self.provider == 'vertex'").message("location is only meaningful for provider vertex").field_path(".location"))]
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
 #[x_kube(validation = Rule::new("self.provider != 'bedrock' || has(self.region)").message("region is required for provider bedrock").field_path(".region"))]
 #[x_kube(validation = Rule::new("!has(self.region) || self.provider == 'bedrock'").message("region is only meaningful for provider bedrock").field_path(".region"))]
@@ -48,8 +52,11 @@ pub struct ProviderCredentialSpec {
     /// the OpenAI API: vLLM, Ollama, LiteLLM, ...), azure-openai (Azure OpenAI: the
     /// key goes in the api-key header and a target's model names the deployment) or
     /// gemini (Google AI's native Gemini API: generateContent, the key in the
-    /// x-goog-api-key header) or bedrock (Amazon Bedrock's Converse API, requests
-    /// signed with SigV4 from the access key pair in the Secret). Required.
+    /// x-goog-api-key header), vertex (Google Cloud Vertex AI: project and location
+    /// name the endpoint, the Secret key holds a service-account JSON key exchanged
+    /// for an OAuth token; claude-* models through rawPredict, others through
+    /// generateContent) or bedrock (Amazon Bedrock's Converse API, requests signed
+    /// with SigV4 from the access key pair in the Secret). Required.
     #[schemars(schema_with = "schema::provider")]
     pub provider: String,
 
@@ -57,7 +64,9 @@ pub struct ProviderCredentialSpec {
     /// are appended to it. Default: https://api.openai.com/v1 for openai,
     /// https://api.anthropic.com/v1 for anthropic,
     /// https://generativelanguage.googleapis.com/v1beta for gemini (where
-    /// /models/MODEL:generateContent is appended),
+    /// /models/MODEL:generateContent is appended), https://LOCATION-aiplatform.googleapis.com/v1
+    /// for vertex (https://aiplatform.googleapis.com/v1 for location global; where
+    /// /projects/PROJECT/locations/LOCATION/publishers/... is appended),
     /// https://bedrock-runtime.REGION.amazonaws.com for bedrock (where
     /// /model/MODEL/converse is appended); required for openai-compatible and
     /// for azure-openai, where it is the resource's
@@ -68,7 +77,8 @@ pub struct ProviderCredentialSpec {
     #[schemars(length(max = 2048), regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,
 
-    /// The Secret key holding the API key, in this credential's namespace. Required.
+    /// The Secret key holding the API key, in this credential's namespace (for vertex:
+    /// the service-account JSON key, conventionally key serviceAccount.json). Required.
     /// bedrock takes the whole Secret instead (no key): its data keys accessKeyId,
     /// secretAccessKey and, for temporary credentials, sessionToken.
     pub secret_ref: SecretKeySelector,
@@ -122,6 +132,19 @@ pub struct ProviderCredentialSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub responses_api: Option<bool>,
+
+    /// vertex only, and required there: the Google Cloud project ID (6 to 30
+    /// lowercase letters, digits and hyphens, starting with a letter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$"))]
+    pub project: Option<String>,
+
+    /// vertex only, and required there: the Vertex AI location, a region such as
+    /// us-east5 or europe-west1, or global (lowercase letters, digits and hyphens, at
+    /// most 63 characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-z][a-z0-9-]{0,62}$"))]
+    pub location: Option<String>,
 
     /// bedrock only, and required there: the AWS region whose Bedrock runtime is
     /// called (https://bedrock-runtime.REGION.amazonaws.com) and that requests are

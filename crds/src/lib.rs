@@ -16,6 +16,7 @@ pub mod revision;
 pub mod route;
 pub mod schema;
 pub mod secret;
+pub mod service_account;
 pub mod stats;
 
 #[cfg(test)]

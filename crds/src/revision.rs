@@ -149,6 +149,8 @@ mod tests {
         Credential {
             api_version: None,
             responses_api: false,
+            project: None,
+            location: None,
             region: None,
             id: ObjectId::new("team-a", name),
             provider: Provider::Openai,

@@ -33,6 +33,7 @@ use crate::telemetry::TRACE_TARGET;
 use crate::tenant::ClientUsage;
 use crate::translate::{self, Direction};
 use crate::upstream;
+use crate::vertex;
 use switchback_crds::config::Provider;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -263,16 +264,18 @@ impl Walk<'_, '_> {
             Admit::No if forced => Some(Probe::new(breaker)),
             Admit::No => return self.skip(i, Reason::CircuitOpen),
         };
-        let dir = Direction::for_target(call.surface, t.credential.spec.provider);
+        let provider = t.credential.spec.provider;
+        let dir = direction(t, call);
         let body = match dir {
             Some(d) => {
                 let defaults = translate::Defaults {
                     // Azure OpenAI takes it too (the v1 API, and dated versions since
                     // 2024-09-01-preview), and its reasoning deployments need it.
                     openai_max_completion_tokens: matches!(
-                        t.credential.spec.provider,
+                        provider,
                         Provider::Openai | Provider::AzureOpenai
                     ),
+                    anthropic_on_vertex: provider == Provider::Vertex,
                     ..translate::Defaults::default()
                 };
                 let model = t.spec.upstream_model(call.client_model);
@@ -285,6 +288,11 @@ impl Walk<'_, '_> {
                     }
                 }
             }
+            // Claude on Vertex for an Anthropic client: the model is in the URL.
+            None if provider == Provider::Vertex => match vertex::anthropic_body(&call.body) {
+                Some(b) => b,
+                None => return self.skip(i, Reason::UnsupportedParameter),
+            },
             None => match t.upstream_model_json(call.client_model) {
                 Some(m) => {
                     replace_top_level_model(&call.body, m).unwrap_or_else(|| call.body.clone())
@@ -527,6 +535,15 @@ impl Walk<'_, '_> {
     }
 }
 
+/// The translation a request needs on target `t`: by its provider, and on Vertex by
+/// the model's publisher too.
+fn direction(t: &TargetRt, call: &Call<'_>) -> Option<Direction> {
+    match t.credential.spec.provider {
+        Provider::Vertex => vertex::direction(call.surface, t.model(call.client_model)),
+        p => Direction::for_target(call.surface, p),
+    }
+}
+
 /// The trace span of one upstream attempt (disabled, and free, unless traces are on).
 fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
     let model = t.spec.upstream_model(call.client_model);
@@ -536,6 +553,7 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
         Provider::Openai | Provider::OpenaiCompatible => "openai",
         Provider::AzureOpenai => "azure.ai.openai",
         Provider::Gemini => "gcp.gemini",
+        Provider::Vertex => "gcp.vertex_ai",
         Provider::Bedrock => "aws.bedrock",
     };
     tracing::info_span!(
@@ -561,9 +579,11 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
 /// asking anyone. (Open circuits and full queues are checked as the target is tried.)
 fn skip_reason(gw: &Gateway, route: &RouteRt, t: &TargetRt, surface: Surface) -> Option<Reason> {
     let credential = &t.credential.spec;
-    if !surface.served_by(credential)
-        && Direction::for_target(surface, credential.provider).is_none()
-    {
+    let serves = match credential.provider {
+        Provider::Vertex => vertex::serves(surface),
+        p => surface.served_by(credential) || Direction::for_target(surface, p).is_some(),
+    };
+    if !serves {
         return Some(Reason::UnsupportedSurface);
     }
     if t.credential.headers.is_none() {
@@ -602,11 +622,20 @@ async fn attempt(
         return Attempted::Failed(Failure::bare(Reason::MissingKey));
     };
     let mut headers = auth.clone();
+    let vertex = cred.spec.provider == Provider::Vertex;
+    if let Some(v) = &cred.vertex {
+        match vertex_bearer(v, cred, t, deadline, budget).await {
+            Ok(bearer) => headers.insert(header::AUTHORIZATION, bearer),
+            Err(f) => return Attempted::Failed(f),
+        };
+    }
     headers.insert(X_REQUEST_ID, call.request_id.clone());
     let upstream_wire = dir.map_or(Some(call.surface.wire()), Direction::upstream_wire);
     for name in FORWARDED {
-        // A provider gets only the client headers of its own API (Gemini: none).
+        // A provider gets only the client headers of its own API (Gemini: none;
+        // Claude on Vertex takes its version in the body, see `vertex`).
         let own = match upstream_wire {
+            Some(Wire::Anthropic) if vertex => name == "anthropic-beta",
             Some(Wire::Anthropic) => name != "openai-beta",
             Some(Wire::OpenAi) => !name.as_str().starts_with("anthropic-"),
             None => false,
@@ -621,6 +650,8 @@ async fn attempt(
     );
     crate::telemetry::propagate(span, call.client_headers, &mut headers);
     let uri = match dir.map_or(Some(call.surface), Direction::upstream_surface) {
+        // Gemini and Vertex: the model and the method are in the URL.
+        _ if vertex => t.model_url(call.client_model, call.stream),
         Some(surface) => t.url(surface, call.client_model),
         // Gemini, Bedrock: the model and the method are in the URL.
         None => t.model_url(call.client_model, call.stream),
@@ -760,10 +791,33 @@ async fn attempt(
             // Classified on the provider's own words; relayed in the client's shape.
             body: match dir {
                 Some(d) => translate::error(d, code, &body),
+                // Claude on Vertex: the platform's refusals are Google-shaped.
+                None if vertex => translate::anthropic_error(code, &body).unwrap_or(body),
                 None => body,
             },
         }),
     })
+}
+
+/// A vertex request's `authorization`: the credential's token, cached or exchanged
+/// (through the credential's own client, so its network guard) before `deadline`.
+/// Any failure to get one is an `authError` (SPEC §10), logged without key material;
+/// only the call's budget running out is not.
+async fn vertex_bearer(
+    auth: &vertex::Auth,
+    cred: &crate::snapshot::CredentialRt,
+    t: &TargetRt,
+    deadline: Instant,
+    budget: Instant,
+) -> Result<HeaderValue, Failure> {
+    let error = match timeout_at(deadline, auth.bearer(cred.client.here())).await {
+        Ok(Ok(bearer)) => return Ok(bearer),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) if Instant::now() >= budget => return Err(Failure::bare(Reason::Budget)),
+        Err(_) => "no token before the attempt's deadline".to_owned(),
+    };
+    tracing::warn!(target_credential = %t.label, error = %error, "vertex token exchange failed");
+    Err(Failure::bare(Reason::AuthError))
 }
 
 /// A unary 2xx, read whole: usage counted, then given the client's `model` or
@@ -896,6 +950,12 @@ fn finish_failed(
             StatusCode::SERVICE_UNAVAILABLE,
             "no_available_target",
             "no target of this route can take the request".into(),
+        ),
+        // No answer to relay: Vertex's token exchange failed.
+        Reason::AuthError if failure.answer.is_none() && failure.status.is_none() => (
+            StatusCode::BAD_GATEWAY,
+            "upstream_auth_error",
+            "the gateway could not get an access token for the provider".into(),
         ),
         // A 4xx class that came without an answer to relay (an in-band stream error).
         Reason::ContextLength | Reason::AuthError | Reason::ClientError | Reason::ContentFilter => {

@@ -345,6 +345,8 @@ mod tests {
             credentials: vec![Credential {
                 api_version: None,
                 responses_api: false,
+                project: None,
+                location: None,
                 region: None,
                 id: credential,
                 provider: Provider::Openai,

@@ -35,6 +35,7 @@ pub mod telemetry;
 pub mod tenant;
 pub mod translate;
 pub mod upstream;
+pub mod vertex;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

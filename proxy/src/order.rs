@@ -89,6 +89,8 @@ pub(crate) mod tests {
             spec: Credential {
                 api_version: None,
                 responses_api: false,
+                project: None,
+                location: None,
                 region: None,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
@@ -110,6 +112,7 @@ pub(crate) mod tests {
                 "http://x/d".parse().unwrap(),
             ],
             headers: None,
+            vertex: None,
             key: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,

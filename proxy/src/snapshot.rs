@@ -29,6 +29,7 @@ use crate::tenant::{
     ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, Spent, WallClock,
 };
 use crate::upstream::{self, Clients};
+use crate::vertex;
 
 /// Runtime facts about one target (credential + upstream model), shared by every
 /// route and snapshot that uses it, updated from the request path without holding a
@@ -152,6 +153,9 @@ struct CarriedMaps {
     client_routes: HashMap<(ObjectId, ObjectId), Arc<RouteTokens>>,
     /// Keyed by the shares too: new shares (limits or replicas changed) start fresh.
     client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
+    /// Vertex OAuth tokens, by credential and a hash of its service-account key: a
+    /// reload that keeps the key keeps the token, a rotated key starts without one.
+    tokens: HashMap<(ObjectId, u64), Arc<vertex::TokenCache>>,
 }
 
 impl Carried {
@@ -216,8 +220,11 @@ pub struct CredentialRt {
     pub target_header: HeaderValue,
     /// Upstream URL per surface (indexed by `Surface::index`).
     pub urls: PerSurface,
-    /// Static headers plus the auth header; `None` when the key is missing.
+    /// Static headers plus the auth header; `None` when the key is missing. (Vertex:
+    /// without the auth header, which each request gets from `vertex`.)
     pub headers: Option<HeaderMap>,
+    /// Vertex only, with its key: the signer and token cache that authorise requests.
+    pub vertex: Option<vertex::Auth>,
     /// The key itself, only to mask it in provider error bodies relayed to clients
     /// (some echo it back); `None` when missing. For bedrock, the secret access key.
     pub key: Option<Secret<String>>,
@@ -245,10 +252,12 @@ pub struct TargetRt {
     /// deployments this target names (`model`, the `modelMap` values), made once.
     /// A deployment named by the client (neither set) is made per request.
     pub deployment_urls: HashMap<String, PerSurface>,
-    /// gemini and bedrock: the unary and streamed URLs of the models this target
-    /// names (`model`, the `modelMap` values), made once (`generateContent` /
-    /// `streamGenerateContent?alt=sse`, `converse` / `converse-stream`). A model
-    /// named by the client (neither set) is made per request.
+    /// gemini, vertex and bedrock, whose URLs name the model: the unary and stream
+    /// URLs (`generateContent` and `streamGenerateContent?alt=sse`; for Claude on
+    /// vertex `rawPredict` and `streamRawPredict`; bedrock's `converse` and
+    /// `converse-stream`) of the models this target names (`model`, the `modelMap`
+    /// values), made once. A model named by the client (neither set) is made per
+    /// request.
     pub model_urls: HashMap<String, [http::Uri; 2]>,
 }
 
@@ -283,10 +292,8 @@ impl TargetRt {
 }
 
 impl TargetRt {
-    /// Where a Gemini or Bedrock request for `client_model` goes: the model's
-    /// `generateContent` / `converse`, or `streamGenerateContent?alt=sse` /
-    /// `converse-stream` for a stream (`None` only for a model name no URL can
-    /// carry).
+    /// Where a Gemini, Vertex or Bedrock request for `client_model` goes (see
+    /// [`CredentialRt::model_url`]; `None` only for a model name no URL can carry).
     pub fn model_url(&self, client_model: &str, stream: bool) -> Option<http::Uri> {
         let model = self.model(client_model);
         match self.model_urls.get(model) {
@@ -308,11 +315,13 @@ fn push_segment(url: &mut String, s: &str) {
 }
 
 impl CredentialRt {
-    /// The URL of a provider that names the model in its path: Gemini's or
-    /// Bedrock's; `None` for the others.
+    /// The URL of a provider that names the model in it: Gemini's
+    /// ([`CredentialRt::gemini_url`]), Vertex's ([`vertex::url`]) or Bedrock's
+    /// ([`CredentialRt::bedrock_url`]). `None` for other providers.
     pub fn model_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
         match self.spec.provider {
             Provider::Gemini => self.gemini_url(model, stream),
+            Provider::Vertex => vertex::url(&self.spec, model, stream),
             Provider::Bedrock => self.bedrock_url(model, stream),
             _ => None,
         }
@@ -538,9 +547,16 @@ pub fn prepare(
                 .or_insert_with(|| Arc::new(Limiter::new(max, queue)))
                 .clone()
         });
+        let tokens = match compiled.keys.get(&c.id) {
+            Some(key) if c.provider == Provider::Vertex => {
+                let key = (c.id.clone(), key_hash(key.expose()));
+                Some(carried(&mut maps.tokens, key))
+            }
+            _ => None,
+        };
         credentials.insert(
             c.id.clone(),
-            Arc::new(prepare_credential(c, compiled, clients, limiter)?),
+            Arc::new(prepare_credential(c, compiled, clients, limiter, tokens)?),
         );
     }
     let mut routes = HashMap::new();
@@ -585,7 +601,7 @@ pub fn prepare(
                     .collect(),
                 model_urls: if matches!(
                     credential.spec.provider,
-                    Provider::Gemini | Provider::Bedrock
+                    Provider::Gemini | Provider::Vertex | Provider::Bedrock
                 ) {
                     t.model
                         .iter()
@@ -635,6 +651,7 @@ pub fn prepare(
     prune(&mut maps.route_targets);
     prune(&mut maps.limiters);
     prune(&mut maps.client_limits);
+    prune(&mut maps.tokens);
     Ok(Snapshot {
         config: compiled.config.clone(),
         auth_required,
@@ -653,6 +670,14 @@ fn fingerprint(c: &Credential, compiled: &Compiled) -> u64 {
     (c.provider, &c.base_url, &c.headers, &c.api_version).hash(&mut h);
     compiled.keys.get(&c.id).map(|k| k.expose()).hash(&mut h);
     h.finish().max(1)
+}
+
+/// A hash of a key's text, to tell a rotated key from the one a token was made with.
+fn key_hash(key: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
 }
 
 /// Each client that can authenticate, with the model names of the routes it may call.
@@ -773,6 +798,7 @@ fn prepare_credential(
     compiled: &Compiled,
     clients: &Clients,
     limiter: Option<Arc<Limiter>>,
+    tokens: Option<Arc<vertex::TokenCache>>,
 ) -> Result<CredentialRt, PrepareError> {
     let err = |field: &'static str, message: String| PrepareError::Credential {
         credential: c.id.clone(),
@@ -797,6 +823,23 @@ fn prepare_credential(
             })
     };
     let urls = per_surface(url)?;
+    // A vertex key is a service-account JSON key, never a header: each request gets
+    // an OAuth token for it (`vertex::Auth`). A key that cannot sign (compile checks
+    // its shape, not that it is RSA) leaves the target without a key: skipped as
+    // missingKey, the reason logged.
+    let vertex = match (compiled.keys.get(&c.id), tokens) {
+        (Some(key), Some(cache)) if c.provider == Provider::Vertex => {
+            match vertex::Auth::new(key.expose(), cache) {
+                Ok(auth) => Some(auth),
+                Err(e) => {
+                    tracing::warn!(credential = %c.id, error = %e,
+                        "vertex credential skipped: its service-account key cannot sign");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     // bedrock: the Secret's keys sign each request; there is no key header.
     let aws = match c.provider {
         Provider::Bedrock => compiled.keys.get(&c.id).and_then(AwsKeys::decode),
@@ -807,6 +850,7 @@ fn prepare_credential(
         .map(|k| crate::aws::Signer::new(k, c.region.as_deref().unwrap_or("us-east-1")));
     let headers = match compiled.keys.get(&c.id) {
         None => None,
+        Some(_) if c.provider == Provider::Vertex && vertex.is_none() => None,
         Some(_) if c.provider == Provider::Bedrock && aws.is_none() => None,
         Some(key) => {
             // Room for the auth headers, accept-encoding, and for what each upstream
@@ -829,28 +873,30 @@ fn prepare_credential(
                 })?;
                 h.insert(n, v);
             }
-            let (name, value) = match c.provider {
+            let auth = match c.provider {
                 Provider::Anthropic => {
                     h.insert(
                         "anthropic-version",
                         HeaderValue::from_static(ANTHROPIC_VERSION),
                     );
-                    ("x-api-key", key.expose().clone())
+                    Some(("x-api-key", key.expose().clone()))
                 }
                 Provider::Openai | Provider::OpenaiCompatible => {
-                    ("authorization", format!("Bearer {}", key.expose()))
+                    Some(("authorization", format!("Bearer {}", key.expose())))
                 }
                 // Azure OpenAI's key header; never `Authorization` (Azure reads that
                 // as an Entra ID token and refuses a key there).
-                Provider::AzureOpenai => ("api-key", key.expose().clone()),
+                Provider::AzureOpenai => Some(("api-key", key.expose().clone())),
                 // Google AI's key header (never `?key=` in the URL, which would put
                 // the key in access logs).
-                Provider::Gemini => ("x-goog-api-key", key.expose().clone()),
+                Provider::Gemini => Some(("x-goog-api-key", key.expose().clone())),
+                // Per request, from the token cache (`vertex` above).
+                Provider::Vertex => None,
                 // Signed per request (`crate::aws`): no key header.
-                Provider::Bedrock => ("", String::new()),
+                Provider::Bedrock => None,
             };
-            // The message never includes the value: it is key material.
-            if !name.is_empty() {
+            if let Some((name, value)) = auth {
+                // The message never includes the value: it is key material.
                 let mut v = HeaderValue::from_str(&value).map_err(|_| {
                     err(
                         "secretRef",
@@ -874,6 +920,7 @@ fn prepare_credential(
         target_header: header_value(&c.id.to_string()),
         urls,
         headers,
+        vertex,
         key: match &aws {
             Some(k) => Some(k.secret_access_key.clone()),
             None => compiled.keys.get(&c.id).cloned(),

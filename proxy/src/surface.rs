@@ -232,6 +232,8 @@ mod tests {
             },
             api_version: api_version.map(str::to_owned),
             responses_api,
+            project: None,
+            location: None,
             region: None,
         }
     }

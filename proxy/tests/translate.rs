@@ -124,6 +124,7 @@ fn run_case(dir: &Path, direction: Direction, upstream_model: &str, file: &str) 
             let defaults = Defaults {
                 max_tokens: o["max_tokens"].as_u64().map_or(4096, |n| n as u32),
                 openai_max_completion_tokens: o["openai_max_completion_tokens"] == true,
+                anthropic_on_vertex: o["anthropic_on_vertex"] == true,
             };
             let got = translate::request(direction, &input, upstream_model, &defaults)
                 .unwrap_or_else(|e| panic!("{file}: {e}"));

@@ -22,9 +22,10 @@
 //! `POST /v1/responses` (the Responses API, see [`responses`]), `GET /v1/models`; Anthropic flavor serves `POST /v1/messages`, `GET /v1/models`;
 //! Azure flavor serves Azure OpenAI's paths under `/openai` and is strict, see
 //! [`Flavor::Azure`]; Gemini flavor serves Google AI's `generateContent` under
-//! `/v1beta` and is strict too, see [`Flavor::Gemini`]; Bedrock flavor serves
-//! Converse / ConverseStream (SigV4 checked, AWS event-stream framing) and is strict
-//! too, see [`Flavor::Bedrock`].
+//! `/v1beta` and is strict too, see [`Flavor::Gemini`]; Vertex flavor serves Vertex
+//! AI's Claude and Gemini endpoints and an OAuth token endpoint, strict too, see
+//! [`Flavor::Vertex`]; Bedrock flavor serves Converse / ConverseStream (SigV4
+//! checked, AWS event-stream framing) and is strict too, see [`Flavor::Bedrock`].
 //! Any other path still consumes a behaviour; answering behaviours turn into a 404 in
 //! the flavor's error shape there, failure behaviours fail as scripted.
 
@@ -46,6 +47,10 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinSet};
+
+/// A Vertex request is rendered as its publisher's flavor (see [`Flavor::Vertex`]):
+/// `ctx.flavor` is never `Vertex`.
+const RENDERED_AS_PUBLISHER: &str = "sim: a Vertex request renders as Anthropic or Gemini";
 
 /// Fixed `created` timestamp (seconds) in every OpenAI object, for comparable bodies.
 pub const CREATED: u64 = 1_700_000_000;
@@ -103,6 +108,17 @@ pub enum Flavor {
     /// filters (a 200 without candidates), [`Behavior::FilteredAnswer`] an answer
     /// stopped for `SAFETY`.
     Gemini,
+    /// Google Cloud Vertex AI, strict (see the `vertex` module): an OAuth token
+    /// endpoint (`POST /token`, the JWT bearer grant, verified against the key of
+    /// [`SimProvider::service_account_json`]) and the model endpoints under
+    /// `/v1/projects/{VERTEX_PROJECT}/locations/{VERTEX_LOCATION}/publishers/`:
+    /// `anthropic/models/{model}:rawPredict` / `:streamRawPredict` (the Anthropic
+    /// wire with `anthropic_version` and no `model`) and
+    /// `google/models/{model}:generateContent` / `:streamGenerateContent?alt=sse`
+    /// (the Gemini wire), each refusing a missing, unknown or expired bearer token.
+    /// Answers render as [`Flavor::Anthropic`] or [`Flavor::Gemini`] by publisher;
+    /// errors are Google's ([`vertex_error_body`]).
+    Vertex,
     /// Amazon Bedrock's runtime Converse API, strict (see the `bedrock` module for
     /// what it refuses, the SigV4 check included): `POST /model/{modelId}/converse`
     /// and `/converse-stream`, answers `ConverseResponse`s ([`bedrock_response`]),
@@ -491,6 +507,8 @@ impl Drop for Inner {
 struct State {
     name: String,
     flavor: Flavor,
+    /// Vertex flavor: its token endpoint.
+    vertex: Option<vertex::VertexState>,
     /// Azure flavor: the deployments that exist.
     deployments: Mutex<Vec<String>>,
     queue: Mutex<VecDeque<Behavior>>,
@@ -537,6 +555,7 @@ impl SimProvider {
         let state = Arc::new(State {
             name: name.into(),
             flavor,
+            vertex: (flavor == Flavor::Vertex).then(|| vertex::VertexState::new(addr)),
             deployments: Mutex::new(AZURE_DEPLOYMENTS.map(String::from).to_vec()),
             queue: Mutex::new(VecDeque::new()),
             default: Mutex::new(Behavior::Answer),
@@ -576,6 +595,7 @@ impl SimProvider {
             Flavor::Azure => format!("http://{}/openai", self.inner.addr),
             Flavor::Gemini => format!("http://{}/v1beta", self.inner.addr),
             Flavor::Bedrock => format!("http://{}", self.inner.addr),
+            // Vertex AI's `https://{location}-aiplatform.googleapis.com/v1`.
             _ => format!("http://{}/v1", self.inner.addr),
         }
     }
@@ -591,11 +611,60 @@ impl SimProvider {
                 "{}/models/gemini-2.5-flash:generateContent",
                 self.base_url()
             ),
+            Flavor::Vertex => format!(
+                "{}/projects/{VERTEX_PROJECT}/locations/{VERTEX_LOCATION}/publishers/google/models/gemini-2.5-flash:generateContent",
+                self.base_url()
+            ),
             Flavor::Bedrock => format!(
                 "{}/model/anthropic.claude-sonnet-4-v1%3A0/converse",
                 self.base_url()
             ),
         }
+    }
+
+    fn vertex(&self) -> &vertex::VertexState {
+        self.inner
+            .state
+            .vertex
+            .as_ref()
+            .expect("sim: a Vertex flavor simulator")
+    }
+
+    /// Vertex flavor: a service-account JSON key file whose `token_uri` is this
+    /// simulator's token endpoint and whose key it verifies JWTs against.
+    pub fn service_account_json(&self) -> String {
+        self.vertex().service_account_json()
+    }
+
+    /// Vertex flavor: `http://127.0.0.1:PORT/token`.
+    pub fn token_uri(&self) -> String {
+        self.vertex().token_uri().to_owned()
+    }
+
+    /// Vertex flavor: queues what the token endpoint does with the next valid grant.
+    pub fn push_token(&self, b: TokenBehavior) {
+        self.vertex().push(b);
+    }
+
+    /// Vertex flavor: what the token endpoint does when its queue is empty
+    /// (initially [`TokenBehavior::Issue`]).
+    pub fn set_token_default(&self, b: TokenBehavior) {
+        self.vertex().set_default(b);
+    }
+
+    /// Vertex flavor: `expires_in` of the tokens issued from now on (seconds).
+    pub fn set_token_lifetime(&self, secs: u64) {
+        self.vertex().set_lifetime(secs);
+    }
+
+    /// Vertex flavor: requests to the token endpoint so far (not counted as hits).
+    pub fn token_requests(&self) -> usize {
+        self.vertex().requests()
+    }
+
+    /// Vertex flavor: every access token issued so far.
+    pub fn issued_tokens(&self) -> Vec<String> {
+        self.vertex().issued()
     }
 
     /// Azure flavor: the deployments that exist from now on (others get 404
@@ -748,7 +817,10 @@ enum Endpoint {
 
 /// What the renderers need to know about the request.
 struct Ctx {
+    /// How answers are rendered (Vertex: its publisher's flavor).
     flavor: Flavor,
+    /// Whose error bodies failing behaviours answer with (Vertex: its own).
+    errors: Flavor,
     name: String,
     endpoint: Endpoint,
     model: String,
@@ -778,12 +850,24 @@ async fn handle(
         .uri
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
-    let flavor = state.flavor;
-    // Gemini and Bedrock name the model and whether to stream in the path.
+    let mut flavor = state.flavor;
+    if let Some(v) = &state.vertex
+        && parts.uri.path() == "/token"
+    {
+        // The token endpoint: counted apart, no behaviour taken.
+        return Ok(v.token(&parts.method, &parts.headers, &body).await);
+    }
+    // Gemini, Vertex and Bedrock name the model and whether to stream in the path.
     let mut from_path = None;
     let mut bedrock_refusal = None;
     let (endpoint, refusal) = if flavor == Flavor::Azure {
         azure_route(&state, &parts, json.as_ref())
+    } else if let Some(v) = &state.vertex {
+        let r = vertex::route(v, &parts, json.as_ref());
+        from_path = Some((r.model, r.stream));
+        // Answers render as the publisher's API does.
+        flavor = r.render;
+        (r.endpoint, r.refusal)
     } else if flavor == Flavor::Gemini {
         let (endpoint, model, stream, refusal) = gemini::route(&parts, json.as_ref());
         from_path = Some((model, stream));
@@ -817,6 +901,7 @@ async fn handle(
     };
     let mut ctx = Ctx {
         flavor,
+        errors: state.flavor,
         name: state.name.clone(),
         endpoint,
         model: field("model")
@@ -1045,6 +1130,7 @@ async fn respond(
         }
         Behavior::StreamErrorFirst => {
             let event = match flavor {
+                Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
                 Flavor::OpenAi | Flavor::Azure => openai_sse(&openai_error(
                     "The server is overloaded. Please try again later.",
                     "server_error",
@@ -1077,6 +1163,7 @@ async fn respond(
         Behavior::OpeningThenError => {
             let mut events = opening_events(ctx);
             events.push(match flavor {
+                Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
                 Flavor::OpenAi | Flavor::Azure => openai_sse(&openai_error(
                     "The server is overloaded. Please try again later.",
                     "server_error",
@@ -1104,6 +1191,7 @@ async fn respond(
         Behavior::Unusable(kind) => {
             guard.finish();
             let whole = match flavor {
+                Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
                 _ if ctx.endpoint == Endpoint::Responses => {
                     responses::response_object(&ctx.model, Some(&answer_text(&ctx.name)))
                 }
@@ -1146,7 +1234,7 @@ async fn respond(
         }
         Behavior::RateLimitedRaw(value) => {
             guard.finish();
-            let mut resp = json_response(ctx, 429, &error_body(flavor, 429));
+            let mut resp = json_response(ctx, 429, &error_body(ctx.errors, 429));
             let value = HeaderValue::from_str(&value).expect("sim: Retry-After header value");
             resp.headers_mut().insert(header::RETRY_AFTER, value);
             resp
@@ -1162,7 +1250,7 @@ async fn respond(
                     let is_json = serde_json::from_str::<Value>(&b).is_ok();
                     (b, is_json)
                 }
-                None => (error_body(flavor, status).to_string(), true),
+                None => (error_body(ctx.errors, status).to_string(), true),
             };
             let mut resp = plain(ctx, status, body, json);
             if let Some(ra) = retry_after {
@@ -1173,18 +1261,18 @@ async fn respond(
         }
         Behavior::RateLimited { retry_after_secs } => {
             guard.finish();
-            let mut resp = json_response(ctx, 429, &error_body(flavor, 429));
+            let mut resp = json_response(ctx, 429, &error_body(ctx.errors, 429));
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
             resp
         }
         Behavior::ServerError(status) => {
             guard.finish();
-            json_response(ctx, status, &error_body(flavor, status))
+            json_response(ctx, status, &error_body(ctx.errors, status))
         }
         Behavior::RateLimitedMs { ms, header, secs } => {
             guard.finish();
-            let mut resp = json_response(ctx, 429, &error_body(flavor, 429));
+            let mut resp = json_response(ctx, 429, &error_body(ctx.errors, 429));
             resp.headers_mut().insert(header, HeaderValue::from(ms));
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -1269,6 +1357,7 @@ fn opening_events(ctx: &Ctx) -> Vec<String> {
     }
     let mut events = stream_events(ctx, &[]);
     events.truncate(match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
         // Created, in progress, the empty message and its empty text part.
         _ if ctx.endpoint == Endpoint::Responses => 4,
         Flavor::OpenAi => 1,
@@ -1329,6 +1418,7 @@ fn endless_line(ctx: &Ctx, events: usize, guard: CancelGuard) -> Response<Body> 
 fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Response<Body> {
     guard.finish();
     let whole = match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
         Flavor::OpenAi | Flavor::Azure => openai_completion(&ctx.model, "@@TEXT@@"),
         Flavor::Anthropic => anthropic_message(&ctx.model, "@@TEXT@@"),
         Flavor::Gemini => gemini_response(&ctx.model, "@@TEXT@@", "STOP"),
@@ -1500,7 +1590,7 @@ fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
         Endpoint::Models => models_list(ctx.flavor, &SIM_MODELS),
         Endpoint::Unknown => {
             guard.finish();
-            return json_response(ctx, 404, &error_body(ctx.flavor, 404));
+            return json_response(ctx, 404, &error_body(ctx.errors, 404));
         }
     };
     guard.finish();
@@ -1518,6 +1608,7 @@ fn tool_call(
     let body = match (ctx.endpoint, ctx.flavor) {
         (Endpoint::Chat | Endpoint::Messages | Endpoint::Generate, _) if ctx.stream => {
             let events = match ctx.flavor {
+                Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
                 Flavor::OpenAi => openai_tool_call_stream_events(
                     &ctx.model,
                     text,
@@ -1554,6 +1645,7 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
         return responses::stream_events(&ctx.model, pieces);
     }
     match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
         Flavor::OpenAi => openai_stream_events(&ctx.model, pieces, ctx.include_usage),
         Flavor::Anthropic => anthropic_stream_events(&ctx.model, pieces),
         Flavor::Azure => azure_stream(openai_stream_events(&ctx.model, pieces, ctx.include_usage)),
@@ -1566,6 +1658,7 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
 /// proxy must not relay.
 fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
     let id_header = match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
         Flavor::OpenAi | Flavor::Azure => "x-request-id",
         Flavor::Anthropic => "request-id",
         // Google sends no request id header of its own; a debug id stands in.
@@ -1656,6 +1749,7 @@ fn sse(
         }
     });
     let content_type = match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
         Flavor::OpenAi | Flavor::Azure => "text/event-stream; charset=utf-8",
         Flavor::Anthropic | Flavor::Gemini => "text/event-stream",
         Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
@@ -2091,7 +2185,8 @@ pub fn openai_embeddings(model: &str, inputs: usize) -> Value {
     })
 }
 
-/// `GET /v1/models` list in the flavor's shape.
+/// `GET /v1/models` list in the flavor's shape (Vertex lists no models: Google's
+/// shape).
 pub fn models_list(flavor: Flavor, ids: &[&str]) -> Value {
     match flavor {
         Flavor::OpenAi | Flavor::Azure => json!({
@@ -2109,7 +2204,7 @@ pub fn models_list(flavor: Flavor, ids: &[&str]) -> Value {
             "first_id": ids.first(),
             "last_id": ids.last()
         }),
-        Flavor::Gemini => gemini_models(ids),
+        Flavor::Gemini | Flavor::Vertex => gemini_models(ids),
         // The Bedrock runtime lists no models (the control plane does).
         Flavor::Bedrock => {
             json!({"modelSummaries": ids.iter().map(|id| json!({"modelId": id})).collect::<Vec<_>>()})
@@ -2131,6 +2226,7 @@ pub fn anthropic_error(kind: &str, message: &str) -> Value {
 pub fn error_body(flavor: Flavor, status: u16) -> Value {
     match flavor {
         Flavor::Gemini => gemini_error_body(status),
+        Flavor::Vertex => vertex_error_body(status),
         Flavor::Bedrock => bedrock_error_body(status),
         Flavor::Azure => match status {
             401 => azure_error(
@@ -2352,6 +2448,11 @@ mod bedrock;
 pub use bedrock::*;
 mod gemini;
 pub use gemini::*;
+mod vertex;
+pub use vertex::{
+    TokenBehavior, VERTEX_ANTHROPIC_VERSION, VERTEX_CLIENT_EMAIL, VERTEX_LOCATION, VERTEX_PROJECT,
+    VERTEX_SCOPE, VERTEX_TOKEN_LIFETIME, vertex_error_body,
+};
 pub mod responses;
 pub use responses::RESPONSES_MODELS;
 

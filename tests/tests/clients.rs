@@ -34,6 +34,7 @@ async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProx
         Flavor::Gemini => "gemini",
         Flavor::Bedrock => unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs"),
         Flavor::Anthropic => "anthropic",
+        Flavor::Vertex => "vertex",
     };
     let manifests = [
         credential("primary", provider, &primary.base_url(), "sk-primary"),

@@ -321,6 +321,46 @@ fn the_gemini_example_compiles_to_a_gemini_target_first() {
     assert_eq!(route.fallback.max_retry_after_ms, 20_000);
 }
 
+/// `crds/examples/vertex.yaml` compiles: a vertex credential on its location's
+/// endpoint, with project and location, and the service-account JSON as its key.
+#[test]
+fn the_vertex_example_compiles_to_a_vertex_credential() {
+    use switchback_crds::config::Provider;
+    use switchback_crds::service_account::ServiceAccount;
+    let file = workspace().join("crds/examples/vertex.yaml");
+    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+        &file,
+        &switchback_proxy::auth::Auth::default(),
+    )
+    .expect("compiles");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let vertex = compiled
+        .config
+        .credentials
+        .iter()
+        .find(|c| c.id.name == "vertex-prod")
+        .expect("vertex-prod");
+    assert_eq!(vertex.provider, Provider::Vertex);
+    assert_eq!(
+        vertex.base_url,
+        "https://us-east5-aiplatform.googleapis.com/v1"
+    );
+    assert_eq!(vertex.project.as_deref(), Some("my-project"));
+    assert_eq!(vertex.location.as_deref(), Some("us-east5"));
+    let key = compiled
+        .keys
+        .get(&vertex.id)
+        .expect("the service-account key");
+    let sa = ServiceAccount::parse(key.expose()).expect("parses");
+    assert_eq!(sa.token_uri, "https://oauth2.googleapis.com/token");
+    let route = &compiled.config.routes[0];
+    assert_eq!(
+        route.targets[0].upstream_model("smart"),
+        "claude-sonnet-4-5"
+    );
+    assert_eq!(route.targets[0].upstream_model("fast"), "gemini-2.5-flash");
+}
+
 /// `crds/examples/bedrock.yaml` compiles to what its comments say: a bedrock
 /// credential on its region's runtime endpoint, its keys read from the whole Secret
 /// (and shown nowhere in the config), Bedrock model ids by the name the client sent.

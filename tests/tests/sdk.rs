@@ -297,6 +297,7 @@ impl Sims {
                     unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs")
                 }
                 Flavor::Anthropic => "anthropic",
+                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             };
             let key = format!("sk-upstream-{}", sim.name());
             m += &credential(sim.name(), provider, &sim.base_url(), &key);
@@ -658,6 +659,7 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                     );
                     assert_eq!(r.header("x-api-key"), None, "{}", sim.name());
                 }
+                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             }
             for (name, value) in &r.headers {
                 let value = String::from_utf8_lossy(value.as_bytes());
@@ -674,12 +676,14 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                 Flavor::Gemini => r.header("x-goog-api-key").map(|k| format!("Bearer {k}")),
                 Flavor::Bedrock => unreachable!("no bedrock in this chain"),
                 Flavor::Anthropic => r.header("x-api-key").map(str::to_owned),
+                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             };
             let want = match sim.flavor() {
                 Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
                     format!("Bearer {key}")
                 }
                 Flavor::Anthropic => key,
+                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             };
             assert_eq!(auth.as_deref(), Some(want.as_str()), "{}", sim.name());
         }

@@ -1,6 +1,7 @@
 //! ProviderCredential → [`Credential`]: provider, base URL (with the private-network
 //! guard), static headers, concurrency limits, and the key from its Secret (for
-//! bedrock: its region and the access key pair read from the whole Secret).
+//! vertex: its project, location and service-account JSON key; for bedrock: its region
+//! and the access key pair read from the whole Secret).
 //!
 //! A missing Secret or key does not reject the credential: it is kept with a Warning
 //! and no key, so routes keep their other targets and pick this one up as soon as the
@@ -12,12 +13,13 @@ use crate::compile::fields::{self, Checker};
 use crate::compile::{Diagnostic, Kind, SecretIndex, Severity, reason};
 use crate::config::{
     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AwsKeys, Credential, ObjectId,
-    Provider, SecretKeyRef, bedrock_base_url,
+    Provider, SecretKeyRef, bedrock_base_url, vertex_base_url,
 };
 use crate::credential::ProviderCredentialSpec;
 use crate::network;
 use crate::schema::{MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_NAME_LEN, MAX_URL_LEN};
 use crate::secret::Secret;
+use crate::service_account::ServiceAccount;
 
 /// What routes need to know about one credential.
 pub(crate) struct Outcome {
@@ -38,12 +40,13 @@ impl Outcome {
     }
 }
 
-const PROVIDERS: [(&str, Provider); 6] = [
+const PROVIDERS: [(&str, Provider); 7] = [
     ("openai", Provider::Openai),
     ("anthropic", Provider::Anthropic),
     ("openai-compatible", Provider::OpenaiCompatible),
     ("azure-openai", Provider::AzureOpenai),
     ("gemini", Provider::Gemini),
+    ("vertex", Provider::Vertex),
     ("bedrock", Provider::Bedrock),
 ];
 
@@ -79,8 +82,12 @@ pub(crate) fn compile(
     let allow_private_network = spec.allow_private_network.unwrap_or(false);
     let bedrock = provider == Some(Provider::Bedrock);
     let region = region(&mut c, provider, spec.region.as_deref());
+    let (project, location) = vertex_place(&mut c, provider, spec);
     let base_url = match (&spec.base_url, provider) {
         (Some(raw), _) => base_url(&mut c, "spec.baseURL", raw, allow_private_network),
+        (None, Some(Provider::Vertex)) => {
+            location.as_deref().map(vertex_base_url).unwrap_or_default()
+        }
         (None, Some(Provider::Bedrock)) => {
             region.as_deref().map(bedrock_base_url).unwrap_or_default()
         }
@@ -149,11 +156,13 @@ pub(crate) fn compile(
         };
     };
 
-    let found = if bedrock {
-        aws_keys(&id.namespace, &spec.secret_ref.name, secrets).map(|k| k.encode())
-    } else {
-        super::secret_key(&id.namespace, &spec.secret_ref, "spec.secretRef", secrets)
-            .map(Secret::new)
+    let (namespace, selector, path) = (&id.namespace, &spec.secret_ref, "spec.secretRef");
+    let found = match provider {
+        Provider::Bedrock => aws_keys(namespace, &selector.name, secrets).map(|k| k.encode()),
+        Provider::Vertex => {
+            vertex_key(namespace, selector, path, secrets, allow_private_network).map(Secret::new)
+        }
+        _ => super::secret_key(namespace, selector, path, secrets).map(Secret::new),
     };
     let (key, key_problem) = match found {
         Ok(key) => (Some(key), None),
@@ -182,11 +191,113 @@ pub(crate) fn compile(
             },
             api_version,
             responses_api: spec.responses_api.unwrap_or(false),
+            project,
+            location,
             region,
         }),
         key,
         key_problem,
         diagnostics: c.diagnostics,
+    }
+}
+
+/// `spec.project` and `spec.location`: required for vertex, refused elsewhere (the
+/// CRD's CEL rules and patterns say the same).
+fn vertex_place(
+    c: &mut Checker,
+    provider: Option<Provider>,
+    spec: &ProviderCredentialSpec,
+) -> (Option<String>, Option<String>) {
+    let vertex = provider == Some(Provider::Vertex);
+    let mut field = |name: &str, raw: Option<&String>, valid: fn(&str) -> bool, what: &str| {
+        let path = format!("spec.{name}");
+        match raw {
+            None if vertex => {
+                c.invalid(&path, "is required for provider vertex");
+                None
+            }
+            None => None,
+            Some(_) if !vertex => {
+                if provider.is_some() {
+                    c.invalid(&path, "is only meaningful for provider vertex");
+                }
+                None
+            }
+            Some(v) if !valid(v) => {
+                c.invalid(&path, format!("{v:?} is not {what}"));
+                None
+            }
+            Some(v) => Some(v.clone()),
+        }
+    };
+    let project = field(
+        "project",
+        spec.project.as_ref(),
+        is_project_id,
+        "a Google Cloud project ID (6 to 30 lowercase letters, digits and hyphens, starting with a letter)",
+    );
+    let location = field(
+        "location",
+        spec.location.as_ref(),
+        is_location,
+        "a Vertex AI location such as us-east5 or global",
+    );
+    (project, location)
+}
+
+/// `^[a-z][a-z0-9-]{4,28}[a-z0-9]$`, the schema's pattern.
+fn is_project_id(v: &str) -> bool {
+    let b = v.as_bytes();
+    (6..=30).contains(&b.len())
+        && b[0].is_ascii_lowercase()
+        && b[b.len() - 1] != b'-'
+        && b.iter()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || *ch == b'-')
+}
+
+/// `^[a-z][a-z0-9-]{0,62}$`, the schema's pattern.
+fn is_location(v: &str) -> bool {
+    let b = v.as_bytes();
+    (1..=63).contains(&b.len())
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || *ch == b'-')
+}
+
+/// A vertex credential's key: the whole service-account JSON, which must parse
+/// (the problem names the field, never the key's content), and whose `token_uri`
+/// is not a private address unless the credential allows private networks (as for
+/// `baseURL`: the token is fetched through the credential's own guarded client,
+/// whose resolver only sees host names, never IP literals).
+fn vertex_key(
+    namespace: &str,
+    selector: &crate::credential::SecretKeySelector,
+    path: &str,
+    secrets: &SecretIndex,
+    allow_private_network: bool,
+) -> Result<String, super::KeyProblem> {
+    let text = super::secret_text(namespace, selector, path, secrets)?;
+    let checked = ServiceAccount::parse(&text).and_then(|sa| {
+        let url = url::Url::parse(&sa.token_uri).map_err(|_| "token_uri is not a valid URL")?;
+        match url.host() {
+            Some(host) if !allow_private_network && network::is_private_host(&host) => Err(
+                format!(
+                    "token_uri's host {host} is a loopback, private or link-local address; set spec.allowPrivateNetwork: true to allow it"
+                ),
+            ),
+            Some(_) => Ok(()),
+            None => Err("token_uri has no host".to_string()),
+        }
+    });
+    match checked {
+        Ok(()) => Ok(text),
+        Err(why) => Err(super::KeyProblem {
+            field: format!("{path}.key"),
+            message: format!(
+                "key {:?} of Secret {:?} is not a usable service-account JSON key: {why}",
+                selector.key, selector.name
+            ),
+        }),
     }
 }
 

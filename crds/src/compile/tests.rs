@@ -404,6 +404,8 @@ fn sample_compiles_to_the_expected_config() {
             Credential {
                 api_version: None,
                 responses_api: false,
+                project: None,
+                location: None,
                 region: None,
                 id: anthropic.clone(),
                 provider: Provider::Anthropic,
@@ -420,6 +422,8 @@ fn sample_compiles_to_the_expected_config() {
             Credential {
                 api_version: None,
                 responses_api: false,
+                project: None,
+                location: None,
                 region: None,
                 id: openai.clone(),
                 provider: Provider::Openai,
@@ -1884,6 +1888,138 @@ fn gemini_defaults_to_google_ais_v1beta_endpoint() {
         ),
         "{m:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------
+// vertex credentials.
+// ---------------------------------------------------------------------------------
+
+const SERVICE_ACCOUNT: &str = r#"{
+  "type": "service_account",
+  "client_email": "gateway@my-project.iam.gserviceaccount.com",
+  "private_key": "-----BEGIN PRIVATE KEY-----\nTUlJQ0tFWQ==\n-----END PRIVATE KEY-----\n",
+  "token_uri": "https://oauth2.googleapis.com/token"
+}"#;
+
+/// The sample with anthropic-prod turned into a vertex credential whose Secret key
+/// `serviceAccount.json` holds `key`.
+fn vertex_sample(key: &str, location: &str) -> Sample {
+    let mut s = sample();
+    let c = s.credential("anthropic-prod");
+    c.provider = "vertex".into();
+    c.base_url = None;
+    c.project = Some("my-project".into());
+    c.location = Some(location.into());
+    c.secret_ref.key = "serviceAccount.json".into();
+    s.secret("anthropic-key").string_data =
+        Some(BTreeMap::from([("serviceAccount.json".into(), key.into())]));
+    s
+}
+
+#[test]
+fn vertex_takes_project_location_and_the_service_account_json() {
+    let compiled = vertex_sample(SERVICE_ACCOUNT, "us-east5").compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let c = compiled_credential(&compiled, "anthropic-prod");
+    assert_eq!(c.provider, Provider::Vertex);
+    assert_eq!(c.base_url, "https://us-east5-aiplatform.googleapis.com/v1");
+    assert_eq!(c.project.as_deref(), Some("my-project"));
+    assert_eq!(c.location.as_deref(), Some("us-east5"));
+    // The whole JSON (multi-line: not a header value) is the key.
+    assert_eq!(
+        compiled
+            .keys
+            .get(&id("anthropic-prod"))
+            .map(|k| k.expose().as_str()),
+        Some(SERVICE_ACCOUNT)
+    );
+    // global has no regional host.
+    let compiled = vertex_sample(SERVICE_ACCOUNT, "global").compile();
+    let c = compiled_credential(&compiled, "anthropic-prod");
+    assert_eq!(c.base_url, "https://aiplatform.googleapis.com/v1");
+}
+
+#[test]
+fn vertex_needs_project_and_location_and_nobody_else_takes_them() {
+    let mut s = vertex_sample(SERVICE_ACCOUNT, "us-east5");
+    let c = s.credential("anthropic-prod");
+    c.project = None;
+    c.location = None;
+    let m = messages(&s.compile());
+    for expected in [
+        "team-a/anthropic-prod: spec.project: is required for provider vertex",
+        "team-a/anthropic-prod: spec.location: is required for provider vertex",
+    ] {
+        assert!(m.contains(&expected.to_string()), "{m:?}");
+    }
+    let mut s = sample();
+    let c = s.credential("openai-prod");
+    c.project = Some("my-project".into());
+    c.location = Some("us-east5".into());
+    let m = messages(&s.compile());
+    for expected in [
+        "team-a/openai-prod: spec.project: is only meaningful for provider vertex",
+        "team-a/openai-prod: spec.location: is only meaningful for provider vertex",
+    ] {
+        assert!(m.contains(&expected.to_string()), "{m:?}");
+    }
+    let mut s = vertex_sample(SERVICE_ACCOUNT, "US_EAST");
+    s.credential("anthropic-prod").project = Some("My Project".into());
+    let m = messages(&s.compile());
+    assert!(
+        m.iter()
+            .any(|m| m.starts_with("team-a/anthropic-prod: spec.project: \"My Project\" is not")),
+        "{m:?}"
+    );
+    assert!(
+        m.iter()
+            .any(|m| m.starts_with("team-a/anthropic-prod: spec.location: \"US_EAST\" is not")),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn an_unusable_service_account_key_is_a_warning_naming_the_field_not_the_key() {
+    let broken = SERVICE_ACCOUNT.replace("BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY");
+    let compiled = vertex_sample(&broken, "us-east5").compile();
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
+    let m = messages(&compiled);
+    let warning = m
+        .iter()
+        .find(|m| m.starts_with("team-a/anthropic-prod: spec.secretRef.key:"))
+        .unwrap_or_else(|| panic!("{m:?}"));
+    assert!(warning.contains("private_key"), "{warning}");
+    assert!(!warning.contains("TUlJQ0tFWQ"), "{warning}");
+    // The credential stays, without a key, like any credential whose key is missing.
+    assert_eq!(
+        compiled_credential(&compiled, "anthropic-prod").provider,
+        Provider::Vertex
+    );
+    let compiled = vertex_sample("not json TUlJQ0tFWQ", "us-east5").compile();
+    let m = messages(&compiled);
+    assert!(m.iter().all(|m| !m.contains("TUlJQ0tFWQ")), "{m:?}");
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
+}
+
+#[test]
+fn a_private_token_uri_needs_allow_private_network_like_a_base_url() {
+    let local = SERVICE_ACCOUNT.replace("https://oauth2.googleapis.com", "http://127.0.0.1:8443");
+    let compiled = vertex_sample(&local, "us-east5").compile();
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
+    let m = messages(&compiled);
+    assert!(
+        m.iter().any(
+            |m| m.starts_with("team-a/anthropic-prod: spec.secretRef.key:")
+                && m.contains("token_uri's host 127.0.0.1 is a loopback")
+                && m.contains("allowPrivateNetwork")
+        ),
+        "{m:?}"
+    );
+    let mut s = vertex_sample(&local, "us-east5");
+    s.credential("anthropic-prod").allow_private_network = Some(true);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_some());
 }
 
 // ---------------------------------------------------------------------------------

@@ -381,6 +381,9 @@ pub struct Defaults {
     /// `max_tokens` (what OpenAI-compatible servers read). Default false; set it for
     /// `provider: openai` targets.
     pub openai_max_completion_tokens: bool,
+    /// An Anthropic target on Vertex AI (`rawPredict`): the body carries
+    /// `anthropic_version` and no `model` (see `vertex::to_vertex_anthropic`).
+    pub anthropic_on_vertex: bool,
 }
 
 impl Default for Defaults {
@@ -388,6 +391,7 @@ impl Default for Defaults {
         Self {
             max_tokens: 4096,
             openai_max_completion_tokens: false,
+            anthropic_on_vertex: false,
         }
     }
 }
@@ -497,7 +501,15 @@ pub fn request(
     }
     let out = match upstream {
         Dialect::OpenAiChat => openai::encode_request(&form, upstream_model, defaults),
-        Dialect::AnthropicMessages => anthropic::encode_request(&form, upstream_model, defaults),
+        Dialect::AnthropicMessages => {
+            let mut out = anthropic::encode_request(&form, upstream_model, defaults);
+            if defaults.anthropic_on_vertex
+                && let Value::Object(body) = &mut out
+            {
+                crate::vertex::to_vertex_anthropic(body);
+            }
+            out
+        }
         // The model is in the URL.
         Dialect::Gemini => gemini::encode_request(&form),
         Dialect::Bedrock => bedrock::encode_request(&form),
@@ -555,6 +567,19 @@ pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> B
     to_bytes(&match client {
         Client::OpenAiChat => openai::encode_error(&e),
         Client::AnthropicMessages => anthropic::encode_error(&e),
+    })
+}
+
+/// A Google-shaped error body (`{"error":{"code","message","status"}}`, what Vertex
+/// AI answers for its own refusals whichever publisher's model was called) in
+/// Anthropic's shape, message kept; `None` when the body is not Google's (an
+/// Anthropic error is relayed as it is).
+pub fn anthropic_error(status: u16, upstream_error_body: &[u8]) -> Option<Bytes> {
+    anthropic::is_google_error(upstream_error_body).then(|| {
+        to_bytes(&anthropic::encode_error(&gemini::decode_error(
+            status,
+            upstream_error_body,
+        )))
     })
 }
 

@@ -325,7 +325,7 @@ fn unknown(name: &str, at: &str) -> String {
 }
 
 /// What Google refuses in a `generateContent` body.
-fn check_body(body: &Map<String, Value>) -> Option<String> {
+pub(super) fn check_body(body: &Map<String, Value>) -> Option<String> {
     for k in body.keys() {
         if !TOP_LEVEL.contains(&k.as_str()) {
             return Some(format!(

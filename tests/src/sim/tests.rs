@@ -291,7 +291,9 @@ async fn stream_events_arrive_incrementally() {
             interval,
         });
         let body = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => chat_stream("m"),
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
+                chat_stream("m")
+            }
             Flavor::Anthropic => message_stream("m"),
         };
         let start = Instant::now();
@@ -306,7 +308,7 @@ async fn stream_events_arrive_incrementally() {
             arrivals.push((start.elapsed(), chunk));
         }
         let expected = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
                 openai_stream_events("m", &stream_pieces("p", 3), false)
             }
             Flavor::Anthropic => anthropic_stream_events("m", &stream_pieces("p", 3)),
@@ -1106,6 +1108,115 @@ async fn the_responses_api_answers_in_openais_shapes_and_refuses_what_openai_doe
         .unwrap();
     assert!(text.starts_with("event: error\n"), "{text}");
     assert!(text.contains("event: response.failed\n"), "{text}");
+}
+
+/// The Vertex flavor's token endpoint checks the grant as Google does, and its model
+/// endpoints take only live tokens and Vertex's own bodies.
+#[tokio::test(start_paused = true)]
+async fn vertex_verifies_the_grant_and_the_token() {
+    use switchback_crds::service_account::ServiceAccount;
+    use switchback_proxy::vertex::{Signer, unix_now};
+
+    let sim = SimProvider::start_named("vertex", Flavor::Vertex).await;
+    let grant = |edit: &dyn Fn(&mut Value), at: u64, tamper: bool| {
+        let mut sa: Value = serde_json::from_str(&sim.service_account_json()).unwrap();
+        edit(&mut sa);
+        let signer = Signer::new(&ServiceAccount::parse(&sa.to_string()).unwrap()).unwrap();
+        let mut form = signer.form_body(at).unwrap().expose().clone();
+        if tamper {
+            // A character inside the signature changed: another signature.
+            let i = form.len() - 10;
+            let other = if &form[i..=i] == "A" { "B" } else { "A" };
+            form.replace_range(i..=i, other);
+        }
+        client()
+            .post(sim.token_uri())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form)
+            .send()
+    };
+    let now = unix_now();
+    let keep = |_: &mut Value| {};
+    for (why, response) in [
+        ("signature", grant(&keep, now, true).await.unwrap()),
+        ("expired", grant(&keep, now - 7200, false).await.unwrap()),
+        (
+            "iss",
+            grant(
+                &|sa| sa["client_email"] = json!("x@y.iam.gserviceaccount.com"),
+                now,
+                false,
+            )
+            .await
+            .unwrap(),
+        ),
+        (
+            "aud",
+            grant(
+                &|sa| sa["token_uri"] = json!("https://oauth2.googleapis.com/token"),
+                now,
+                false,
+            )
+            .await
+            .unwrap(),
+        ),
+    ] {
+        assert_eq!(response.status(), 400, "{why}");
+        let refusal = json_of(response).await;
+        assert_eq!(refusal["error"], "invalid_grant", "{why}");
+        if why == "signature" {
+            assert_eq!(refusal["error_description"], "Invalid JWT Signature.");
+        }
+    }
+    assert!(sim.issued_tokens().is_empty());
+
+    let r = grant(&keep, now, false).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let answer = json_of(r).await;
+    assert_eq!(answer["token_type"], "Bearer");
+    assert_eq!(answer["expires_in"], VERTEX_TOKEN_LIFETIME);
+    let token = answer["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(sim.token_requests(), 5);
+
+    let claude = format!(
+        "{}/projects/{VERTEX_PROJECT}/locations/{VERTEX_LOCATION}/publishers/anthropic/models/claude-sonnet-4-5@20250929:rawPredict",
+        sim.base_url()
+    );
+    let call = |bearer: Option<&str>, body: Value| {
+        let mut r = client().post(&claude).json(&body);
+        if let Some(t) = bearer {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let good = json!({"anthropic_version": VERTEX_ANTHROPIC_VERSION, "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = call(None, good.clone()).await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(json_of(r).await["error"]["status"], "UNAUTHENTICATED");
+    assert_eq!(
+        call(Some("ya29.forged"), good.clone())
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let mut with_model = good.clone();
+    with_model["model"] = json!("claude-sonnet-4-5");
+    let r = call(Some(&token), with_model).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(json_of(r).await["error"]["type"], "invalid_request_error");
+    let mut old_version = good.clone();
+    old_version["anthropic_version"] = json!("2023-06-01");
+    assert_eq!(call(Some(&token), old_version).await.unwrap().status(), 400);
+    let r = call(Some(&token), good.clone()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let message = json_of(r).await;
+    assert_eq!(message["type"], "message");
+    assert_eq!(message["model"], "claude-sonnet-4-5@20250929");
+    // The token dies with its lifetime, on tokio's clock.
+    tokio::time::advance(Duration::from_secs(VERTEX_TOKEN_LIFETIME)).await;
+    assert_eq!(call(Some(&token), good).await.unwrap().status(), 401);
 }
 
 /// A SigV4 signature the way the proxy makes it (the same crate), over `body`.

@@ -84,6 +84,11 @@ fn wire_usage(u: &Usage) -> WireUsage {
 /// An Anthropic error body → the form, by its `error.type`; without a known type
 /// only the broad class follows from the status.
 pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
+    // Anthropic on Vertex AI: the platform's own refusals (quota, auth, a model not
+    // enabled) come in Google's shape, `{"error":{"code","message","status"}}`.
+    if is_google_error(body) {
+        return super::gemini::decode_error(status, body);
+    }
     let said = errors::read(status, body);
     let class = if is_context_length(body) {
         ErrorClass::ContextLength
@@ -110,6 +115,16 @@ pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
         class,
         message: said.message,
     }
+}
+
+/// Google's error shape: `error.status` a string (a gRPC code name), no Anthropic
+/// `type: "error"`.
+pub(super) fn is_google_error(body: &[u8]) -> bool {
+    if memchr::memmem::find(body, b"\"status\"").is_none() {
+        return false;
+    }
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    v["error"]["status"].is_string() && v["type"].is_null()
 }
 
 /// The form → an Anthropic error body. A context overflow's message gets the wording
