@@ -38,6 +38,7 @@ use switchback_crds::secret::Secret;
 use switchback_crds::service_account::ServiceAccount;
 use tokio::time::Instant;
 
+use crate::snapshot::push_segment_keeping;
 use crate::surface::Surface;
 use crate::translate::Direction;
 use crate::upstream;
@@ -118,25 +119,14 @@ pub fn url(credential: &Credential, model: &str, stream: bool) -> Option<http::U
     url.push_str(&credential.base_url);
     for (name, value) in [("/projects/", project), ("/locations/", location)] {
         url.push_str(name);
-        push_segment(&mut url, value);
+        push_segment_keeping(&mut url, value, b"@");
     }
     url.push_str("/publishers/");
     url.push_str(publisher);
     url.push_str("/models/");
-    push_segment(&mut url, model);
+    push_segment_keeping(&mut url, model, b"@");
     url.push_str(method);
     url.parse().ok()
-}
-
-/// `s` percent-encoded as one URL path segment (unreserved characters and `@` kept).
-fn push_segment(url: &mut String, s: &str) {
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~@".contains(&b) {
-            url.push(b as char);
-        } else {
-            url.push_str(&format!("%{b:02X}"));
-        }
-    }
 }
 
 /// An Anthropic Messages body made a Vertex `rawPredict` body: `model` removed (it
