@@ -305,8 +305,14 @@ impl TargetRt {
 
 /// `s` percent-encoded as one URL path segment (unreserved characters kept).
 fn push_segment(url: &mut String, s: &str) {
+    push_segment_keeping(url, s, b"");
+}
+
+/// [`push_segment`], also keeping the bytes of `keep` unescaped (Vertex's model
+/// versions, `claude-x@20250101`, go in the path as they are).
+pub(crate) fn push_segment_keeping(url: &mut String, s: &str, keep: &[u8]) {
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
             url.push(b as char);
         } else {
             url.push_str(&format!("%{b:02X}"));

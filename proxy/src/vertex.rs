@@ -38,6 +38,7 @@ use switchback_crds::secret::Secret;
 use switchback_crds::service_account::ServiceAccount;
 use tokio::time::Instant;
 
+use crate::snapshot::push_segment_keeping;
 use crate::surface::Surface;
 use crate::translate::Direction;
 use crate::upstream;
@@ -57,6 +58,11 @@ pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The token endpoint's answers are read up to this many bytes (a token answer is
 /// well under 4 KiB).
 const MAX_TOKEN_ANSWER: usize = 64 * 1024;
+
+/// The longest a token is trusted for, whatever `expires_in` says: Google's access
+/// tokens live an hour (12 h at most). Bounding it keeps `Instant + expires_in` from
+/// overflowing on a hostile answer (SPEC §8: every upstream number is bounded).
+pub const MAX_TOKEN_LIFE: Duration = Duration::from_secs(12 * 3600);
 /// `anthropic_version` in the body of a Claude request on Vertex (in place of the
 /// `anthropic-version` header of Anthropic's own API).
 pub const ANTHROPIC_VERSION: &str = "vertex-2023-10-16";
@@ -118,25 +124,14 @@ pub fn url(credential: &Credential, model: &str, stream: bool) -> Option<http::U
     url.push_str(&credential.base_url);
     for (name, value) in [("/projects/", project), ("/locations/", location)] {
         url.push_str(name);
-        push_segment(&mut url, value);
+        push_segment_keeping(&mut url, value, b"@");
     }
     url.push_str("/publishers/");
     url.push_str(publisher);
     url.push_str("/models/");
-    push_segment(&mut url, model);
+    push_segment_keeping(&mut url, model, b"@");
     url.push_str(method);
     url.parse().ok()
-}
-
-/// `s` percent-encoded as one URL path segment (unreserved characters and `@` kept).
-fn push_segment(url: &mut String, s: &str) {
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~@".contains(&b) {
-            url.push(b as char);
-        } else {
-            url.push_str(&format!("%{b:02X}"));
-        }
-    }
 }
 
 /// An Anthropic Messages body made a Vertex `rawPredict` body: `model` removed (it
@@ -268,7 +263,7 @@ pub fn parse_token(body: &[u8]) -> Result<Token, TokenError> {
     }
     Ok(Token {
         access_token: Secret::new(a.access_token),
-        expires_in: Duration::from_secs(a.expires_in),
+        expires_in: Duration::from_secs(a.expires_in).min(MAX_TOKEN_LIFE),
     })
 }
 
@@ -311,8 +306,9 @@ impl TokenCache {
             return Ok(t);
         }
         let token = exchange().await?;
-        let early = REFRESH_EARLY.min(token.expires_in / 2);
-        let refresh_at = Instant::now() + token.expires_in.saturating_sub(early);
+        let life = token.expires_in.min(MAX_TOKEN_LIFE);
+        let early = REFRESH_EARLY.min(life / 2);
+        let refresh_at = Instant::now() + life.saturating_sub(early);
         self.current.store(Some(Arc::new(Cached {
             access_token: token.access_token.clone(),
             refresh_at,

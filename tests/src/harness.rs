@@ -263,3 +263,18 @@ pub fn streamed_text(body: &str) -> String {
     }
     out
 }
+
+/// A log sink for tests that read what the proxy logged: a `tracing` writer that
+/// appends to a shared buffer.
+#[derive(Clone, Default)]
+pub struct CapturedLog(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

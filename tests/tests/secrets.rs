@@ -4,30 +4,15 @@
 //! one whose namespace has no route, an unknown one). Also checks the per-request log
 //! line's fields, the client among them.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use switchback_proxy::cli::LogFormat;
 use switchback_proxy::telemetry::{self, BatchedWriter};
-use switchback_tests::harness::{TestProxy, credential, route};
+use switchback_tests::harness::{CapturedLog, TestProxy, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 use tracing_subscriber::EnvFilter;
 
 const KEYS: [&str; 2] = ["sk-live-PRIMARY-7f3a9c", "sk-live-BACKUP-41d2e8"];
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn record(seen: &mut String, r: &reqwest::Response) {
     for (k, v) in r.headers() {
@@ -49,7 +34,7 @@ async fn text(proxy: &TestProxy, url: String) -> String {
 
 #[tokio::test]
 async fn keys_never_leave_through_any_output() {
-    let logs = Captured::default();
+    let logs = CapturedLog::default();
     let captured = logs.clone();
     // The binary's own log pipeline, JSON, at debug level.
     let writer = BatchedWriter::start(logs.clone());
@@ -185,7 +170,7 @@ async fn keys_never_leave_through_any_output() {
 /// output, and the request line carries the client as `namespace/name`.
 async fn client_keys_never_leave_and_the_request_line_names_the_client(
     provider: &SimProvider,
-    logs: &Captured,
+    logs: &CapturedLog,
 ) {
     // The first part stopped its writer: this part logs through a pipeline of its own.
     let writer = BatchedWriter::start(logs.clone());

@@ -8,14 +8,14 @@
 //! a private `token_uri` needs `allowPrivateNetwork`; neither the key nor the token
 //! appears in logs, answers or the admin port.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchback_proxy::cli::LogFormat;
 use switchback_proxy::telemetry::{self, BatchedWriter};
-use switchback_tests::harness::{TestProxy, credential, header, json_of, route, streamed_text};
+use switchback_tests::harness::{
+    CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
+};
 use switchback_tests::sim::{
     Behavior, Flavor, SimProvider, TokenBehavior, VERTEX_ANTHROPIC_VERSION, VERTEX_LOCATION,
     VERTEX_PROJECT,
@@ -413,22 +413,9 @@ async fn a_private_token_uri_needs_allow_private_network() {
     assert_eq!(vertex.token_requests(), 0);
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn neither_the_key_nor_the_token_leaves_the_proxy() {
-    let logs = Captured::default();
+    let logs = CapturedLog::default();
     let writer = BatchedWriter::start(logs.clone());
     let dispatch = telemetry::dispatch(
         LogFormat::Json,

@@ -120,6 +120,9 @@ fn token_answers_parse_and_bad_ones_are_refused() {
         .unwrap();
     assert_eq!(t.access_token.expose(), "ya29.x");
     assert_eq!(t.expires_in, Duration::from_secs(3599));
+    // An absurd lifetime is cut to the cap, not added to an Instant as it is.
+    let t = parse_token(br#"{"access_token":"x","expires_in":18446744073709551615}"#).unwrap();
+    assert_eq!(t.expires_in, MAX_TOKEN_LIFE);
     for bad in [
         &b"not json"[..],
         br#"{"expires_in":3599}"#,
