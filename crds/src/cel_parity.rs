@@ -389,6 +389,64 @@ fn credential_rules_agree() {
             false,
         ),
         (
+            "bedrock with a region, whole Secret",
+            Box::new(|s| {
+                set(s, &["provider"], "bedrock");
+                set(s, &["region"], "us-east-1");
+                s["secretRef"].as_mapping_mut().unwrap().remove("key");
+            }),
+            true,
+        ),
+        (
+            "bedrock without a region",
+            Box::new(|s| {
+                set(s, &["provider"], "bedrock");
+                s["secretRef"].as_mapping_mut().unwrap().remove("key");
+            }),
+            false,
+        ),
+        (
+            "bedrock naming a Secret key",
+            Box::new(|s| {
+                set(s, &["provider"], "bedrock");
+                set(s, &["region"], "us-east-1");
+            }),
+            false,
+        ),
+        (
+            "region on openai",
+            Box::new(|s| set(s, &["region"], "us-east-1")),
+            false,
+        ),
+        (
+            "openai without a Secret key",
+            Box::new(|s| {
+                s["secretRef"].as_mapping_mut().unwrap().remove("key");
+            }),
+            false,
+        ),
+        (
+            "region on vertex",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
+                set(s, &["region"], "us-east-1");
+            }),
+            false,
+        ),
+        (
+            "project and location on bedrock",
+            Box::new(|s| {
+                set(s, &["provider"], "bedrock");
+                set(s, &["region"], "us-east-1");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
+                s["secretRef"].as_mapping_mut().unwrap().remove("key");
+            }),
+            false,
+        ),
+        (
             "apiVersion on openai",
             Box::new(|s| set(s, &["apiVersion"], "v1")),
             false,

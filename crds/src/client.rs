@@ -36,6 +36,7 @@ use crate::schema;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("has(self.keySecretRef.key)").message("keySecretRef.key is required").field_path(".keySecretRef.key"))]
 pub struct LLMClientSpec {
     /// The Secret key holding the key this application sends (as Authorization: Bearer
     /// or x-api-key), in this client's namespace. The proxy only ever gets a keyed hash

@@ -294,6 +294,11 @@ pub enum Provider {
     /// through `rawPredict` / `streamRawPredict`. Needs [`Credential::project`] and
     /// [`Credential::location`].
     Vertex,
+    /// Amazon Bedrock's Converse API (`/model/{modelId}/converse`, ConverseStream in
+    /// AWS event-stream framing), requests signed with SigV4 for the credential's
+    /// `region` from the access key pair (and session token) in its Secret: reached
+    /// through translation from both client surfaces.
+    Bedrock,
 }
 
 impl Provider {
@@ -305,19 +310,20 @@ impl Provider {
             Self::AzureOpenai => "azure-openai",
             Self::Gemini => "gemini",
             Self::Vertex => "vertex",
+            Self::Bedrock => "bedrock",
         }
     }
 
     /// The base URL used when a credential does not set `baseURL`.
     /// `openai-compatible` and `azure-openai` (one host per resource) have none: it
-    /// must be given.
+    /// must be given; `bedrock`'s follows from its region ([`bedrock_base_url`]).
     pub fn default_base_url(self) -> Option<&'static str> {
         match self {
             Self::Openai => Some("https://api.openai.com/v1"),
             Self::Anthropic => Some("https://api.anthropic.com/v1"),
             Self::Gemini => Some("https://generativelanguage.googleapis.com/v1beta"),
             // vertex's endpoint follows from its location (`vertex_base_url`).
-            Self::OpenaiCompatible | Self::AzureOpenai | Self::Vertex => None,
+            Self::OpenaiCompatible | Self::AzureOpenai | Self::Vertex | Self::Bedrock => None,
         }
     }
 
@@ -366,6 +372,11 @@ pub struct Credential {
     /// as `us-east5` or `global`. `None` for other providers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
+    /// `bedrock` only: the AWS region requests are signed for (and whose runtime
+    /// endpoint is the default `base_url`). `None` for other providers, and then
+    /// absent from the JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// The Vertex AI endpoint of a location: `https://{location}-aiplatform.googleapis.com/v1`,
@@ -379,17 +390,27 @@ pub fn vertex_base_url(location: &str) -> String {
     }
 }
 
+/// Amazon Bedrock's runtime endpoint in `region`.
+pub fn bedrock_base_url(region: &str) -> String {
+    format!("https://bedrock-runtime.{region}.amazonaws.com")
+}
+
+/// The Secret data keys a `bedrock` credential reads (the whole Secret, SPEC §10).
+pub const AWS_ACCESS_KEY_ID: &str = "accessKeyId";
+pub const AWS_SECRET_ACCESS_KEY: &str = "secretAccessKey";
+pub const AWS_SESSION_TOKEN: &str = "sessionToken";
+
 impl Credential {
     /// Can this credential answer the OpenAI Responses API (`POST /responses`)?
     /// openai and azure-openai on its v1 API do; openai-compatible when it declares
-    /// it; anthropic and gemini never. Azure's classic (dated `apiVersion`) paths are not used
+    /// it; anthropic, gemini, vertex and bedrock never. Azure's classic (dated `apiVersion`) paths are not used
     /// for it.
     pub fn serves_responses(&self) -> bool {
         match self.provider {
             Provider::Openai => true,
             Provider::AzureOpenai => self.api_version.is_none(),
             Provider::OpenaiCompatible => self.responses_api,
-            Provider::Anthropic | Provider::Gemini | Provider::Vertex => false,
+            Provider::Anthropic | Provider::Gemini | Provider::Vertex | Provider::Bedrock => false,
         }
     }
 }
@@ -398,6 +419,9 @@ impl Credential {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SecretKeyRef {
     pub name: String,
+    /// Empty for a `bedrock` credential, which reads the whole Secret (and then
+    /// absent from the JSON).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
 }
 
@@ -485,7 +509,58 @@ pub struct ClientBudget {
     pub usd_per_month: Option<f64>,
 }
 
-/// API keys by credential. Kept apart from [`CompiledConfig`] so the config can be
+/// A `bedrock` credential's AWS access key pair and optional session token, read from
+/// its whole Secret. In [`Keys`] it travels as one entry like any key: the JSON object
+/// `{"accessKeyId", "secretAccessKey", "sessionToken"?}` ([`AwsKeys::encode`]), so
+/// the keys Secret and its delivery stay one value per credential. `Debug` prints no
+/// secret part (the access key id is an identifier, not a secret, but is kept out
+/// too).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AwsKeys {
+    pub access_key_id: Secret<String>,
+    pub secret_access_key: Secret<String>,
+    pub session_token: Option<Secret<String>>,
+}
+
+impl fmt::Debug for AwsKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AwsKeys")
+            .field("session_token", &self.session_token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AwsKeys {
+    /// The one [`Keys`] entry that carries them.
+    pub fn encode(&self) -> Secret<String> {
+        let mut v = serde_json::json!({
+            AWS_ACCESS_KEY_ID: self.access_key_id.expose(),
+            AWS_SECRET_ACCESS_KEY: self.secret_access_key.expose(),
+        });
+        if let Some(t) = &self.session_token {
+            v[AWS_SESSION_TOKEN] = t.expose().clone().into();
+        }
+        Secret::new(v.to_string())
+    }
+
+    /// Reads a [`Keys`] entry made by [`AwsKeys::encode`]; `None` when it is not one.
+    pub fn decode(entry: &Secret<String>) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(entry.expose()).ok()?;
+        let text = |k: &str| {
+            v.get(k)
+                .and_then(serde_json::Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(|s| Secret::new(s.to_string()))
+        };
+        Some(Self {
+            access_key_id: text(AWS_ACCESS_KEY_ID)?,
+            secret_access_key: text(AWS_SECRET_ACCESS_KEY)?,
+            session_token: text(AWS_SESSION_TOKEN),
+        })
+    }
+}
+
+/// API keys by credential (for `bedrock`, see [`AwsKeys`]). Kept apart from [`CompiledConfig`] so the config can be
 /// shown, logged and stored in a ConfigMap; `Debug` never prints a key.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Keys(pub BTreeMap<ObjectId, Secret<String>>);

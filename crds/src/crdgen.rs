@@ -296,7 +296,9 @@ mod tests {
         let spec = spec_schema(&crd);
         assert_eq!(spec["required"], json!(["keySecretRef"]));
         let p = &spec["properties"];
-        assert_eq!(p["keySecretRef"]["required"], json!(["key", "name"]));
+        // `key` is required by a CEL rule (the selector type is shared with bedrock
+        // credentials, which take the whole Secret).
+        assert_eq!(p["keySecretRef"]["required"], json!(["name"]));
         let routes = &p["routes"];
         assert_eq!(
             (&routes["minItems"], &routes["maxItems"]),
@@ -382,7 +384,8 @@ mod tests {
                 "openai-compatible",
                 "azure-openai",
                 "gemini",
-                "vertex"
+                "vertex",
+                "bedrock"
             ])
         );
         assert_eq!(
@@ -390,7 +393,9 @@ mod tests {
             crate::schema::API_VERSION_PATTERN
         );
         assert_eq!(p["baseURL"]["pattern"], "^https?://");
-        assert_eq!(p["secretRef"]["required"], json!(["key", "name"]));
+        // `key` is required by a CEL rule, except for bedrock (the whole Secret).
+        assert_eq!(p["secretRef"]["required"], json!(["name"]));
+        assert_eq!(p["region"]["pattern"], "^[a-z]{2}(-[a-z]+)+-[0-9]+$");
         assert_eq!(p["maxConcurrency"]["minimum"], json!(1.0));
         assert_eq!(p["maxQueue"]["minimum"], json!(0.0));
         assert_eq!(p["headers"]["maxProperties"], json!(32));
@@ -410,6 +415,10 @@ mod tests {
                 "!has(self.project) || self.provider == 'vertex'",
                 "!has(self.location) || self.provider == 'vertex'",
                 "!has(self.maxQueue) || has(self.maxConcurrency)",
+                "self.provider != 'bedrock' || has(self.region)",
+                "!has(self.region) || self.provider == 'bedrock'",
+                "self.provider == 'bedrock' || has(self.secretRef.key)",
+                "self.provider != 'bedrock' || !has(self.secretRef.key)",
             ]
         );
     }

@@ -43,15 +43,20 @@ use crate::schema;
 #[x_kube(validation = Rule::new("!has(self.project) || self.provider == 'vertex'").message("project is only meaningful for provider vertex").field_path(".project"))]
 #[x_kube(validation = Rule::new("!has(self.location) || self.provider == 'vertex'").message("location is only meaningful for provider vertex").field_path(".location"))]
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
+#[x_kube(validation = Rule::new("self.provider != 'bedrock' || has(self.region)").message("region is required for provider bedrock").field_path(".region"))]
+#[x_kube(validation = Rule::new("!has(self.region) || self.provider == 'bedrock'").message("region is only meaningful for provider bedrock").field_path(".region"))]
+#[x_kube(validation = Rule::new("self.provider == 'bedrock' || has(self.secretRef.key)").message("secretRef.key is required (it names the Secret key holding the API key)").field_path(".secretRef.key"))]
+#[x_kube(validation = Rule::new("self.provider != 'bedrock' || !has(self.secretRef.key)").message("provider bedrock takes the whole Secret (accessKeyId, secretAccessKey, optional sessionToken): secretRef.key must not be set").field_path(".secretRef.key"))]
 pub struct ProviderCredentialSpec {
     /// Provider API flavour: openai, anthropic, openai-compatible (any server speaking
     /// the OpenAI API: vLLM, Ollama, LiteLLM, ...), azure-openai (Azure OpenAI: the
     /// key goes in the api-key header and a target's model names the deployment) or
     /// gemini (Google AI's native Gemini API: generateContent, the key in the
-    /// x-goog-api-key header) or vertex (Google Cloud Vertex AI: project and location
+    /// x-goog-api-key header), vertex (Google Cloud Vertex AI: project and location
     /// name the endpoint, the Secret key holds a service-account JSON key exchanged
     /// for an OAuth token; claude-* models through rawPredict, others through
-    /// generateContent). Required.
+    /// generateContent) or bedrock (Amazon Bedrock's Converse API, requests signed
+    /// with SigV4 from the access key pair in the Secret). Required.
     #[schemars(schema_with = "schema::provider")]
     pub provider: String,
 
@@ -61,7 +66,9 @@ pub struct ProviderCredentialSpec {
     /// https://generativelanguage.googleapis.com/v1beta for gemini (where
     /// /models/MODEL:generateContent is appended), https://LOCATION-aiplatform.googleapis.com/v1
     /// for vertex (https://aiplatform.googleapis.com/v1 for location global; where
-    /// /projects/PROJECT/locations/LOCATION/publishers/... is appended); required for openai-compatible and
+    /// /projects/PROJECT/locations/LOCATION/publishers/... is appended),
+    /// https://bedrock-runtime.REGION.amazonaws.com for bedrock (where
+    /// /model/MODEL/converse is appended); required for openai-compatible and
     /// for azure-openai, where it is the resource's
     /// https://RESOURCE.openai.azure.com/openai (deployment or /v1 paths are appended). A
     /// host that is a loopback, private, link-local or unspecified address, or
@@ -72,6 +79,8 @@ pub struct ProviderCredentialSpec {
 
     /// The Secret key holding the API key, in this credential's namespace (for vertex:
     /// the service-account JSON key, conventionally key serviceAccount.json). Required.
+    /// bedrock takes the whole Secret instead (no key): its data keys accessKeyId,
+    /// secretAccessKey and, for temporary credentials, sessionToken.
     pub secret_ref: SecretKeySelector,
 
     /// Static headers sent with every request to this provider, e.g.
@@ -136,6 +145,16 @@ pub struct ProviderCredentialSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[a-z][a-z0-9-]{0,62}$"))]
     pub location: Option<String>,
+
+    /// bedrock only, and required there: the AWS region whose Bedrock runtime is
+    /// called (https://bedrock-runtime.REGION.amazonaws.com) and that requests are
+    /// signed for, e.g. us-east-1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
+    )]
+    pub region: Option<String>,
 }
 
 /// Names one key of a Secret in the same namespace.
@@ -146,7 +165,9 @@ pub struct SecretKeySelector {
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// Key within the Secret's data whose value is the API key. Required, 1 to 253
-    /// characters.
+    /// characters (except on a bedrock ProviderCredential, which reads the whole
+    /// Secret and must not set it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
 }

@@ -151,6 +151,7 @@ mod tests {
             responses_api: false,
             project: None,
             location: None,
+            region: None,
             id: ObjectId::new("team-a", name),
             provider: Provider::Openai,
             base_url: "https://api.openai.com/v1".into(),

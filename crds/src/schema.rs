@@ -44,13 +44,14 @@ pub const MAX_CLIENT_CONCURRENCY: i32 = 100_000;
 pub const MAX_TOKENS_PER_DAY: i64 = 1_000_000_000_000;
 
 pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
-pub const PROVIDERS: [&str; 6] = [
+pub const PROVIDERS: [&str; 7] = [
     "openai",
     "anthropic",
     "openai-compatible",
     "azure-openai",
     "gemini",
     "vertex",
+    "bedrock",
 ];
 /// `apiVersion` of an azure-openai credential: `v1`, or a dated (preview) version.
 pub const API_VERSION_PATTERN: &str = r"^(v1|[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?)$";

@@ -16,12 +16,52 @@ use switchback_proxy::translate::{self, Defaults, Direction, StreamTranslator};
 const ROUNDS: usize = 20_000;
 
 /// Every pairing with its fixtures folder.
-const PAIRINGS: [(&str, Direction); 4] = [
+const PAIRINGS: [(&str, Direction); 6] = [
     ("chat-client", Direction::OpenAiToAnthropic),
     ("messages-client", Direction::AnthropicToOpenAi),
     ("chat-client-gemini", Direction::OpenAiToGemini),
     ("messages-client-gemini", Direction::AnthropicToGemini),
+    ("chat-client-bedrock", Direction::OpenAiToBedrock),
+    ("messages-client-bedrock", Direction::AnthropicToBedrock),
 ];
+
+/// A Bedrock fixture stream (its events as the proxy reads them) back in the binary
+/// AWS event-stream frames ConverseStream sends, one chunk per frame: its translated
+/// figure includes reading the frames (`Framer::event_stream`).
+fn bedrock_frames(events: &[bytes::Bytes]) -> Vec<bytes::Bytes> {
+    use aws_smithy_eventstream::frame::write_message_to;
+    use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
+    events
+        .iter()
+        .filter_map(|ev| {
+            let f = switchback_proxy::sse::fields(ev);
+            let (name, data) = (std::str::from_utf8(f.event?).ok()?, f.data?);
+            let v: serde_json::Value = serde_json::from_slice(data).ok()?;
+            let (kind, payload, value) = match v.get("error") {
+                Some(e) => (
+                    "exception",
+                    serde_json::json!({"message": e["message"]}),
+                    e["type"].as_str()?.to_owned(),
+                ),
+                None => ("event", v.get(name)?.clone(), name.to_owned()),
+            };
+            let type_header = if kind == "event" {
+                ":event-type"
+            } else {
+                ":exception-type"
+            };
+            let m = Message::new(payload.to_string().into_bytes())
+                .add_header(Header::new(type_header, HeaderValue::String(value.into())))
+                .add_header(Header::new(
+                    ":message-type",
+                    HeaderValue::String(kind.into()),
+                ));
+            let mut out = Vec::new();
+            write_message_to(&m, &mut out).ok()?;
+            Some(bytes::Bytes::from(out))
+        })
+        .collect()
+}
 
 fn fixtures(sub: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -70,7 +110,8 @@ fn main() {
         "streams", "events", "native µs", "translated", "added µs"
     );
     // chat-client fixtures are Anthropic upstream streams; messages-client are OpenAI
-    // ones; the -gemini folders' are Gemini's, for each client.
+    // ones; the -gemini folders' are Gemini's, the -bedrock folders' Bedrock's (sent
+    // as binary event-stream frames: reading them is counted), for each client.
     for (sub, dir) in PAIRINGS {
         let streams: Vec<Vec<bytes::Bytes>> = files(sub, "stream-", ".in.sse")
             .iter()
@@ -85,7 +126,24 @@ fn main() {
                 }
             }
         });
+        let frames: Vec<Vec<bytes::Bytes>> = streams.iter().map(|s| bedrock_frames(s)).collect();
         let translated = micros(n, || {
+            if dir.to_bedrock() {
+                for s in &frames {
+                    let mut t = StreamTranslator::new(dir, "smart", true);
+                    let mut framer = Framer::event_stream(1 << 20);
+                    for frame in s {
+                        framer.push(frame);
+                        while let Ok(Some(ev)) = framer.next_in_place() {
+                            t.event(ev, &mut out);
+                            out.clear();
+                        }
+                    }
+                    t.finish(&mut out);
+                    out.clear();
+                }
+                return;
+            }
             for s in &streams {
                 let mut t = StreamTranslator::new(dir, "smart", true);
                 for ev in s {

@@ -554,6 +554,7 @@ fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
         Provider::AzureOpenai => "azure.ai.openai",
         Provider::Gemini => "gcp.gemini",
         Provider::Vertex => "gcp.vertex_ai",
+        Provider::Bedrock => "aws.bedrock",
     };
     tracing::info_span!(
         target: TRACE_TARGET,
@@ -648,18 +649,27 @@ async fn attempt(
         HeaderValue::from_static("application/json"),
     );
     crate::telemetry::propagate(span, call.client_headers, &mut headers);
-    let mut request = hyper::Request::new(upstream::Body::new(body));
-    *request.method_mut() = Method::POST;
     let uri = match dir.map_or(Some(call.surface), Direction::upstream_surface) {
         // Gemini and Vertex: the model and the method are in the URL.
         _ if vertex => t.model_url(call.client_model, call.stream),
         Some(surface) => t.url(surface, call.client_model),
+        // Gemini, Bedrock: the model and the method are in the URL.
         None => t.model_url(call.client_model, call.stream),
     };
     let Some(uri) = uri else {
         // A deployment or model name no URL can carry: nothing was sent.
         return Attempted::Failed(Failure::bare(Reason::UnsupportedParameter));
     };
+    // Bedrock: SigV4 over the final URL, headers and body, signed now (the
+    // signature is valid for minutes, each retry signs anew).
+    if let Some(signer) = &cred.signer
+        && let Err(e) = signer.sign(&uri, &mut headers, &body, SystemTime::now())
+    {
+        tracing::debug!(target = %t.label, error = %e, "request not signed");
+        return Attempted::Failed(Failure::bare(Reason::UnsupportedParameter));
+    }
+    let mut request = hyper::Request::new(upstream::Body::new(body));
+    *request.method_mut() = Method::POST;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
 
@@ -678,10 +688,15 @@ async fn attempt(
             // Asked for `identity` and sent something else: unusable here.
             return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
         }
+        // Bedrock streams in AWS event-stream framing, every other upstream in SSE.
+        let stream_type = match dir {
+            Some(d) if d.to_bedrock() => "application/vnd.amazon.eventstream",
+            _ => "text/event-stream",
+        };
         let is_sse = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+            .is_some_and(|v| v.starts_with(stream_type));
         let limits = &gw.upstream_limits;
         if call.stream && is_sse {
             let stream = relay::StreamAttempt {
@@ -747,8 +762,21 @@ async fn attempt(
         },
     };
     let code = status.as_u16();
+    // Bedrock names the error in a header: written into the body, and the status
+    // it classes as (a model still loading is overload, not a rate limit).
+    let (class_code, body) = match dir {
+        Some(d) if d.to_bedrock() => translate::bedrock_error(
+            code,
+            headers
+                .get("x-amzn-errortype")
+                .and_then(|v| v.to_str().ok()),
+            &body,
+        ),
+        _ => (code, body),
+    };
+    let reason = classify_status(class_code, &body);
     Attempted::Failed(Failure {
-        reason: classify_status(code, &body),
+        reason,
         status: Some(code),
         retry_after: if code == 429 || code == 503 {
             // The header, else Google's RetryInfo in the body.
@@ -813,6 +841,7 @@ fn unary_answer(
     }
     let usage = match dir {
         Some(d) if d.to_gemini() => stats::gemini_usage(&bytes),
+        Some(d) if d.to_bedrock() => stats::bedrock_usage(&bytes),
         _ => stats::usage(&bytes),
     };
     if let Some(u) = usage {

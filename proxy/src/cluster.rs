@@ -347,6 +347,7 @@ mod tests {
                 responses_api: false,
                 project: None,
                 location: None,
+                region: None,
                 id: credential,
                 provider: Provider::Openai,
                 base_url: "https://api.openai.com/v1".into(),

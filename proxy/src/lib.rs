@@ -7,10 +7,12 @@
 pub mod admin;
 pub mod attempt;
 pub mod auth;
+pub mod aws;
 pub mod budget;
 pub mod circuit;
 pub mod cli;
 pub mod cluster;
+pub mod eventstream;
 pub mod front;
 pub mod gateway;
 pub mod json;

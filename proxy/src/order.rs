@@ -91,6 +91,7 @@ pub(crate) mod tests {
                 responses_api: false,
                 project: None,
                 location: None,
+                region: None,
                 id: ObjectId::new("ns", "c"),
                 provider: Provider::Openai,
                 base_url: "http://x".into(),
@@ -115,6 +116,7 @@ pub(crate) mod tests {
             key: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
+            signer: None,
         });
         RouteRt {
             spec: Route {

@@ -194,15 +194,21 @@ pub fn is_content_filter(body: &[u8]) -> bool {
 }
 
 /// Context-window overflow, as OpenAI (`context_length_exceeded`), Anthropic
-/// ("prompt is too long"), vLLM ("maximum context length") and Gemini ("The input
-/// token count (N) exceeds the maximum number of tokens allowed (M).") word it.
+/// ("prompt is too long"), vLLM ("maximum context length"), Gemini ("The input
+/// token count (N) exceeds the maximum number of tokens allowed (M).") and Bedrock's
+/// ValidationException ("Input is too long for requested model.", "too many input
+/// tokens", "input length and `max_tokens` exceed context limit") word it.
 pub fn is_context_length(body: &[u8]) -> bool {
-    const NEEDLES: [&[u8]; 5] = [
+    const NEEDLES: [&[u8]; 9] = [
         b"context_length_exceeded",
         b"prompt is too long",
         b"maximum context length",
         b"context length",
         b"exceeds the maximum number of tokens",
+        b"Input is too long",
+        b"input is too long",
+        b"too many input tokens",
+        b"exceed context limit",
     ];
     NEEDLES
         .iter()
@@ -384,6 +390,20 @@ mod tests {
         assert_eq!(classify_status(400, blocked), Reason::ContentFilter);
         let answered = br#"{"candidates":[{"content":{"parts":[{"text":"ok"}]}}],"promptFeedback":{"blockReason":"SAFETY"}}"#;
         assert!(!is_content_filter(answered));
+    }
+
+    #[test]
+    fn bedrock_wordings_classify() {
+        let too_long = br#"{"__type":"ValidationException","message":"Input is too long for requested model."}"#;
+        assert_eq!(classify_status(400, too_long), Reason::ContextLength);
+        let tokens = br#"{"__type":"ValidationException","message":"The model returned the following errors: too many input tokens"}"#;
+        assert_eq!(classify_status(400, tokens), Reason::ContextLength);
+        let malformed = br#"{"__type":"ValidationException","message":"Malformed input request: extraneous key [foo] is not permitted"}"#;
+        assert_eq!(classify_status(400, malformed), Reason::ClientError);
+        let throttled = br#"{"__type":"ThrottlingException","message":"Too many requests, please wait before trying again."}"#;
+        assert_eq!(classify_status(429, throttled), Reason::RateLimited);
+        let token = br#"{"__type":"UnrecognizedClientException","message":"The security token included in the request is invalid."}"#;
+        assert_eq!(classify_status(403, token), Reason::AuthError);
     }
 
     #[test]

@@ -67,7 +67,11 @@ pub(crate) async fn open<U>(
 where
     U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
 {
-    let mut framer = Framer::new(max_event);
+    // Bedrock streams in AWS event-stream framing: one SSE event per binary frame.
+    let mut framer = match direction {
+        Some(d) if d.to_bedrock() => Framer::event_stream(max_event),
+        _ => Framer::new(max_event),
+    };
     let mut held = BytesMut::new();
     let mut ended = false;
     loop {
@@ -779,6 +783,7 @@ impl<U> Committed<U> {
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
         let usage = match &self.translator {
             Some(t) if t.from_gemini() => stats::gemini_usage(ev),
+            Some(t) if t.from_bedrock() => stats::bedrock_usage(ev),
             _ => stats::usage(ev),
         };
         if let Some(u) = usage {

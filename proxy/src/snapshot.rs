@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use switchback_crds::compile::Compiled;
 use switchback_crds::config::{
-    Client, CompiledConfig, Credential, ObjectId, Provider, Route, Target,
+    AwsKeys, Client, CompiledConfig, Credential, ObjectId, Provider, Route, Target,
 };
 use switchback_crds::keyhash::KeyHash;
 use switchback_crds::revision::{Revision, Revisions};
@@ -226,8 +226,11 @@ pub struct CredentialRt {
     /// Vertex only, with its key: the signer and token cache that authorise requests.
     pub vertex: Option<vertex::Auth>,
     /// The key itself, only to mask it in provider error bodies relayed to clients
-    /// (some echo it back); `None` when missing.
+    /// (some echo it back); `None` when missing. For bedrock, the secret access key.
     pub key: Option<Secret<String>>,
+    /// bedrock: signs each request (SigV4) with the keys from the Secret; `None`
+    /// for other providers and when the keys are missing.
+    pub signer: Option<crate::aws::Signer>,
     pub client: upstream::Lanes,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,
@@ -249,11 +252,12 @@ pub struct TargetRt {
     /// deployments this target names (`model`, the `modelMap` values), made once.
     /// A deployment named by the client (neither set) is made per request.
     pub deployment_urls: HashMap<String, PerSurface>,
-    /// gemini and vertex, whose URLs name the model: the unary and stream URLs
-    /// (`generateContent` and `streamGenerateContent?alt=sse`; for Claude on vertex
-    /// `rawPredict` and `streamRawPredict`) of the models this target names (`model`,
-    /// the `modelMap` values), made once. A model named by the client (neither set)
-    /// is made per request.
+    /// gemini, vertex and bedrock, whose URLs name the model: the unary and stream
+    /// URLs (`generateContent` and `streamGenerateContent?alt=sse`; for Claude on
+    /// vertex `rawPredict` and `streamRawPredict`; bedrock's `converse` and
+    /// `converse-stream`) of the models this target names (`model`, the `modelMap`
+    /// values), made once. A model named by the client (neither set) is made per
+    /// request.
     pub model_urls: HashMap<String, [http::Uri; 2]>,
 }
 
@@ -288,7 +292,7 @@ impl TargetRt {
 }
 
 impl TargetRt {
-    /// Where a Gemini or Vertex request for `client_model` goes (see
+    /// Where a Gemini, Vertex or Bedrock request for `client_model` goes (see
     /// [`CredentialRt::model_url`]; `None` only for a model name no URL can carry).
     pub fn model_url(&self, client_model: &str, stream: bool) -> Option<http::Uri> {
         let model = self.model(client_model);
@@ -318,14 +322,32 @@ pub(crate) fn push_segment_keeping(url: &mut String, s: &str, keep: &[u8]) {
 
 impl CredentialRt {
     /// The URL of a provider that names the model in it: Gemini's
-    /// ([`CredentialRt::gemini_url`]) or Vertex's ([`vertex::url`]). `None` for other
-    /// providers.
+    /// ([`CredentialRt::gemini_url`]), Vertex's ([`vertex::url`]) or Bedrock's
+    /// ([`CredentialRt::bedrock_url`]). `None` for other providers.
     pub fn model_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
         match self.spec.provider {
             Provider::Gemini => self.gemini_url(model, stream),
             Provider::Vertex => vertex::url(&self.spec, model, stream),
+            Provider::Bedrock => self.bedrock_url(model, stream),
             _ => None,
         }
+    }
+
+    /// Bedrock's `{baseURL}/model/{modelId}/converse`, or `/converse-stream`. The
+    /// model id (a name such as `anthropic.claude-3-5-sonnet-20240620-v1:0`, an
+    /// inference profile, or an ARN with its colons and slashes) is one
+    /// percent-encoded path segment.
+    pub fn bedrock_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
+        let mut url = String::with_capacity(self.spec.base_url.len() + model.len() * 3 + 24);
+        url.push_str(&self.spec.base_url);
+        url.push_str("/model/");
+        push_segment(&mut url, model);
+        url.push_str(if stream {
+            "/converse-stream"
+        } else {
+            "/converse"
+        });
+        url.parse().ok()
     }
 
     /// Gemini's `{baseURL}/models/{model}:generateContent`, or
@@ -585,7 +607,7 @@ pub fn prepare(
                     .collect(),
                 model_urls: if matches!(
                     credential.spec.provider,
-                    Provider::Gemini | Provider::Vertex
+                    Provider::Gemini | Provider::Vertex | Provider::Bedrock
                 ) {
                     t.model
                         .iter()
@@ -824,9 +846,18 @@ fn prepare_credential(
         }
         _ => None,
     };
+    // bedrock: the Secret's keys sign each request; there is no key header.
+    let aws = match c.provider {
+        Provider::Bedrock => compiled.keys.get(&c.id).and_then(AwsKeys::decode),
+        _ => None,
+    };
+    let signer = aws
+        .as_ref()
+        .map(|k| crate::aws::Signer::new(k, c.region.as_deref().unwrap_or("us-east-1")));
     let headers = match compiled.keys.get(&c.id) {
         None => None,
         Some(_) if c.provider == Provider::Vertex && vertex.is_none() => None,
+        Some(_) if c.provider == Provider::Bedrock && aws.is_none() => None,
         Some(key) => {
             // Room for the auth headers, accept-encoding, and for what each upstream
             // request adds to its copy (x-request-id, forwarded client headers,
@@ -867,6 +898,8 @@ fn prepare_credential(
                 Provider::Gemini => Some(("x-goog-api-key", key.expose().clone())),
                 // Per request, from the token cache (`vertex` above).
                 Provider::Vertex => None,
+                // Signed per request (`crate::aws`): no key header.
+                Provider::Bedrock => None,
             };
             if let Some((name, value)) = auth {
                 // The message never includes the value: it is key material.
@@ -894,7 +927,11 @@ fn prepare_credential(
         urls,
         headers,
         vertex,
-        key: compiled.keys.get(&c.id).cloned(),
+        key: match &aws {
+            Some(k) => Some(k.secret_access_key.clone()),
+            None => compiled.keys.get(&c.id).cloned(),
+        },
+        signer,
         client: if c.allow_private_network {
             clients.private.clone()
         } else {

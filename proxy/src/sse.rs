@@ -36,6 +36,11 @@ pub struct Framer {
     scanned: usize,
     /// Largest event accepted, terminator included.
     max_event: usize,
+    /// Bedrock's binary event stream: frames become SSE events before they are
+    /// framed here (see `eventstream`).
+    reframer: Option<Box<crate::eventstream::Reframer>>,
+    /// A binary frame was over the limit: the stream ends.
+    overflowed: bool,
 }
 
 impl Default for Framer {
@@ -55,6 +60,17 @@ impl Framer {
             start: 0,
             scanned: 0,
             max_event,
+            reframer: None,
+            overflowed: false,
+        }
+    }
+
+    /// A framer for an AWS event stream (Bedrock's ConverseStream): each binary
+    /// frame is yielded as one SSE event (see `eventstream`), under the same limit.
+    pub fn event_stream(max_event: usize) -> Self {
+        Self {
+            reframer: Some(Box::default()),
+            ..Self::new(max_event)
         }
     }
 
@@ -64,19 +80,29 @@ impl Framer {
             self.buf.drain(..self.start);
             self.start = 0;
         }
-        self.buf.extend_from_slice(chunk);
+        match &mut self.reframer {
+            None => self.buf.extend_from_slice(chunk),
+            Some(r) => {
+                if r.push(chunk, self.max_event, &mut self.buf).is_err() {
+                    self.overflowed = true;
+                }
+            }
+        }
     }
 
     /// Bytes held: at most the limit plus the last chunk pushed, since every push is
     /// followed by `next_event` until it yields nothing or fails.
     pub fn buffered(&self) -> usize {
-        self.buf.len() - self.start
+        self.buf.len() - self.start + self.reframer.as_ref().map_or(0, |r| r.buffered())
     }
 
     /// The next complete event, if one has fully arrived, read in place. An event
     /// over the limit, or that many bytes without a boundary, is an error; the buffer
     /// is freed then (the stream cannot be resynchronised, so it ends).
     pub fn next_in_place(&mut self) -> Result<Option<&[u8]>, EventTooLarge> {
+        if self.overflowed {
+            return Err(self.overflow());
+        }
         let rest = &self.buf[self.start..];
         // Resume a little before the last scan end: a boundary may straddle chunks.
         let from = self.scanned.saturating_sub(3);

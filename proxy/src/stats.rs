@@ -252,6 +252,45 @@ pub fn gemini_usage(doc: &[u8]) -> Option<Usage> {
     })
 }
 
+/// Bedrock's `usage` (a Converse answer, or a ConverseStream `metadata` event):
+/// cache reads and writes, which Bedrock counts apart, are input as OpenAI counts
+/// them.
+#[derive(Debug, Default, Clone, Copy, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BedrockUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    cache_read_input_tokens: u64,
+    #[serde(default)]
+    cache_write_input_tokens: u64,
+}
+
+static BEDROCK_USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"inputTokens\""));
+
+/// [`usage`] for a Bedrock answer or stream event (`usage.inputTokens`, ...).
+pub fn bedrock_usage(doc: &[u8]) -> Option<Usage> {
+    BEDROCK_USAGE_KEY.find(doc)?;
+    let at = memchr::memmem::find(doc, b"\"usage\"")? + b"\"usage\"".len();
+    let rest = &doc[at..];
+    let start = rest
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b':'))?;
+    let mut values =
+        serde_json::Deserializer::from_slice(&rest[start..]).into_iter::<BedrockUsage>();
+    let u = values.next()?.ok()?;
+    Some(Usage {
+        input_tokens: u
+            .input_tokens
+            .saturating_add(u.cache_read_input_tokens)
+            .saturating_add(u.cache_write_input_tokens),
+        output_tokens: u.output_tokens,
+    })
+}
+
 impl RouteTargetCounters {
     pub fn add_usage(&self, u: Usage) {
         add(&self.input_tokens, u.input_tokens);
@@ -292,6 +331,15 @@ mod usage_tests {
             })
         );
         assert_eq!(gemini_usage(br#"{"candidates":[]}"#), None);
+        let bedrock = b"event: metadata\ndata: {\"metadata\":{\"usage\":{\"inputTokens\":12,\"outputTokens\":5,\"totalTokens\":17},\"metrics\":{\"latencyMs\":9}}}\n\n";
+        assert_eq!(
+            bedrock_usage(bedrock),
+            Some(Usage {
+                input_tokens: 12,
+                output_tokens: 5
+            })
+        );
+        assert_eq!(bedrock_usage(br#"{"metadata":{}}"#), None);
         assert_eq!(usage(br#"{"usage":null}"#), None);
     }
 }

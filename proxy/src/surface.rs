@@ -234,6 +234,7 @@ mod tests {
             responses_api,
             project: None,
             location: None,
+            region: None,
         }
     }
 

@@ -24,7 +24,8 @@
 //! [`Flavor::Azure`]; Gemini flavor serves Google AI's `generateContent` under
 //! `/v1beta` and is strict too, see [`Flavor::Gemini`]; Vertex flavor serves Vertex
 //! AI's Claude and Gemini endpoints and an OAuth token endpoint, strict too, see
-//! [`Flavor::Vertex`].
+//! [`Flavor::Vertex`]; Bedrock flavor serves Converse / ConverseStream (SigV4
+//! checked, AWS event-stream framing) and is strict too, see [`Flavor::Bedrock`].
 //! Any other path still consumes a behaviour; answering behaviours turn into a 404 in
 //! the flavor's error shape there, failure behaviours fail as scripted.
 
@@ -118,6 +119,12 @@ pub enum Flavor {
     /// Answers render as [`Flavor::Anthropic`] or [`Flavor::Gemini`] by publisher;
     /// errors are Google's ([`vertex_error_body`]).
     Vertex,
+    /// Amazon Bedrock's runtime Converse API, strict (see the `bedrock` module for
+    /// what it refuses, the SigV4 check included): `POST /model/{modelId}/converse`
+    /// and `/converse-stream`, answers `ConverseResponse`s ([`bedrock_response`]),
+    /// streams real AWS event-stream frames, errors `{"message"}` with
+    /// `x-amzn-errortype`. Its behaviours are those the `bedrock` module lists.
+    Bedrock,
 }
 
 /// API versions the Azure flavor accepts on its classic (deployment) paths.
@@ -587,6 +594,7 @@ impl SimProvider {
         match self.flavor() {
             Flavor::Azure => format!("http://{}/openai", self.inner.addr),
             Flavor::Gemini => format!("http://{}/v1beta", self.inner.addr),
+            Flavor::Bedrock => format!("http://{}", self.inner.addr),
             // Vertex AI's `https://{location}-aiplatform.googleapis.com/v1`.
             _ => format!("http://{}/v1", self.inner.addr),
         }
@@ -605,6 +613,10 @@ impl SimProvider {
             ),
             Flavor::Vertex => format!(
                 "{}/projects/{VERTEX_PROJECT}/locations/{VERTEX_LOCATION}/publishers/google/models/gemini-2.5-flash:generateContent",
+                self.base_url()
+            ),
+            Flavor::Bedrock => format!(
+                "{}/model/anthropic.claude-sonnet-4-v1%3A0/converse",
                 self.base_url()
             ),
         }
@@ -794,6 +806,8 @@ enum Endpoint {
     Messages,
     /// Gemini's `generateContent` / `streamGenerateContent`.
     Generate,
+    /// Bedrock's `converse` / `converse-stream`.
+    Converse,
     Embeddings,
     /// The OpenAI Responses API.
     Responses,
@@ -843,8 +857,9 @@ async fn handle(
         // The token endpoint: counted apart, no behaviour taken.
         return Ok(v.token(&parts.method, &parts.headers, &body).await);
     }
-    // Gemini and Vertex name the model and whether to stream in the path.
+    // Gemini, Vertex and Bedrock name the model and whether to stream in the path.
     let mut from_path = None;
+    let mut bedrock_refusal = None;
     let (endpoint, refusal) = if flavor == Flavor::Azure {
         azure_route(&state, &parts, json.as_ref())
     } else if let Some(v) = &state.vertex {
@@ -857,6 +872,11 @@ async fn handle(
         let (endpoint, model, stream, refusal) = gemini::route(&parts, json.as_ref());
         from_path = Some((model, stream));
         (endpoint, refusal)
+    } else if flavor == Flavor::Bedrock {
+        let (endpoint, model, stream, refusal) = bedrock::route(&parts, &body, json.as_ref());
+        from_path = Some((model, stream));
+        bedrock_refusal = refusal;
+        (endpoint, None)
     } else {
         let endpoint = match (flavor, &parts.method, parts.uri.path()) {
             (Flavor::OpenAi, &Method::POST, "/v1/chat/completions") => Endpoint::Chat,
@@ -909,7 +929,7 @@ async fn handle(
 
     // Arrival: record, count, and take this request's behaviour, all before it runs.
     // A request the strict Azure flavor refuses takes none.
-    let behavior = if refusal.is_some() {
+    let behavior = if refusal.is_some() || bedrock_refusal.is_some() {
         Behavior::Answer
     } else {
         let mut queue = lock(&state.queue);
@@ -944,7 +964,13 @@ async fn handle(
     if let Some((status, body)) = refusal {
         return Ok(json_response(&ctx, status, &body));
     }
+    if let Some(r) = &bedrock_refusal {
+        return Ok(bedrock::error_response(&ctx, r));
+    }
     let guard = CancelGuard { state: Some(state) };
+    if flavor == Flavor::Bedrock {
+        return bedrock::respond(&ctx, behavior, guard).await;
+    }
     respond(&ctx, behavior, guard).await
 }
 
@@ -1114,6 +1140,7 @@ async fn respond(
                     anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
                 }
                 Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             };
             sse(ctx, vec![event], Duration::ZERO, StreamEnd::Finish, guard)
         }
@@ -1146,6 +1173,7 @@ async fn respond(
                     anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
                 }
                 Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             });
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
         }
@@ -1171,6 +1199,7 @@ async fn respond(
                 Flavor::Azure => azure_completion(&ctx.model, &answer_text(&ctx.name), "stop"),
                 Flavor::Anthropic => anthropic_message(&ctx.model, &answer_text(&ctx.name)),
                 Flavor::Gemini => gemini_response(&ctx.model, &answer_text(&ctx.name), "STOP"),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             }
             .to_string();
             let body = match kind {
@@ -1335,6 +1364,7 @@ fn opening_events(ctx: &Ctx) -> Vec<String> {
         // The prompt's filter results, then the role chunk.
         Flavor::Azure => 2,
         Flavor::Anthropic | Flavor::Gemini => 3,
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     });
     events.insert(1, ": keep-alive\n\n".into());
     events
@@ -1392,6 +1422,7 @@ fn huge_body(ctx: &Ctx, bytes: usize, pause: Duration, guard: CancelGuard) -> Re
         Flavor::OpenAi | Flavor::Azure => openai_completion(&ctx.model, "@@TEXT@@"),
         Flavor::Anthropic => anthropic_message(&ctx.model, "@@TEXT@@"),
         Flavor::Gemini => gemini_response(&ctx.model, "@@TEXT@@", "STOP"),
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     }
     .to_string();
     let (before, after) = whole.split_once("@@TEXT@@").expect("sim: placeholder");
@@ -1550,6 +1581,7 @@ fn answer(ctx: &Ctx, text: &str, guard: CancelGuard) -> Response<Body> {
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
         Endpoint::Generate => gemini_response(&ctx.model, text, "STOP"),
+        Endpoint::Converse => bedrock_response(text, "end_turn"),
         Endpoint::Chat if ctx.flavor == Flavor::Azure => azure_completion(&ctx.model, text, "stop"),
         Endpoint::Chat => openai_completion(&ctx.model, text),
         Endpoint::Messages => anthropic_message(&ctx.model, text),
@@ -1595,6 +1627,7 @@ fn tool_call(
                     anthropic_tool_use_stream_events(&ctx.model, text, name, arguments)
                 }
                 Flavor::Gemini => gemini_tool_call_stream_events(&ctx.model, text, name, arguments),
+                Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             };
             return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
         }
@@ -1617,6 +1650,7 @@ fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
         Flavor::Anthropic => anthropic_stream_events(&ctx.model, pieces),
         Flavor::Azure => azure_stream(openai_stream_events(&ctx.model, pieces, ctx.include_usage)),
         Flavor::Gemini => gemini_stream_events(&ctx.model, pieces),
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     }
 }
 
@@ -1629,6 +1663,7 @@ fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
         Flavor::Anthropic => "request-id",
         // Google sends no request id header of its own; a debug id stands in.
         Flavor::Gemini => "x-goog-sim-request-id",
+        Flavor::Bedrock => "x-amzn-requestid",
     };
     let status = StatusCode::from_u16(status).expect("sim: status must be in 100..=999");
     Response::builder()
@@ -1717,6 +1752,7 @@ fn sse(
         Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
         Flavor::OpenAi | Flavor::Azure => "text/event-stream; charset=utf-8",
         Flavor::Anthropic | Flavor::Gemini => "text/event-stream",
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
     };
     base_response(ctx, 200)
         .header(header::CONTENT_TYPE, content_type)
@@ -2169,6 +2205,10 @@ pub fn models_list(flavor: Flavor, ids: &[&str]) -> Value {
             "last_id": ids.last()
         }),
         Flavor::Gemini | Flavor::Vertex => gemini_models(ids),
+        // The Bedrock runtime lists no models (the control plane does).
+        Flavor::Bedrock => {
+            json!({"modelSummaries": ids.iter().map(|id| json!({"modelId": id})).collect::<Vec<_>>()})
+        }
     }
 }
 
@@ -2187,6 +2227,7 @@ pub fn error_body(flavor: Flavor, status: u16) -> Value {
     match flavor {
         Flavor::Gemini => gemini_error_body(status),
         Flavor::Vertex => vertex_error_body(status),
+        Flavor::Bedrock => bedrock_error_body(status),
         Flavor::Azure => match status {
             401 => azure_error(
                 "401",
@@ -2403,6 +2444,8 @@ pub fn azure_content_filter_error() -> Value {
     }})
 }
 
+mod bedrock;
+pub use bedrock::*;
 mod gemini;
 pub use gemini::*;
 mod vertex;

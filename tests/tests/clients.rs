@@ -32,6 +32,7 @@ async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProx
         Flavor::OpenAi => "openai",
         Flavor::Azure => "azure-openai",
         Flavor::Gemini => "gemini",
+        Flavor::Bedrock => unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs"),
         Flavor::Anthropic => "anthropic",
         Flavor::Vertex => "vertex",
     };

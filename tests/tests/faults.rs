@@ -30,6 +30,7 @@ fn provider(flavor: Flavor) -> &'static str {
         Flavor::OpenAi => "openai",
         Flavor::Azure => "azure-openai",
         Flavor::Gemini => "gemini",
+        Flavor::Bedrock => unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs"),
         Flavor::Anthropic => "anthropic",
         Flavor::Vertex => "vertex",
     }
@@ -71,7 +72,7 @@ async fn setup(flavor: Flavor) -> (SimProvider, SimProvider, TestProxy) {
 
 async fn ask(proxy: &TestProxy, flavor: Flavor, stream: bool) -> reqwest::Response {
     match flavor {
-        Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
+        Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
             proxy.chat("smart", stream).await
         }
         Flavor::Anthropic => proxy.messages("smart", stream).await,
@@ -496,9 +497,11 @@ async fn an_in_band_error_after_commit_is_relayed_without_the_key_in_any_spellin
     for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
         let (primary, backup, proxy) = setup(flavor).await;
         let event = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => format!(
-                "data: {{\"error\":{{\"message\":\"{message}\",\"type\":\"invalid_request_error\",\"code\":\"invalid_api_key\"}}}}\n\n"
-            ),
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
+                format!(
+                    "data: {{\"error\":{{\"message\":\"{message}\",\"type\":\"invalid_request_error\",\"code\":\"invalid_api_key\"}}}}\n\n"
+                )
+            }
             Flavor::Anthropic => format!(
                 "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"authentication_error\",\"message\":\"{message}\"}}}}\n\n"
             ),
@@ -853,7 +856,7 @@ async fn a_reset_after_commit_ends_the_stream_with_the_error_event() {
         let text = r.text().await.unwrap();
         let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
         let error_event = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
                 last.contains("\"code\":\"stream_interrupted\"")
             }
             Flavor::Anthropic => last.starts_with("event: error\n"),

@@ -360,3 +360,44 @@ fn the_vertex_example_compiles_to_a_vertex_credential() {
     );
     assert_eq!(route.targets[0].upstream_model("fast"), "gemini-2.5-flash");
 }
+
+/// `crds/examples/bedrock.yaml` compiles to what its comments say: a bedrock
+/// credential on its region's runtime endpoint, its keys read from the whole Secret
+/// (and shown nowhere in the config), Bedrock model ids by the name the client sent.
+#[test]
+fn the_bedrock_example_compiles_to_a_bedrock_target_first() {
+    use switchback_crds::config::{AwsKeys, Provider};
+    let file = workspace().join("crds/examples/bedrock.yaml");
+    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+        &file,
+        &switchback_proxy::auth::Auth::default(),
+    )
+    .expect("compiles");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let bedrock = compiled
+        .config
+        .credentials
+        .iter()
+        .find(|c| c.id.name == "bedrock-us-east-1")
+        .expect("bedrock-us-east-1");
+    assert_eq!(bedrock.provider, Provider::Bedrock);
+    assert_eq!(bedrock.region.as_deref(), Some("us-east-1"));
+    assert_eq!(
+        bedrock.base_url,
+        "https://bedrock-runtime.us-east-1.amazonaws.com"
+    );
+    let keys = AwsKeys::decode(compiled.keys.get(&bedrock.id).expect("keys")).expect("AWS keys");
+    assert_eq!(keys.access_key_id.expose(), "AKIAPLACEHOLDER00000");
+    assert!(keys.session_token.is_none());
+    let shown = serde_json::to_string(&compiled.config).unwrap();
+    assert!(!shown.contains("placeholder/secret"), "{shown}");
+    let route = &compiled.config.routes[0];
+    assert_eq!(route.models, ["smart", "fast"]);
+    let first = &route.targets[0];
+    assert_eq!(first.credential.name, "bedrock-us-east-1");
+    assert_eq!(
+        first.upstream_model("smart"),
+        "us.anthropic.claude-sonnet-4-20250514-v1:0"
+    );
+    assert_eq!(first.upstream_model("fast"), "amazon.nova-lite-v1:0");
+}

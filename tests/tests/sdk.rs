@@ -293,6 +293,9 @@ impl Sims {
                 Flavor::OpenAi => "openai",
                 Flavor::Azure => "azure-openai",
                 Flavor::Gemini => "gemini",
+                Flavor::Bedrock => {
+                    unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs")
+                }
                 Flavor::Anthropic => "anthropic",
                 Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             };
@@ -640,7 +643,7 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                     );
                     assert_eq!(r.header("authorization"), None, "{}", sim.name());
                 }
-                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
+                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
                     assert!(
                         [
                             "/v1/chat/completions",
@@ -671,11 +674,14 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                 Flavor::OpenAi => r.header("authorization").map(str::to_owned),
                 Flavor::Azure => r.header("api-key").map(|k| format!("Bearer {k}")),
                 Flavor::Gemini => r.header("x-goog-api-key").map(|k| format!("Bearer {k}")),
+                Flavor::Bedrock => unreachable!("no bedrock in this chain"),
                 Flavor::Anthropic => r.header("x-api-key").map(str::to_owned),
                 Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             };
             let want = match sim.flavor() {
-                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => format!("Bearer {key}"),
+                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
+                    format!("Bearer {key}")
+                }
                 Flavor::Anthropic => key,
                 Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             };

@@ -16,6 +16,7 @@ async fn setup(flavor: Flavor, spec: &str) -> (SimProvider, SimProvider, TestPro
         Flavor::OpenAi => "openai",
         Flavor::Azure => "azure-openai",
         Flavor::Gemini => "gemini",
+        Flavor::Bedrock => unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs"),
         Flavor::Anthropic => "anthropic",
         Flavor::Vertex => unreachable!("a vertex credential is a service account: tests/vertex.rs"),
     };
@@ -110,7 +111,7 @@ async fn an_error_as_the_first_event_fails_over() {
         primary.set_default(Behavior::StreamErrorFirst);
         let r = match flavor {
             Flavor::Anthropic => proxy.messages("smart", true).await,
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
                 proxy.chat("smart", true).await
             }
         };
@@ -177,7 +178,7 @@ async fn a_break_after_commit_ends_the_stream_with_an_error_event() {
         primary.push(Behavior::BreakMidStream { chunks: 5 });
         let r = match flavor {
             Flavor::Anthropic => proxy.messages("smart", true).await,
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
                 proxy.chat("smart", true).await
             }
         };

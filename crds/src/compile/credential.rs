@@ -1,5 +1,7 @@
 //! ProviderCredential → [`Credential`]: provider, base URL (with the private-network
-//! guard), static headers, concurrency limits, and the key from its Secret.
+//! guard), static headers, concurrency limits, and the key from its Secret (for
+//! vertex: its project, location and service-account JSON key; for bedrock: its region
+//! and the access key pair read from the whole Secret).
 //!
 //! A missing Secret or key does not reject the credential: it is kept with a Warning
 //! and no key, so routes keep their other targets and pick this one up as soon as the
@@ -9,7 +11,10 @@ use std::collections::BTreeMap;
 
 use crate::compile::fields::{self, Checker};
 use crate::compile::{Diagnostic, Kind, SecretIndex, Severity, reason};
-use crate::config::{Credential, ObjectId, Provider, SecretKeyRef, vertex_base_url};
+use crate::config::{
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AwsKeys, Credential, ObjectId,
+    Provider, SecretKeyRef, bedrock_base_url, vertex_base_url,
+};
 use crate::credential::ProviderCredentialSpec;
 use crate::network;
 use crate::schema::{MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_NAME_LEN, MAX_URL_LEN};
@@ -35,13 +40,14 @@ impl Outcome {
     }
 }
 
-const PROVIDERS: [(&str, Provider); 6] = [
+const PROVIDERS: [(&str, Provider); 7] = [
     ("openai", Provider::Openai),
     ("anthropic", Provider::Anthropic),
     ("openai-compatible", Provider::OpenaiCompatible),
     ("azure-openai", Provider::AzureOpenai),
     ("gemini", Provider::Gemini),
     ("vertex", Provider::Vertex),
+    ("bedrock", Provider::Bedrock),
 ];
 
 /// `apiVersion` that selects Azure's v1 API (also the default).
@@ -74,11 +80,16 @@ pub(crate) fn compile(
 
     let provider = fields::one_of(&mut c, "spec.provider", &spec.provider, &PROVIDERS);
     let allow_private_network = spec.allow_private_network.unwrap_or(false);
+    let bedrock = provider == Some(Provider::Bedrock);
+    let region = region(&mut c, provider, spec.region.as_deref());
     let (project, location) = vertex_place(&mut c, provider, spec);
     let base_url = match (&spec.base_url, provider) {
         (Some(raw), _) => base_url(&mut c, "spec.baseURL", raw, allow_private_network),
         (None, Some(Provider::Vertex)) => {
             location.as_deref().map(vertex_base_url).unwrap_or_default()
+        }
+        (None, Some(Provider::Bedrock)) => {
+            region.as_deref().map(bedrock_base_url).unwrap_or_default()
         }
         (None, Some(provider)) => match provider.default_base_url() {
             Some(default) => default.to_string(),
@@ -100,13 +111,22 @@ pub(crate) fn compile(
         1,
         MAX_NAME_LEN as usize,
     );
-    fields::string_len(
-        &mut c,
-        "spec.secretRef.key",
-        &spec.secret_ref.key,
-        1,
-        MAX_NAME_LEN as usize,
-    );
+    if bedrock {
+        if !spec.secret_ref.key.is_empty() {
+            c.invalid(
+                "spec.secretRef.key",
+                "provider bedrock takes the whole Secret (accessKeyId, secretAccessKey, optional sessionToken): secretRef.key must not be set",
+            );
+        }
+    } else {
+        fields::string_len(
+            &mut c,
+            "spec.secretRef.key",
+            &spec.secret_ref.key,
+            1,
+            MAX_NAME_LEN as usize,
+        );
+    }
 
     let headers = headers(&mut c, spec.headers.as_ref());
     let api_version = api_version(&mut c, provider, spec.api_version.as_deref());
@@ -137,13 +157,15 @@ pub(crate) fn compile(
     };
 
     let (namespace, selector, path) = (&id.namespace, &spec.secret_ref, "spec.secretRef");
-    let read = if provider == Provider::Vertex {
-        vertex_key(namespace, selector, path, secrets, allow_private_network)
-    } else {
-        super::secret_key(namespace, selector, path, secrets)
+    let found = match provider {
+        Provider::Bedrock => aws_keys(namespace, &selector.name, secrets).map(|k| k.encode()),
+        Provider::Vertex => {
+            vertex_key(namespace, selector, path, secrets, allow_private_network).map(Secret::new)
+        }
+        _ => super::secret_key(namespace, selector, path, secrets).map(Secret::new),
     };
-    let (key, key_problem) = match read {
-        Ok(key) => (Some(Secret::new(key)), None),
+    let (key, key_problem) = match found {
+        Ok(key) => (Some(key), None),
         Err(problem) => {
             c.warning(
                 reason::SECRET_KEY_MISSING,
@@ -171,6 +193,7 @@ pub(crate) fn compile(
             responses_api: spec.responses_api.unwrap_or(false),
             project,
             location,
+            region,
         }),
         key,
         key_problem,
@@ -276,6 +299,76 @@ fn vertex_key(
             ),
         }),
     }
+}
+
+/// `spec.region`: required for bedrock, refused elsewhere; an AWS region name
+/// (`us-east-1`, `eu-central-2`, `us-gov-west-1`), checked without a regex.
+fn region(c: &mut Checker, provider: Option<Provider>, raw: Option<&str>) -> Option<String> {
+    let field = "spec.region";
+    match (provider, raw) {
+        (Some(Provider::Bedrock), None) => {
+            c.invalid(field, "is required for provider bedrock");
+            None
+        }
+        (Some(Provider::Bedrock), Some(r)) if !is_region(r) => {
+            c.invalid(
+                field,
+                format!("{r:?} is not an AWS region name such as us-east-1"),
+            );
+            None
+        }
+        (Some(Provider::Bedrock) | None, Some(r)) => Some(r.to_string()),
+        (Some(_), Some(_)) => {
+            c.invalid(field, "is only meaningful for provider bedrock");
+            None
+        }
+        (_, None) => None,
+    }
+}
+
+/// `^[a-z]{2}(-[a-z]+)+-[0-9]+$`, at most 32 characters (the schema's pattern).
+fn is_region(r: &str) -> bool {
+    let parts: Vec<&str> = r.split('-').collect();
+    r.len() <= 32
+        && parts.len() >= 3
+        && parts[0].len() == 2
+        && parts[..parts.len() - 1]
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts[parts.len() - 1].bytes().all(|b| b.is_ascii_digit())
+        && !parts[parts.len() - 1].is_empty()
+}
+
+/// A bedrock credential's keys: the whole Secret `name` (SPEC §10), its
+/// `accessKeyId` and `secretAccessKey` required, `sessionToken` optional, each
+/// trimmed and checked as [`super::secret_key`] checks one key.
+fn aws_keys(
+    namespace: &str,
+    name: &str,
+    secrets: &super::SecretIndex,
+) -> Result<AwsKeys, super::KeyProblem> {
+    let read = |key: &str| {
+        let selector = crate::credential::SecretKeySelector {
+            name: name.to_string(),
+            key: key.to_string(),
+        };
+        super::secret_key(namespace, &selector, "spec.secretRef", secrets)
+    };
+    let access_key_id = Secret::new(read(AWS_ACCESS_KEY_ID)?);
+    let secret_access_key = Secret::new(read(AWS_SECRET_ACCESS_KEY)?);
+    // Absent is fine (long-term keys); present and unusable is not.
+    let has_token = secrets
+        .get(&ObjectId::new(namespace, name))
+        .is_some_and(|s| s.contains_key(AWS_SESSION_TOKEN));
+    let session_token = match has_token {
+        true => Some(Secret::new(read(AWS_SESSION_TOKEN)?)),
+        false => None,
+    };
+    Ok(AwsKeys {
+        access_key_id,
+        secret_access_key,
+        session_token,
+    })
 }
 
 /// `spec.apiVersion`: only for azure-openai; `v1` or absent selects the v1 API

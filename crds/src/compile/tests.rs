@@ -406,6 +406,7 @@ fn sample_compiles_to_the_expected_config() {
                 responses_api: false,
                 project: None,
                 location: None,
+                region: None,
                 id: anthropic.clone(),
                 provider: Provider::Anthropic,
                 base_url: "https://api.anthropic.com/v1".into(),
@@ -423,6 +424,7 @@ fn sample_compiles_to_the_expected_config() {
                 responses_api: false,
                 project: None,
                 location: None,
+                region: None,
                 id: openai.clone(),
                 provider: Provider::Openai,
                 base_url: "https://api.openai.com/v1".into(),
@@ -2018,4 +2020,139 @@ fn a_private_token_uri_needs_allow_private_network_like_a_base_url() {
     let compiled = s.compile();
     assert_eq!(messages(&compiled), Vec::<String>::new());
     assert!(compiled.keys.get(&id("anthropic-prod")).is_some());
+}
+
+// ---------------------------------------------------------------------------------
+// bedrock credentials.
+// ---------------------------------------------------------------------------------
+
+/// The sample's anthropic-prod turned into a bedrock credential in `region`, reading
+/// the whole Secret anthropic-key, which holds `data`.
+fn bedrock_sample(region: Option<&str>, data: &[(&str, &str)]) -> Sample {
+    let mut s = sample();
+    let c = s.credential("anthropic-prod");
+    c.provider = "bedrock".into();
+    c.base_url = None;
+    c.secret_ref.key = String::new();
+    c.region = region.map(str::to_owned);
+    let secret = s.secret("anthropic-key");
+    secret.data = None;
+    secret.string_data = Some(
+        data.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    s
+}
+
+#[test]
+fn bedrock_reads_the_whole_secret_and_defaults_to_its_regions_runtime() {
+    let compiled = bedrock_sample(
+        Some("eu-central-1"),
+        &[
+            ("accessKeyId", "AKIDEXAMPLE\n"),
+            ("secretAccessKey", "wJalrXUtnFEMI/K7MDENG"),
+            ("sessionToken", "FwoGZXIvYXdzEXAMPLE"),
+        ],
+    )
+    .compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let c = compiled_credential(&compiled, "anthropic-prod");
+    assert_eq!(c.provider, Provider::Bedrock);
+    assert_eq!(
+        c.base_url,
+        "https://bedrock-runtime.eu-central-1.amazonaws.com"
+    );
+    assert_eq!(c.region.as_deref(), Some("eu-central-1"));
+    assert_eq!(c.secret_ref.key, "");
+    let entry = compiled
+        .keys
+        .get(&id("anthropic-prod"))
+        .expect("keys found");
+    let keys = crate::config::AwsKeys::decode(entry).expect("an AWS key entry");
+    assert_eq!(keys.access_key_id.expose(), "AKIDEXAMPLE", "trimmed");
+    assert_eq!(keys.secret_access_key.expose(), "wJalrXUtnFEMI/K7MDENG");
+    assert_eq!(
+        keys.session_token.as_ref().map(|t| t.expose().as_str()),
+        Some("FwoGZXIvYXdzEXAMPLE")
+    );
+    // Nothing of the Secret in the config that ConfigMaps and admin endpoints show.
+    let shown = serde_json::to_string(&compiled.config).unwrap();
+    assert!(
+        !shown.contains("wJalr") && !shown.contains("FwoG"),
+        "{shown}"
+    );
+    assert!(!format!("{keys:?}").contains("wJalr"));
+
+    // Without a session token: long-term keys.
+    let compiled = bedrock_sample(
+        Some("us-east-1"),
+        &[("accessKeyId", "AKID"), ("secretAccessKey", "secret")],
+    )
+    .compile();
+    let entry = compiled
+        .keys
+        .get(&id("anthropic-prod"))
+        .expect("keys found");
+    assert!(
+        crate::config::AwsKeys::decode(entry)
+            .unwrap()
+            .session_token
+            .is_none()
+    );
+}
+
+#[test]
+fn bedrock_without_its_secret_keys_warns_and_keeps_the_credential() {
+    let compiled = bedrock_sample(Some("us-east-1"), &[("accessKeyId", "AKID")]).compile();
+    assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
+    let m = messages(&compiled);
+    assert!(
+        m.iter()
+            .any(|m| m.contains("spec.secretRef.key")
+                && m.contains("has no key \"secretAccessKey\"")),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn bedrock_fields_are_checked_with_their_paths() {
+    let m = messages(&bedrock_sample(None, &[]).compile());
+    assert!(
+        m.contains(
+            &"team-a/anthropic-prod: spec.region: is required for provider bedrock".to_string()
+        ),
+        "{m:?}"
+    );
+    let m = messages(&bedrock_sample(Some("Mars-1"), &[]).compile());
+    assert!(
+        m.iter()
+            .any(|m| m.contains("spec.region: \"Mars-1\" is not an AWS region name")),
+        "{m:?}"
+    );
+    let mut s = bedrock_sample(Some("us-east-1"), &[]);
+    s.credential("anthropic-prod").secret_ref.key = "apiKey".into();
+    let m = messages(&s.compile());
+    assert!(
+        m.iter()
+            .any(|m| m.contains("spec.secretRef.key: provider bedrock takes the whole Secret")),
+        "{m:?}"
+    );
+    let mut s = sample();
+    s.credential("openai-prod").region = Some("us-east-1".into());
+    let m = messages(&s.compile());
+    assert!(
+        m.contains(
+            &"team-a/openai-prod: spec.region: is only meaningful for provider bedrock".to_string()
+        ),
+        "{m:?}"
+    );
+    let mut s = sample();
+    s.credential("openai-prod").secret_ref.key = String::new();
+    let m = messages(&s.compile());
+    assert!(
+        m.iter()
+            .any(|m| m.starts_with("team-a/openai-prod: spec.secretRef.key:")),
+        "{m:?}"
+    );
 }

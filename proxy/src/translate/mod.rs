@@ -156,6 +156,44 @@
 //! `alt=sse` chunks of whole parts, no `[DONE]`; the client's stream is completed by
 //! [`StreamTranslator::finish`] once a finish reason came.
 //!
+//! # Requests: either surface → Bedrock ([`Direction::OpenAiToBedrock`], [`Direction::AnthropicToBedrock`])
+//!
+//! Bedrock (Amazon Bedrock's `Converse` / `ConverseStream`) is a provider only. Its
+//! adapter encodes the form: the system prompt → `system` text blocks; turns →
+//! `messages` (`user` / `assistant`, consecutive turns of one role merged, empty
+//! text left out, as Converse refuses blank text); text → `text`; base64 images →
+//! `image {format, source.bytes}` (the format from the media type: png, jpeg, gif,
+//! webp); PDFs → `document {format, name, source.bytes}` (the name is the title
+//! cleaned to what Converse allows, else `document-N`); tool calls → `toolUse
+//! {toolUseId, name, input}`; tool results → `toolResult {toolUseId, content:
+//! [{text}], status: "error"?}`; tools → `toolConfig.tools[].toolSpec` with the
+//! client's JSON Schema as `inputSchema.json`; `tool_choice` `auto` / `required` /
+//! named → `toolChoice` `auto` / `any` / `tool`; `none` → no `toolConfig` at all
+//! (Converse has no "none"); `max_tokens`, `temperature`, `top_p`, stop sequences →
+//! `inferenceConfig {maxTokens, temperature, topP, stopSequences}`. The model and
+//! whether to stream are in the URL. Refused with a 400 naming the client's
+//! parameter: `top_k` (no Converse field), temperatures above 1, images by URL, and
+//! `tool_choice: none` in a conversation that holds tool calls or results (Bedrock
+//! requires `toolConfig` then, and could call a tool). `parallel_tool_calls: false`
+//! and the end-user id are dropped (no equivalent).
+//!
+//! Answers: `output.message.content` text and `toolUse` blocks (ids kept as Bedrock
+//! made them); an id is made up (Converse gives none); `stopReason` `end_turn` →
+//! end turn, `tool_use` → tool use, `max_tokens` → max tokens, `stop_sequence` →
+//! stop sequence, `guardrail_intervened` / `content_filtered` → refusal,
+//! `model_context_window_exceeded` → context window. Usage: `inputTokens` in,
+//! `outputTokens` out, `cacheReadInputTokens` / `cacheWriteInputTokens` as cache reads
+//! and writes. Errors: by the type the `x-amzn-errortype` header named (copied into
+//! the body as `__type` by the pipeline): `ThrottlingException` → rate limit,
+//! `ServiceUnavailableException` / `ModelNotReadyException` → overloaded,
+//! `ValidationException` → invalid request unless it says the input is too long
+//! (context length), `AccessDeniedException` → permission,
+//! `UnrecognizedClientException` and the signature errors → authentication,
+//! `ResourceNotFoundException` for a model → model not found. Streams: each binary
+//! frame becomes one SSE event before the decoder sees it (`eventstream`); tool
+//! input arrives as JSON text fragments; `metadata` (usage) after `messageStop`
+//! completes the answer; an exception frame is an in-band error.
+//!
 //! # Responses
 //!
 //! Text blocks are concatenated (as their stream deltas would be); `tool_use` ↔
@@ -194,6 +232,7 @@
 //! (or `[DONE]`).
 
 mod anthropic;
+mod bedrock;
 mod errors;
 mod form;
 mod gemini;
@@ -224,6 +263,10 @@ pub enum Direction {
     OpenAiToGemini,
     /// An Anthropic messages client answered by a Gemini `generateContent` target.
     AnthropicToGemini,
+    /// An OpenAI chat completions client answered by a Bedrock `Converse` target.
+    OpenAiToBedrock,
+    /// An Anthropic messages client answered by a Bedrock `Converse` target.
+    AnthropicToBedrock,
 }
 
 /// The API an adapter speaks (one module each).
@@ -233,6 +276,8 @@ enum Dialect {
     AnthropicMessages,
     /// Google AI's `generateContent`: a provider only, never a client surface.
     Gemini,
+    /// Amazon Bedrock's `Converse`: a provider only, never a client surface.
+    Bedrock,
 }
 
 /// The APIs clients speak (adapters with a decode half for requests).
@@ -248,6 +293,7 @@ impl Dialect {
             Self::OpenAiChat => &openai::TARGET,
             Self::AnthropicMessages => &anthropic::TARGET,
             Self::Gemini => &gemini::TARGET,
+            Self::Bedrock => &bedrock::TARGET,
         }
     }
 }
@@ -261,6 +307,8 @@ impl Direction {
             (Surface::ChatCompletions, Provider::Anthropic) => Some(Self::OpenAiToAnthropic),
             (Surface::ChatCompletions, Provider::Gemini) => Some(Self::OpenAiToGemini),
             (Surface::Messages, Provider::Gemini) => Some(Self::AnthropicToGemini),
+            (Surface::ChatCompletions, Provider::Bedrock) => Some(Self::OpenAiToBedrock),
+            (Surface::Messages, Provider::Bedrock) => Some(Self::AnthropicToBedrock),
             (
                 Surface::Messages,
                 Provider::Openai | Provider::OpenaiCompatible | Provider::AzureOpenai,
@@ -276,6 +324,8 @@ impl Direction {
             Self::AnthropicToOpenAi => (Client::AnthropicMessages, Dialect::OpenAiChat),
             Self::OpenAiToGemini => (Client::OpenAiChat, Dialect::Gemini),
             Self::AnthropicToGemini => (Client::AnthropicMessages, Dialect::Gemini),
+            Self::OpenAiToBedrock => (Client::OpenAiChat, Dialect::Bedrock),
+            Self::AnthropicToBedrock => (Client::AnthropicMessages, Dialect::Bedrock),
         }
     }
 
@@ -286,24 +336,24 @@ impl Direction {
         }
     }
 
-    /// The client-surface wire the upstream speaks; `None` for Gemini, which is no
-    /// client surface (and takes none of their headers).
+    /// The client-surface wire the upstream speaks; `None` for Gemini and Bedrock,
+    /// which are no client surface (and take none of their headers).
     pub fn upstream_wire(self) -> Option<Wire> {
         match self.dialects().1 {
             Dialect::AnthropicMessages => Some(Wire::Anthropic),
             Dialect::OpenAiChat => Some(Wire::OpenAi),
-            Dialect::Gemini => None,
+            Dialect::Gemini | Dialect::Bedrock => None,
         }
     }
 
     /// The API called upstream (its URL is `credential.urls[surface.index()]`);
-    /// `None` for Gemini, whose URL names the model and the method
-    /// (`TargetRt::gemini_url`).
+    /// `None` for Gemini and Bedrock, whose URLs name the model and the method
+    /// (`TargetRt::model_url`).
     pub fn upstream_surface(self) -> Option<Surface> {
         match self.dialects().1 {
             Dialect::AnthropicMessages => Some(Surface::Messages),
             Dialect::OpenAiChat => Some(Surface::ChatCompletions),
-            Dialect::Gemini => None,
+            Dialect::Gemini | Dialect::Bedrock => None,
         }
     }
 
@@ -311,6 +361,12 @@ impl Direction {
     /// shapes.
     pub fn to_gemini(self) -> bool {
         self.dialects().1 == Dialect::Gemini
+    }
+
+    /// Whether the upstream is Bedrock: its streams come in AWS event-stream framing
+    /// (see `eventstream`), open and report usage in its own shapes.
+    pub fn to_bedrock(self) -> bool {
+        self.dialects().1 == Dialect::Bedrock
     }
 }
 
@@ -427,6 +483,22 @@ pub fn request(
         Client::OpenAiChat => openai::decode_request(&parsed, target)?,
         Client::AnthropicMessages => anthropic::decode_request(&parsed, target)?,
     };
+    if upstream == Dialect::Bedrock
+        && form.tool_choice == Some(form::ToolChoice::None)
+        && form.messages.iter().any(|m| {
+            m.content
+                .iter()
+                .any(|p| matches!(p, form::Part::ToolUse(_) | form::Part::ToolResult(_)))
+        })
+    {
+        // Converse has no "none"; leaving the tools out is only possible without tool
+        // blocks in the conversation (Bedrock then requires `toolConfig`).
+        return Err(vocab::refuse(
+            "tool_choice",
+            "tool_choice none in a conversation with tool calls (Converse has no \"none\" and requires the tools then)",
+            target,
+        ));
+    }
     let out = match upstream {
         Dialect::OpenAiChat => openai::encode_request(&form, upstream_model, defaults),
         Dialect::AnthropicMessages => {
@@ -440,6 +512,7 @@ pub fn request(
         }
         // The model is in the URL.
         Dialect::Gemini => gemini::encode_request(&form),
+        Dialect::Bedrock => bedrock::encode_request(&form),
     };
     Ok(to_bytes(&out))
 }
@@ -472,6 +545,7 @@ pub fn response_at(
         Dialect::OpenAiChat => openai::decode_answer(&parsed)?,
         Dialect::AnthropicMessages => anthropic::decode_answer(&parsed),
         Dialect::Gemini => gemini::decode_answer(&parsed),
+        Dialect::Bedrock => bedrock::decode_answer(&parsed),
     };
     let out = match client {
         Client::OpenAiChat => openai::encode_answer(&answer, client_model, created),
@@ -488,6 +562,7 @@ pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> B
         Dialect::OpenAiChat => openai::decode_error(status, upstream_error_body),
         Dialect::AnthropicMessages => anthropic::decode_error(status, upstream_error_body),
         Dialect::Gemini => gemini::decode_error(status, upstream_error_body),
+        Dialect::Bedrock => bedrock::decode_error(status, upstream_error_body),
     };
     to_bytes(&match client {
         Client::OpenAiChat => openai::encode_error(&e),
@@ -514,8 +589,28 @@ pub fn anthropic_error(status: u16, upstream_error_body: &[u8]) -> Option<Bytes>
 pub fn opening(direction: Option<Direction>, event: &[u8]) -> crate::sse::Opening {
     match direction {
         Some(d) if d.to_gemini() => gemini::opening(event),
+        Some(d) if d.to_bedrock() => bedrock::opening(event),
         _ => crate::sse::opening(event),
     }
+}
+
+/// A Bedrock error answer as the rest of the pipeline reads it: the type the
+/// `x-amzn-errortype` header named written into the body (`__type`), and the status
+/// that classes it (see `bedrock::class_status`: a model still loading is overload,
+/// a model's own failure a server error). Returns (status to classify by, body).
+pub fn bedrock_error(status: u16, error_type_header: Option<&str>, body: &[u8]) -> (u16, Bytes) {
+    let body = bedrock::with_error_type(error_type_header, body);
+    let kind = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("__type").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default();
+    (bedrock::class_status(status, &kind), body)
+}
+
+/// The status an event-stream exception of type `exception_type` classes as (an
+/// in-band error has no HTTP status of its own).
+pub fn bedrock_exception_status(exception_type: &str) -> u16 {
+    bedrock::class_status(500, exception_type)
 }
 
 /// A 2xx unary answer that is a Gemini prompt blocked by its safety filters (no

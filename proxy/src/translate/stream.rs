@@ -6,7 +6,7 @@ use bytes::{BufMut, BytesMut};
 use serde::Serialize;
 
 use super::vocab::now;
-use super::{Client, Dialect, Direction, anthropic, form, gemini, openai};
+use super::{Client, Dialect, Direction, anthropic, bedrock, form, gemini, openai};
 use crate::sse;
 
 /// Translates one upstream stream for one client. Feed it every upstream event in
@@ -26,6 +26,7 @@ enum Decoder {
     OpenAi(openai::StreamDecoder),
     Anthropic(anthropic::StreamDecoder),
     Gemini(gemini::StreamDecoder),
+    Bedrock(bedrock::StreamDecoder),
 }
 
 /// The client's side.
@@ -43,6 +44,7 @@ impl StreamTranslator {
             Dialect::OpenAiChat => Decoder::OpenAi(openai::StreamDecoder::default()),
             Dialect::AnthropicMessages => Decoder::Anthropic(anthropic::StreamDecoder::default()),
             Dialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::default()),
+            Dialect::Bedrock => Decoder::Bedrock(bedrock::StreamDecoder::default()),
         };
         let encoder = match client {
             Client::OpenAiChat => Encoder::OpenAi(openai::StreamEncoder::new(
@@ -73,6 +75,11 @@ impl StreamTranslator {
     /// Whether the upstream is Gemini (its usage is `usageMetadata`).
     pub fn from_gemini(&self) -> bool {
         self.direction.to_gemini()
+    }
+
+    /// Whether the upstream is Bedrock (its usage is the `metadata` event's).
+    pub fn from_bedrock(&self) -> bool {
+        self.direction.to_bedrock()
     }
 
     /// Whether the client stream is complete (terminated normally or by an error
@@ -114,6 +121,7 @@ impl StreamTranslator {
             Decoder::OpenAi(d) => d.decode(data, &mut emit),
             Decoder::Anthropic(d) => d.decode(data, &mut emit),
             Decoder::Gemini(d) => d.decode(data, &mut emit),
+            Decoder::Bedrock(d) => d.decode(data, &mut emit),
         }
     }
 
@@ -154,6 +162,7 @@ impl StreamTranslator {
             Decoder::OpenAi(_) => openai::decode_error(status, body),
             Decoder::Anthropic(_) => anthropic::decode_error(status, body),
             Decoder::Gemini(_) => gemini::decode_error(status, body),
+            Decoder::Bedrock(_) => bedrock::decode_error(status, body),
         };
         let ev = form::Event::Error(e);
         match &mut self.encoder {

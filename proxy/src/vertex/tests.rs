@@ -240,6 +240,7 @@ fn credential(location: &str, base_url: &str) -> Credential {
         responses_api: false,
         project: Some("my-project".into()),
         location: Some(location.into()),
+        region: None,
     }
 }
 

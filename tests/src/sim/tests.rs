@@ -291,7 +291,9 @@ async fn stream_events_arrive_incrementally() {
             interval,
         });
         let body = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => chat_stream("m"),
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
+                chat_stream("m")
+            }
             Flavor::Anthropic => message_stream("m"),
         };
         let start = Instant::now();
@@ -306,7 +308,7 @@ async fn stream_events_arrive_incrementally() {
             arrivals.push((start.elapsed(), chunk));
         }
         let expected = match flavor {
-            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex => {
+            Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Vertex | Flavor::Bedrock => {
                 openai_stream_events("m", &stream_pieces("p", 3), false)
             }
             Flavor::Anthropic => anthropic_stream_events("m", &stream_pieces("p", 3)),
@@ -1215,4 +1217,136 @@ async fn vertex_verifies_the_grant_and_the_token() {
     // The token dies with its lifetime, on tokio's clock.
     tokio::time::advance(Duration::from_secs(VERTEX_TOKEN_LIFETIME)).await;
     assert_eq!(call(Some(&token), good).await.unwrap().status(), 401);
+}
+
+/// A SigV4 signature the way the proxy makes it (the same crate), over `body`.
+fn bedrock_signed(url: &str, body: &[u8], token: Option<&str>) -> Vec<(String, String)> {
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+    let akid = if token.is_some() {
+        BEDROCK_TEMP_ACCESS_KEY_ID
+    } else {
+        BEDROCK_ACCESS_KEY_ID
+    };
+    let identity = aws_credential_types::Credentials::new(
+        akid,
+        BEDROCK_SECRET_ACCESS_KEY,
+        token.map(str::to_owned),
+        None,
+        "test",
+    )
+    .into();
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region(BEDROCK_REGION)
+        .name("bedrock")
+        .time(std::time::SystemTime::now())
+        .settings(SigningSettings::default())
+        .build()
+        .unwrap()
+        .into();
+    let host = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let signable = SignableRequest::new(
+        "POST",
+        url,
+        [
+            ("host", host.as_str()),
+            ("content-type", "application/json"),
+        ]
+        .into_iter(),
+        SignableBody::Bytes(body),
+    )
+    .unwrap();
+    let (instructions, _) = sign(signable, &params).unwrap().into_parts();
+    instructions
+        .headers()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The Bedrock flavor recomputes the signature: a correctly signed request is
+/// answered (JSON and event-stream frames), the same headers over another body are
+/// refused, as are a missing session token and a body Converse does not take.
+#[tokio::test]
+async fn bedrock_checks_sigv4_and_streams_event_stream_frames() {
+    use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
+    let sim = SimProvider::start_named("br", Flavor::Bedrock).await;
+    let send = |path: &str, body: &'static str, token: Option<&'static str>, tamper: bool| {
+        let url = format!("{}{path}", sim.base_url());
+        let signed = bedrock_signed(&url, body.as_bytes(), token);
+        let sent = if tamper {
+            body.replace("hi", "ho")
+        } else {
+            body.to_owned()
+        };
+        let mut req = client()
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(sent);
+        for (k, v) in signed {
+            req = req.header(k, v);
+        }
+        req.send()
+    };
+    let body = r#"{"messages":[{"role":"user","content":[{"text":"hi"}]}]}"#;
+    let path = "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse";
+    let r = send(path, body, None, false).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["output"]["message"]["content"][0]["text"],
+        "Hello from br."
+    );
+    assert_eq!(v["stopReason"], "end_turn");
+
+    let r = send(path, body, None, true).await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(
+        r.headers()["x-amzn-errortype"]
+            .to_str()
+            .unwrap()
+            .starts_with("InvalidSignatureException")
+    );
+
+    let r = send(path, body, Some(BEDROCK_SESSION_TOKEN), false)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "temporary keys with their token");
+
+    let r = send(
+        path,
+        r#"{"model":"m","messages":[{"role":"user","content":[{"text":"hi"}]}]}"#,
+        None,
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("extraneous key [model]"));
+
+    let stream_path = "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse-stream";
+    let r = send(stream_path, body, None, false).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"],
+        "application/vnd.amazon.eventstream"
+    );
+    let mut buf = bytes::BytesMut::from(&r.bytes().await.unwrap()[..]);
+    let mut decoder = MessageFrameDecoder::new();
+    let mut names = Vec::new();
+    while let DecodedFrame::Complete(m) = decoder.decode_frame(&mut buf).unwrap() {
+        let name = m
+            .headers()
+            .iter()
+            .find(|h| h.name().as_str() == ":event-type")
+            .unwrap();
+        names.push(name.value().as_string().unwrap().as_str().to_owned());
+    }
+    assert_eq!(names[0], "messageStart");
+    assert_eq!(names[names.len() - 2..], ["messageStop", "metadata"]);
+    assert!(names.iter().filter(|n| *n == "contentBlockDelta").count() >= 3);
 }
