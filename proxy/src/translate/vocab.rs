@@ -6,6 +6,11 @@ use serde_json::{Map, Value, json};
 use super::TranslateError;
 use super::form::Target;
 
+/// Content blocks of one streamed message whose tool-call arguments are relayed: far
+/// more than any real answer has, and a bound on a decoder's block table, which a
+/// provider's indexes would otherwise grow without end (SPEC §8).
+pub(super) const MAX_BLOCKS: usize = 4096;
+
 pub(super) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

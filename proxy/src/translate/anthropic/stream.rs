@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::super::form::{Event, Stop, Usage, UsageDelta};
 use super::super::stream::write_json;
-use super::super::vocab::{fresh_id, tool_id};
+use super::super::vocab::{MAX_BLOCKS, fresh_id, tool_id};
 use super::{WireUsage, bare_id, stop_of, stop_reason, wire_id, wire_usage};
 
 // ---------------------------------------------------------------------------------
@@ -87,10 +87,6 @@ impl UsageIn {
         }
     }
 }
-
-/// Content blocks of one message whose tool-call arguments are relayed: far more than
-/// any real answer has, and a bound on the index table.
-const MAX_BLOCKS: usize = 4096;
 
 /// Reads one Anthropic stream.
 #[derive(Default)]

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use super::super::form::{Event, UsageDelta};
-use super::super::vocab::fresh_id;
+use super::super::vocab::{MAX_BLOCKS, fresh_id};
 use super::stop_of;
 use crate::sse::{self, Opening};
 
@@ -117,6 +117,8 @@ pub(in super::super) struct StreamDecoder {
     started: bool,
     /// contentBlockIndex of each tool call → its number in the answer.
     tools: HashMap<u64, u32>,
+    /// Tool calls begun so far (numbers them; the table above stops growing).
+    begun: u32,
     stopped: bool,
     ended: bool,
 }
@@ -138,8 +140,12 @@ impl StreamDecoder {
         if let Some(start) = &ev.content_block_start
             && let Some(t) = start.start.as_ref().and_then(|s| s.tool_use.as_ref())
         {
-            let tool = u32::try_from(self.tools.len()).unwrap_or(u32::MAX);
-            self.tools.insert(start.content_block_index, tool);
+            let tool = self.begun;
+            self.begun = self.begun.saturating_add(1);
+            // The table stays bounded: a block past MAX_BLOCKS gets no arguments.
+            if self.tools.len() < MAX_BLOCKS {
+                self.tools.insert(start.content_block_index, tool);
+            }
             emit(Event::ToolStart {
                 tool,
                 id: t.tool_use_id.as_deref(),
@@ -271,6 +277,37 @@ mod tests {
                 "End",
             ]
         );
+    }
+
+    #[test]
+    fn a_provider_cannot_grow_the_tool_table_without_end() {
+        // Each tool call at a new block index: the table stops at MAX_BLOCKS, the
+        // numbering goes on, and a block past the bound gets no arguments.
+        let mut d = StreamDecoder::default();
+        let mut last = None;
+        for i in 0..(MAX_BLOCKS as u64 + 10) {
+            let start = format!(
+                r#"{{"contentBlockStart":{{"contentBlockIndex":{i},"start":{{"toolUse":{{"toolUseId":"t{i}","name":"f"}}}}}}}}"#
+            );
+            d.decode(start.as_bytes(), &mut |e| {
+                if let Event::ToolStart { tool, .. } = e {
+                    last = Some(tool);
+                }
+            });
+        }
+        assert_eq!(d.tools.len(), MAX_BLOCKS);
+        assert_eq!(last, Some(MAX_BLOCKS as u32 + 9));
+        let mut args = 0;
+        let past = format!(
+            r#"{{"contentBlockDelta":{{"contentBlockIndex":{},"delta":{{"toolUse":{{"input":"{{}}"}}}}}}}}"#,
+            MAX_BLOCKS + 5
+        );
+        d.decode(past.as_bytes(), &mut |e| {
+            if matches!(e, Event::ToolArgs { .. }) {
+                args += 1;
+            }
+        });
+        assert_eq!(args, 0);
     }
 
     #[test]
