@@ -158,6 +158,33 @@ impl Process {
         }
     }
 
+    /// Starts a server process on ports from [`free_ports`] (`args` builds its
+    /// arguments from them) and waits for `ready` in its log. Ports released by
+    /// `free_ports` can be taken by another process before the child binds them: a
+    /// child that exits saying so is started again on fresh ports (up to 5 times).
+    pub fn start_listening<const N: usize>(
+        name: &'static str,
+        bin: &Path,
+        args: impl Fn([u16; N]) -> Vec<String>,
+        log: &Path,
+        ready: &str,
+    ) -> (Process, [u16; N]) {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let ports = free_ports::<N>();
+            let from = log_len(log);
+            let mut process = Process::start_logged(name, bin, &args(ports), log);
+            match process.wait_for_log(from, ready, std::time::Duration::from_secs(60)) {
+                Ok(()) => return (process, ports),
+                Err(e) if e.contains("in use") && tries < 5 => {
+                    eprintln!("{name} could not bind {ports:?}, starting it again");
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+    }
+
     pub fn stop(&mut self) {
         self.stopped = true;
         let _ = self.child.kill();
@@ -177,6 +204,17 @@ impl Drop for Process {
         }
         self.stop();
     }
+}
+
+/// `N` distinct free loopback ports for a child process to listen on. The listeners
+/// are held together until all are chosen (ports chosen one at a time may repeat) and
+/// released on return, so another process can still take one before the child binds
+/// it: start children with [`Process::start_listening`], which retries that case.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("a bound address").port())
 }
 
 /// The last `lines` lines of `log` (or why it cannot be read).

@@ -4,7 +4,6 @@
 //! drain delay are still served; a stream still open when the grace is over ends with
 //! the error event; the request log is flushed; the process exits 0.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,13 +18,6 @@ const DRAIN_DELAY: Duration = Duration::from_secs(2);
 const GRACE: Duration = Duration::from_secs(4);
 const UNARY: usize = 20;
 const STREAMS: usize = 10;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
 
 fn route_to(name: &str, credential: &str) -> String {
     route(
@@ -87,26 +79,33 @@ async fn sigterm_drains_in_flight_calls_and_streams_then_exits_0() {
         .concat(),
     )
     .unwrap();
-    let (data, admin) = (free_port(), free_port());
     let log = dir.path().join("proxy.log");
-    let args: Vec<String> = [
-        "--manifests",
-        manifest.to_str().unwrap(),
-        "--listen",
-        &format!("127.0.0.1:{data}"),
-        "--admin-listen",
-        &format!("127.0.0.1:{admin}"),
-        "--threads",
-        "2",
-        "--drain-delay",
-        &format!("{}ms", DRAIN_DELAY.as_millis()),
-        "--shutdown-grace",
-        &format!("{}ms", GRACE.as_millis()),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut proxy = Process::start_logged("switchback-proxy", &bin, &args, &log);
+    let args = |[data, admin]: [u16; 2]| -> Vec<String> {
+        [
+            "--manifests",
+            manifest.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{data}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin}"),
+            "--threads",
+            "2",
+            "--drain-delay",
+            &format!("{}ms", DRAIN_DELAY.as_millis()),
+            "--shutdown-grace",
+            &format!("{}ms", GRACE.as_millis()),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let (mut proxy, [data, admin]) = Process::start_listening(
+        "switchback-proxy",
+        &bin,
+        args,
+        &log,
+        "switchback-proxy serving",
+    );
     let http = reqwest::Client::new();
     let (data_url, admin_url) = (
         format!("http://127.0.0.1:{data}/v1/chat/completions"),

@@ -392,7 +392,10 @@ impl Stack {
         let mut tries = 0;
         loop {
             tries += 1;
-            let (data, admin) = ports.unwrap_or_else(|| (free_port(), free_port()));
+            let (data, admin) = ports.unwrap_or_else(|| {
+                let [data, admin] = switchback_tests::binaries::free_ports();
+                (data, admin)
+            });
             let mut args: Vec<String> = vec![
                 "--namespace".into(),
                 gateway.into(),
