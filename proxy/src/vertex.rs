@@ -13,12 +13,15 @@
 //!   needs `allowPrivateNetwork`), then cached per credential and refreshed before it
 //!   expires ([`REFRESH_EARLY`], or half its life for a short-lived token).
 //!
-//! [`TokenCache::token`] reads the cached token without a lock (an `ArcSwap` load);
-//! only a missing or stale token takes the refresh lock, and whoever finds the token
-//! already refreshed behind it returns that one: concurrent requests share one
-//! exchange. A failed exchange (an error status, an answer that is not a token, a
-//! transport error or timeout) is an `authError` for the attempt (SPEC §10) and
-//! caches nothing.
+//! [`TokenCache::token`] reads the cached token without a lock (an `ArcSwap` load).
+//! A token due for refresh but not expired still serves: the first request to see it
+//! due starts one exchange in the background and nobody waits for it; should that
+//! exchange fail, the token serves on until it expires and the refresh is tried again
+//! [`REFRESH_RETRY`] later (a warning says so). Only a missing or expired token makes
+//! requests wait, for one exchange they share (the refresh lock; whoever finds the
+//! token refreshed behind it returns that one). A failed exchange then (an error
+//! status, an answer that is not a token, a transport error or timeout) is an
+//! `authError` for the attempt (SPEC §10) and caches nothing.
 //!
 //! The private key, the assertion and the access token are held as [`Secret`]s and
 //! never appear in a message; a token exchange's error names the status or the
@@ -52,6 +55,9 @@ pub const ASSERTION_LIFETIME: Duration = Duration::from_secs(3600);
 /// A token is refreshed this long before it expires (a token that lives less than
 /// twice this is refreshed at half its life).
 pub const REFRESH_EARLY: Duration = Duration::from_secs(300);
+/// A background refresh that failed is tried again this much later (while the
+/// current token still serves).
+pub const REFRESH_RETRY: Duration = Duration::from_secs(10);
 /// The longest one token exchange may take (request and answer): past it, the
 /// attempt is an `authError`.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -269,9 +275,12 @@ pub fn parse_token(body: &[u8]) -> Result<Token, TokenError> {
 
 struct Cached {
     access_token: Secret<String>,
-    /// When it must no longer be used (its expiry less [`REFRESH_EARLY`], or less
-    /// half its life when that is shorter).
+    /// When a new one is fetched in the background (its expiry less
+    /// [`REFRESH_EARLY`], or less half its life when that is shorter; after a failed
+    /// refresh, [`REFRESH_RETRY`] later).
     refresh_at: Instant,
+    /// When it must no longer be used.
+    expires_at: Instant,
 }
 
 /// One credential's token. A new credential snapshot (key rotation) makes a new
@@ -279,7 +288,8 @@ struct Cached {
 #[derive(Default)]
 pub struct TokenCache {
     current: ArcSwapOption<Cached>,
-    refresh: tokio::sync::Mutex<()>,
+    /// Held by the one exchange in flight (foreground or background).
+    refresh: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for TokenCache {
@@ -289,37 +299,86 @@ impl std::fmt::Debug for TokenCache {
 }
 
 impl TokenCache {
-    /// The cached token while it is fresh; otherwise one `exchange` (shared by every
-    /// caller waiting meanwhile) and its token. A failed exchange is returned to the
+    /// The cached token while it has not expired; otherwise one `exchange` (shared
+    /// by every caller waiting meanwhile) and its token. A token due for refresh is
+    /// returned at once and `exchange` runs in the background (once, however many
+    /// callers see it due). A failed exchange with no token left is returned to the
     /// callers that waited for it and caches nothing: the next request tries again.
-    pub async fn token<F, Fut>(&self, exchange: F) -> Result<Secret<String>, TokenError>
+    pub async fn token<F, Fut>(self: &Arc<Self>, exchange: F) -> Result<Secret<String>, TokenError>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Token, TokenError>>,
+        Fut: Future<Output = Result<Token, TokenError>> + Send + 'static,
     {
-        if let Some(t) = self.fresh() {
-            return Ok(t);
+        let now = Instant::now();
+        if let Some(c) = self.current.load().as_ref()
+            && now < c.expires_at
+        {
+            if now >= c.refresh_at
+                && let Ok(lock) = Arc::clone(&self.refresh).try_lock_owned()
+            {
+                self.refresh_in_background(lock, exchange());
+            }
+            return Ok(c.access_token.clone());
         }
-        let _guard = self.refresh.lock().await;
-        // Refreshed by whoever held the lock before us.
-        if let Some(t) = self.fresh() {
+        let _lock = self.refresh.lock().await;
+        // Fetched by whoever held the lock before us.
+        if let Some(t) = self.valid() {
             return Ok(t);
         }
         let token = exchange().await?;
-        let life = token.expires_in.min(MAX_TOKEN_LIFE);
-        let early = REFRESH_EARLY.min(life / 2);
-        let refresh_at = Instant::now() + life.saturating_sub(early);
-        self.current.store(Some(Arc::new(Cached {
-            access_token: token.access_token.clone(),
-            refresh_at,
-        })));
+        self.store(&token);
         Ok(token.access_token)
     }
 
-    fn fresh(&self) -> Option<Secret<String>> {
+    /// One exchange on its own task, holding the refresh lock: callers keep the
+    /// current token meanwhile.
+    fn refresh_in_background(
+        self: &Arc<Self>,
+        lock: tokio::sync::OwnedMutexGuard<()>,
+        exchange: impl Future<Output = Result<Token, TokenError>> + Send + 'static,
+    ) {
+        let cache = Arc::clone(self);
+        tokio::spawn(async move {
+            let _lock = lock;
+            match exchange.await {
+                Ok(token) => cache.store(&token),
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_s = REFRESH_RETRY.as_secs(),
+                        "vertex token refresh failed; the current token serves until it expires");
+                    cache.retry_later();
+                }
+            }
+        });
+    }
+
+    fn store(&self, token: &Token) {
+        let now = Instant::now();
+        let life = token.expires_in.min(MAX_TOKEN_LIFE);
+        let early = REFRESH_EARLY.min(life / 2);
+        self.current.store(Some(Arc::new(Cached {
+            access_token: token.access_token.clone(),
+            refresh_at: now + life.saturating_sub(early),
+            expires_at: now + life,
+        })));
+    }
+
+    /// After a failed background refresh: the same token, due again in
+    /// [`REFRESH_RETRY`] (never past its expiry).
+    fn retry_later(&self) {
+        let current = self.current.load_full();
+        if let Some(c) = current {
+            self.current.store(Some(Arc::new(Cached {
+                access_token: c.access_token.clone(),
+                refresh_at: (Instant::now() + REFRESH_RETRY).min(c.expires_at),
+                expires_at: c.expires_at,
+            })));
+        }
+    }
+
+    fn valid(&self) -> Option<Secret<String>> {
         let c = self.current.load();
         c.as_ref()
-            .filter(|c| Instant::now() < c.refresh_at)
+            .filter(|c| Instant::now() < c.expires_at)
             .map(|c| c.access_token.clone())
     }
 }
@@ -327,7 +386,7 @@ impl TokenCache {
 /// A vertex credential's authorisation: its signer, and its token cache (carried
 /// across reloads that keep the key, see `snapshot`).
 pub struct Auth {
-    signer: Signer,
+    signer: Arc<Signer>,
     cache: Arc<TokenCache>,
 }
 
@@ -343,7 +402,7 @@ impl Auth {
     pub fn new(service_account_json: &str, cache: Arc<TokenCache>) -> Result<Self, TokenError> {
         let sa = ServiceAccount::parse(service_account_json).map_err(TokenError::Key)?;
         Ok(Self {
-            signer: Signer::new(&sa)?,
+            signer: Arc::new(Signer::new(&sa)?),
             cache,
         })
     }
@@ -351,55 +410,55 @@ impl Auth {
     /// The `authorization` header of a request: the cached token, or one exchange
     /// (shared with every request waiting for it) through `client`.
     pub async fn bearer(&self, client: &upstream::Client) -> Result<HeaderValue, TokenError> {
-        let token = self.cache.token(|| self.exchange(client)).await?;
+        let (signer, client) = (Arc::clone(&self.signer), client.clone());
+        let token = self.cache.token(|| exchange(signer, client)).await?;
         let mut v = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
             .map_err(|_| TokenError::BadAnswer)?;
         v.set_sensitive(true);
         Ok(v)
     }
+}
 
-    /// One JWT bearer grant at the key's `token_uri`, within [`EXCHANGE_TIMEOUT`].
-    async fn exchange(&self, client: &upstream::Client) -> Result<Token, TokenError> {
-        let uri: http::Uri = self
-            .signer
-            .token_uri()
-            .parse()
-            .map_err(|_| TokenError::Key("token_uri is not a valid URL".into()))?;
-        let form = self.signer.form_body(unix_now())?;
-        let mut request =
-            hyper::Request::new(upstream::Body::new(Bytes::from(form.expose().clone())));
-        *request.method_mut() = http::Method::POST;
-        *request.uri_mut() = uri;
-        let h = request.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/x-www-form-urlencoded"),
-        );
-        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        h.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
-        let exchange = async {
-            let response = client
-                .request(request)
-                .await
-                .map_err(|e| TokenError::Transport(error_chain(&e)))?;
-            let status = response.status();
-            let body = crate::relay::read_cut(response.into_body(), MAX_TOKEN_ANSWER)
-                .await
-                .map_err(|e| TokenError::Transport(error_chain(&e)))?;
-            if !status.is_success() {
-                return Err(TokenError::Status(status.as_u16()));
-            }
-            parse_token(&body)
-        };
-        tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
+/// One JWT bearer grant at the key's `token_uri`, within [`EXCHANGE_TIMEOUT`]. Owns
+/// what it uses: a background refresh runs it on its own task.
+async fn exchange(signer: Arc<Signer>, client: upstream::Client) -> Result<Token, TokenError> {
+    let uri: http::Uri = signer
+        .token_uri()
+        .parse()
+        .map_err(|_| TokenError::Key("token_uri is not a valid URL".into()))?;
+    let form = signer.form_body(unix_now())?;
+    let mut request = hyper::Request::new(upstream::Body::new(Bytes::from(form.expose().clone())));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    let h = request.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-www-form-urlencoded"),
+    );
+    h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+    h.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    let exchange = async {
+        let response = client
+            .request(request)
             .await
-            .map_err(|_| {
-                TokenError::Transport(format!("no answer within {}s", EXCHANGE_TIMEOUT.as_secs()))
-            })?
-    }
+            .map_err(|e| TokenError::Transport(error_chain(&e)))?;
+        let status = response.status();
+        let body = crate::relay::read_cut(response.into_body(), MAX_TOKEN_ANSWER)
+            .await
+            .map_err(|e| TokenError::Transport(error_chain(&e)))?;
+        if !status.is_success() {
+            return Err(TokenError::Status(status.as_u16()));
+        }
+        parse_token(&body)
+    };
+    tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
+        .await
+        .map_err(|_| {
+            TokenError::Transport(format!("no answer within {}s", EXCHANGE_TIMEOUT.as_secs()))
+        })?
 }
 
 /// An error and its causes, `: `-separated (hyper's own message is only its kind;

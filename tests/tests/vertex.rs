@@ -197,8 +197,20 @@ async fn concurrent_first_requests_share_one_token_exchange() {
     assert_eq!(vertex.hits(), 12);
 }
 
+/// Waits (on the paused clock) until the simulator has issued `n` tokens: a refresh
+/// runs in the background, after the request that found the token due.
+async fn token_requests_reach(vertex: &SimProvider, n: usize) {
+    for _ in 0..500 {
+        if vertex.token_requests() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} token requests, not {n}", vertex.token_requests());
+}
+
 #[tokio::test(start_paused = true)]
-async fn the_token_is_refreshed_before_it_expires() {
+async fn the_token_is_refreshed_in_the_background_before_it_expires() {
     let (vertex, _, mut proxy) = setup(false, "").await;
     // Hours pass on the paused clock: the proxy closes idle client connections
     // (90 s), so each request here opens a new one.
@@ -212,11 +224,16 @@ async fn the_token_is_refreshed_before_it_expires() {
     tokio::time::advance(Duration::from_secs(3600 - 300 - 10)).await;
     assert_eq!(proxy.chat("gem", false).await.status(), 200);
     assert_eq!(vertex.token_requests(), 1, "still fresh");
+    // Due: this request is served with the token it has; a new one is fetched
+    // beside it, and the next request carries that one.
     tokio::time::advance(Duration::from_secs(20)).await;
     assert_eq!(proxy.chat("gem", true).await.status(), 200);
-    assert_eq!(vertex.token_requests(), 2, "refreshed before it expired");
+    token_requests_reach(&vertex, 2).await;
+    assert_eq!(proxy.chat("claude", true).await.status(), 200);
+    assert_eq!(vertex.token_requests(), 2);
 
-    // A short-lived token is refreshed at half its life.
+    // Expired (an hour on, with no request meanwhile): the request waits for a new
+    // token. A short-lived one is refreshed at half its life.
     vertex.set_token_lifetime(60);
     tokio::time::advance(Duration::from_secs(3600)).await;
     assert_eq!(proxy.messages("claude", false).await.status(), 200);
@@ -226,18 +243,24 @@ async fn the_token_is_refreshed_before_it_expires() {
     assert_eq!(vertex.token_requests(), 3);
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(proxy.messages("gem", false).await.status(), 200);
+    token_requests_reach(&vertex, 4).await;
+    assert_eq!(proxy.messages("gem", true).await.status(), 200);
     assert_eq!(vertex.token_requests(), 4);
 
-    // Every request carried the token that was live when it was sent.
-    let tokens = vertex.issued_tokens();
-    assert_eq!(tokens.len(), 4);
+    // Every request carried a token that was live when it was sent (the simulator
+    // refuses others), each token in turn.
+    let issued = vertex.issued_tokens();
+    assert_eq!(issued.len(), 4);
     let used: Vec<String> = vertex
         .received()
         .iter()
         .map(|r| r.header("authorization").unwrap().to_owned())
         .collect();
-    let distinct: std::collections::BTreeSet<&String> = used.iter().collect();
-    assert_eq!(distinct.len(), 4, "{used:?}");
+    let expected: Vec<String> = [0, 0, 0, 1, 2, 2, 2, 3]
+        .iter()
+        .map(|&i| format!("Bearer {}", issued[i]))
+        .collect();
+    assert_eq!(used, expected);
 }
 
 async fn stats_failures(proxy: &TestProxy, route: &str) -> Value {

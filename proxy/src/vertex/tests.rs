@@ -141,85 +141,148 @@ fn answer(token: &str, secs: u64) -> Result<Token, TokenError> {
     })
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_token_is_reused_then_refreshed_five_minutes_before_expiry() {
-    let cache = TokenCache::default();
-    let exchanges = AtomicUsize::new(0);
-    let get = |name: &'static str| {
-        let exchanges = &exchanges;
-        let cache = &cache;
-        async move {
-            cache
-                .token(|| async move {
-                    exchanges.fetch_add(1, Ordering::SeqCst);
-                    answer(name, 3600)
-                })
-                .await
-                .unwrap()
-                .expose()
-                .clone()
+/// A cache and an exchange that counts its calls and answers what `next` holds (a
+/// token name, or `None` for a 503), after `delay`.
+struct Exchanges {
+    cache: Arc<TokenCache>,
+    calls: Arc<AtomicUsize>,
+    next: Arc<std::sync::Mutex<Option<&'static str>>>,
+    life: u64,
+    delay: Duration,
+}
+
+impl Exchanges {
+    fn new(life: u64, delay: Duration) -> Self {
+        Self {
+            cache: Arc::new(TokenCache::default()),
+            calls: Arc::new(AtomicUsize::new(0)),
+            next: Arc::new(std::sync::Mutex::new(None)),
+            life,
+            delay,
         }
-    };
-    assert_eq!(get("first").await, "first");
+    }
+
+    fn answer_with(&self, token: Option<&'static str>) {
+        *self.next.lock().unwrap() = token;
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    async fn get(&self) -> Result<String, TokenError> {
+        let (calls, next, life, delay) =
+            (self.calls.clone(), self.next.clone(), self.life, self.delay);
+        self.cache
+            .token(|| async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                let name = *next.lock().unwrap();
+                match name {
+                    Some(name) => answer(name, life),
+                    None => Err(TokenError::Status(503)),
+                }
+            })
+            .await
+            .map(|t| t.expose().clone())
+    }
+
+    /// Lets a background refresh run to its end (the paused clock advances only
+    /// when every task waits).
+    async fn settle(&self) {
+        tokio::time::sleep(self.delay + Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_token_is_reused_then_refreshed_in_the_background_five_minutes_before_expiry() {
+    let x = Exchanges::new(3600, Duration::from_secs(1));
+    x.answer_with(Some("first"));
+    assert_eq!(x.get().await.unwrap(), "first");
+    x.answer_with(Some("second"));
+    // The token was stored when its exchange ended, 1 s in.
     tokio::time::advance(Duration::from_secs(3600 - 300 - 1)).await;
-    assert_eq!(get("second").await, "first", "still fresh");
-    assert_eq!(exchanges.load(Ordering::SeqCst), 1);
+    assert_eq!(x.get().await.unwrap(), "first", "still fresh");
+    assert_eq!(x.calls(), 1);
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(get("second").await, "second", "refreshed 5 min early");
-    assert_eq!(exchanges.load(Ordering::SeqCst), 2);
+    // Due: the old token answers at once, without waiting for the exchange it started.
+    let before = tokio::time::Instant::now();
+    assert_eq!(x.get().await.unwrap(), "first");
+    assert_eq!(x.get().await.unwrap(), "first");
+    assert_eq!(tokio::time::Instant::now(), before, "nobody waited");
+    x.settle().await;
+    assert_eq!(x.calls(), 2, "one background exchange however many saw it due");
+    assert_eq!(x.get().await.unwrap(), "second");
+    assert_eq!(x.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_background_refresh_keeps_the_token_until_it_expires_and_is_retried() {
+    let x = Exchanges::new(3600, Duration::ZERO);
+    x.answer_with(Some("first"));
+    assert_eq!(x.get().await.unwrap(), "first");
+    x.answer_with(None);
+    tokio::time::advance(Duration::from_secs(3600 - 300)).await;
+    assert_eq!(x.get().await.unwrap(), "first");
+    x.settle().await;
+    assert_eq!(x.calls(), 2);
+    // Not tried again on every request: REFRESH_RETRY later.
+    assert_eq!(x.get().await.unwrap(), "first");
+    x.settle().await;
+    assert_eq!(x.calls(), 2);
+    tokio::time::advance(REFRESH_RETRY).await;
+    assert_eq!(x.get().await.unwrap(), "first");
+    x.settle().await;
+    assert_eq!(x.calls(), 3);
+    // Past its expiry the token is not used: a failed exchange is the caller's error.
+    tokio::time::advance(Duration::from_secs(300)).await;
+    let err = x.get().await.unwrap_err();
+    assert_eq!(err.to_string(), "the token endpoint answered 503");
+    x.answer_with(Some("second"));
+    assert_eq!(x.get().await.unwrap(), "second");
 }
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_requests_share_one_exchange() {
-    let cache = Arc::new(TokenCache::default());
-    let exchanges = Arc::new(AtomicUsize::new(0));
+    let x = Arc::new(Exchanges::new(3600, Duration::from_millis(200)));
+    x.answer_with(Some("shared"));
     let tasks: Vec<_> = (0..16)
         .map(|_| {
-            let cache = cache.clone();
-            let exchanges = exchanges.clone();
-            tokio::spawn(async move {
-                cache
-                    .token(|| async move {
-                        exchanges.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        answer("shared", 3600)
-                    })
-                    .await
-            })
+            let x = x.clone();
+            tokio::spawn(async move { x.get().await })
         })
         .collect();
     for t in tasks {
-        assert_eq!(t.await.unwrap().unwrap().expose(), "shared");
+        assert_eq!(t.await.unwrap().unwrap(), "shared");
     }
-    assert_eq!(exchanges.load(Ordering::SeqCst), 1);
+    assert_eq!(x.calls(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_exchange_caches_nothing_and_the_next_request_tries_again() {
-    let cache = TokenCache::default();
-    let err = cache
-        .token(|| async { Err(TokenError::Status(503)) })
-        .await
-        .unwrap_err();
+    let x = Exchanges::new(3600, Duration::ZERO);
+    let err = x.get().await.unwrap_err();
     assert_eq!(err.to_string(), "the token endpoint answered 503");
-    let t = cache
-        .token(|| async { answer("later", 3600) })
-        .await
-        .unwrap();
-    assert_eq!(t.expose(), "later");
+    x.answer_with(Some("later"));
+    assert_eq!(x.get().await.unwrap(), "later");
+    assert_eq!(x.calls(), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_short_lived_token_is_refreshed_at_half_its_life() {
-    let cache = TokenCache::default();
-    let t = cache.token(|| async { answer("short", 60) }).await.unwrap();
-    assert_eq!(t.expose(), "short");
+    let x = Exchanges::new(60, Duration::ZERO);
+    x.answer_with(Some("short"));
+    assert_eq!(x.get().await.unwrap(), "short");
+    x.answer_with(Some("next"));
     tokio::time::advance(Duration::from_secs(29)).await;
-    let t = cache.token(|| async { answer("next", 60) }).await.unwrap();
-    assert_eq!(t.expose(), "short", "still fresh");
+    assert_eq!(x.get().await.unwrap(), "short", "still fresh");
+    x.settle().await;
+    assert_eq!(x.calls(), 1);
     tokio::time::advance(Duration::from_secs(1)).await;
-    let t = cache.token(|| async { answer("next", 60) }).await.unwrap();
-    assert_eq!(t.expose(), "next");
+    assert_eq!(x.get().await.unwrap(), "short", "due: served while refreshed");
+    x.settle().await;
+    assert_eq!(x.get().await.unwrap(), "next");
+    assert_eq!(x.calls(), 2);
 }
 
 fn credential(location: &str, base_url: &str) -> Credential {
