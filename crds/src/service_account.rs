@@ -72,36 +72,11 @@ impl ServiceAccount {
             .and_then(|rest| rest.split(PEM_END).next())
             .ok_or("private_key is not a PEM key")?;
         let b64: String = body.chars().filter(|c| !c.is_whitespace()).collect();
-        base64_decode(&b64).ok_or_else(|| "private_key is not valid base64 PEM".to_string())
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|_| "private_key is not valid base64 PEM".to_string())
     }
-}
-
-/// Standard base64 with padding (PEM bodies): a few lines, no crate for it.
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    fn val(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
-    let s = s.trim_end_matches('=').as_bytes();
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let mut acc = 0u32;
-    let mut bits = 0;
-    for &c in s {
-        acc = (acc << 6) | val(c)?;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
 }
 
 #[cfg(test)]

@@ -4,22 +4,16 @@ use aws_lc_rs::encoding::AsDer;
 use aws_lc_rs::rsa::{KeyPair, KeySize};
 use aws_lc_rs::signature::{KeyPair as _, RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
 
+use base64::Engine as _;
+
 use super::*;
 
 /// A throwaway service-account key, made at test time, and its public half.
 fn service_account() -> (ServiceAccount, Vec<u8>) {
     let key = KeyPair::generate(KeySize::Rsa2048).unwrap();
     let der = AsDer::<aws_lc_rs::encoding::Pkcs8V1Der>::as_der(&key).unwrap();
-    let b64: String = base64url(der.as_ref())
-        .chars()
-        .map(|c| match c {
-            '-' => '+',
-            '_' => '/',
-            c => c,
-        })
-        .collect();
-    let pad = "=".repeat((4 - b64.len() % 4) % 4);
-    let pem = format!("-----BEGIN PRIVATE KEY-----\n{b64}{pad}\n-----END PRIVATE KEY-----\n");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+    let pem = format!("-----BEGIN PRIVATE KEY-----\n{b64}\n-----END PRIVATE KEY-----\n");
     let json = serde_json::json!({
         "type": "service_account",
         "client_email": "gw@my-project.iam.gserviceaccount.com",
@@ -31,21 +25,8 @@ fn service_account() -> (ServiceAccount, Vec<u8>) {
 }
 
 fn base64url_decode(s: &str) -> Vec<u8> {
-    let std: String = s
-        .chars()
-        .map(|c| match c {
-            '-' => '+',
-            '_' => '/',
-            c => c,
-        })
-        .collect();
-    let pem = format!("-----BEGIN PRIVATE KEY-----\n{std}\n-----END PRIVATE KEY-----");
-    let json = serde_json::json!({
-        "client_email": "a@b", "private_key": pem, "token_uri": "https://x/"
-    });
-    ServiceAccount::parse(&json.to_string())
-        .unwrap()
-        .private_key_der()
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s)
         .unwrap()
 }
 
@@ -211,7 +192,11 @@ async fn the_token_is_reused_then_refreshed_in_the_background_five_minutes_befor
     assert_eq!(x.get().await.unwrap(), "first");
     assert_eq!(tokio::time::Instant::now(), before, "nobody waited");
     x.settle().await;
-    assert_eq!(x.calls(), 2, "one background exchange however many saw it due");
+    assert_eq!(
+        x.calls(),
+        2,
+        "one background exchange however many saw it due"
+    );
     assert_eq!(x.get().await.unwrap(), "second");
     assert_eq!(x.calls(), 2);
 }
@@ -279,7 +264,11 @@ async fn a_short_lived_token_is_refreshed_at_half_its_life() {
     x.settle().await;
     assert_eq!(x.calls(), 1);
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(x.get().await.unwrap(), "short", "due: served while refreshed");
+    assert_eq!(
+        x.get().await.unwrap(),
+        "short",
+        "due: served while refreshed"
+    );
     x.settle().await;
     assert_eq!(x.get().await.unwrap(), "next");
     assert_eq!(x.calls(), 2);
