@@ -278,3 +278,44 @@ impl std::io::Write for CapturedLog {
         Ok(())
     }
 }
+
+impl CapturedLog {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Sends this thread's `tracing` events through the binary's own log pipeline
+    /// (JSON, debug level, the batched writer) into this buffer, until the returned
+    /// capture is stopped or dropped. Tests that check what never reaches a log use it.
+    pub fn capture_json_debug(&self) -> LogCapture {
+        use switchback_proxy::cli::LogFormat;
+        use switchback_proxy::telemetry::{self, BatchedWriter};
+        let writer = BatchedWriter::start(self.clone());
+        let dispatch = telemetry::dispatch(
+            LogFormat::Json,
+            &writer,
+            || tracing_subscriber::EnvFilter::new("debug"),
+            false,
+            None,
+        );
+        let guard = tracing::dispatcher::set_default(&dispatch);
+        LogCapture {
+            writer,
+            _guard: guard,
+        }
+    }
+}
+
+/// A running [`CapturedLog::capture_json_debug`].
+pub struct LogCapture {
+    writer: switchback_proxy::telemetry::BatchedWriter,
+    _guard: tracing::dispatcher::DefaultGuard,
+}
+
+impl LogCapture {
+    /// Flushes what was logged into the buffer (and stops the writer).
+    pub fn stop(&self) {
+        self.writer.stop();
+    }
+}

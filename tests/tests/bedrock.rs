@@ -8,20 +8,17 @@
 //! key is an auth error); temporary credentials (session token) signed; nothing of
 //! the keys in logs or admin output; a chain azure-openai → bedrock → anthropic.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
-use switchback_proxy::cli::LogFormat;
 use switchback_proxy::gateway::UpstreamLimits;
-use switchback_proxy::telemetry::{self, BatchedWriter};
-use switchback_tests::harness::{TestProxy, credential, header, json_of, route, streamed_text};
+use switchback_tests::harness::{
+    CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
+};
 use switchback_tests::sim::{
     BEDROCK_ACCESS_KEY_ID, BEDROCK_REGION, BEDROCK_SECRET_ACCESS_KEY, BEDROCK_SESSION_TOKEN,
     BEDROCK_TEMP_ACCESS_KEY_ID, BEDROCK_TOOL_USE_ID, Behavior, ContextWording, Flavor,
     PROMPT_TOKENS, SimProvider,
 };
-use tracing_subscriber::EnvFilter;
 
 /// A Bedrock model id with the colon AWS's ids carry.
 const MODEL: &str = "anthropic.claude-3-5-sonnet-20240620-v1:0";
@@ -589,31 +586,10 @@ async fn the_simulator_refuses_what_aws_refuses() {
     assert_eq!(bedrock.hits(), 2, "refused requests still count");
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn no_key_in_logs_or_admin_output() {
-    let logs = Captured::default();
-    let writer = BatchedWriter::start(logs.clone());
-    let dispatch = telemetry::dispatch(
-        LogFormat::Json,
-        &writer,
-        || EnvFilter::new("debug"),
-        false,
-        None,
-    );
-    let _guard = tracing::dispatcher::set_default(&dispatch);
+    let logs = CapturedLog::default();
+    let capture = logs.capture_json_debug();
 
     let (bedrock, _, proxy) = setup_with(
         BEDROCK_TEMP_ACCESS_KEY_ID,
@@ -647,8 +623,8 @@ async fn no_key_in_logs_or_admin_output() {
         "the admin output names the credential"
     );
     drop(proxy);
-    writer.stop();
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    capture.stop();
+    let logs = logs.text();
     assert!(
         logs.contains("upstream transport error"),
         "logs were captured:\n{logs}"

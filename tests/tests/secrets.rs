@@ -6,11 +6,8 @@
 
 use std::time::Duration;
 
-use switchback_proxy::cli::LogFormat;
-use switchback_proxy::telemetry::{self, BatchedWriter};
 use switchback_tests::harness::{CapturedLog, TestProxy, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
-use tracing_subscriber::EnvFilter;
 
 const KEYS: [&str; 2] = ["sk-live-PRIMARY-7f3a9c", "sk-live-BACKUP-41d2e8"];
 
@@ -37,16 +34,8 @@ async fn keys_never_leave_through_any_output() {
     let logs = CapturedLog::default();
     let captured = logs.clone();
     // The binary's own log pipeline, JSON, at debug level.
-    let writer = BatchedWriter::start(logs.clone());
-    let dispatch = telemetry::dispatch(
-        LogFormat::Json,
-        &writer,
-        || EnvFilter::new("debug"),
-        false,
-        None,
-    );
     // A current-thread runtime: every task of the in-process proxy logs through it.
-    let _guard = tracing::dispatcher::set_default(&dispatch);
+    let capture = logs.capture_json_debug();
 
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
@@ -118,9 +107,9 @@ async fn keys_never_leave_through_any_output() {
     }
     seen.push_str(&text(&proxy, proxy.url("/v1/models")).await);
     drop(proxy);
-    writer.stop();
+    capture.stop();
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(logs.lines().count() > 5, "logs were captured: {logs}");
     for key in KEYS {
         assert!(!logs.contains(key), "a key leaked into the logs:\n{logs}");
@@ -173,15 +162,7 @@ async fn client_keys_never_leave_and_the_request_line_names_the_client(
     logs: &CapturedLog,
 ) {
     // The first part stopped its writer: this part logs through a pipeline of its own.
-    let writer = BatchedWriter::start(logs.clone());
-    let dispatch = telemetry::dispatch(
-        LogFormat::Json,
-        &writer,
-        || EnvFilter::new("debug"),
-        false,
-        None,
-    );
-    let _guard = tracing::dispatcher::set_default(&dispatch);
+    let capture = logs.capture_json_debug();
     const CLIENT_KEYS: [&str; 3] = [
         "sk-client-APP-0123456789",
         "sk-client-OTHER-0123456789",
@@ -235,9 +216,9 @@ spec:
         seen.push_str(&text(&proxy, proxy.admin_url(path)).await);
     }
     drop(proxy);
-    writer.stop();
+    capture.stop();
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     for key in CLIENT_KEYS {
         assert!(
             !logs.contains(key),

@@ -11,8 +11,6 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchback_proxy::cli::LogFormat;
-use switchback_proxy::telemetry::{self, BatchedWriter};
 use switchback_tests::harness::{
     CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
 };
@@ -20,7 +18,6 @@ use switchback_tests::sim::{
     Behavior, Flavor, SimProvider, TokenBehavior, VERTEX_ANTHROPIC_VERSION, VERTEX_LOCATION,
     VERTEX_PROJECT,
 };
-use tracing_subscriber::EnvFilter;
 
 const GEMINI: &str = "gemini-2.5-flash";
 const CLAUDE: &str = "claude-sonnet-4-5@20250929";
@@ -439,15 +436,7 @@ async fn a_private_token_uri_needs_allow_private_network() {
 #[tokio::test]
 async fn neither_the_key_nor_the_token_leaves_the_proxy() {
     let logs = CapturedLog::default();
-    let writer = BatchedWriter::start(logs.clone());
-    let dispatch = telemetry::dispatch(
-        LogFormat::Json,
-        &writer,
-        || EnvFilter::new("debug"),
-        false,
-        None,
-    );
-    let _guard = tracing::dispatcher::set_default(&dispatch);
+    let capture = logs.capture_json_debug();
 
     let (vertex, _backup, proxy) = setup(true, "    onFailures: [authError]\n").await;
     let mut seen = String::new();
@@ -469,9 +458,9 @@ async fn neither_the_key_nor_the_token_leaves_the_proxy() {
         seen.push_str(&proxy.admin_text(path).await);
     }
     drop(proxy);
-    writer.stop();
+    capture.stop();
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     // The failed exchange was logged (so logs were captured), by its status alone.
     assert!(
         logs.contains(r#""error":"the token endpoint answered 401""#),
