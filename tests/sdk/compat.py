@@ -145,6 +145,9 @@ TOOL_ARGS: dict | None = json.loads(env("SWITCHBACK_TOOL_ARGS", "null") or "null
 CHAIN_MODEL = env("SWITCHBACK_CHAIN_MODEL", "sdk-x-chain")
 CHAIN_TARGET = env("SWITCHBACK_CHAIN_TARGET")
 CHAIN_TEXT = env("SWITCHBACK_CHAIN_TEXT")
+CLOUD_MODEL = env("SWITCHBACK_CLOUD_MODEL", "sdk-x-cloud")
+CLOUD_TARGET = env("SWITCHBACK_CLOUD_TARGET")
+CLOUD_TEXT = env("SWITCHBACK_CLOUD_TEXT")
 RESPONSES_MODEL = env("SWITCHBACK_RESPONSES_MODEL", "sdk-responses")
 RESPONSES_TARGET = env("SWITCHBACK_RESPONSES_TARGET")
 RESPONSES_TEXT = env("SWITCHBACK_RESPONSES_TEXT")
@@ -1047,6 +1050,50 @@ def openai_chain_stream() -> str:
     return f"streamed by {target} after two providers failed"
 
 
+def anthropic_cloud_chain_unary() -> str:
+    raw = anthropic_client().messages.with_raw_response.create(
+        model=CLOUD_MODEL, max_tokens=64, messages=MESSAGES
+    )
+    eq(raw.status_code, 200, "status")
+    eq(raw.headers.get("x-switchback-fallbacks"), "2", "x-switchback-fallbacks")
+    target = raw.headers.get("x-switchback-target")
+    if CLOUD_TARGET:
+        eq(target, CLOUD_TARGET, "x-switchback-target")
+    message = raw.parse()
+    eq(message.type, "message", "message.type")
+    eq(message.model, CLOUD_MODEL, "message.model (the client's name)")
+    if CLOUD_TEXT:
+        eq(message.content[0].text, CLOUD_TEXT, "text")
+    eq(message.stop_reason, "end_turn", "stop_reason")
+    check(message.usage.input_tokens > 0, f"usage: {message.usage!r}")
+    return f"azure-openai 429 -> bedrock throttled -> answered by {target}"
+
+
+def anthropic_cloud_chain_stream() -> str:
+    events: list[str] = []
+    with anthropic_client().messages.stream(
+        model=CLOUD_MODEL, max_tokens=64, messages=MESSAGES
+    ) as stream:
+        eq(stream.response.status_code, 200, "status")
+        target = stream.response.headers.get("x-switchback-target")
+        if CLOUD_TARGET:
+            eq(target, CLOUD_TARGET, "x-switchback-target")
+        pieces: list[str] = []
+        for event in stream:
+            events.append(event.type)
+            if event.type == "text":
+                pieces.append(event.text)
+        final = stream.get_final_message()
+    eq(events[0], "message_start", "first event")
+    eq(events[-1], "message_stop", "last event")
+    text = "".join(pieces)
+    check(bool(text), "the stream has content")
+    if CLOUD_TEXT:
+        eq(text, CLOUD_TEXT, "assembled stream text")
+    eq(final.model, CLOUD_MODEL, "final message model")
+    return f"streamed by {target} after azure and bedrock failed"
+
+
 def openai_responses_unary() -> str:
     raw = openai_client().responses.with_raw_response.create(
         model=RESPONSES_MODEL, input="hello"
@@ -1118,6 +1165,8 @@ CASES: list[tuple[str, Callable[[], str]]] = [
     ("openai sdk: fallback from an openai to an anthropic target", openai_x_fallback),
     ("openai sdk: azure-openai 429 -> gemini 503 -> anthropic, unary", openai_chain_unary),
     ("openai sdk: azure-openai 429 -> gemini 503 -> anthropic, stream", openai_chain_stream),
+    ("anthropic sdk: azure-openai 429 -> bedrock throttled -> claude on vertex, unary", anthropic_cloud_chain_unary),
+    ("anthropic sdk: azure-openai 429 -> bedrock throttled -> claude on vertex, stream", anthropic_cloud_chain_stream),
     ("openai responses.create past a skipped and a 429 target", openai_responses_unary),
     ("openai responses.create stream past a skipped and a 429 target", openai_responses_stream),
     ("anthropic sdk -> openai target: unary", anthropic_x_unary),

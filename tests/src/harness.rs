@@ -35,6 +35,67 @@ stringData: {{ apiKey: {key} }}
     )
 }
 
+/// A `provider: bedrock` credential `name` for a Bedrock simulator at `base_url`
+/// (the simulator's region), reading the whole Secret `{name}-keys`: `akid`,
+/// `secret` and, for temporary credentials, `token`.
+pub fn bedrock_credential(
+    name: &str,
+    base_url: &str,
+    akid: &str,
+    secret: &str,
+    token: Option<&str>,
+) -> String {
+    let token = token.map_or(String::new(), |t| format!(", sessionToken: \"{t}\""));
+    format!(
+        "---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: {{ name: {name}, namespace: {NS} }}
+spec:
+  provider: bedrock
+  region: {region}
+  baseURL: {base_url}
+  secretRef: {{ name: {name}-keys }}
+  allowPrivateNetwork: true
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: {name}-keys, namespace: {NS} }}
+stringData: {{ accessKeyId: \"{akid}\", secretAccessKey: \"{secret}\"{token} }}
+",
+        region = crate::sim::BEDROCK_REGION,
+    )
+}
+
+/// A `provider: vertex` credential `name` for a Vertex simulator at `base_url` (the
+/// simulator's project and location), its service-account key
+/// (`service_account_json`, one line) in the Secret `{name}-sa`.
+pub fn vertex_credential(name: &str, base_url: &str, service_account_json: &str) -> String {
+    format!(
+        r#"---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: {{ name: {name}, namespace: {NS} }}
+spec:
+  provider: vertex
+  project: {project}
+  location: {location}
+  baseURL: {base_url}
+  secretRef: {{ name: {name}-sa, key: serviceAccount.json }}
+  allowPrivateNetwork: true
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: {name}-sa, namespace: {NS} }}
+stringData:
+  serviceAccount.json: |
+    {service_account_json}
+"#,
+        project = crate::sim::VERTEX_PROJECT,
+        location = crate::sim::VERTEX_LOCATION,
+    )
+}
+
 /// An `LLMRoute` whose `spec` body (indented two spaces, without `spec:`) is given.
 pub fn route(name: &str, spec: &str) -> String {
     format!(

@@ -8,14 +8,13 @@
 //! key is an auth error); temporary credentials (session token) signed; nothing of
 //! the keys in logs or admin output; a chain azure-openai → bedrock → anthropic.
 
-
 use serde_json::{Value, json};
 use switchback_proxy::gateway::UpstreamLimits;
 use switchback_tests::harness::{
-    CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
+    self, CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
 };
 use switchback_tests::sim::{
-    BEDROCK_ACCESS_KEY_ID, BEDROCK_REGION, BEDROCK_SECRET_ACCESS_KEY, BEDROCK_SESSION_TOKEN,
+    BEDROCK_ACCESS_KEY_ID, BEDROCK_SECRET_ACCESS_KEY, BEDROCK_SESSION_TOKEN,
     BEDROCK_TEMP_ACCESS_KEY_ID, BEDROCK_TOOL_USE_ID, Behavior, ContextWording, Flavor,
     PROMPT_TOKENS, SimProvider,
 };
@@ -32,26 +31,7 @@ fn bedrock_credential(
     secret: &str,
     token: Option<&str>,
 ) -> String {
-    let token = token.map_or(String::new(), |t| format!(", sessionToken: \"{t}\""));
-    format!(
-        "---
-apiVersion: switchback.dev/v1alpha1
-kind: ProviderCredential
-metadata: {{ name: {name}, namespace: team-a }}
-spec:
-  provider: bedrock
-  region: {BEDROCK_REGION}
-  baseURL: {base}
-  secretRef: {{ name: {name}-keys }}
-  allowPrivateNetwork: true
----
-apiVersion: v1
-kind: Secret
-metadata: {{ name: {name}-keys, namespace: team-a }}
-stringData: {{ accessKeyId: \"{akid}\", secretAccessKey: \"{secret}\"{token} }}
-",
-        base = sim.base_url()
-    )
+    harness::bedrock_credential(name, &sim.base_url(), akid, secret, token)
 }
 
 /// Route `smart`: a bedrock target alone, or before a backup of `backup_flavor`.

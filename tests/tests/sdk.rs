@@ -3,8 +3,12 @@
 //! `anthropic` packages (unary, streams, fallbacks, error parsing, embeddings, model
 //! lists), and across providers: the `openai` SDK answered by simulated Anthropic
 //! providers and the `anthropic` SDK by simulated OpenAI providers (unary, streams,
-//! tool call round trips, a fallback from an OpenAI to an Anthropic target), after
-//! which the test checks what each provider received in its own wire format. The SDKs
+//! tool call round trips, a fallback from an OpenAI to an Anthropic target), and two
+//! chains across three providers each: the `openai` SDK through Azure OpenAI (429),
+//! Gemini (503) to Anthropic, and the `anthropic` SDK through Azure OpenAI (429),
+//! Bedrock (ThrottlingException, SigV4-signed) to Claude on Vertex (OAuth token,
+//! `rawPredict`), unary and streamed; after which the test checks what each provider
+//! received in its own wire format and authentication. The SDKs
 //! authenticate as an LLMClient with their normal `api_key` (a wrong one raises
 //! `AuthenticationError`, another namespace's route `NotFoundError`). Real clock: the
 //! SDKs run in a child process.
@@ -19,11 +23,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchback_tests::harness::{NS, TestProxy, credential, route};
+use switchback_tests::harness::{self, NS, TestProxy, credential, route};
 use switchback_tests::sim::{
-    ANTHROPIC_TOOL_USE_ID, Behavior, Flavor, OPENAI_TOOL_CALL_ID, Received, SimProvider, ToolUse,
-    answer_text, stream_pieces,
+    ANTHROPIC_TOOL_USE_ID, BEDROCK_ACCESS_KEY_ID, BEDROCK_SECRET_ACCESS_KEY, Behavior, Flavor,
+    OPENAI_TOOL_CALL_ID, Received, SimProvider, ToolUse, answer_text, stream_pieces,
 };
+
+/// The three-cloud chain's models: a Bedrock model id (its colon travels encoded in
+/// the path) and a Claude model on Vertex (served through `rawPredict`).
+const CLOUD_BEDROCK_MODEL: &str = "anthropic.claude-3-5-sonnet-20240620-v1:0";
+const CLOUD_VERTEX_MODEL: &str = "claude-sonnet-4-5@20250929";
 use tokio::process::Command;
 
 /// The key the SDK clients send (an LLMClient's, so the proxy runs with `--auth
@@ -180,6 +189,10 @@ struct Sims {
     chain_azure: SimProvider,
     chain_gemini: SimProvider,
     chain_claude: SimProvider,
+    // Anthropic SDK -> a chain across three clouds: Azure, Bedrock, Vertex.
+    cloud_azure: SimProvider,
+    cloud_bedrock: SimProvider,
+    cloud_vertex: SimProvider,
     // OpenAI SDK, POST /v1/responses.
     resp_claude: SimProvider,
     resp_primary: SimProvider,
@@ -219,6 +232,9 @@ impl Sims {
             chain_azure: SimProvider::start_named("chain-azure", Flavor::Azure).await,
             chain_gemini: SimProvider::start_named("chain-gemini", Flavor::Gemini).await,
             chain_claude: SimProvider::start_named("chain-claude", Flavor::Anthropic).await,
+            cloud_azure: SimProvider::start_named("cloud-azure", Flavor::Azure).await,
+            cloud_bedrock: SimProvider::start_named("cloud-bedrock", Flavor::Bedrock).await,
+            cloud_vertex: SimProvider::start_named("cloud-vertex", Flavor::Vertex).await,
             resp_claude: SimProvider::start_named("resp-claude", Flavor::Anthropic).await,
             resp_primary: SimProvider::start_named("resp-primary", Flavor::OpenAi).await,
             resp_backup: SimProvider::start_named("resp-backup", Flavor::OpenAi).await,
@@ -228,6 +244,14 @@ impl Sims {
         });
         sims.chain_azure.set_deployments(&["upstream-chain-azure"]);
         sims.chain_gemini.set_default(Behavior::ServerError(503));
+        sims.cloud_azure.set_default(Behavior::RateLimited {
+            retry_after_secs: 1,
+        });
+        sims.cloud_azure.set_deployments(&["upstream-cloud-azure"]);
+        // ThrottlingException.
+        sims.cloud_bedrock.set_default(Behavior::RateLimited {
+            retry_after_secs: 1,
+        });
         sims.resp_primary.set_default(Behavior::RateLimited {
             retry_after_secs: 1,
         });
@@ -254,7 +278,7 @@ impl Sims {
         sims
     }
 
-    fn all(&self) -> [&SimProvider; 27] {
+    fn all(&self) -> [&SimProvider; 30] {
         [
             &self.chat,
             &self.streamer,
@@ -280,6 +304,9 @@ impl Sims {
             &self.chain_azure,
             &self.chain_gemini,
             &self.chain_claude,
+            &self.cloud_azure,
+            &self.cloud_bedrock,
+            &self.cloud_vertex,
             &self.resp_claude,
             &self.resp_primary,
             &self.resp_backup,
@@ -293,11 +320,27 @@ impl Sims {
                 Flavor::OpenAi => "openai",
                 Flavor::Azure => "azure-openai",
                 Flavor::Gemini => "gemini",
-                Flavor::Bedrock => {
-                    unreachable!("bedrock takes the whole Secret: see tests/bedrock.rs")
-                }
                 Flavor::Anthropic => "anthropic",
-                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
+                // Bedrock signs with the whole Secret's AWS keys; Vertex exchanges a
+                // service-account key for tokens: no `apiKey`.
+                Flavor::Bedrock => {
+                    m += &harness::bedrock_credential(
+                        sim.name(),
+                        &sim.base_url(),
+                        BEDROCK_ACCESS_KEY_ID,
+                        BEDROCK_SECRET_ACCESS_KEY,
+                        None,
+                    );
+                    continue;
+                }
+                Flavor::Vertex => {
+                    m += &harness::vertex_credential(
+                        sim.name(),
+                        &sim.base_url(),
+                        &sim.service_account_json(),
+                    );
+                    continue;
+                }
             };
             let key = format!("sk-upstream-{}", sim.name());
             m += &credential(sim.name(), provider, &sim.base_url(), &key);
@@ -359,6 +402,14 @@ impl Sims {
                 ("chain-azure", "upstream-chain-azure"),
                 ("chain-gemini", "upstream-chain-gemini"),
                 ("chain-claude", "upstream-chain-claude"),
+            ]),
+        );
+        m += &route(
+            "sdk-x-cloud",
+            &three([
+                ("cloud-azure", "upstream-cloud-azure"),
+                ("cloud-bedrock", CLOUD_BEDROCK_MODEL),
+                ("cloud-vertex", CLOUD_VERTEX_MODEL),
             ]),
         );
         // The Responses simulator knows OpenAI's model names only.
@@ -529,6 +580,9 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
         .env("SWITCHBACK_CHAIN_MODEL", "sdk-x-chain")
         .env("SWITCHBACK_CHAIN_TARGET", target("chain-claude"))
         .env("SWITCHBACK_CHAIN_TEXT", answer_text("chain-claude"))
+        .env("SWITCHBACK_CLOUD_MODEL", "sdk-x-cloud")
+        .env("SWITCHBACK_CLOUD_TARGET", target("cloud-vertex"))
+        .env("SWITCHBACK_CLOUD_TEXT", answer_text("cloud-vertex"))
         .env("SWITCHBACK_RESPONSES_MODEL", "sdk-responses")
         .env("SWITCHBACK_RESPONSES_TARGET", target("resp-backup"))
         .env("SWITCHBACK_RESPONSES_TEXT", answer_text("resp-backup"))
@@ -612,6 +666,47 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
             body(&r)
         );
     }
+    // The three-cloud chain (Anthropic SDK): Azure's 429 and Bedrock's
+    // ThrottlingException fail over, Claude on Vertex answered both, each in its own
+    // wire and with its own authentication.
+    assert!((1..=2).contains(&sent(&sims.cloud_azure)), "cloud-azure");
+    for r in sims.cloud_azure.received() {
+        assert_eq!(r.path, "/openai/v1/chat/completions");
+        assert_eq!(r.model(), Some("upstream-cloud-azure"), "the deployment");
+    }
+    assert!(
+        (1..=2).contains(&sent(&sims.cloud_bedrock)),
+        "cloud-bedrock"
+    );
+    for r in sims.cloud_bedrock.received() {
+        assert!(
+            r.path
+                .starts_with("/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse"),
+            "{}",
+            r.path
+        );
+        assert!(
+            r.header("authorization")
+                .is_some_and(|a| a.starts_with("AWS4-HMAC-SHA256 ")),
+            "SigV4"
+        );
+    }
+    let vertex = sims.cloud_vertex.received();
+    let vertex: Vec<&Received> = vertex.iter().filter(|r| r.path.contains(":")).collect();
+    assert_eq!(vertex.len(), 2, "cloud-vertex: unary + stream");
+    assert!(
+        vertex[0].path.ends_with(&format!(
+            "/publishers/anthropic/models/{CLOUD_VERTEX_MODEL}:rawPredict"
+        )),
+        "{}",
+        vertex[0].path
+    );
+    assert!(
+        vertex[1].path.ends_with(":streamRawPredict"),
+        "{}",
+        vertex[1].path
+    );
+    assert_eq!(sims.cloud_vertex.token_requests(), 1, "one token for both");
     // The Responses API: never sent to the Anthropic target, passed through to the
     // OpenAI ones with the target's model.
     assert_eq!(sent(&sims.resp_claude), 0, "skipped as unsupportedSurface");
@@ -643,7 +738,18 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                     );
                     assert_eq!(r.header("authorization"), None, "{}", sim.name());
                 }
-                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
+                Flavor::Bedrock => {
+                    assert!(r.path.starts_with("/model/"), "{}: {}", sim.name(), r.path);
+                }
+                Flavor::Vertex => {
+                    assert!(
+                        r.path.starts_with("/v1/projects/") || r.path == "/token",
+                        "{}: {}",
+                        sim.name(),
+                        r.path
+                    );
+                }
+                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini => {
                     assert!(
                         [
                             "/v1/chat/completions",
@@ -659,7 +765,6 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                     );
                     assert_eq!(r.header("x-api-key"), None, "{}", sim.name());
                 }
-                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
             }
             for (name, value) in &r.headers {
                 let value = String::from_utf8_lossy(value.as_bytes());
@@ -669,21 +774,40 @@ async fn official_python_sdks_parse_what_the_proxy_sends() {
                     sim.name()
                 );
             }
+            // Bedrock signs with its AWS keys (the simulator checks the signature),
+            // Vertex sends the token it was issued (checked likewise): no API key.
+            match sim.flavor() {
+                Flavor::Bedrock => {
+                    let auth = r.header("authorization").unwrap_or_default();
+                    assert!(
+                        auth.starts_with(&format!(
+                            "AWS4-HMAC-SHA256 Credential={BEDROCK_ACCESS_KEY_ID}/"
+                        )),
+                        "{}: {auth}",
+                        sim.name()
+                    );
+                    continue;
+                }
+                Flavor::Vertex => {
+                    if r.path != "/token" {
+                        let auth = r.header("authorization").unwrap_or_default();
+                        assert!(auth.starts_with("Bearer ya29."), "{}", sim.name());
+                    }
+                    continue;
+                }
+                _ => {}
+            }
             let key = format!("sk-upstream-{}", sim.name());
             let auth = match sim.flavor() {
                 Flavor::OpenAi => r.header("authorization").map(str::to_owned),
                 Flavor::Azure => r.header("api-key").map(|k| format!("Bearer {k}")),
                 Flavor::Gemini => r.header("x-goog-api-key").map(|k| format!("Bearer {k}")),
-                Flavor::Bedrock => unreachable!("no bedrock in this chain"),
                 Flavor::Anthropic => r.header("x-api-key").map(str::to_owned),
-                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
+                Flavor::Bedrock | Flavor::Vertex => unreachable!("checked above"),
             };
             let want = match sim.flavor() {
-                Flavor::OpenAi | Flavor::Azure | Flavor::Gemini | Flavor::Bedrock => {
-                    format!("Bearer {key}")
-                }
                 Flavor::Anthropic => key,
-                Flavor::Vertex => unreachable!("the chain has no vertex provider"),
+                _ => format!("Bearer {key}"),
             };
             assert_eq!(auth.as_deref(), Some(want.as_str()), "{}", sim.name());
         }

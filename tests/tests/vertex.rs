@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchback_tests::harness::{
-    CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
+    self, CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
 };
 use switchback_tests::sim::{
     Behavior, Flavor, SimProvider, TokenBehavior, VERTEX_ANTHROPIC_VERSION, VERTEX_LOCATION,
@@ -27,28 +27,7 @@ const CLAUDE: &str = "claude-sonnet-4-5@20250929";
 fn vertex_credential_with(name: &str, sim: &SimProvider, edit: impl Fn(&mut Value)) -> String {
     let mut sa: Value = serde_json::from_str(&sim.service_account_json()).unwrap();
     edit(&mut sa);
-    format!(
-        r#"---
-apiVersion: switchback.dev/v1alpha1
-kind: ProviderCredential
-metadata: {{ name: {name}, namespace: team-a }}
-spec:
-  provider: vertex
-  project: {VERTEX_PROJECT}
-  location: {VERTEX_LOCATION}
-  baseURL: {base}
-  secretRef: {{ name: {name}-sa, key: serviceAccount.json }}
-  allowPrivateNetwork: true
----
-apiVersion: v1
-kind: Secret
-metadata: {{ name: {name}-sa, namespace: team-a }}
-stringData:
-  serviceAccount.json: |
-    {sa}
-"#,
-        base = sim.base_url(),
-    )
+    harness::vertex_credential(name, &sim.base_url(), &sa.to_string())
 }
 
 fn vertex_credential(name: &str, sim: &SimProvider) -> String {
