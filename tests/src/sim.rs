@@ -1705,25 +1705,53 @@ fn sse(
     end: StreamEnd,
     guard: CancelGuard,
 ) -> Response<Body> {
+    let body = chunked(
+        events.into_iter().map(Bytes::from).collect(),
+        interval,
+        end,
+        guard,
+    );
+    let content_type = match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
+        Flavor::OpenAi | Flavor::Azure => "text/event-stream; charset=utf-8",
+        Flavor::Anthropic | Flavor::Gemini => "text/event-stream",
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
+    };
+    base_response(ctx, 200)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .expect("sim: valid response")
+}
+
+/// A streamed body: one chunk per item of `chunks`, `interval` between them, then
+/// `end` (finish, stall, or break the connection). Shared by the SSE flavors and
+/// Bedrock's event-stream frames.
+fn chunked(
+    chunks: Vec<Bytes>,
+    interval: Duration,
+    end: StreamEnd,
+    guard: CancelGuard,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     struct S {
-        events: std::vec::IntoIter<String>,
+        chunks: std::vec::IntoIter<Bytes>,
         first: bool,
         guard: Option<CancelGuard>,
     }
     let init = S {
-        events: events.into_iter(),
+        chunks: chunks.into_iter(),
         first: true,
         guard: Some(guard),
     };
-    let body = futures_util::stream::unfold(init, move |mut s| async move {
+    futures_util::stream::unfold(init, move |mut s| async move {
         // `guard: None` marks a stream that already ended (after a Break error).
         s.guard.as_ref()?;
-        if let Some(event) = s.events.next() {
+        if let Some(chunk) = s.chunks.next() {
             if !s.first && !interval.is_zero() {
                 tokio::time::sleep(interval).await;
             }
             s.first = false;
-            return Some((Ok(Bytes::from(event)), s));
+            return Some((Ok(chunk), s));
         }
         match end {
             StreamEnd::Finish => {
@@ -1737,7 +1765,7 @@ fn sse(
                 unreachable!("pending never completes")
             }
             StreamEnd::Break => {
-                // Give hyper one Pending so it flushes the head and the events sent so
+                // Give hyper one Pending so it flushes the head and the chunks sent so
                 // far; an error in the same poll would discard them unsent.
                 tokio::task::yield_now().await;
                 if let Some(guard) = s.guard.take() {
@@ -1747,18 +1775,7 @@ fn sse(
                 Some((Err(err), s))
             }
         }
-    });
-    let content_type = match ctx.flavor {
-        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
-        Flavor::OpenAi | Flavor::Azure => "text/event-stream; charset=utf-8",
-        Flavor::Anthropic | Flavor::Gemini => "text/event-stream",
-        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
-    };
-    base_response(ctx, 200)
-        .header(header::CONTENT_TYPE, content_type)
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(body))
-        .expect("sim: valid response")
+    })
 }
 
 // ---------------------------------------------------------------------------------

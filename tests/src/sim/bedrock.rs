@@ -675,45 +675,7 @@ fn frames(
     end: StreamEnd,
     guard: CancelGuard,
 ) -> Response<Body> {
-    struct S {
-        frames: std::vec::IntoIter<Bytes>,
-        first: bool,
-        guard: Option<CancelGuard>,
-    }
-    let init = S {
-        frames: frames.into_iter(),
-        first: true,
-        guard: Some(guard),
-    };
-    let body = futures_util::stream::unfold(init, move |mut s| async move {
-        s.guard.as_ref()?;
-        if let Some(f) = s.frames.next() {
-            if !s.first && !interval.is_zero() {
-                tokio::time::sleep(interval).await;
-            }
-            s.first = false;
-            return Some((Ok(f), s));
-        }
-        match end {
-            StreamEnd::Finish => {
-                if let Some(g) = s.guard.take() {
-                    g.finish();
-                }
-                None
-            }
-            StreamEnd::Stall => {
-                std::future::pending::<()>().await;
-                unreachable!("pending never completes")
-            }
-            StreamEnd::Break => {
-                tokio::task::yield_now().await;
-                if let Some(g) = s.guard.take() {
-                    g.finish();
-                }
-                Some((Err(std::io::Error::other("sim: BreakMidStream")), s))
-            }
-        }
-    });
+    let body = super::chunked(frames, interval, end, guard);
     base_response(ctx, 200)
         .header(header::CONTENT_TYPE, "application/vnd.amazon.eventstream")
         .body(Body::from_stream(body))
