@@ -70,7 +70,8 @@
 //!
 //! - `req/s`: completed 200 responses per second; `p50`/`p99`: latency percentiles in
 //!   µs, time to the last byte of the body (for streams, a second table gives the time
-//!   to the first body byte, i.e. the first SSE event);
+//!   to the first text, i.e. the first SSE event with content: the role-only chunk
+//!   before it is held back by the proxy, so the first byte would not compare);
 //! - `thru %`: proxy throughput as a percentage of direct throughput at the same
 //!   concurrency; `+p50`/`+p99`: latency the proxy adds (proxy minus direct, µs; small
 //!   negative values are noise);
@@ -1137,7 +1138,7 @@ fn chat_request(addr: SocketAddr, body: Bytes) -> Result<Request<Full<Bytes>>, B
 /// Latencies (ns) of one cell's requests that completed inside the window.
 #[derive(Default)]
 struct Samples {
-    ttfb: Vec<u64>,
+    first_text: Vec<u64>,
     ttlb: Vec<u64>,
     errors: u64,
     first_error: Option<String>,
@@ -1146,7 +1147,7 @@ struct Samples {
 struct Cell {
     window: Duration,
     /// Sorted ascending.
-    ttfb: Vec<u64>,
+    first_text: Vec<u64>,
     /// Sorted ascending.
     ttlb: Vec<u64>,
     errors: u64,
@@ -1241,12 +1242,12 @@ async fn run_cell(
     let mut all = Samples::default();
     while let Some(done) = workers.join_next().await {
         let Ok(s) = done else { continue };
-        all.ttfb.extend(s.ttfb);
+        all.first_text.extend(s.first_text);
         all.ttlb.extend(s.ttlb);
         all.errors += s.errors;
         all.first_error = all.first_error.or(s.first_error);
     }
-    all.ttfb.sort_unstable();
+    all.first_text.sort_unstable();
     all.ttlb.sort_unstable();
     let cpu = meter.await.unwrap_or_default();
     // The window is cut short when the request cap is reached first.
@@ -1255,7 +1256,7 @@ async fn run_cell(
         window: last
             .saturating_duration_since(from)
             .max(Duration::from_millis(1)),
-        ttfb: all.ttfb,
+        first_text: all.first_text,
         ttlb: all.ttlb,
         errors: all.errors,
         first_error: all.first_error,
@@ -1524,7 +1525,7 @@ async fn worker(
         match result {
             Ok(Ok((StatusCode::OK, first))) => {
                 if done >= from && done <= until {
-                    s.ttfb.push(nanos(first.unwrap_or(done) - started));
+                    s.first_text.push(nanos(first.unwrap_or(done) - started));
                     s.ttlb.push(nanos(done - started));
                 }
             }
@@ -1543,7 +1544,12 @@ async fn worker(
 }
 
 /// Sends one request and reads the response to its end; returns the status and when
-/// the first non-empty body chunk arrived.
+/// the first text arrived (the first `"content":"` with something in it).
+///
+/// Text, not the first byte: the direct stream's first event is the simulator's
+/// role-only chunk, which the proxy holds back until the first event with content
+/// (SPEC §3's commit point), so a first-byte figure would compare the role chunk
+/// against the first text and charge the proxy the provider's gap between them.
 async fn exchange(
     sender: &mut SendRequest<Full<Bytes>>,
     addr: SocketAddr,
@@ -1554,13 +1560,33 @@ async fn exchange(
     let status = resp.status();
     let mut body = resp.into_body();
     let mut first = None;
+    // The end of the previous chunk, so a marker split across chunks is still seen.
+    let mut carry: Vec<u8> = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame?;
-        if first.is_none() && frame.data_ref().is_some_and(|d| !d.is_empty()) {
-            first = Some(Instant::now());
+        if first.is_some() {
+            continue;
+        }
+        if let Some(data) = frame.data_ref() {
+            carry.extend_from_slice(data);
+            if has_text(&carry) {
+                first = Some(Instant::now());
+            } else {
+                let keep = carry.len().saturating_sub(TEXT_MARKER.len());
+                carry.drain(..keep);
+            }
         }
     }
     Ok((status, first))
+}
+
+const TEXT_MARKER: &[u8] = br#""content":""#;
+
+/// Whether `bytes` hold a `"content":"` whose string is not empty.
+fn has_text(bytes: &[u8]) -> bool {
+    bytes
+        .windows(TEXT_MARKER.len() + 1)
+        .any(|w| w.starts_with(TEXT_MARKER) && w[TEXT_MARKER.len()] != b'"')
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -1749,7 +1775,10 @@ fn profile_report(run: &ProfileRun) -> String {
     }
     if run.rows.iter().any(|row| row.mode == Mode::Stream) {
         let _ = writeln!(o);
-        let _ = writeln!(o, "stream time to first byte (first SSE event):");
+        let _ = writeln!(
+            o,
+            "stream time to first text (the first event with content; the proxy holds back the role-only chunk until then):"
+        );
         heads(
             &mut o,
             &format!(
@@ -1758,7 +1787,7 @@ fn profile_report(run: &ProfileRun) -> String {
             ),
         );
         for row in run.rows.iter().filter(|row| row.mode == Mode::Stream) {
-            let (d, p) = (&row.direct.ttfb, &row.proxied.ttfb);
+            let (d, p) = (&row.direct.first_text, &row.proxied.first_text);
             let _ = writeln!(
                 o,
                 "{:<6} {:>4} | {:>7} {:>7} | {:>7} {:>7} | {:>7} {:>7}",
