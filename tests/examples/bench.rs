@@ -1560,33 +1560,38 @@ async fn exchange(
     let status = resp.status();
     let mut body = resp.into_body();
     let mut first = None;
-    // The end of the previous chunk, so a marker split across chunks is still seen.
-    let mut carry: Vec<u8> = Vec::new();
+    let mut watch = TextWatch::default();
     while let Some(frame) = body.frame().await {
         let frame = frame?;
-        if first.is_some() {
-            continue;
-        }
-        if let Some(data) = frame.data_ref() {
-            carry.extend_from_slice(data);
-            if has_text(&carry) {
-                first = Some(Instant::now());
-            } else {
-                let keep = carry.len().saturating_sub(TEXT_MARKER.len());
-                carry.drain(..keep);
-            }
+        if first.is_none() && frame.data_ref().is_some_and(|d| watch.push(d)) {
+            first = Some(Instant::now());
         }
     }
     Ok((status, first))
 }
 
-const TEXT_MARKER: &[u8] = br#""content":""#;
+/// Finds the first text of an answer fed chunk by chunk: a `"content":"` whose string
+/// is not empty (the role chunk's `"content":""` is not text).
+#[derive(Default)]
+struct TextWatch {
+    /// The end of the previous chunks, so a marker split across chunks is still seen.
+    carry: Vec<u8>,
+}
 
-/// Whether `bytes` hold a `"content":"` whose string is not empty.
-fn has_text(bytes: &[u8]) -> bool {
-    bytes
-        .windows(TEXT_MARKER.len() + 1)
-        .any(|w| w.starts_with(TEXT_MARKER) && w[TEXT_MARKER.len()] != b'"')
+impl TextWatch {
+    const MARKER: &[u8] = br#""content":""#;
+
+    /// Whether the chunks so far hold text.
+    fn push(&mut self, chunk: &[u8]) -> bool {
+        self.carry.extend_from_slice(chunk);
+        let found = self
+            .carry
+            .windows(Self::MARKER.len() + 1)
+            .any(|w| w.starts_with(Self::MARKER) && w[Self::MARKER.len()] != b'"');
+        let keep = self.carry.len().saturating_sub(Self::MARKER.len());
+        self.carry.drain(..keep);
+        found
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -2005,4 +2010,28 @@ fn verdict(run: &ProfileRun) -> String {
         );
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TextWatch;
+
+    #[test]
+    fn the_role_chunk_is_not_text_and_the_first_piece_is() {
+        let mut w = TextWatch::default();
+        assert!(!w.push(br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#));
+        assert!(w.push(br#"data: {"choices":[{"delta":{"content":"Hel"}}]}"#));
+    }
+
+    #[test]
+    fn a_marker_split_across_chunks_is_found_once_its_next_byte_arrives() {
+        let mut w = TextWatch::default();
+        assert!(!w.push(br#"data: {"choices":[{"delta":{"con"#));
+        assert!(!w.push(br#"tent":""#));
+        assert!(w.push(br#"x"}}]}"#));
+        // An empty string split after its opening quote is still not text.
+        let mut w = TextWatch::default();
+        assert!(!w.push(br#"{"content":""#));
+        assert!(!w.push(br#""}"#));
+    }
 }
