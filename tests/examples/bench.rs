@@ -100,6 +100,13 @@
 //! under a profiler, e.g. `BENCH_PROXY_WRAPPER="valgrind --tool=callgrind"` for
 //! instruction counts per request (`callgrind_control -z` / `-d` around a window).
 //!
+//! `BENCH_VERSUS=PATH` compares two builds instead of measuring the cells: a second
+//! proxy binary (an older commit's, or the same binary for the noise floor) runs beside
+//! this one on the same cores, and each of `BENCH_ROUNDS` rounds (default 10) per
+//! selected cell gives half the workers to each, at the same time; the report gives each
+//! round's CPU per request of both, and per cell the paired ratio (median, quartiles),
+//! how many rounds this binary was the dearer and a sign test. See [`Versus`].
+//!
 //! Everything runs on one small machine, so the absolute figures are those of a
 //! crowded box: direct cells measure generator + simulator, proxy cells generator +
 //! proxy + simulator. Read the ratios, not the capacity.
@@ -257,6 +264,47 @@ spec:
     let gen_rt = runtime("load", end_cores)?;
     gen_rt.block_on(wait_ready(admin_addr, &mut proxy))?;
     gen_rt.block_on(smoke_test(sim.addr(), data_addr, &proxy))?;
+    if let Some(other) = Versus::from_env()? {
+        let mut other = other.start(&layout, &manifest, dir.path(), &gen_rt, sim.addr())?;
+        eprintln!(
+            "bench: side by side: {} against {}, both {}; {:.1} s warm-up + {:.1} s per round",
+            bin.display(),
+            other.bin.display(),
+            layout.describe(),
+            WARMUP.as_secs_f64(),
+            measure.as_secs_f64(),
+        );
+        let mut report = String::new();
+        for profile in &only.profiles {
+            for mode in [Mode::Unary, Mode::Stream]
+                .into_iter()
+                .filter(|m| only.modes.contains(m))
+            {
+                sim.set_default(profile.behavior(mode));
+                for conc in CONCURRENCY
+                    .into_iter()
+                    .filter(|c| only.concurrency.contains(c))
+                {
+                    let cell = CellName {
+                        profile: profile.name,
+                        mode,
+                        conc,
+                    };
+                    let rounds = gen_rt.block_on(other.rounds(
+                        cell,
+                        (data_addr, pid),
+                        measure,
+                        &mut proxy,
+                    ))?;
+                    report.push_str(&versus_report(cell, &rounds));
+                }
+            }
+        }
+        other.proxy.stop();
+        proxy.stop();
+        print!("{report}");
+        return Ok(());
+    }
     let nginx = match NginxChild::wanted()? {
         Some(program) => {
             let n = NginxChild::spawn(&layout, &program, sim.addr(), dir.path())?;
@@ -829,6 +877,221 @@ impl Drop for ProxyChild {
             self.stop();
         }
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Side by side: two proxy binaries under one load
+// ---------------------------------------------------------------------------------
+
+/// Rounds per cell when `BENCH_ROUNDS` is not set.
+const DEFAULT_ROUNDS: usize = 10;
+
+/// `BENCH_VERSUS=PATH`: a second proxy binary (an older build, or the same one for the
+/// noise floor) run beside the bench's own, both on the middle's cores, against the same
+/// simulator, in the same windows: each round gives half the cell's workers to each and
+/// reads both proxies' CPU per request. Alternating runs of one binary then the other
+/// (ABBA) were what this replaced: on a shared host the same binary's CPU per request
+/// moved by half between runs, more than any difference looked for. Side by side, both
+/// meet the same neighbours at the same moment, and each round is one paired ratio.
+struct Versus {
+    bin: PathBuf,
+    rounds: usize,
+}
+
+/// The second proxy, started and ready.
+struct Other {
+    bin: PathBuf,
+    proxy: ProxyChild,
+    addr: SocketAddr,
+    pid: u32,
+    rounds: usize,
+}
+
+#[derive(Clone, Copy)]
+struct CellName {
+    profile: &'static str,
+    mode: Mode,
+    conc: usize,
+}
+
+/// One round: each proxy's CPU per request and throughput, measured together.
+struct Round {
+    ours: (f64, f64),
+    other: (f64, f64),
+}
+
+impl Versus {
+    fn from_env() -> Result<Option<Versus>, String> {
+        let Some(bin) = std::env::var_os("BENCH_VERSUS").map(PathBuf::from) else {
+            return Ok(None);
+        };
+        if !bin.is_file() {
+            return Err(format!("BENCH_VERSUS={}: no such file", bin.display()));
+        }
+        let rounds = match std::env::var("BENCH_ROUNDS") {
+            Err(_) => DEFAULT_ROUNDS,
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n @ 1..=1000) => n,
+                _ => return Err(format!("BENCH_ROUNDS={v:?}: expected a count, 1 to 1000")),
+            },
+        };
+        Ok(Some(Versus { bin, rounds }))
+    }
+
+    fn start(
+        self,
+        layout: &Layout,
+        manifest: &Path,
+        dir: &Path,
+        rt: &Runtime,
+        sim: SocketAddr,
+    ) -> Result<Other, String> {
+        // Its own folder: its log is not the first proxy's.
+        let own = dir.join("versus");
+        std::fs::create_dir_all(&own).map_err(|e| format!("{}: {e}", own.display()))?;
+        let (addr, admin) = free_ports()?;
+        let mut proxy = ProxyChild::spawn(layout, &self.bin, manifest, addr, admin, &own)?;
+        rt.block_on(wait_ready(admin, &mut proxy))?;
+        rt.block_on(smoke_test(sim, addr, &proxy))?;
+        let pid = proxy.child.id();
+        Ok(Other {
+            bin: self.bin,
+            proxy,
+            addr,
+            pid,
+            rounds: self.rounds,
+        })
+    }
+}
+
+impl Other {
+    /// `rounds` windows of one cell, each proxy taking half the workers (at least one).
+    async fn rounds(
+        &mut self,
+        cell: CellName,
+        (ours, our_pid): (SocketAddr, u32),
+        measure: Duration,
+        our_proxy: &mut ProxyChild,
+    ) -> Result<Vec<Round>, String> {
+        let half = (cell.conc / 2).max(1);
+        let mut rounds = Vec::with_capacity(self.rounds);
+        for n in 1..=self.rounds {
+            let (our_pids, other_pids) = ([our_pid], [self.pid]);
+            let (a, b) = tokio::join!(
+                run_cell(ours, ROUTE, cell.mode, half, measure, &our_pids),
+                run_cell(self.addr, ROUTE, cell.mode, half, measure, &other_pids),
+            );
+            if !our_proxy.is_running() || !self.proxy.is_running() {
+                return Err("a proxy exited during the run".into());
+            }
+            let (Some(a_cpu), Some(b_cpu)) = (a.cpu_per_request().1, b.cpu_per_request().1) else {
+                return Err(format!(
+                    "round {n} of {}: no CPU figure (requests: {} and {}; errors: {} {:?}, {} {:?})",
+                    cell.label(),
+                    a.ok(),
+                    b.ok(),
+                    a.errors,
+                    a.first_error,
+                    b.errors,
+                    b.first_error
+                ));
+            };
+            let round = Round {
+                ours: (a_cpu, a.rps()),
+                other: (b_cpu, b.rps()),
+            };
+            eprintln!(
+                "bench: {} round {n:>2}: this {:>6.1} µs/req {:>7.0} req/s, other {:>6.1} µs/req \
+                 {:>7.0} req/s, CPU ratio {:.3}, errors {} {}",
+                cell.label(),
+                a_cpu,
+                a.rps(),
+                b_cpu,
+                b.rps(),
+                round.cpu_ratio(),
+                a.errors,
+                b.errors
+            );
+            rounds.push(round);
+        }
+        Ok(rounds)
+    }
+}
+
+impl CellName {
+    fn label(self) -> String {
+        format!(
+            "{:>7} {:>6} c={:<3}",
+            self.profile,
+            self.mode.name(),
+            self.conc
+        )
+    }
+}
+
+impl Round {
+    /// This binary's CPU per request over the other's.
+    fn cpu_ratio(&self) -> f64 {
+        self.ours.0 / self.other.0
+    }
+
+    fn rps_ratio(&self) -> f64 {
+        self.ours.1 / self.other.1
+    }
+}
+
+/// Median and quartiles (nearest rank) of unsorted values.
+fn quartiles(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    (at(0.5), at(0.25), at(0.75))
+}
+
+/// Two-sided sign test: the chance of a split at least as uneven as `k` of `n` when
+/// either binary is as likely to be the dearer one in a round.
+fn sign_test(k: usize, n: usize) -> f64 {
+    let extreme = k.max(n - k);
+    // C(n, i) / 2^n summed over the tail, in floating point (n is at most 1000).
+    let mut tail = 0.0;
+    let mut c = 1.0_f64;
+    for i in 0..=n {
+        if i >= extreme {
+            tail += c;
+        }
+        c = c * (n - i) as f64 / (i + 1) as f64;
+    }
+    (2.0 * tail / 2f64.powi(n as i32)).min(1.0)
+}
+
+/// A p-value as read: two decimals, or the order of magnitude when that would print 0.00.
+fn p_value(p: f64) -> String {
+    if p >= 0.01 {
+        format!("{p:.2}")
+    } else {
+        format!("{p:.0e}")
+    }
+}
+
+fn versus_report(cell: CellName, rounds: &[Round]) -> String {
+    let cpu: Vec<f64> = rounds.iter().map(Round::cpu_ratio).collect();
+    let rps: Vec<f64> = rounds.iter().map(Round::rps_ratio).collect();
+    let ours: Vec<f64> = rounds.iter().map(|r| r.ours.0).collect();
+    let other: Vec<f64> = rounds.iter().map(|r| r.other.0).collect();
+    let dearer = cpu.iter().filter(|r| **r > 1.0).count();
+    let (m, q1, q3) = quartiles(&cpu);
+    let (t, _, _) = quartiles(&rps);
+    format!(
+        "{}: {} rounds; proxy CPU µs per request, median: this {:.1}, other {:.1}; \
+         paired ratio this/other: median {m:.3} (IQR {q1:.3}-{q3:.3}), this dearer in \
+         {dearer} of {} (sign test p = {}); throughput ratio median {t:.3}\n",
+        cell.label(),
+        rounds.len(),
+        quartiles(&ours).0,
+        quartiles(&other).0,
+        rounds.len(),
+        p_value(sign_test(dearer, rounds.len())),
+    )
 }
 
 // ---------------------------------------------------------------------------------
@@ -2014,7 +2277,26 @@ fn verdict(run: &ProfileRun) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::TextWatch;
+    use super::{TextWatch, quartiles, sign_test};
+
+    #[test]
+    fn the_sign_test_matches_the_binomial_tails() {
+        // 8 of 8 one way: 2 * (1/2)^8.
+        assert!((sign_test(8, 8) - 2.0 / 256.0).abs() < 1e-12);
+        assert!((sign_test(0, 8) - 2.0 / 256.0).abs() < 1e-12);
+        // An even split is no evidence either way.
+        assert_eq!(sign_test(5, 10), 1.0);
+        // 9 of 10: 2 * (C(10,9) + C(10,10)) / 1024 = 22 / 1024.
+        assert!((sign_test(9, 10) - 22.0 / 1024.0).abs() < 1e-12);
+        assert!((sign_test(1, 10) - 22.0 / 1024.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn quartiles_are_nearest_rank_of_the_sorted_values() {
+        let (m, q1, q3) = quartiles(&[4.0, 1.0, 3.0, 2.0, 8.0, 6.0, 7.0, 5.0]);
+        assert_eq!((m, q1, q3), (4.0, 2.0, 6.0));
+        assert_eq!(quartiles(&[1.5]), (1.5, 1.5, 1.5));
+    }
 
     #[test]
     fn the_role_chunk_is_not_text_and_the_first_piece_is() {
