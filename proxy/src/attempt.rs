@@ -624,7 +624,10 @@ async fn attempt(
     let mut headers = auth.clone();
     let vertex = cred.spec.provider == Provider::Vertex;
     if let Some(v) = &cred.vertex {
-        match vertex_bearer(v, cred, t, deadline, budget).await {
+        // Boxed: the token exchange is a large future, and held inline it would grow
+        // every attempt's state (and each future above it, copied as it is built) for
+        // the one provider that needs it.
+        match Box::pin(vertex_bearer(v, cred, t, deadline, budget)).await {
             Ok(bearer) => headers.insert(header::AUTHORIZATION, bearer),
             Err(f) => return Attempted::Failed(f),
         };
@@ -717,7 +720,13 @@ async fn attempt(
                 price: t.spec.price,
                 strip_usage: call.strip_usage && dir.is_none(),
             };
-            return match relay::start_stream(status, headers, response, deadline, stream).await {
+            // Boxed for the same reason as the vertex token: the opening of a stream is
+            // most of an attempt's state, and a unary call would carry it too.
+            return match Box::pin(relay::start_stream(
+                status, headers, response, deadline, stream,
+            ))
+            .await
+            {
                 Ok((response, line)) => Attempted::Committed(response, Some(line)),
                 Err(NotCommitted::TimedOut) => timed_out(),
                 Err(NotCommitted::Failed(reason, status)) => Attempted::Failed(Failure {

@@ -123,8 +123,9 @@ struct Peek<'a> {
 }
 
 async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Body> {
-    let (parts, body) = request.into_parts();
-    let headers = parts.headers;
+    // Only the headers are kept: the rest of the head (URI, extensions) would be held
+    // in this future's state, and copied with it, until the answer.
+    let (http::request::Parts { headers, .. }, body) = request.into_parts();
     // Carried apart from the client's headers (which keep whatever the client sent):
     // the attempt pipeline forwards this one.
     let request_id = request_id(&headers);

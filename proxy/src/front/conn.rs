@@ -12,9 +12,11 @@
 //! the previous answer, so it would cut every keep-alive connection idle for longer
 //! than the header timeout.
 //!
-//! The timer costs nothing per request: it is only polled when a read would wait
-//! outside a request, and it is only moved when it fires before the real deadline
-//! (then once per idle period, not per request).
+//! The timer costs nothing per request: a phase's deadline is fixed (one clock read)
+//! at the phase's first read that would wait, which is microseconds after the phase
+//! began, and never when a request arrives whole; the timer is only polled then, and
+//! only moved when it fires before the real deadline (then once per idle period, not
+//! per request).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -230,7 +232,8 @@ pub(crate) struct ClientIo<T> {
     phase: Phase,
     /// `finished` as last seen.
     seen: u32,
-    deadline: Instant,
+    /// The phase's deadline, fixed by its first read that waits (see the module doc).
+    deadline: Option<Instant>,
     /// Made on the first read that waits outside a request; its deadline is never
     /// later than `deadline`'s first value, and moved on when it fires early.
     timer: Option<Pin<Box<Sleep>>>,
@@ -244,14 +247,13 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl<T> ClientIo<T> {
     pub(crate) fn new(io: T, shared: Arc<Shared>, front: Arc<Front>) -> Self {
-        let deadline = Instant::now() + front.limits.idle_timeout;
         Self {
             io,
             shared,
             front,
             phase: Phase::Idle,
             seen: 0,
-            deadline,
+            deadline: None,
             timer: None,
             stop: None,
             h2: false,
@@ -270,7 +272,7 @@ impl<T> ClientIo<T> {
         if self.phase == Phase::Busy || finished != self.seen {
             self.seen = finished;
             self.phase = Phase::Idle;
-            self.deadline = Instant::now() + self.front.limits.idle_timeout;
+            self.deadline = None;
         }
     }
 
@@ -288,7 +290,14 @@ impl<T> ClientIo<T> {
                 return Poll::Ready(Ok(()));
             }
         }
-        let deadline = self.deadline;
+        let limits = &self.front.limits;
+        let phase_timeout = match self.phase {
+            Phase::Head => limits.header_read_timeout,
+            _ => limits.idle_timeout,
+        };
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + phase_timeout);
         let timer = self
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
@@ -336,7 +345,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for ClientIo<T> {
                     }
                     if this.phase == Phase::Idle && !this.h2 {
                         this.phase = Phase::Head;
-                        this.deadline = Instant::now() + this.front.limits.header_read_timeout;
+                        this.deadline = None;
                     }
                 }
                 Poll::Ready(Ok(()))
