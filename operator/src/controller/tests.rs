@@ -285,8 +285,21 @@ async fn route_status_goes_to_the_status_subresource_by_server_side_apply() {
                 .iter()
                 .map(|c| c["type"].as_str().unwrap())
                 .collect();
-            assert_eq!(types, ["Accepted", "ResolvedRefs", "Programmed"]);
+            // Ready (and kstatus's Reconciling while it waits) after the three of
+            // SPEC §2 (SPEC §11).
+            assert_eq!(
+                types,
+                [
+                    "Accepted",
+                    "ResolvedRefs",
+                    "Programmed",
+                    "Ready",
+                    "Reconciling"
+                ]
+            );
             assert_eq!(s["conditions"][2]["reason"], "NoReadyReplicas");
+            assert_eq!(s["conditions"][3]["status"], "False");
+            assert_eq!(s["conditions"][3]["reason"], "NoReadyReplicas");
             assert_eq!(s["conditions"][0]["observedGeneration"], 3);
             with_status(&answer, body)
         },
