@@ -11,6 +11,7 @@ pub mod controller;
 pub mod leader;
 pub mod metrics;
 pub mod render;
+pub mod scope;
 pub mod scrape;
 pub mod status;
 pub mod synced;
