@@ -37,7 +37,6 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use switchback_crds::admintoken::Refresh;
 use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::{CompiledConfig, ObjectId};
 use switchback_crds::delivery::{self, DeliveryError, NamespaceConfig};
@@ -107,6 +106,8 @@ impl Error {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub gateway_namespace: String,
+    /// The namespaces whose routes, credentials, clients and Secrets are read.
+    pub scope: crate::scope::Scope,
     pub status_interval: Duration,
     pub status_writes_per_second: f64,
     /// `--auth required`: model names resolve per client (SPEC §9 Tenancy).
@@ -1001,8 +1002,8 @@ pub struct ScrapeOptions {
     pub replicas: Replicas,
     pub interval: Duration,
     pub window: Duration,
-    /// `--proxy-admin-token-file`: the proxies' admin token, sent on every scrape.
-    pub admin_token: Option<Arc<switchback_crds::admintoken::AdminTokenFile>>,
+    /// The proxies' admin token, sent on every scrape.
+    pub admin_token: Option<crate::bootstrap::AdminTokenSource>,
 }
 
 /// Scrapes the proxies forever: aggregate, queue routes whose facts changed, publish
@@ -1030,18 +1031,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 continue;
             }
         };
-        let token = opts.admin_token.as_ref().map(|file| {
-            let (token, refresh) = file.current();
-            match refresh {
-                Refresh::Unchanged => {}
-                Refresh::Reloaded => tracing::info!(
-                    file = %file.path().display(),
-                    "the proxy admin token file changed: scraping with the new token"
-                ),
-                Refresh::KeptLast(why) => tracing::warn!("{why}"),
-            }
-            token
-        });
+        let token = opts.admin_token.as_ref().and_then(|t| t.current());
         let scrapes = futures_util::future::join_all(
             endpoints
                 .iter()
@@ -1312,31 +1302,26 @@ pub async fn run(
     let poke = Arc::new(Notify::new());
     let synced = Synced::default();
 
+    let scope = settings.scope.clone();
     let (routes, w) = reflector::store();
-    let route_events =
-        reflector::reflector(w, watcher(Api::<LLMRoute>::all(client.clone()), wc.clone()))
+    let route_events = reflector::reflector(w, scope.watch::<LLMRoute>(&client, wc.clone()))
+        .default_backoff()
+        .inspect(synced.on_init_done(Cache::Routes))
+        .inspect(poke_on_rendered_change(poke.clone()))
+        .applied_objects();
+    let (credentials, w) = reflector::store();
+    let credential_events =
+        reflector::reflector(w, scope.watch::<ProviderCredential>(&client, wc.clone()))
             .default_backoff()
-            .inspect(synced.on_init_done(Cache::Routes))
+            .inspect(synced.on_init_done(Cache::Credentials))
             .inspect(poke_on_rendered_change(poke.clone()))
             .applied_objects();
-    let (credentials, w) = reflector::store();
-    let credential_events = reflector::reflector(
-        w,
-        watcher(Api::<ProviderCredential>::all(client.clone()), wc.clone()),
-    )
-    .default_backoff()
-    .inspect(synced.on_init_done(Cache::Credentials))
-    .inspect(poke_on_rendered_change(poke.clone()))
-    .applied_objects();
     let (clients, w) = reflector::store();
-    let client_events = reflector::reflector(
-        w,
-        watcher(Api::<LLMClient>::all(client.clone()), wc.clone()),
-    )
-    .default_backoff()
-    .inspect(synced.on_init_done(Cache::Clients))
-    .inspect(poke_on_rendered_change(poke.clone()))
-    .applied_objects();
+    let client_events = reflector::reflector(w, scope.watch::<LLMClient>(&client, wc.clone()))
+        .default_backoff()
+        .inspect(synced.on_init_done(Cache::Clients))
+        .inspect(poke_on_rendered_change(poke.clone()))
+        .applied_objects();
     let (secrets, w) = reflector::store::<PartialObjectMeta<KubeSecret>>();
     let secret_events = {
         let poke = poke.clone();
@@ -1344,10 +1329,7 @@ pub async fn run(
         let clients = clients.clone();
         reflector::reflector(
             w,
-            watcher(
-                Api::<PartialObjectMeta<KubeSecret>>::all(client.clone()),
-                wc.clone(),
-            ),
+            scope.watch::<PartialObjectMeta<KubeSecret>>(&client, wc.clone()),
         )
         .default_backoff()
         .inspect(synced.on_init_done(Cache::Secrets))

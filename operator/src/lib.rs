@@ -4,6 +4,7 @@
 //! Lease and `metrics` to Prometheus. Nothing here touches global state.
 
 pub mod aggregate;
+pub mod bootstrap;
 pub mod budget;
 pub mod circuit_events;
 pub mod cli;
