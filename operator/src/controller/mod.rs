@@ -178,7 +178,7 @@ impl World {
         let route_digests = routes
             .iter()
             .map(|r| {
-                let id = object_id(r);
+                let id = ObjectId::of(r);
                 // `Served` carries the revision: a credential edit or a rotated key
                 // alone re-queues the routes using it, so Programmed is recomputed.
                 let served = rendering.served.get(&id).copied();
@@ -190,7 +190,7 @@ impl World {
         let credential_digests = credentials
             .iter()
             .map(|c| {
-                let id = object_id(c);
+                let id = ObjectId::of(c);
                 let names = users.get(&id).cloned().unwrap_or_default();
                 let d = digest(Kind::ProviderCredential, &id, &|h| names.hash(h));
                 (id, d)
@@ -199,7 +199,7 @@ impl World {
         let client_digests = clients
             .iter()
             .map(|c| {
-                let id = object_id(c);
+                let id = ObjectId::of(c);
                 let routes = rendering.client(&id).map(|c| c.routes.len());
                 let d = digest(Kind::LLMClient, &id, &|h| routes.hash(h));
                 (id, d)
@@ -213,7 +213,7 @@ impl World {
             served_since: HashMap::new(),
             generations: routes
                 .iter()
-                .map(|r| (object_id(r), r.metadata.generation.unwrap_or(0)))
+                .map(|r| (ObjectId::of(r), r.metadata.generation.unwrap_or(0)))
                 .collect(),
         }
     }
@@ -252,18 +252,11 @@ impl World {
     }
 }
 
-pub fn object_id<K: Resource>(obj: &K) -> ObjectId {
-    ObjectId::new(
-        obj.meta().namespace.clone().unwrap_or_default(),
-        obj.meta().name.clone().unwrap_or_default(),
-    )
-}
-
 /// LLMRoute names referencing each credential, sorted.
 fn users(routes: &[LLMRoute]) -> BTreeMap<ObjectId, Vec<String>> {
     let mut out: BTreeMap<ObjectId, BTreeSet<String>> = BTreeMap::new();
     for r in routes {
-        let id = object_id(r);
+        let id = ObjectId::of(r);
         for t in &r.spec.targets {
             out.entry(ObjectId::new(&id.namespace, &t.credential_ref.name))
                 .or_default()
@@ -347,7 +340,7 @@ impl Context {
         self.client_seeds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(object_id(client))
+            .entry(ObjectId::of(client))
             .or_insert_with(|| Seed::from_status(client.status.as_ref()))
             .clone()
     }
@@ -415,11 +408,11 @@ impl Context {
     ) -> Result<Vec<KubeSecret>, Error> {
         let wanted: BTreeSet<ObjectId> = credentials
             .iter()
-            .map(|c| ObjectId::new(object_id(c).namespace, &c.spec.secret_ref.name))
+            .map(|c| ObjectId::new(ObjectId::of(c).namespace, &c.spec.secret_ref.name))
             .chain(
                 clients
                     .iter()
-                    .map(|c| ObjectId::new(object_id(c).namespace, &c.spec.key_secret_ref.name)),
+                    .map(|c| ObjectId::new(ObjectId::of(c).namespace, &c.spec.key_secret_ref.name)),
             )
             .collect();
         let mut fetch = Vec::new();
@@ -644,7 +637,7 @@ pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<
     let Some(world) = ctx.world() else {
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
-    let id = object_id(&*route);
+    let id = ObjectId::of(&*route);
     let seed = ctx
         .seeds
         .lock()
@@ -777,7 +770,7 @@ pub async fn reconcile_credential(
     let Some(world) = ctx.world() else {
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
-    let id = object_id(&*credential);
+    let id = ObjectId::of(&*credential);
     let name = credential.name_any();
     let api: Api<ProviderCredential> = Api::namespaced(ctx.client.clone(), &ns);
     // Users straight from the cache, not the (debounced) world: the finalizer must not
@@ -894,7 +887,7 @@ pub async fn reconcile_client(client: Arc<LLMClient>, ctx: Arc<Context>) -> Resu
     let Some(world) = ctx.world() else {
         return Ok(Action::requeue(Duration::from_millis(500)));
     };
-    let id = object_id(&*client);
+    let id = ObjectId::of(&*client);
     let proxies = ctx.proxies();
     let overlay = ctx.overlay();
     let view = proxies.clients.get(&id);
@@ -940,7 +933,7 @@ fn client_overlay(ctx: &Context, proxies: &Snapshot, now_ms: u64) -> ClientOverl
         if !budget.is_set() {
             continue;
         }
-        let id = object_id(&*client);
+        let id = ObjectId::of(&*client);
         let counted = proxies.clients.get(&id).map(|v| &v.counted);
         let current = usage::current(&ctx.client_seed(&client), counted, now_ms);
         if let Some(spent) = budget.exhausted(&current, now_ms) {
@@ -988,7 +981,7 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
         _ => "providercredential",
     };
     ctx.failed(controller, error);
-    tracing::warn!(object = %object_id(&*obj), %error, "reconcile failed");
+    tracing::warn!(object = %ObjectId::of(&*obj), %error, "reconcile failed");
     match error {
         e if e.is_conflict() => Action::requeue(Duration::from_millis(200)),
         _ => Action::requeue(Duration::from_secs(5)),
@@ -1109,7 +1102,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
             ctx.triggers.delivery.notify_one();
         }
         for c in ctx.stores.clients.state() {
-            let id = object_id(&*c);
+            let id = ObjectId::of(&*c);
             if overlay_changed || before.clients.get(&id) != after.clients.get(&id) {
                 let _ = ctx.triggers.clients.send(ObjectRef::from_obj(&*c));
             }
@@ -1117,7 +1110,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
 
         let all = before.replicas != after.replicas;
         for route in ctx.stores.routes.state() {
-            let id = object_id(&*route);
+            let id = ObjectId::of(&*route);
             if all || before.routes.get(&id) != after.routes.get(&id) {
                 let _ = ctx.triggers.routes.send(ObjectRef::from_obj(&*route));
             }
