@@ -68,6 +68,24 @@ pub async fn reconcile_client(client: Arc<LLMClient>, ctx: Arc<Context>) -> Resu
     Ok(Action::requeue(RESYNC))
 }
 
+/// Lays what a scrape round found over the rendered clients: when it differs from
+/// the overlay in use, it is kept and delivery is woken. Whether it changed.
+pub(super) fn refresh_overlay(ctx: &Context, proxies: &Snapshot) -> bool {
+    let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
+    let overlay = client_overlay(ctx, proxies, now_ms);
+    if *ctx.overlay() == overlay {
+        return false;
+    }
+    tracing::info!(
+        replicas = overlay.replicas,
+        exhausted = overlay.exhausted.len(),
+        "client limits or spent budgets changed; re-delivering"
+    );
+    *ctx.overlay.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(overlay);
+    ctx.triggers.delivery.notify_one();
+    true
+}
+
 /// After a scrape round: the budgets spent (usage = each client's seed plus what was
 /// counted) and the ready replicas, as laid over the rendered clients.
 pub(super) fn client_overlay(ctx: &Context, proxies: &Snapshot, now_ms: u64) -> ClientOverlay {

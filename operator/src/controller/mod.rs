@@ -266,6 +266,11 @@ impl Context {
     }
 }
 
+/// The cache key of the object `id` names.
+fn object_ref<K: Resource<DynamicType = ()>>(id: &ObjectId) -> ObjectRef<K> {
+    ObjectRef::new(&id.name).within(&id.namespace)
+}
+
 /// Now, to the second (the API stores times to the second).
 fn now() -> Time {
     Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()))

@@ -3,22 +3,24 @@
 //! controllers: the routes and clients to re-queue, the overlay to re-deliver, the
 //! circuit Events to publish.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
-use switchback_crds::admintoken::Refresh;
+use kube::runtime::reflector::{ObjectRef, Store};
+use switchback_crds::admintoken::{AdminToken, AdminTokenFile, Refresh};
 use switchback_crds::config::ObjectId;
+use switchback_crds::stats::CircuitState;
 
-use super::Context;
-use super::client::client_overlay;
-use crate::aggregate::Aggregator;
+use super::client::refresh_overlay;
+use super::{Context, object_ref};
+use crate::aggregate::{Aggregator, Scrape, Snapshot, Transition};
 use crate::circuit_events::CircuitEvents;
 use crate::metrics::ResultLabels;
-use crate::scrape::{self, Replicas};
+use crate::scrape::{self, Refusals, Replicas};
 
 /// How the proxies are found and their stats read.
 #[derive(Clone, Debug)]
@@ -27,11 +29,12 @@ pub struct ScrapeOptions {
     pub interval: Duration,
     pub window: Duration,
     /// `--proxy-admin-token-file`: the proxies' admin token, sent on every scrape.
-    pub admin_token: Option<Arc<switchback_crds::admintoken::AdminTokenFile>>,
+    pub admin_token: Option<Arc<AdminTokenFile>>,
 }
 
-/// Scrapes the proxies forever: aggregate, queue routes whose facts changed, publish
-/// circuit Events (as `circuit_events` decides: every change, flapping held back).
+/// Scrapes the proxies forever: aggregate, queue routes and clients whose facts
+/// changed, lay the clients' usage over the rendering, publish circuit Events (as
+/// `circuit_events` decides: every change, flapping held back).
 pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     let http = match reqwest::Client::builder().no_proxy().build() {
         Ok(h) => h,
@@ -43,7 +46,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     let started = Timestamp::now().as_millisecond() as u64;
     let mut agg = Aggregator::new(opts.window.as_millis() as u64, started);
     let mut events = CircuitEvents::default();
-    let mut refusals = scrape::Refusals::default();
+    let mut refusals = Refusals::default();
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -55,145 +58,247 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
                 continue;
             }
         };
-        let token = opts.admin_token.as_ref().map(|file| {
-            let (token, refresh) = file.current();
-            match refresh {
-                Refresh::Unchanged => {}
-                Refresh::Reloaded => tracing::info!(
-                    file = %file.path().display(),
-                    "the proxy admin token file changed: scraping with the new token"
-                ),
-                Refresh::KeptLast(why) => tracing::warn!("{why}"),
-            }
-            token
-        });
-        let scrapes = futures_util::future::join_all(
-            endpoints
-                .iter()
-                .map(|e| scrape::scrape(&http, e, token.as_deref())),
-        )
-        .await;
-        for s in refusals.observe(&scrapes) {
-            if let Err(e) = &s.result {
-                tracing::warn!(replica = %s.endpoint, "scraping a proxy replica: {e}");
-            }
-        }
-        for s in &scrapes {
-            let result = if s.result.is_ok() { "ok" } else { "error" };
-            ctx.metrics
-                .scrapes
-                .get_or_create(&ResultLabels { result })
-                .inc();
-        }
+        let token = opts.admin_token.as_deref().map(current_token);
+        let scrapes = scrape_all(&ctx, &http, &endpoints, token.as_deref(), &mut refusals).await;
         let before = ctx.proxies();
         let transitions = agg.observe(Timestamp::now().as_millisecond() as u64, &scrapes);
-        // Deleted routes are forgotten, but only against a synced cache: an empty store
-        // at start-up would wipe the totals of every route.
-        if ctx.stores.synced.is_synced() {
-            let exists = |id: &ObjectId| {
-                ctx.stores
-                    .routes
-                    .get(&ObjectRef::new(&id.name).within(&id.namespace))
-                    .is_some()
-            };
-            agg.retain_routes(exists);
-            ctx.seeds
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|id, _| exists(id));
-            ctx.unrendered
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|id, _| exists(id));
-        }
-        if ctx.stores.synced.is_synced() {
-            let exists = |id: &ObjectId| {
-                ctx.stores
-                    .clients
-                    .get(&ObjectRef::new(&id.name).within(&id.namespace))
-                    .is_some()
-            };
-            agg.retain_clients(exists);
-            ctx.client_seeds
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|id, _| exists(id));
-        }
+        forget_deleted(&ctx, &mut agg, &mut events);
         let after = Arc::new(agg.snapshot().clone());
         *ctx.proxies.write().unwrap_or_else(|p| p.into_inner()) = after.clone();
-        let now_ms = Timestamp::now().as_millisecond().max(0) as u64;
-        let overlay = client_overlay(&ctx, &after, now_ms);
-        let overlay_changed = *ctx.overlay() != overlay;
-        if overlay_changed {
-            tracing::info!(
-                replicas = overlay.replicas,
-                exhausted = overlay.exhausted.len(),
-                "client limits or spent budgets changed; re-delivering"
-            );
-            *ctx.overlay.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(overlay);
-            ctx.triggers.delivery.notify_one();
-        }
-        for c in ctx.stores.clients.state() {
-            let id = ObjectId::of(&*c);
-            if overlay_changed || before.clients.get(&id) != after.clients.get(&id) {
-                let _ = ctx.triggers.clients.send(ObjectRef::from_obj(&*c));
-            }
-        }
+        let overlay_changed = refresh_overlay(&ctx, &after);
+        queue_changed(&ctx, &before, &after, overlay_changed);
+        let transitions = events.observe(tokio::time::Instant::now(), transitions);
+        publish_circuit_events(&ctx, transitions).await;
+    }
+}
 
-        let all = before.replicas != after.replicas;
-        for route in ctx.stores.routes.state() {
-            let id = ObjectId::of(&*route);
-            if all || before.routes.get(&id) != after.routes.get(&id) {
-                let _ = ctx.triggers.routes.send(ObjectRef::from_obj(&*route));
-            }
+/// The admin token to scrape with, re-read when its file changed.
+fn current_token(file: &AdminTokenFile) -> Arc<AdminToken> {
+    let (token, refresh) = file.current();
+    match refresh {
+        Refresh::Unchanged => {}
+        Refresh::Reloaded => tracing::info!(
+            file = %file.path().display(),
+            "the proxy admin token file changed: scraping with the new token"
+        ),
+        Refresh::KeptLast(why) => tracing::warn!("{why}"),
+    }
+    token
+}
+
+/// Scrapes every replica at once, counted by result; a replica that starts refusing
+/// the token is logged once.
+async fn scrape_all(
+    ctx: &Context,
+    http: &reqwest::Client,
+    endpoints: &[String],
+    token: Option<&AdminToken>,
+    refusals: &mut Refusals,
+) -> Vec<Scrape> {
+    let scrapes =
+        futures_util::future::join_all(endpoints.iter().map(|e| scrape::scrape(http, e, token)))
+            .await;
+    for s in refusals.observe(&scrapes) {
+        if let Err(e) = &s.result {
+            tracing::warn!(replica = %s.endpoint, "scraping a proxy replica: {e}");
         }
-        if ctx.stores.synced.is_synced() {
-            events.retain_routes(|id| {
-                ctx.stores
-                    .routes
-                    .get(&ObjectRef::new(&id.name).within(&id.namespace))
-                    .is_some()
-            });
+    }
+    for s in &scrapes {
+        let result = if s.result.is_ok() { "ok" } else { "error" };
+        ctx.metrics
+            .scrapes
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+    scrapes
+}
+
+/// Forgets what is kept about deleted routes and clients, but only against synced
+/// caches: an empty store at start-up would wipe the totals of every route.
+fn forget_deleted(ctx: &Context, agg: &mut Aggregator, events: &mut CircuitEvents) {
+    if !ctx.stores.synced.is_synced() {
+        return;
+    }
+    let route_exists = |id: &ObjectId| exists(&ctx.stores.routes, id);
+    agg.retain_routes(route_exists);
+    retain(&ctx.seeds, route_exists);
+    retain(&ctx.unrendered, route_exists);
+    events.retain_routes(route_exists);
+    let client_exists = |id: &ObjectId| exists(&ctx.stores.clients, id);
+    agg.retain_clients(client_exists);
+    retain(&ctx.client_seeds, client_exists);
+}
+
+fn exists<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, id: &ObjectId) -> bool {
+    store.get(&object_ref(id)).is_some()
+}
+
+fn retain<V>(kept: &Mutex<HashMap<ObjectId, V>>, exists: impl Fn(&ObjectId) -> bool) {
+    kept.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|id, _| exists(id));
+}
+
+/// Queues the clients and routes whose facts changed in this round: every client when
+/// the overlay changed, every route when the ready replicas did (the shares of the
+/// limits and `Programmed` move with them).
+fn queue_changed(ctx: &Context, before: &Snapshot, after: &Snapshot, overlay_changed: bool) {
+    for c in ctx.stores.clients.state() {
+        let id = ObjectId::of(&*c);
+        if overlay_changed || before.clients.get(&id) != after.clients.get(&id) {
+            let _ = ctx.triggers.clients.send(ObjectRef::from_obj(&*c));
         }
-        for t in events.observe(tokio::time::Instant::now(), transitions) {
-            let Some(route) = ctx
-                .stores
-                .routes
-                .get(&ObjectRef::new(&t.route.name).within(&t.route.namespace))
-            else {
-                continue;
-            };
-            let target = match &t.model {
-                Some(m) => format!("{} (model {m})", t.credential.name),
-                None => t.credential.name.clone(),
-            };
-            let (type_, reason, note) = if t.to == switchback_crds::stats::CircuitState::Open {
-                (
-                    EventType::Warning,
-                    "CircuitOpened",
-                    format!(
-                        "circuit of target {target} opened on {} proxy replica(s)",
-                        t.open_replicas
-                    ),
-                )
-            } else {
-                (
-                    EventType::Normal,
-                    "CircuitClosed",
-                    format!("circuit of target {target} closed on every proxy replica"),
-                )
-            };
-            let event = Event {
-                type_,
-                reason: reason.into(),
-                note: Some(note),
-                action: "Route".into(),
-                secondary: None,
-            };
-            match ctx.recorder.publish(&event, &route.object_ref(&())).await {
-                Ok(()) => ctx.published(reason),
-                Err(e) => tracing::warn!(error = %e, "publishing a circuit Event"),
-            }
+    }
+    let all = before.replicas != after.replicas;
+    for route in ctx.stores.routes.state() {
+        let id = ObjectId::of(&*route);
+        if all || before.routes.get(&id) != after.routes.get(&id) {
+            let _ = ctx.triggers.routes.send(ObjectRef::from_obj(&*route));
         }
+    }
+}
+
+/// Publishes an Event on the route of each circuit transition (routes deleted since
+/// get none).
+async fn publish_circuit_events(ctx: &Context, transitions: Vec<Transition>) {
+    for t in transitions {
+        let Some(route) = ctx.stores.routes.get(&object_ref(&t.route)) else {
+            continue;
+        };
+        let (event, reason) = circuit_event(&t);
+        match ctx.recorder.publish(&event, &route.object_ref(&())).await {
+            Ok(()) => ctx.published(reason),
+            Err(e) => tracing::warn!(error = %e, "publishing a circuit Event"),
+        }
+    }
+}
+
+/// The Event a circuit transition is told by, and its reason.
+fn circuit_event(t: &Transition) -> (Event, &'static str) {
+    let target = match &t.model {
+        Some(m) => format!("{} (model {m})", t.credential.name),
+        None => t.credential.name.clone(),
+    };
+    let (type_, reason, note) = if t.to == CircuitState::Open {
+        (
+            EventType::Warning,
+            "CircuitOpened",
+            format!(
+                "circuit of target {target} opened on {} proxy replica(s)",
+                t.open_replicas
+            ),
+        )
+    } else {
+        (
+            EventType::Normal,
+            "CircuitClosed",
+            format!("circuit of target {target} closed on every proxy replica"),
+        )
+    };
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Route".into(),
+        secondary: None,
+    };
+    (event, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use switchback_crds::route::TotalStats;
+
+    use super::*;
+    use crate::fixtures::route;
+    use crate::synced::Cache;
+    use crate::usage::Seed;
+
+    #[tokio::test]
+    async fn deleted_routes_and_clients_are_forgotten_only_against_synced_caches() {
+        let mut t = Context::test();
+        t.caches.add_route(route("team-a", "smart", 1, &["openai"]));
+        let (kept, deleted) = (
+            ObjectId::new("team-a", "smart"),
+            ObjectId::new("team-a", "deleted"),
+        );
+        for id in [&kept, &deleted] {
+            t.ctx
+                .seeds
+                .lock()
+                .unwrap()
+                .insert(id.clone(), TotalStats::default());
+            t.ctx
+                .unrendered
+                .lock()
+                .unwrap()
+                .insert(id.clone(), (1, tokio::time::Instant::now()));
+        }
+        t.ctx
+            .client_seeds
+            .lock()
+            .unwrap()
+            .insert(ObjectId::new("team-a", "gone"), Seed::from_status(None));
+        let mut agg = Aggregator::new(60_000, 0);
+        let mut events = CircuitEvents::default();
+        let routes_kept = |ctx: &Context| -> BTreeSet<ObjectId> {
+            ctx.seeds.lock().unwrap().keys().cloned().collect()
+        };
+
+        // At start-up the caches may still be empty: nothing is forgotten.
+        forget_deleted(&t.ctx, &mut agg, &mut events);
+        assert_eq!(routes_kept(&t.ctx).len(), 2);
+        assert_eq!(t.ctx.client_seeds.lock().unwrap().len(), 1);
+
+        for cache in [
+            Cache::Routes,
+            Cache::Credentials,
+            Cache::Clients,
+            Cache::Secrets,
+            Cache::RenderedMaps,
+            Cache::RenderedSecrets,
+        ] {
+            t.ctx.stores.synced.listed(cache);
+        }
+        forget_deleted(&t.ctx, &mut agg, &mut events);
+        assert_eq!(routes_kept(&t.ctx), BTreeSet::from([kept.clone()]));
+        let unrendered: Vec<ObjectId> = t.ctx.unrendered.lock().unwrap().keys().cloned().collect();
+        assert_eq!(unrendered, [kept]);
+        assert!(t.ctx.client_seeds.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_circuit_event_names_the_target_its_model_and_the_replicas() {
+        let opened = Transition {
+            route: ObjectId::new("team-a", "smart"),
+            credential: ObjectId::new("team-a", "openai"),
+            model: Some("gpt-4o".into()),
+            from: CircuitState::Closed,
+            to: CircuitState::Open,
+            open_replicas: 2,
+        };
+        let (event, reason) = circuit_event(&opened);
+        assert_eq!((event.type_, reason), (EventType::Warning, "CircuitOpened"));
+        assert_eq!(event.reason, reason);
+        assert_eq!(
+            event.note.as_deref(),
+            Some("circuit of target openai (model gpt-4o) opened on 2 proxy replica(s)")
+        );
+
+        let closed = Transition {
+            model: None,
+            from: CircuitState::HalfOpen,
+            to: CircuitState::Closed,
+            open_replicas: 0,
+            ..opened
+        };
+        let (event, reason) = circuit_event(&closed);
+        assert_eq!((event.type_, reason), (EventType::Normal, "CircuitClosed"));
+        assert_eq!(
+            event.note.as_deref(),
+            Some("circuit of target openai closed on every proxy replica")
+        );
     }
 }
