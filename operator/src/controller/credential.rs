@@ -63,53 +63,12 @@ pub async fn reconcile_credential(
         .map(|r| (**r).clone())
         .collect();
     let users = users(&routes).remove(&id).unwrap_or_default();
-    let finalizers = credential.finalizers();
-    let has_finalizer = finalizers.iter().any(|f| f == FINALIZER);
     let deleting = credential.meta().deletion_timestamp.is_some();
-
-    if deleting && !has_finalizer {
-        return Ok(Action::await_change());
-    }
-    if deleting && users.is_empty() {
-        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
-        set_finalizers(&api, &credential, json!(rest)).await?;
-        ctx.blocked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-        return Ok(Action::await_change());
-    }
-    if !deleting && !has_finalizer {
-        let mut all: Vec<&String> = finalizers.iter().collect();
-        let ours = FINALIZER.to_string();
-        all.push(&ours);
-        set_finalizers(&api, &credential, json!(all)).await?;
-        // The patch comes back through the watch and reconciles again.
-        return Ok(Action::await_change());
+    if let Some(action) = finalize(&ctx, &api, &credential, &id, &users).await? {
+        return Ok(action);
     }
     if deleting {
-        let new_set = {
-            let mut blocked = ctx.blocked.lock().unwrap_or_else(|p| p.into_inner());
-            blocked.insert(id.clone(), users.clone()).as_ref() != Some(&users)
-        };
-        if new_set {
-            ctx.recorder
-                .publish(
-                    &Event {
-                        type_: EventType::Warning,
-                        reason: status::reasons::DELETION_BLOCKED.into(),
-                        note: Some(format!(
-                            "deletion is held while LLMRoutes reference this credential: {}",
-                            users.join(", ")
-                        )),
-                        action: "Delete".into(),
-                        secondary: None,
-                    },
-                    &credential.object_ref(&()),
-                )
-                .await?;
-            ctx.published(status::reasons::DELETION_BLOCKED);
-        }
+        report_blocked(&ctx, &credential, &id, &users).await?;
     }
 
     let previous = credential
@@ -154,6 +113,75 @@ pub async fn reconcile_credential(
     }
     apply_status(&ctx, &api, &name, "ProviderCredential", &desired).await?;
     Ok(requeue)
+}
+
+/// Adds the finalizer to a credential, or takes it off one being deleted that no route
+/// uses any more. `Some` when that ends this reconcile: the patch comes back through
+/// the watch and reconciles again, or there is nothing left to do.
+async fn finalize(
+    ctx: &Context,
+    api: &Api<ProviderCredential>,
+    credential: &ProviderCredential,
+    id: &ObjectId,
+    users: &[String],
+) -> Result<Option<Action>, Error> {
+    let finalizers = credential.finalizers();
+    let has_finalizer = finalizers.iter().any(|f| f == FINALIZER);
+    let deleting = credential.meta().deletion_timestamp.is_some();
+    if deleting && !has_finalizer {
+        return Ok(Some(Action::await_change()));
+    }
+    if deleting && users.is_empty() {
+        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+        set_finalizers(api, credential, json!(rest)).await?;
+        ctx.blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        return Ok(Some(Action::await_change()));
+    }
+    if !deleting && !has_finalizer {
+        let mut all: Vec<&String> = finalizers.iter().collect();
+        let ours = FINALIZER.to_string();
+        all.push(&ours);
+        set_finalizers(api, credential, json!(all)).await?;
+        return Ok(Some(Action::await_change()));
+    }
+    Ok(None)
+}
+
+/// A DeletionBlocked Event naming the routes that hold a deletion, once per set of
+/// routes.
+async fn report_blocked(
+    ctx: &Context,
+    credential: &ProviderCredential,
+    id: &ObjectId,
+    users: &[String],
+) -> Result<(), Error> {
+    let new_set = {
+        let mut blocked = ctx.blocked.lock().unwrap_or_else(|p| p.into_inner());
+        blocked.insert(id.clone(), users.to_vec()).as_deref() != Some(users)
+    };
+    if !new_set {
+        return Ok(());
+    }
+    ctx.recorder
+        .publish(
+            &Event {
+                type_: EventType::Warning,
+                reason: status::reasons::DELETION_BLOCKED.into(),
+                note: Some(format!(
+                    "deletion is held while LLMRoutes reference this credential: {}",
+                    users.join(", ")
+                )),
+                action: "Delete".into(),
+                secondary: None,
+            },
+            &credential.object_ref(&()),
+        )
+        .await?;
+    ctx.published(status::reasons::DELETION_BLOCKED);
+    Ok(())
 }
 
 /// Sets `metadata.finalizers` with a JSON merge patch carrying the resourceVersion

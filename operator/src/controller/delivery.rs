@@ -12,16 +12,16 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::{CompiledConfig, ObjectId};
 use switchback_crds::delivery::{self, NamespaceConfig};
 use switchback_crds::{LLMClient, LLMRoute, ProviderCredential};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 
 use super::credential::users;
-use super::{Context, Error, MANAGER, RESYNC};
+use super::{Context, Error, MANAGER, RESYNC, object_ref};
 use crate::metrics::Health;
 use crate::render::{Rendering, render};
 
@@ -147,27 +147,9 @@ impl World {
 /// and queues the routes and credentials whose facts changed.
 pub async fn deliver(ctx: &Context) -> Result<(), Error> {
     ctx.reconciled("delivery");
-    let routes: Vec<LLMRoute> = ctx
-        .stores
-        .routes
-        .state()
-        .iter()
-        .map(|r| (**r).clone())
-        .collect();
-    let credentials: Vec<ProviderCredential> = ctx
-        .stores
-        .credentials
-        .state()
-        .iter()
-        .map(|c| (**c).clone())
-        .collect();
-    let clients: Vec<LLMClient> = ctx
-        .stores
-        .clients
-        .state()
-        .iter()
-        .map(|c| (**c).clone())
-        .collect();
+    let routes = cached(&ctx.stores.routes);
+    let credentials = cached(&ctx.stores.credentials);
+    let clients = cached(&ctx.stores.clients);
     let secrets = referenced_secrets(ctx, &credentials, &clients).await?;
     let rendered_maps = ctx.stores.rendered_maps.state();
     let previous: BTreeMap<String, CompiledConfig> = rendered_maps
@@ -204,12 +186,36 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         written?;
     }
     drop(writes);
+    delete_stale(ctx, &rendering, &rendered_maps, &maps, &keys).await?;
+
+    let world = World::new(rendering, &routes, &credentials, &clients)
+        .dated(ctx.world().as_deref(), tokio::time::Instant::now());
+    remember(ctx, world);
+    Ok(())
+}
+
+/// A copy of everything a cache holds.
+fn cached<K>(store: &Store<K>) -> Vec<K>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    store.state().iter().map(|o| (**o).clone()).collect()
+}
+
+/// Deletes the rendered objects (ours only) of namespaces no longer rendered.
+async fn delete_stale(
+    ctx: &Context,
+    rendering: &Rendering,
+    rendered_maps: &[Arc<ConfigMap>],
+    maps: &Api<ConfigMap>,
+    keys: &Api<KubeSecret>,
+) -> Result<(), Error> {
     let stale = |name: &str, prefix: &'static str| {
         delivery::source_namespace(name, prefix)
             .map(|ns| !rendering.namespaces.contains_key(ns))
             .unwrap_or(false)
     };
-    for cm in &rendered_maps {
+    for cm in rendered_maps {
         let name = cm.name_any();
         if stale(&name, delivery::ROUTES_PREFIX) && managed(&**cm) {
             ignore_not_found(maps.delete(&name, &DeleteParams::default()).await)?;
@@ -223,9 +229,12 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
             ctx.wrote(&ctx.metrics.config_writes, "SecretDelete");
         }
     }
+    Ok(())
+}
 
-    let world = World::new(rendering, &routes, &credentials, &clients)
-        .dated(ctx.world().as_deref(), tokio::time::Instant::now());
+/// Keeps `world` as the last delivery and queues the objects whose facts changed
+/// since the one before (none on the first).
+fn remember(ctx: &Context, world: World) {
     let world = Arc::new(world);
     let old = ctx
         .world
@@ -234,26 +243,19 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
         .replace(world.clone());
     if let Some(old) = old {
         let (routes, credentials, clients) = world.changed(&old);
-        for id in clients {
-            let _ = ctx
-                .triggers
-                .clients
-                .send(ObjectRef::new(&id.name).within(&id.namespace));
-        }
-        for id in routes {
-            let _ = ctx
-                .triggers
-                .routes
-                .send(ObjectRef::new(&id.name).within(&id.namespace));
-        }
-        for id in credentials {
-            let _ = ctx
-                .triggers
-                .credentials
-                .send(ObjectRef::new(&id.name).within(&id.namespace));
-        }
+        queue(&ctx.triggers.clients, clients);
+        queue(&ctx.triggers.routes, routes);
+        queue(&ctx.triggers.credentials, credentials);
     }
-    Ok(())
+}
+
+fn queue<K: Resource<DynamicType = ()>>(
+    controller: &mpsc::UnboundedSender<ObjectRef<K>>,
+    ids: Vec<ObjectId>,
+) {
+    for id in ids {
+        let _ = controller.send(object_ref(&id));
+    }
 }
 
 /// Writes one namespace's rendered keys Secret, then its ConfigMap, each only when it
@@ -337,10 +339,7 @@ async fn referenced_secrets(
         let mut cache = ctx.secret_cache.lock().unwrap_or_else(|p| p.into_inner());
         cache.retain(|id, _| wanted.contains(id));
         for id in &wanted {
-            let meta = ctx
-                .stores
-                .secrets
-                .get(&ObjectRef::new(&id.name).within(&id.namespace));
+            let meta = ctx.stores.secrets.get(&object_ref(id));
             let Some(meta) = meta else {
                 cache.remove(id);
                 continue;
