@@ -266,6 +266,15 @@ impl Context {
     }
 }
 
+/// The `controller` label of kind `K`'s metrics and logs.
+fn controller_of<K: Resource<DynamicType = ()>>() -> &'static str {
+    match K::kind(&()).as_ref() {
+        "LLMRoute" => "llmroute",
+        "LLMClient" => "llmclient",
+        _ => "providercredential",
+    }
+}
+
 /// The cache key of the object `id` names.
 fn object_ref<K: Resource<DynamicType = ()>>(id: &ObjectId) -> ObjectRef<K> {
     ObjectRef::new(&id.name).within(&id.namespace)
@@ -305,12 +314,7 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
     error: &Error,
     ctx: Arc<Context>,
 ) -> Action {
-    let controller = match K::kind(&()).as_ref() {
-        "LLMRoute" => "llmroute",
-        "LLMClient" => "llmclient",
-        _ => "providercredential",
-    };
-    ctx.failed(controller, error);
+    ctx.failed(controller_of::<K>(), error);
     tracing::warn!(object = %ObjectId::of(&*obj), %error, "reconcile failed");
     match error {
         e if e.is_conflict() => Action::requeue(Duration::from_millis(200)),
