@@ -252,14 +252,7 @@ mod tests {
         assert_eq!(routes_kept(&t.ctx).len(), 2);
         assert_eq!(t.ctx.client_seeds.lock().unwrap().len(), 1);
 
-        for cache in [
-            Cache::Routes,
-            Cache::Credentials,
-            Cache::Clients,
-            Cache::Secrets,
-            Cache::RenderedMaps,
-            Cache::RenderedSecrets,
-        ] {
+        for cache in Cache::EVERY {
             t.ctx.stores.synced.listed(cache);
         }
         forget_deleted(&t.ctx, &mut agg, &mut events);
