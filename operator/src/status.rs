@@ -6,7 +6,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use switchback_crds::client::{ClientUsage, LLMClientStatus};
 use switchback_crds::compile::{Diagnostic, Severity, reason};
-use switchback_crds::config::Exhausted;
+use switchback_crds::config::{Exhausted, ObjectId};
 use switchback_crds::route::{
     CircuitState, LLMRouteStatus, LastFailure, TargetStatus, TotalStats, WindowStats,
 };
@@ -209,7 +209,7 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    let id = crate::controller::object_id(f.route);
+    let id = ObjectId::of(f.route);
     let errors = pick(&f.diagnostics, |d| {
         d.severity == Severity::Error && !is_reference_reason(d.reason)
     });

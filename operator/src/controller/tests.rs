@@ -7,8 +7,30 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::*;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::watcher;
+use switchback_crds::compile::{Inputs, Kind};
+use switchback_crds::config::ObjectId;
+use switchback_crds::delivery;
+use switchback_crds::route::TotalStats;
+use switchback_crds::{LLMRoute, ProviderCredential};
+
+use super::client::{client_overlay, reconcile_client};
+use super::credential::{FINALIZER, reconcile_credential};
+use super::delivery::{World, deliver};
+use super::route::{HOLD, HOLD_RECHECK, reconcile_route};
+use super::watch::RenderedParts;
+use super::{Context, RESYNC, error_policy};
+use crate::aggregate::{Aggregator, Snapshot};
 use crate::fixtures::{Expect, GATEWAY, client, credential, finish, route, secret};
+use crate::metrics::ErrorLabels;
+use crate::render::render;
+use crate::status::{self, RouteFacts};
+use crate::usage;
 
 const SSA: &str = "?&force=true&fieldManager=switchback-operator";
 
