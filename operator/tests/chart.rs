@@ -462,7 +462,7 @@ fn gateway_rules() -> Rules {
         rule(
             &[""],
             &["configmaps"],
-            &["list", "watch", "patch", "delete"],
+            &["list", "watch", "create", "patch", "delete"],
         ),
         rule(
             &[""],
