@@ -558,6 +558,19 @@ async fn namespaced_mode_reads_only_its_namespaces() {
     for team in [a, b, outside] {
         kubectl_ok(&["create", "namespace", team]);
     }
+    // The user's own client-key HMAC secret (auth.existingSecret): read, never replaced,
+    // and nothing generated in its place.
+    kubectl_ok(&["create", "namespace", ns]);
+    let hmac = "an-hmac-secret-the-platform-team-keeps-in-its-vault-0123456789";
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "team-hmac",
+        "-n",
+        ns,
+        &format!("--from-literal=hmac={hmac}"),
+    ]);
     let log = apiserver_log();
     let log_from = log.as_deref().map(binaries::log_len).unwrap_or(0);
     let client = kube::Client::try_default()
@@ -582,6 +595,7 @@ async fn namespaced_mode_reads_only_its_namespaces() {
             "--set=proxy.threads=1",
             "--set=proxy.limits.maxConnections=321",
             "--set=proxy.limits.maxBodyBytes=65536",
+            "--set=auth.existingSecret=team-hmac",
         ],
     );
     assert!(ok, "helm install:\n{out}\n{}", pod_logs(&kubelet));
@@ -636,7 +650,17 @@ async fn namespaced_mode_reads_only_its_namespaces() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.status(),
+        200,
+        "the key hashed with the user's HMAC secret authenticates"
+    );
+    let kept = get_json(&["secret", "-n", ns, "team-hmac"]).unwrap();
+    assert!(kept["metadata"]["labels"]["app.kubernetes.io/managed-by"].is_null());
+    assert!(
+        get_json(&["secret", "-n", ns, &format!("{release}-client-key-hmac")]).is_none(),
+        "nothing generated in place of an existingSecret"
+    );
     // The outside namespace's client key is unknown: its objects were never read.
     let r = http
         .post(format!("http://127.0.0.1:{data}/v1/chat/completions"))
