@@ -217,6 +217,7 @@ fn main() {
                     attempts: 110 * round,
                     fallbacks: 3 * round,
                     failed: round,
+                    order: Vec::new(),
                     targets: r
                         .spec
                         .targets
