@@ -364,6 +364,7 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
             attempts: get(&r.counters.attempts),
             fallbacks: get(&r.counters.fallbacks),
             failed: get(&r.counters.failed),
+            order: Vec::new(),
             targets: r
                 .targets
                 .iter()
@@ -385,6 +386,14 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
                             .map(|(r, n)| (r.as_str().to_string(), n))
                             .collect(),
                         fallbacks_away: Reason::ALL.iter().map(|r| c.fallbacks_away.get(*r)).sum(),
+                        fallbacks_away_by_reason: c
+                            .fallbacks_away
+                            .nonzero()
+                            .map(|(r, n)| (r.as_str().to_string(), n))
+                            .collect(),
+                        state: None,
+                        state_since: None,
+                        state_until: None,
                         circuit: match t.state.breaker.reported(now) {
                             crate::circuit::Reported::Closed => doc::CircuitState::Closed,
                             crate::circuit::Reported::Open => doc::CircuitState::Open,
