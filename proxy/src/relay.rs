@@ -162,7 +162,7 @@ pub(crate) enum NotCommitted {
 /// stream, as the provider sent it, after the held-back events.
 pub(crate) async fn start_stream(
     status: StatusCode,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     response: Incoming,
     deadline: Instant,
     a: StreamAttempt<'_>,
@@ -247,6 +247,14 @@ pub(crate) async fn start_stream(
         ending: Some(ending),
         done: false,
     };
+    if state.translator.is_some() {
+        // The proxy writes a translated stream's events itself, as SSE, whatever
+        // framing the upstream used (Bedrock: AWS event stream).
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+    }
     let response = commit_stream(status, headers, &held, &first, state);
     Ok((response, line))
 }
