@@ -127,8 +127,9 @@
 //! encodes the form: the system prompt → `systemInstruction`; turns → `contents`
 //! (`user` / `model`, consecutive turns of one role merged, empty text parts left
 //! out); text, base64 images and PDFs → `text` / `inlineData`; tool calls →
-//! `functionCall {name, args}`; tool results → `functionResponse {name, response:
-//! {"output": text}}` (`{"error": text}` when the client flagged an error), the name
+//! `functionCall {name, args}`; tool results → `functionResponse {name, response}`,
+//! `response` the result itself when it is a JSON object, else `{"output": text}`
+//! (`{"error": text}` when the client flagged an error), the name
 //! taken from the call with the result's id earlier in the conversation; tools → one
 //! `functionDeclarations` list, each schema sent as `parametersJsonSchema` (JSON
 //! Schema as the client wrote it); `tool_choice` → `functionCallingConfig.mode`

@@ -127,10 +127,20 @@ fn part(p: &Part<'_>, names: &HashMap<&str, &str>) -> Option<Value> {
                 ToolOutput::Text(s) => (*s).to_owned(),
                 ToolOutput::Parts(ts) => ts.concat(),
             };
-            // Google's convention: `output` for a result, `error` for a failure.
-            let key = if r.is_error { "error" } else { "output" };
             let name = names.get(r.tool_use_id).copied().unwrap_or(r.tool_use_id);
-            json!({"functionResponse": {"name": name, "response": {key: text}}})
+            json!({"functionResponse": {"name": name, "response": response(text, r.is_error)}})
         }
     })
+}
+
+/// A tool result as `functionResponse.response`, which must be a JSON object: a
+/// result that is one goes as it is; anything else is wrapped by Google's
+/// convention, `{"output": text}`, or `{"error": text}` for a failed call (whose
+/// flag an object sent as it is would lose).
+fn response(text: String, is_error: bool) -> Value {
+    if !is_error && let Ok(object @ Value::Object(_)) = serde_json::from_str::<Value>(&text) {
+        return object;
+    }
+    let key = if is_error { "error" } else { "output" };
+    json!({ key: text })
 }
