@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use bytes::BytesMut;
-use switchback_proxy::rewrite::{JsonStr, replace_model};
-use switchback_proxy::sse::Framer;
-use switchback_proxy::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::providers::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::wire::rewrite::{JsonStr, replace_model};
+use switchback_proxy::wire::sse::Framer;
 
 const ROUNDS: usize = 20_000;
 
@@ -34,7 +34,7 @@ fn bedrock_frames(events: &[bytes::Bytes]) -> Vec<bytes::Bytes> {
     events
         .iter()
         .filter_map(|ev| {
-            let f = switchback_proxy::sse::fields(ev);
+            let f = switchback_proxy::wire::sse::fields(ev);
             let (name, data) = (std::str::from_utf8(f.event?).ok()?, f.data?);
             let v: serde_json::Value = serde_json::from_slice(data).ok()?;
             let (kind, payload, value) = match v.get("error") {
@@ -213,7 +213,7 @@ fn main() {
     });
     let rewritten = micros(requests.len(), || {
         for req in &requests {
-            black_box(switchback_proxy::vertex::anthropic_body(req));
+            black_box(switchback_proxy::providers::vertex::anthropic_body(req));
         }
     });
     println!(

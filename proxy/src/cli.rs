@@ -88,7 +88,7 @@ pub struct Cli {
     /// Largest SSE event relayed from a provider, in bytes. Before commit, a larger
     /// one fails the attempt over (invalidResponse); after, the stream ends with the
     /// error event. The proxy never holds more of a stream than this.
-    #[arg(long, env = "SWITCHBACK_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = crate::sse::DEFAULT_MAX_EVENT_BYTES)]
+    #[arg(long, env = "SWITCHBACK_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = crate::wire::sse::DEFAULT_MAX_EVENT_BYTES)]
     pub max_event_bytes: usize,
 
     /// Largest unary provider answer read, in bytes; a larger one is an
@@ -132,7 +132,7 @@ pub struct Cli {
     /// `required` when the manifests hold an LLMClient at start, else `off`; in cluster
     /// mode `off` (the operator does not deliver clients yet).
     #[arg(long, env = "SWITCHBACK_AUTH", value_enum, value_name = "MODE")]
-    pub auth: Option<crate::auth::AuthMode>,
+    pub auth: Option<crate::http::auth::AuthMode>,
 
     /// File holding the per-cluster secret client keys are hashed with (HMAC-SHA256;
     /// at least 32 bytes, surrounding whitespace trimmed, e.g. `openssl rand -hex 32`).
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn auth_is_decided_unless_given() {
-        use crate::auth::AuthMode;
+        use crate::http::auth::AuthMode;
         let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
         assert_eq!(cli.auth, None);
         assert_eq!(cli.client_key_hmac_file, None);

@@ -11,9 +11,11 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
-use crate::budget::Budget;
-use crate::snapshot::{Carried, ClientEnv, ConfigGeneration, PrepareError, Snapshot, prepare};
-use crate::tenant::WallClock;
+use crate::config::snapshot::{
+    Carried, ClientEnv, ConfigGeneration, PrepareError, Snapshot, prepare,
+};
+use crate::limits::bytes::Budget;
+use crate::limits::clients::WallClock;
 use crate::upstream::Clients;
 
 /// One problem with a config, located as precisely as known.
@@ -109,7 +111,7 @@ pub struct UpstreamLimits {
 impl Default for UpstreamLimits {
     fn default() -> Self {
         Self {
-            max_event_bytes: crate::sse::DEFAULT_MAX_EVENT_BYTES,
+            max_event_bytes: crate::wire::sse::DEFAULT_MAX_EVENT_BYTES,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             max_inflight_response_bytes: DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES,
         }
@@ -158,7 +160,7 @@ pub struct Gateway {
     /// Serve a config with no LLMRoute instead of refusing it (`--allow-empty-config`).
     pub allow_empty_config: bool,
     /// `--auth` and the HMAC secret client keys are hashed with.
-    pub auth: crate::auth::Auth,
+    pub auth: crate::http::auth::Auth,
     /// No operator renders budget verdicts (manifests): budgets are enforced from
     /// this replica's own counts.
     pub standalone: bool,

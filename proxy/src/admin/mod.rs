@@ -1,0 +1,4 @@
+//! The admin port.
+
+pub mod guard;
+pub mod metrics;

@@ -1,0 +1,3 @@
+//! The config made ready for the request path.
+
+pub mod snapshot;

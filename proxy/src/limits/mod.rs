@@ -1,0 +1,6 @@
+//! The limits.
+
+pub mod bytes;
+pub mod circuit;
+pub mod clients;
+pub mod concurrency;

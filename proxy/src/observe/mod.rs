@@ -1,0 +1,4 @@
+//! What the proxy counts and logs.
+
+pub mod counters;
+pub mod telemetry;

@@ -1,0 +1,6 @@
+//! One request on one route.
+
+pub mod attempt;
+pub mod order;
+pub mod outcome;
+pub mod relay;

@@ -1,0 +1,4 @@
+//! Amazon Bedrock.
+
+pub mod eventstream;
+pub mod sigv4;

@@ -1,0 +1,5 @@
+//! The providers.
+
+pub mod bedrock;
+pub mod translate;
+pub mod vertex;

@@ -1,0 +1,5 @@
+//! Where the config comes from.
+
+pub mod cluster;
+pub mod manifest;
+pub mod standalone;
