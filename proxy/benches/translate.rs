@@ -27,7 +27,7 @@ const PAIRINGS: [(&str, Direction); 6] = [
 
 /// A Bedrock fixture stream (its events as the proxy reads them) back in the binary
 /// AWS event-stream frames ConverseStream sends, one chunk per frame: its translated
-/// figure includes reading the frames (`Framer::event_stream`).
+/// figure includes reading the frames (the Converse dialect's framer).
 fn bedrock_frames(events: &[bytes::Bytes]) -> Vec<bytes::Bytes> {
     use aws_smithy_eventstream::frame::write_message_to;
     use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
@@ -131,7 +131,7 @@ fn main() {
             if dir.to_bedrock() {
                 for s in &frames {
                     let mut t = StreamTranslator::new(dir, "smart", true);
-                    let mut framer = Framer::event_stream(1 << 20);
+                    let mut framer = dir.translation().upstream().framer(1 << 20);
                     for frame in s {
                         framer.push(frame);
                         while let Ok(Some(ev)) = framer.next_in_place() {

@@ -93,14 +93,14 @@ pub struct Cli {
 
     /// Largest unary provider answer read, in bytes; a larger one is an
     /// invalidResponse failure (responseTooLarge in the attempt log) that fails over.
-    #[arg(long, env = "SWITCHBACK_MAX_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_RESPONSE_BYTES)]
+    #[arg(long, env = "SWITCHBACK_MAX_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::limits::answers::DEFAULT_MAX_RESPONSE_BYTES)]
     pub max_response_bytes: usize,
 
     /// Unary provider answer bytes held in memory at once, all requests together
     /// (being read, or on their way to the client). An answer that does not fit is
     /// not read: the request gets 503 `overloaded` with `Retry-After: 1`, without
     /// failing over (the replica is short of memory, not the provider of health).
-    #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)]
+    #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::limits::answers::DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)]
     pub max_inflight_response_bytes: usize,
 
     /// On SIGTERM/SIGINT, /readyz turns 503 at once, and the data port keeps accepting
@@ -132,7 +132,7 @@ pub struct Cli {
     /// `required` when the manifests hold an LLMClient at start, else `off`; in cluster
     /// mode `off` (the operator does not deliver clients yet).
     #[arg(long, env = "SWITCHBACK_AUTH", value_enum, value_name = "MODE")]
-    pub auth: Option<crate::http::auth::AuthMode>,
+    pub auth: Option<crate::config::keys::AuthMode>,
 
     /// File holding the per-cluster secret client keys are hashed with (HMAC-SHA256;
     /// at least 32 bytes, surrounding whitespace trimmed, e.g. `openssl rand -hex 32`).
@@ -174,8 +174,8 @@ impl Cli {
     }
 
     /// The limits on provider answers given by the flags.
-    pub fn upstream_limits(&self) -> crate::gateway::UpstreamLimits {
-        crate::gateway::UpstreamLimits {
+    pub fn upstream_limits(&self) -> crate::limits::answers::UpstreamLimits {
+        crate::limits::answers::UpstreamLimits {
             max_event_bytes: self.max_event_bytes,
             max_response_bytes: self.max_response_bytes,
             max_inflight_response_bytes: self.max_inflight_response_bytes,
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn auth_is_decided_unless_given() {
-        use crate::http::auth::AuthMode;
+        use crate::config::keys::AuthMode;
         let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
         assert_eq!(cli.auth, None);
         assert_eq!(cli.client_key_hmac_file, None);

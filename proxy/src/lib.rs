@@ -23,9 +23,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::serve::ListenerExt;
+use config::keys as auth;
 use front::lanes;
 use gateway::{Gateway, Problem};
-use http::auth;
 use sources::{cluster, manifest, standalone as reload};
 
 /// Where the config comes from.
@@ -44,7 +44,7 @@ pub struct Options {
     pub admin_listen: SocketAddr,
     pub max_body_bytes: usize,
     /// `--max-event-bytes`, `--max-response-bytes`, `--max-inflight-response-bytes`.
-    pub upstream_limits: gateway::UpstreamLimits,
+    pub upstream_limits: limits::answers::UpstreamLimits,
     /// Data-port serving threads. 0 serves on the caller's runtime (tests, the demo);
     /// N > 0 starts N threads, each with its own single-threaded runtime, its own
     /// listening socket on the data address (`SO_REUSEPORT`: the kernel spreads

@@ -348,12 +348,12 @@ fn context_length_errors_still_classify_after_translation() {
     ] {
         let path = fixtures().join(sub).join(name);
         let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(switchback_proxy::pipeline::outcome::is_context_length(
+        assert!(switchback_proxy::providers::classify::is_context_length(
             &body
         ));
         let out = translate::error(direction, 400, &body);
         assert!(
-            switchback_proxy::pipeline::outcome::is_context_length(&out),
+            switchback_proxy::providers::classify::is_context_length(&out),
             "{sub}: {}",
             String::from_utf8_lossy(&out)
         );

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use switchback_proxy::gateway::UpstreamLimits;
+use switchback_proxy::limits::answers::UpstreamLimits;
 use switchback_proxy::{Options, Running, Source};
 
 /// The namespace every harness manifest lives in.

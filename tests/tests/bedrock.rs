@@ -9,7 +9,7 @@
 //! the keys in logs or admin output; a chain azure-openai → bedrock → anthropic.
 
 use serde_json::{Value, json};
-use switchback_proxy::gateway::UpstreamLimits;
+use switchback_proxy::limits::answers::UpstreamLimits;
 use switchback_tests::harness::{
     self, CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
 };

@@ -160,15 +160,15 @@ fn every_example_compiles() {
         // client) required as soon as the file holds an LLMClient.
         let text = std::fs::read_to_string(&file).unwrap();
         let auth = if text.contains("\nkind: LLMClient\n") {
-            switchback_proxy::http::auth::Auth {
-                mode: switchback_proxy::http::auth::AuthMode::Required,
+            switchback_proxy::config::keys::Auth {
+                mode: switchback_proxy::config::keys::AuthMode::Required,
                 hasher: Some(
                     switchback_crds::keyhash::KeyHasher::new(b"example-cluster-secret-0123456789")
                         .unwrap(),
                 ),
             }
         } else {
-            switchback_proxy::http::auth::Auth::default()
+            switchback_proxy::config::keys::Auth::default()
         };
         match switchback_proxy::sources::standalone::compile_manifests_for(&file, &auth) {
             Ok((compiled, warnings)) => {
@@ -204,8 +204,8 @@ fn every_example_compiles() {
 /// as compiled from `crds/examples/multi-team.yaml`.
 #[test]
 fn the_multi_team_example_gives_each_client_the_routes_the_walkthrough_says() {
-    let auth = switchback_proxy::http::auth::Auth {
-        mode: switchback_proxy::http::auth::AuthMode::Required,
+    let auth = switchback_proxy::config::keys::Auth {
+        mode: switchback_proxy::config::keys::AuthMode::Required,
         hasher: Some(
             switchback_crds::keyhash::KeyHasher::new(b"example-cluster-secret-0123456789").unwrap(),
         ),
@@ -247,7 +247,7 @@ fn the_azure_example_compiles_to_azure_targets_with_model_maps() {
     let file = workspace().join("crds/examples/azure-openai.yaml");
     let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::http::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -290,7 +290,7 @@ fn the_gemini_example_compiles_to_a_gemini_target_first() {
     let file = workspace().join("crds/examples/gemini.yaml");
     let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::http::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -331,7 +331,7 @@ fn the_vertex_example_compiles_to_a_vertex_credential() {
     let file = workspace().join("crds/examples/vertex.yaml");
     let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::http::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -371,7 +371,7 @@ fn the_bedrock_example_compiles_to_a_bedrock_target_first() {
     let file = workspace().join("crds/examples/bedrock.yaml");
     let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::http::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");

@@ -348,7 +348,7 @@ fn clients(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
 fn limits(
     enc: &mut DescriptorEncoder<'_>,
     front: &crate::front::Front,
-    upstream: &crate::gateway::Refusals,
+    upstream: &crate::limits::answers::Refusals,
     answers_held: usize,
 ) -> Fmt {
     let r = &front.refusals;

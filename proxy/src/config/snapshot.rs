@@ -10,11 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderValue};
 use switchback_crds::compile::Compiled;
-use switchback_crds::config::{
-    AwsKeys, Client, CompiledConfig, Credential, ObjectId, Provider, Route, Target,
-};
+use switchback_crds::config::{Client, CompiledConfig, Credential, ObjectId, Route, Target};
 use switchback_crds::keyhash::KeyHash;
 use switchback_crds::revision::{Revision, Revisions};
 use switchback_crds::secret::Secret;
@@ -25,8 +23,8 @@ use crate::limits::clients::{
 };
 use crate::limits::concurrency::Limiter;
 use crate::observe::counters::{Histogram, RouteCounters, RouteTargetCounters};
-use crate::pipeline::outcome::Reason;
-use crate::providers::vertex;
+use crate::observe::reason::Reason;
+use crate::providers::{self, Adapter, Endpoint, Kept};
 use crate::upstream::{self, Clients};
 use crate::wire::rewrite::JsonStr;
 use crate::wire::surface::Surface;
@@ -153,9 +151,8 @@ struct CarriedMaps {
     client_routes: HashMap<(ObjectId, ObjectId), Arc<RouteTokens>>,
     /// Keyed by the shares too: new shares (limits or replicas changed) start fresh.
     client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
-    /// Vertex OAuth tokens, by credential and a hash of its service-account key: a
-    /// reload that keeps the key keeps the token, a rotated key starts without one.
-    tokens: HashMap<(ObjectId, u64), Arc<vertex::TokenCache>>,
+    /// What providers keep per credential and key across reloads (an OAuth token).
+    kept: Kept,
 }
 
 impl Carried {
@@ -201,39 +198,39 @@ fn prune<K, V>(map: &mut HashMap<K, Arc<V>>) {
     map.retain(|_, v| Arc::strong_count(v) > 1);
 }
 
-/// One upstream URL per client surface, indexed by `Surface::index`.
-pub type PerSurface = [http::Uri; Surface::ALL.len()];
-
-/// The URL of every surface, or the first error making one.
-fn per_surface<E>(mut url: impl FnMut(Surface) -> Result<http::Uri, E>) -> Result<PerSurface, E> {
-    let mut urls: PerSurface = Default::default();
-    for (slot, s) in urls.iter_mut().zip(Surface::ALL) {
-        *slot = url(s)?;
-    }
-    Ok(urls)
-}
-
 #[derive(Debug)]
 pub struct CredentialRt {
     pub spec: Credential,
+    /// Its provider's adapter: how requests reach it (see `providers`).
+    pub adapter: &'static dyn Adapter,
+    /// Where its requests go and how each is authorised.
+    pub endpoint: Box<dyn Endpoint>,
     /// Rendered `namespace/name`, the `x-switchback-target` value.
     pub target_header: HeaderValue,
-    /// Upstream URL per surface (indexed by `Surface::index`).
-    pub urls: PerSurface,
-    /// Static headers plus the auth header; `None` when the key is missing. (Vertex:
-    /// without the auth header, which each request gets from `vertex`.)
+    /// The host its requests go to (`server.address` of attempt spans).
+    pub host: Box<str>,
+    /// Static headers plus the key's; `None` when the key is missing or unusable.
     pub headers: Option<HeaderMap>,
-    /// Vertex only, with its key: the signer and token cache that authorise requests.
-    pub vertex: Option<vertex::Auth>,
-    /// The key itself, only to mask it in provider error bodies relayed to clients
-    /// (some echo it back); `None` when missing. For bedrock, the secret access key.
-    pub key: Option<Secret<String>>,
-    /// bedrock: signs each request (SigV4) with the keys from the Secret; `None`
-    /// for other providers and when the keys are missing.
-    pub signer: Option<crate::providers::bedrock::sigv4::Signer>,
+    /// Key material, only to mask it in provider error bodies relayed to clients
+    /// (some echo it back); `None` when missing.
+    pub secret: Option<Secret<String>>,
     pub client: upstream::Lanes,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,
+}
+
+impl std::fmt::Debug for dyn Adapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.system())
+    }
+}
+
+/// A target's URLs for one model it names, by surface and streaming (see
+/// [`TargetRt::url`]).
+pub type ModelUrls = [Option<http::Uri>; 2 * Surface::ALL.len()];
+
+fn url_slot(surface: Surface, stream: bool) -> usize {
+    2 * surface.index() + usize::from(stream)
 }
 
 #[derive(Debug)]
@@ -248,17 +245,10 @@ pub struct TargetRt {
     pub model_json: Option<JsonStr>,
     /// `modelMap` as JSON literals, by the name the client sent.
     pub model_map_json: HashMap<String, JsonStr>,
-    /// azure-openai with a dated `apiVersion`: the classic URLs (per surface) of the
-    /// deployments this target names (`model`, the `modelMap` values), made once.
-    /// A deployment named by the client (neither set) is made per request.
-    pub deployment_urls: HashMap<String, PerSurface>,
-    /// gemini, vertex and bedrock, whose URLs name the model: the unary and stream
-    /// URLs (`generateContent` and `streamGenerateContent?alt=sse`; for Claude on
-    /// vertex `rawPredict` and `streamRawPredict`; bedrock's `converse` and
-    /// `converse-stream`) of the models this target names (`model`, the `modelMap`
-    /// values), made once. A model named by the client (neither set) is made per
-    /// request.
-    pub model_urls: HashMap<String, [http::Uri; 2]>,
+    /// For endpoints whose URLs name the model: the URLs of the models this target
+    /// names (`model`, the `modelMap` values), made once. A model named by the
+    /// client (neither set) is made per request.
+    pub urls: HashMap<String, ModelUrls>,
 }
 
 impl TargetRt {
@@ -276,113 +266,29 @@ impl TargetRt {
             .or_else(|| self.model_map_json.get(client_model))
     }
 
-    /// Where a request of `surface` for `client_model` goes: the credential's URL,
-    /// or for Azure's classic API the deployment's (`None` only for a deployment
-    /// name no URL can carry).
-    pub fn url(&self, surface: Surface, client_model: &str) -> Option<http::Uri> {
-        if self.credential.spec.api_version.is_none() {
-            return Some(self.credential.urls[surface.index()].clone());
+    /// Where a request of `surface` (the API called upstream) for `client_model`
+    /// goes; `None` only for a model name no URL can carry.
+    pub fn url(&self, surface: Surface, client_model: &str, stream: bool) -> Option<http::Uri> {
+        let endpoint = &self.credential.endpoint;
+        if !endpoint.url_names_model() {
+            return endpoint.url(surface, client_model, stream);
         }
-        let deployment = self.model(client_model);
-        match self.deployment_urls.get(deployment) {
-            Some(urls) => Some(urls[surface.index()].clone()),
-            None => self.credential.deployment_url(surface, deployment),
-        }
-    }
-}
-
-impl TargetRt {
-    /// Where a Gemini, Vertex or Bedrock request for `client_model` goes (see
-    /// [`CredentialRt::model_url`]; `None` only for a model name no URL can carry).
-    pub fn model_url(&self, client_model: &str, stream: bool) -> Option<http::Uri> {
         let model = self.model(client_model);
-        match self.model_urls.get(model) {
-            Some(urls) => Some(urls[usize::from(stream)].clone()),
-            None => self.credential.model_url(model, stream),
-        }
-    }
-}
-
-/// `s` percent-encoded as one URL path segment (unreserved characters kept).
-fn push_segment(url: &mut String, s: &str) {
-    push_segment_keeping(url, s, b"");
-}
-
-/// [`push_segment`], also keeping the bytes of `keep` unescaped (Vertex's model
-/// versions, `claude-x@20250101`, go in the path as they are).
-pub(crate) fn push_segment_keeping(url: &mut String, s: &str, keep: &[u8]) {
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
-            url.push(b as char);
-        } else {
-            url.push_str(&format!("%{b:02X}"));
-        }
-    }
-}
-
-impl CredentialRt {
-    /// The URL of a provider that names the model in it: Gemini's
-    /// ([`CredentialRt::gemini_url`]), Vertex's ([`vertex::url`]) or Bedrock's
-    /// ([`CredentialRt::bedrock_url`]). `None` for other providers.
-    pub fn model_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
-        match self.spec.provider {
-            Provider::Gemini => self.gemini_url(model, stream),
-            Provider::Vertex => vertex::url(&self.spec, model, stream),
-            Provider::Bedrock => self.bedrock_url(model, stream),
-            _ => None,
+        match self.urls.get(model) {
+            Some(urls) => urls[url_slot(surface, stream)].clone(),
+            None => endpoint.url(surface, model, stream),
         }
     }
 
-    /// Bedrock's `{baseURL}/model/{modelId}/converse`, or `/converse-stream`. The
-    /// model id (a name such as `anthropic.claude-3-5-sonnet-20240620-v1:0`, an
-    /// inference profile, or an ARN with its colons and slashes) is one
-    /// percent-encoded path segment.
-    pub fn bedrock_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
-        let mut url = String::with_capacity(self.spec.base_url.len() + model.len() * 3 + 24);
-        url.push_str(&self.spec.base_url);
-        url.push_str("/model/");
-        push_segment(&mut url, model);
-        url.push_str(if stream {
-            "/converse-stream"
-        } else {
-            "/converse"
-        });
-        url.parse().ok()
-    }
-
-    /// Gemini's `{baseURL}/models/{model}:generateContent`, or
-    /// `:streamGenerateContent?alt=sse` (SSE framing; without it Google streams a
-    /// JSON array). The model is one percent-encoded path segment; a leading
-    /// `models/` (the resource name Google's own answers use) is taken as written
-    /// twice and dropped.
-    pub fn gemini_url(&self, model: &str, stream: bool) -> Option<http::Uri> {
-        let model = model.strip_prefix("models/").unwrap_or(model);
-        let mut url = String::with_capacity(self.spec.base_url.len() + model.len() + 48);
-        url.push_str(&self.spec.base_url);
-        url.push_str("/models/");
-        push_segment(&mut url, model);
-        url.push_str(if stream {
-            ":streamGenerateContent?alt=sse"
-        } else {
-            ":generateContent"
-        });
-        url.parse().ok()
-    }
-
-    /// Azure OpenAI's classic path of `surface` for `deployment`:
-    /// `{baseURL}/deployments/{deployment}/chat/completions?api-version=...`, the
-    /// deployment percent-encoded as one path segment. `None` without an
-    /// `apiVersion` (the v1 API has no deployment in its path).
-    pub fn deployment_url(&self, surface: Surface, deployment: &str) -> Option<http::Uri> {
-        let version = self.spec.api_version.as_deref()?;
-        let mut url = String::with_capacity(self.spec.base_url.len() + deployment.len() + 64);
-        url.push_str(&self.spec.base_url);
-        url.push_str("/deployments/");
-        push_segment(&mut url, deployment);
-        url.push_str(surface.upstream_path());
-        url.push_str("?api-version=");
-        url.push_str(version);
-        url.parse().ok()
+    /// The URLs of `model` on `endpoint`, for [`TargetRt::urls`].
+    pub fn model_urls(endpoint: &dyn Endpoint, model: &str) -> ModelUrls {
+        let mut urls: ModelUrls = Default::default();
+        for surface in Surface::ALL {
+            for stream in [false, true] {
+                urls[url_slot(surface, stream)] = endpoint.url(surface, model, stream);
+            }
+        }
+        urls
     }
 }
 
@@ -529,8 +435,6 @@ pub enum PrepareError {
     },
 }
 
-const ANTHROPIC_VERSION: &str = "2023-06-01";
-
 /// Build the serving snapshot. Fails without side effects on the live config.
 ///
 /// `auth_required`: index the model names per client (the clients with a key hash),
@@ -553,16 +457,15 @@ pub fn prepare(
                 .or_insert_with(|| Arc::new(Limiter::new(max, queue)))
                 .clone()
         });
-        let tokens = match compiled.keys.get(&c.id) {
-            Some(key) if c.provider == Provider::Vertex => {
-                let key = (c.id.clone(), key_hash(key.expose()));
-                Some(carried(&mut maps.tokens, key))
-            }
-            _ => None,
-        };
         credentials.insert(
             c.id.clone(),
-            Arc::new(prepare_credential(c, compiled, clients, limiter, tokens)?),
+            Arc::new(prepare_credential(
+                c,
+                compiled,
+                clients,
+                limiter,
+                &mut maps.kept,
+            )?),
         );
     }
     let mut routes = HashMap::new();
@@ -596,26 +499,11 @@ pub fn prepare(
                     .iter()
                     .map(|(client, upstream)| (client.clone(), JsonStr::new(upstream)))
                     .collect(),
-                deployment_urls: t
-                    .model
-                    .iter()
-                    .chain(t.model_map.values())
-                    .filter_map(|d| {
-                        let urls = per_surface(|s| credential.deployment_url(s, d).ok_or(()));
-                        Some((d.clone(), urls.ok()?))
-                    })
-                    .collect(),
-                model_urls: if matches!(
-                    credential.spec.provider,
-                    Provider::Gemini | Provider::Vertex | Provider::Bedrock
-                ) {
+                urls: if credential.endpoint.url_names_model() {
                     t.model
                         .iter()
                         .chain(t.model_map.values())
-                        .filter_map(|m| {
-                            let url = |stream| credential.model_url(m, stream);
-                            Some((m.clone(), [url(false)?, url(true)?]))
-                        })
+                        .map(|m| (m.clone(), TargetRt::model_urls(&*credential.endpoint, m)))
                         .collect()
                 } else {
                     HashMap::new()
@@ -657,7 +545,7 @@ pub fn prepare(
     prune(&mut maps.route_targets);
     prune(&mut maps.limiters);
     prune(&mut maps.client_limits);
-    prune(&mut maps.tokens);
+    maps.kept.prune();
     Ok(Snapshot {
         config: compiled.config.clone(),
         auth_required,
@@ -676,14 +564,6 @@ fn fingerprint(c: &Credential, compiled: &Compiled) -> u64 {
     (c.provider, &c.base_url, &c.headers, &c.api_version).hash(&mut h);
     compiled.keys.get(&c.id).map(|k| k.expose()).hash(&mut h);
     h.finish().max(1)
-}
-
-/// A hash of a key's text, to tell a rotated key from the one a token was made with.
-fn key_hash(key: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
 }
 
 /// Each client that can authenticate, with the model names of the routes it may call.
@@ -804,139 +684,35 @@ fn prepare_credential(
     compiled: &Compiled,
     clients: &Clients,
     limiter: Option<Arc<Limiter>>,
-    tokens: Option<Arc<vertex::TokenCache>>,
+    kept: &mut Kept,
 ) -> Result<CredentialRt, PrepareError> {
-    let err = |field: &'static str, message: String| PrepareError::Credential {
-        credential: c.id.clone(),
-        field,
-        message,
-    };
-    // Azure's v1 API lives under `{baseURL}/v1`; its classic paths are made per
-    // deployment (`TargetRt::url`), these then only name the host.
-    let version_prefix = if c.provider == Provider::AzureOpenai {
-        "/v1"
-    } else {
-        ""
-    };
-    let url = |s: Surface| {
-        format!("{}{version_prefix}{}", c.base_url, s.upstream_path())
-            .parse::<http::Uri>()
-            .map_err(|e| {
-                err(
-                    "spec.baseURL",
-                    format!("{:?} is not a valid URL: {e}", c.base_url),
-                )
-            })
-    };
-    let urls = per_surface(url)?;
-    // A vertex key is a service-account JSON key, never a header: each request gets
-    // an OAuth token for it (`vertex::Auth`). A key that cannot sign (compile checks
-    // its shape, not that it is RSA) leaves the target without a key: skipped as
-    // missingKey, the reason logged.
-    let vertex = match (compiled.keys.get(&c.id), tokens) {
-        (Some(key), Some(cache)) if c.provider == Provider::Vertex => {
-            match vertex::Auth::new(key.expose(), cache) {
-                Ok(auth) => Some(auth),
-                Err(e) => {
-                    tracing::warn!(credential = %c.id, error = %e,
-                        "vertex credential skipped: its service-account key cannot sign");
-                    None
-                }
-            }
-        }
-        _ => None,
-    };
-    // bedrock: the Secret's keys sign each request; there is no key header.
-    let aws = match c.provider {
-        Provider::Bedrock => compiled.keys.get(&c.id).and_then(AwsKeys::decode),
-        _ => None,
-    };
-    let signer = aws.as_ref().map(|k| {
-        crate::providers::bedrock::sigv4::Signer::new(k, c.region.as_deref().unwrap_or("us-east-1"))
-    });
-    let headers = match compiled.keys.get(&c.id) {
-        None => None,
-        Some(_) if c.provider == Provider::Vertex && vertex.is_none() => None,
-        Some(_) if c.provider == Provider::Bedrock && aws.is_none() => None,
-        Some(key) => {
-            // Room for the auth headers, accept-encoding, and for what each upstream
-            // request adds to its copy (x-request-id, forwarded client headers,
-            // content-type, traceparent, tracestate, host):
-            // a clone keeps the table size, so those inserts never rehash it.
-            let mut h = HeaderMap::with_capacity(c.headers.len() + 3 + 8);
-            for (name, value) in &c.headers {
-                let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                    err(
-                        "spec.headers",
-                        format!("{name:?} is not a valid header name"),
-                    )
-                })?;
-                let v = HeaderValue::from_str(value).map_err(|_| {
-                    err(
-                        "spec.headers",
-                        format!("the value of {name:?} is not a valid header value"),
-                    )
-                })?;
-                h.insert(n, v);
-            }
-            let auth = match c.provider {
-                Provider::Anthropic => {
-                    h.insert(
-                        "anthropic-version",
-                        HeaderValue::from_static(ANTHROPIC_VERSION),
-                    );
-                    Some(("x-api-key", key.expose().clone()))
-                }
-                Provider::Openai | Provider::OpenaiCompatible => {
-                    Some(("authorization", format!("Bearer {}", key.expose())))
-                }
-                // Azure OpenAI's key header; never `Authorization` (Azure reads that
-                // as an Entra ID token and refuses a key there).
-                Provider::AzureOpenai => Some(("api-key", key.expose().clone())),
-                // Google AI's key header (never `?key=` in the URL, which would put
-                // the key in access logs).
-                Provider::Gemini => Some(("x-goog-api-key", key.expose().clone())),
-                // Per request, from the token cache (`vertex` above).
-                Provider::Vertex => None,
-                // Signed per request (`crate::providers::bedrock::sigv4`): no key header.
-                Provider::Bedrock => None,
-            };
-            if let Some((name, value)) = auth {
-                // The message never includes the value: it is key material.
-                let mut v = HeaderValue::from_str(&value).map_err(|_| {
-                    err(
-                        "secretRef",
-                        "the key contains characters not allowed in a header".into(),
-                    )
-                })?;
-                v.set_sensitive(true);
-                h.insert(name, v);
-            }
-            // Whatever `spec.headers` says: the proxy rewrites answers, so it must
-            // read them, and it does not decode (SPEC §8).
-            h.insert(
-                http::header::ACCEPT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
-            Some(h)
-        }
-    };
+    let adapter = providers::adapter(c.provider);
+    let prepared = adapter
+        .prepare(c, compiled.keys.get(&c.id), kept)
+        .map_err(|e| PrepareError::Credential {
+            credential: c.id.clone(),
+            field: e.field,
+            message: e.message,
+        })?;
+    let host = c
+        .base_url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(Box::from))
+        .unwrap_or_default();
     Ok(CredentialRt {
-        limiter,
+        adapter,
+        endpoint: prepared.endpoint,
         target_header: header_value(&c.id.to_string()),
-        urls,
-        headers,
-        vertex,
-        key: match &aws {
-            Some(k) => Some(k.secret_access_key.clone()),
-            None => compiled.keys.get(&c.id).cloned(),
-        },
-        signer,
+        host,
+        headers: prepared.headers,
+        secret: prepared.secret,
         client: if c.allow_private_network {
             clients.private.clone()
         } else {
             clients.public.clone()
         },
+        limiter,
         spec: c.clone(),
     })
 }

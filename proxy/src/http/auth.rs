@@ -5,55 +5,11 @@
 //! The proxy never holds a plain client key: standalone, `compile` hashes the keys of
 //! the manifests' Secrets and drops them; the snapshot keeps only the hashes.
 
-use std::path::Path;
-
 use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderName};
-use switchback_crds::keyhash::{KeyHasher, MIN_SECRET_LEN};
 
+use crate::config::keys::Auth;
 use crate::config::snapshot::{Snapshot, Tenant};
-
-/// `--auth`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum AuthMode {
-    /// Every data-port request must carry the key of an LLMClient; model names are
-    /// resolved among the routes that client may call.
-    Required,
-    /// Everyone is served, with every route; LLMClients are not enforced.
-    Off,
-}
-
-impl AuthMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuthMode::Required => "required",
-            AuthMode::Off => "off",
-        }
-    }
-}
-
-/// The gateway's authentication settings, fixed for the life of the process.
-#[derive(Debug)]
-pub struct Auth {
-    pub mode: AuthMode,
-    /// The per-cluster secret presented keys are hashed with; `None` with `--auth off`.
-    pub hasher: Option<KeyHasher>,
-}
-
-impl Default for Auth {
-    fn default() -> Self {
-        Self {
-            mode: AuthMode::Off,
-            hasher: None,
-        }
-    }
-}
-
-impl Auth {
-    pub fn required(&self) -> bool {
-        self.mode == AuthMode::Required
-    }
-}
 
 /// Why a request was not authenticated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,22 +76,6 @@ pub fn authenticate<'s>(
     Ok(Some(tenant))
 }
 
-/// Read the HMAC secret of `--client-key-hmac-file` (see [`KeyHasher::from_file`]: the
-/// operator reads its copy the same way).
-pub fn read_hmac_file(path: &Path) -> Result<KeyHasher, String> {
-    KeyHasher::from_file(path)
-}
-
-/// A random secret, for a standalone proxy that both hashes its manifests' keys and
-/// checks presented ones (no other process needs the same secret).
-pub fn random_hasher() -> KeyHasher {
-    let secret: [u8; MIN_SECRET_LEN] = rand::random();
-    match KeyHasher::new(&secret) {
-        Ok(h) => h,
-        Err(_) => unreachable!("MIN_SECRET_LEN bytes are enough"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,20 +118,5 @@ mod tests {
         ] {
             assert_eq!(presented_key(&none), None, "{none:?}");
         }
-    }
-
-    #[test]
-    fn the_hmac_file_is_trimmed_and_must_be_long_enough() {
-        let dir = tempfile::tempdir().unwrap();
-        let good = dir.path().join("good");
-        std::fs::write(&good, format!("{}\n", "k".repeat(32))).unwrap();
-        let a = read_hmac_file(&good).unwrap();
-        let b = KeyHasher::new("k".repeat(32).as_bytes()).unwrap();
-        assert_eq!(a.hash(b"sk-x"), b.hash(b"sk-x"));
-        let short = dir.path().join("short");
-        std::fs::write(&short, "short\n").unwrap();
-        assert!(read_hmac_file(&short).unwrap_err().contains("5 bytes long"));
-        assert!(read_hmac_file(&dir.path().join("absent")).is_err());
-        assert_ne!(random_hasher().hash(b"k"), random_hasher().hash(b"k"));
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
@@ -21,18 +21,13 @@ use crate::front::intake::{self, Refused};
 use crate::gateway::Gateway;
 use crate::limits::clients::{Admitted, ClientRt, Throttled};
 use crate::observe::telemetry::TRACE_TARGET;
-use crate::pipeline::attempt::{self, Call};
-use crate::pipeline::relay::StreamEnd;
+use crate::pipeline::{self, AttemptLog, Call, StreamEnd};
+use crate::wire::headers::{
+    X_ATTEMPTS, X_FALLBACKS, X_GENERATION, X_REQUEST_ID, X_ROUTE, X_TARGET,
+};
 use crate::wire::surface::{self, Surface, Wire};
 use tracing::Instrument;
 use tracing::field::Empty;
-
-pub const X_ROUTE: HeaderName = HeaderName::from_static("x-switchback-route");
-pub const X_ATTEMPTS: HeaderName = HeaderName::from_static("x-switchback-attempts");
-pub const X_FALLBACKS: HeaderName = HeaderName::from_static("x-switchback-fallbacks");
-pub const X_TARGET: HeaderName = HeaderName::from_static("x-switchback-target");
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-pub const X_GENERATION: HeaderName = HeaderName::from_static("x-switchback-generation");
 
 /// The body limit and timeout are applied by [`intake`], not by an extractor.
 pub fn data_router(gw: Arc<Gateway>) -> Router {
@@ -93,7 +88,7 @@ pub fn admin_router(gw: Arc<Gateway>) -> Router {
 }
 
 async fn stats_doc(State(gw): State<Arc<Gateway>>) -> Response<Body> {
-    json_response(StatusCode::OK, &crate::observe::counters::report(&gw))
+    json_response(StatusCode::OK, &crate::admin::stats::report(&gw))
 }
 
 async fn chat(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
@@ -337,9 +332,9 @@ async fn route_and_run(
     // each branch, not bound to a local first: an awaited local is kept in this
     // future's state twice (before and after the move into `.await`).
     let outcome = if span.is_disabled() {
-        attempt::run(gw, route, &call).await
+        pipeline::run(gw, route, &call).await
     } else {
-        attempt::run(gw, route, &call)
+        pipeline::run(gw, route, &call)
             .instrument(span.clone())
             .await
     };
@@ -474,7 +469,7 @@ struct RequestLine {
     attempts: u32,
     fallbacks: u32,
     answered_by: Option<u8>,
-    log: Vec<attempt::AttemptLog>,
+    log: Vec<AttemptLog>,
     /// `x-request-id`: the client's, or the one made for the request.
     request_id: HeaderValue,
 }
@@ -511,7 +506,7 @@ impl RequestLine {
 /// The attempt log as compact JSON: `[{"target","status","reason","durationMs","retryAfterMs"}]`.
 struct AttemptLogView<'a> {
     route: &'a RouteRt,
-    log: &'a [attempt::AttemptLog],
+    log: &'a [AttemptLog],
 }
 
 impl std::fmt::Display for AttemptLogView<'_> {
@@ -665,8 +660,8 @@ mod tests {
     use switchback_crds::config::Strategy;
 
     use super::*;
-    use crate::pipeline::attempt::AttemptLog;
-    use crate::pipeline::outcome::Reason;
+    use crate::observe::reason::Reason;
+    use crate::pipeline::AttemptLog;
 
     #[tokio::test]
     async fn readyz_says_why_the_gateway_is_not_ready() {

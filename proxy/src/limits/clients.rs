@@ -17,7 +17,7 @@ use switchback_crds::config::{Client, ClientBudget, ObjectId, Price};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::observe::counters::Usage;
+use crate::wire::usage::Usage;
 
 /// Usage of one client since this replica started, across reloads.
 #[derive(Debug, Default)]

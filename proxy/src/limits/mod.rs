@@ -1,5 +1,6 @@
 //! The limits.
 
+pub mod answers;
 pub mod bytes;
 pub mod circuit;
 pub mod clients;

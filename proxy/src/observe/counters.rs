@@ -1,14 +1,17 @@
-//! What the request path counts, and the two ways it is read back: the
-//! `/admin/v1/stats` document (SPEC §5, for the operator) and Prometheus `/metrics`.
+//! What the request path counts per route and per (route, target): requests,
+//! attempts, retries, successes, failures and fallbacks by reason, tokens, and
+//! latency histograms. Read back by the admin port (`/admin/v1/stats` for the
+//! operator, Prometheus `/metrics`), which walks the live snapshot at scrape time.
 //!
-//! The request path only ever touches atomics here (no lock, no allocation); both
-//! read-outs walk the live snapshot at scrape time. Counters live in registries that
-//! outlive reloads (see `snapshot`), so a reload never resets them.
+//! The request path only ever touches atomics here (no lock, no allocation).
+//! Counters live in registries that outlive reloads (`config::prepare`'s carried
+//! state), so a reload never resets them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::pipeline::outcome::Reason;
+use crate::observe::reason::Reason;
+use crate::wire::usage::Usage;
 
 /// Histogram upper bounds in seconds (Prometheus-style, `+Inf` implied).
 pub const BOUNDS: [f64; 17] = [
@@ -150,6 +153,13 @@ pub struct RouteTargetCounters {
     pub ttfb: Histogram,
 }
 
+impl RouteTargetCounters {
+    pub fn add_usage(&self, u: Usage) {
+        add(&self.input_tokens, u.input_tokens);
+        add(&self.output_tokens, u.output_tokens);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,262 +195,5 @@ mod tests {
             r.nonzero().collect::<Vec<_>>(),
             vec![(Reason::Status5xx, 2), (Reason::QueueFull, 1)]
         );
-    }
-}
-
-/// Token counts a provider reported in a `usage` object (OpenAI `prompt_tokens` /
-/// `completion_tokens`, Anthropic `input_tokens` / `output_tokens`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-pub struct Usage {
-    #[serde(default, alias = "prompt_tokens")]
-    pub input_tokens: u64,
-    #[serde(default, alias = "completion_tokens")]
-    pub output_tokens: u64,
-}
-
-static USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
-
-/// The first `usage` object in a JSON document or SSE event, parsed on its own so
-/// the rest of the document is not read twice.
-pub fn usage(doc: &[u8]) -> Option<Usage> {
-    let at = USAGE_KEY.find(doc)? + b"\"usage\"".len();
-    let rest = &doc[at..];
-    let start = rest
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b':'))?;
-    let mut values = serde_json::Deserializer::from_slice(&rest[start..]).into_iter::<Usage>();
-    values.next()?.ok()
-}
-
-/// Gemini's `usageMetadata`, as [`Usage`]: the prompt (cached and tool-use prompt
-/// tokens included, as OpenAI counts cached ones) in, candidates plus thinking
-/// tokens (billed as output) out.
-#[derive(Debug, Default, Clone, Copy, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct GeminiUsage {
-    #[serde(default)]
-    prompt_token_count: u64,
-    #[serde(default)]
-    tool_use_prompt_token_count: u64,
-    #[serde(default)]
-    candidates_token_count: u64,
-    #[serde(default)]
-    thoughts_token_count: u64,
-}
-
-static GEMINI_USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usageMetadata\""));
-
-/// [`usage`] for a Gemini answer or stream chunk (`usageMetadata`).
-pub fn gemini_usage(doc: &[u8]) -> Option<Usage> {
-    let at = GEMINI_USAGE_KEY.find(doc)? + b"\"usageMetadata\"".len();
-    let rest = &doc[at..];
-    let start = rest
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b':'))?;
-    let mut values =
-        serde_json::Deserializer::from_slice(&rest[start..]).into_iter::<GeminiUsage>();
-    let u = values.next()?.ok()?;
-    Some(Usage {
-        input_tokens: u
-            .prompt_token_count
-            .saturating_add(u.tool_use_prompt_token_count),
-        output_tokens: u
-            .candidates_token_count
-            .saturating_add(u.thoughts_token_count),
-    })
-}
-
-/// Bedrock's `usage` (a Converse answer, or a ConverseStream `metadata` event):
-/// cache reads and writes, which Bedrock counts apart, are input as OpenAI counts
-/// them.
-#[derive(Debug, Default, Clone, Copy, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct BedrockUsage {
-    #[serde(default)]
-    input_tokens: u64,
-    #[serde(default)]
-    output_tokens: u64,
-    #[serde(default)]
-    cache_read_input_tokens: u64,
-    #[serde(default)]
-    cache_write_input_tokens: u64,
-}
-
-static BEDROCK_USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"inputTokens\""));
-
-/// [`usage`] for a Bedrock answer or stream event (`usage.inputTokens`, ...).
-pub fn bedrock_usage(doc: &[u8]) -> Option<Usage> {
-    BEDROCK_USAGE_KEY.find(doc)?;
-    let at = memchr::memmem::find(doc, b"\"usage\"")? + b"\"usage\"".len();
-    let rest = &doc[at..];
-    let start = rest
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b':'))?;
-    let mut values =
-        serde_json::Deserializer::from_slice(&rest[start..]).into_iter::<BedrockUsage>();
-    let u = values.next()?.ok()?;
-    Some(Usage {
-        input_tokens: u
-            .input_tokens
-            .saturating_add(u.cache_read_input_tokens)
-            .saturating_add(u.cache_write_input_tokens),
-        output_tokens: u.output_tokens,
-    })
-}
-
-impl RouteTargetCounters {
-    pub fn add_usage(&self, u: Usage) {
-        add(&self.input_tokens, u.input_tokens);
-        add(&self.output_tokens, u.output_tokens);
-    }
-}
-
-#[cfg(test)]
-mod usage_tests {
-    use super::*;
-
-    #[test]
-    fn reads_usage_in_both_wires() {
-        let openai = br#"{"id":"x","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}"#;
-        assert_eq!(
-            usage(openai),
-            Some(Usage {
-                input_tokens: 10,
-                output_tokens: 5
-            })
-        );
-        let anthropic = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\": {\"output_tokens\":7}}\n\n";
-        assert_eq!(
-            usage(anthropic),
-            Some(Usage {
-                input_tokens: 0,
-                output_tokens: 7
-            })
-        );
-        assert_eq!(usage(b"data: {\"choices\":[]}\n\n"), None);
-        let gemini = b"data: {\"candidates\":[],\"usageMetadata\": {\"promptTokenCount\":12,\"candidatesTokenCount\":5,\"thoughtsTokenCount\":3,\"totalTokenCount\":20}}\n\n";
-        assert_eq!(usage(gemini), None);
-        assert_eq!(
-            gemini_usage(gemini),
-            Some(Usage {
-                input_tokens: 12,
-                output_tokens: 8
-            })
-        );
-        assert_eq!(gemini_usage(br#"{"candidates":[]}"#), None);
-        let bedrock = b"event: metadata\ndata: {\"metadata\":{\"usage\":{\"inputTokens\":12,\"outputTokens\":5,\"totalTokens\":17},\"metrics\":{\"latencyMs\":9}}}\n\n";
-        assert_eq!(
-            bedrock_usage(bedrock),
-            Some(Usage {
-                input_tokens: 12,
-                output_tokens: 5
-            })
-        );
-        assert_eq!(bedrock_usage(br#"{"metadata":{}}"#), None);
-        assert_eq!(usage(br#"{"usage":null}"#), None);
-    }
-}
-
-/// `/admin/v1/stats`: the live snapshot's routes with their counters and the state of
-/// their targets.
-pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsReport {
-    use switchback_crds::stats as doc;
-    let snapshot = gw.snapshot();
-    let now = tokio::time::Instant::now();
-    let (now_ms, wall) = (gw.now_ms(), std::time::SystemTime::now());
-    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_millis(t).to_string();
-    let load = gw.report();
-    let routes = snapshot
-        .route_list
-        .iter()
-        .map(|r| doc::RouteStats {
-            route: r.spec.id.clone(),
-            generation: r.spec.generation,
-            revision: Some(r.revision),
-            requests: get(&r.counters.requests),
-            attempts: get(&r.counters.attempts),
-            fallbacks: get(&r.counters.fallbacks),
-            failed: get(&r.counters.failed),
-            targets: r
-                .targets
-                .iter()
-                .map(|t| {
-                    let c = &t.counters;
-                    let parked = t.state.parked_until_ms();
-                    let (_, since) = t.state.breaker.state();
-                    let ewma = t.state.latency_ewma_us();
-                    doc::TargetStats {
-                        credential: t.spec.credential.clone(),
-                        model: t.spec.model.clone(),
-                        requests: get(&c.requests),
-                        attempts: get(&c.attempts),
-                        retries: get(&c.retries),
-                        successes: get(&c.successes),
-                        failures: c
-                            .failures
-                            .nonzero()
-                            .map(|(r, n)| (r.as_str().to_string(), n))
-                            .collect(),
-                        fallbacks_away: Reason::ALL.iter().map(|r| c.fallbacks_away.get(*r)).sum(),
-                        circuit: match t.state.breaker.reported(now) {
-                            crate::limits::circuit::Reported::Closed => doc::CircuitState::Closed,
-                            crate::limits::circuit::Reported::Open => doc::CircuitState::Open,
-                            crate::limits::circuit::Reported::HalfOpen => {
-                                doc::CircuitState::HalfOpen
-                            }
-                        },
-                        circuit_since: Some(rfc3339(since)),
-                        parked_until: (parked > now_ms)
-                            .then(|| rfc3339(wall + Duration::from_millis(parked - now_ms))),
-                        last_failure: t.state.last_failure().map(|f| doc::LastFailure {
-                            status: f.status,
-                            reason: f.reason.as_str().to_string(),
-                            at: rfc3339(f.at),
-                        }),
-                        latency: doc::Latency {
-                            smoothed_ms: (ewma > 0).then(|| ewma as f64 / 1000.0),
-                            p50_ms: t.state.latency.quantile_ms(0.5),
-                            p99_ms: t.state.latency.quantile_ms(0.99),
-                        },
-                    }
-                })
-                .collect(),
-        })
-        .collect();
-    doc::StatsReport {
-        version: doc::STATS_VERSION,
-        instance_id: gw.instance_id.clone(),
-        started_at: rfc3339(gw.started_at),
-        config_generation: load.generation,
-        config_error: load.last_error.map(|e| {
-            e.problems
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>()
-                .join("; ")
-        }),
-        routes,
-        clients: gw
-            .carried()
-            .clients()
-            .into_iter()
-            .map(|(client, c)| {
-                let last = get(&c.last_request_ms);
-                doc::ClientStats {
-                    client,
-                    requests: get(&c.requests),
-                    input_tokens: get(&c.input_tokens),
-                    output_tokens: get(&c.output_tokens),
-                    micro_usd: get(&c.micro_usd),
-                    rate_limited: get(&c.rate_limited),
-                    budget_exhausted: get(&c.budget_exhausted),
-                    last_request_at: (last > 0)
-                        .then(|| rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(last))),
-                }
-            })
-            .collect(),
     }
 }

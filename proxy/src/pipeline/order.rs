@@ -85,38 +85,38 @@ pub(crate) mod tests {
 
     /// A route over one credential `ns/c`: a target per `(weight, price)`.
     pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
-        let cred = Arc::new(CredentialRt {
-            spec: Credential {
-                api_version: None,
-                responses_api: false,
-                project: None,
-                location: None,
-                region: None,
-                id: ObjectId::new("ns", "c"),
-                provider: Provider::Openai,
-                base_url: "http://x".into(),
-                headers: Default::default(),
-                max_concurrency: None,
-                max_queue: None,
-                allow_private_network: false,
-                secret_ref: SecretKeyRef {
-                    name: "s".into(),
-                    key: "k".into(),
-                },
+        let spec = Credential {
+            api_version: None,
+            responses_api: false,
+            project: None,
+            location: None,
+            region: None,
+            id: ObjectId::new("ns", "c"),
+            provider: Provider::Openai,
+            base_url: "http://x".into(),
+            headers: Default::default(),
+            max_concurrency: None,
+            max_queue: None,
+            allow_private_network: false,
+            secret_ref: SecretKeyRef {
+                name: "s".into(),
+                key: "k".into(),
             },
+        };
+        let adapter = crate::providers::adapter(spec.provider);
+        let prepared = adapter
+            .prepare(&spec, None, &mut Default::default())
+            .unwrap();
+        let cred = Arc::new(CredentialRt {
+            spec,
+            adapter,
+            endpoint: prepared.endpoint,
             target_header: HeaderValue::from_static("ns/c"),
-            urls: [
-                "http://x/a".parse().unwrap(),
-                "http://x/b".parse().unwrap(),
-                "http://x/c".parse().unwrap(),
-                "http://x/d".parse().unwrap(),
-            ],
+            host: "x".into(),
             headers: None,
-            vertex: None,
-            key: None,
+            secret: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
-            signer: None,
         });
         RouteRt {
             spec: Route {
@@ -155,8 +155,7 @@ pub(crate) mod tests {
                     label: "ns/c".into(),
                     model_json: None,
                     model_map_json: Default::default(),
-                    deployment_urls: Default::default(),
-                    model_urls: Default::default(),
+                    urls: Default::default(),
                 })
                 .collect(),
         }

@@ -260,7 +260,7 @@ async fn apply_loop(
             &maps.state(),
             &secrets.state(),
             &mut last,
-            gw.auth.mode == crate::http::auth::AuthMode::Required,
+            gw.auth.mode == crate::config::keys::AuthMode::Required,
         );
         let same = applied
             .as_ref()

@@ -32,7 +32,7 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 /// A compiled manifest set, or every problem that stops it, as a proxy with
 /// authentication off compiles it (model names global, no client key hashed).
 pub fn compile_manifests(path: &Path) -> Result<(Compiled, Vec<Problem>), Vec<Problem>> {
-    compile_manifests_for(path, &crate::http::auth::Auth::default())
+    compile_manifests_for(path, &crate::config::keys::Auth::default())
 }
 
 /// A compiled manifest set as a proxy with these auth settings serves it: with
@@ -40,7 +40,7 @@ pub fn compile_manifests(path: &Path) -> Result<(Compiled, Vec<Problem>), Vec<Pr
 /// model names are resolved per client.
 pub fn compile_manifests_for(
     path: &Path,
-    auth: &crate::http::auth::Auth,
+    auth: &crate::config::keys::Auth,
 ) -> Result<(Compiled, Vec<Problem>), Vec<Problem>> {
     let set = manifest::load(path).map_err(|errors| {
         errors

@@ -18,8 +18,10 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use http_body_util::{BodyDataStream, Full};
+use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as Pooled;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -109,4 +111,19 @@ fn pooled(https: Connector) -> Client {
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .build(https)
+}
+
+/// Read an answer whole, cut at `cap` bytes (an error body, only classified and
+/// relayed; a token endpoint's answer).
+pub async fn read_cut(response: Incoming, cap: usize) -> Result<Bytes, hyper::Error> {
+    let mut buf = BytesMut::new();
+    let mut body = BodyDataStream::new(response);
+    while let Some(chunk) = body.next().await.transpose()? {
+        let room = cap.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if buf.len() >= cap {
+            break;
+        }
+    }
+    Ok(buf.freeze())
 }

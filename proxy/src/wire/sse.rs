@@ -36,9 +36,9 @@ pub struct Framer {
     scanned: usize,
     /// Largest event accepted, terminator included.
     max_event: usize,
-    /// Bedrock's binary event stream: frames become SSE events before they are
-    /// framed here (see `eventstream`).
-    reframer: Option<Box<crate::providers::bedrock::eventstream::Reframer>>,
+    /// An upstream that does not frame its stream as SSE (a binary framing): its
+    /// frames become SSE events before they are framed here.
+    reframer: Option<Box<dyn Reframe>>,
     /// A binary frame was over the limit: the stream ends.
     overflowed: bool,
 }
@@ -53,6 +53,23 @@ impl Default for Framer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventTooLarge;
 
+/// Turns a stream framed otherwise (a provider's binary framing) into SSE events,
+/// so the rest of the stream path (opening, commit, translation, the size limit)
+/// reads it like any other upstream.
+pub trait Reframe: Send + std::fmt::Debug {
+    /// Feeds `chunk`, appending one whole SSE event per complete frame to `out`. A
+    /// frame over `max_event` is refused from its declared length.
+    fn push(
+        &mut self,
+        chunk: &[u8],
+        max_event: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), EventTooLarge>;
+
+    /// Bytes held of a frame not yet complete.
+    fn buffered(&self) -> usize;
+}
+
 impl Framer {
     pub fn new(max_event: usize) -> Self {
         Self {
@@ -65,11 +82,11 @@ impl Framer {
         }
     }
 
-    /// A framer for an AWS event stream (Bedrock's ConverseStream): each binary
-    /// frame is yielded as one SSE event (see `eventstream`), under the same limit.
-    pub fn event_stream(max_event: usize) -> Self {
+    /// A framer for a stream `reframer` turns into SSE events, one per frame, under
+    /// the same limit.
+    pub fn reframed(max_event: usize, reframer: Box<dyn Reframe>) -> Self {
         Self {
-            reframer: Some(Box::default()),
+            reframer: Some(reframer),
             ..Self::new(max_event)
         }
     }

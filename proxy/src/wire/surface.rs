@@ -1,10 +1,10 @@
 //! The client-facing APIs the proxy serves (OpenAI chat completions, embeddings and
-//! responses, Anthropic messages): which credentials can answer each, the upstream
-//! path, and the error bodies in each API's own shape.
+//! responses, Anthropic messages): their wire (error shapes), their upstream paths,
+//! and the error bodies the gateway writes in each API's own shape. Which provider
+//! serves which surface is the providers' business.
 
 use bytes::Bytes;
 use serde::Serialize;
-use switchback_crds::config::{Credential, Provider};
 
 /// The error shape a client's API uses (the OpenAI Responses API answers errors
 /// as chat completions do).
@@ -57,35 +57,6 @@ impl Surface {
             Self::Embeddings => "POST /v1/embeddings",
             Self::Messages => "POST /v1/messages",
             Self::Responses => "POST /v1/responses",
-        }
-    }
-
-    /// Whether a credential speaks this surface natively. One that does not is
-    /// reached through `translate` where a translation exists (chat completions <->
-    /// messages) and skipped otherwise (embeddings on an Anthropic target; the
-    /// Responses API anywhere but where [`Credential::serves_responses`]).
-    pub fn served_by(self, credential: &Credential) -> bool {
-        let provider = credential.provider;
-        match self {
-            Self::ChatCompletions | Self::Embeddings => provider.speaks_openai(),
-            Self::Messages => provider == Provider::Anthropic,
-            Self::Responses => credential.serves_responses(),
-        }
-    }
-
-    /// Why `credential` cannot serve this surface, for the error that says no target
-    /// of a route can: its provider, and what would make it serve it if anything.
-    pub fn refusal(self, credential: &Credential) -> String {
-        let provider = credential.provider.as_str();
-        match (self, credential.provider) {
-            (Self::Responses, Provider::OpenaiCompatible) => {
-                format!("{provider} without responsesAPI: true")
-            }
-            (Self::Responses, Provider::AzureOpenai) => format!(
-                "{provider} on the dated apiVersion {} (the Responses API needs the v1 API)",
-                credential.api_version.as_deref().unwrap_or_default()
-            ),
-            _ => provider.to_owned(),
         }
     }
 
@@ -211,73 +182,5 @@ mod tests {
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["type"], "not_found_error");
         assert_eq!(v["error"]["code"], "model_not_found");
-    }
-
-    fn credential(
-        provider: Provider,
-        api_version: Option<&str>,
-        responses_api: bool,
-    ) -> Credential {
-        Credential {
-            id: switchback_crds::config::ObjectId::new("team-a", "c"),
-            provider,
-            base_url: "https://llm.example.com/v1".into(),
-            headers: Default::default(),
-            max_concurrency: None,
-            max_queue: None,
-            allow_private_network: false,
-            secret_ref: switchback_crds::config::SecretKeyRef {
-                name: "k".into(),
-                key: "apiKey".into(),
-            },
-            api_version: api_version.map(str::to_owned),
-            responses_api,
-            project: None,
-            location: None,
-            region: None,
-        }
-    }
-
-    #[test]
-    fn surfaces_map_to_credentials() {
-        let c = |p| credential(p, None, false);
-        assert!(Surface::ChatCompletions.served_by(&c(Provider::OpenaiCompatible)));
-        assert!(!Surface::ChatCompletions.served_by(&c(Provider::Anthropic)));
-        assert!(Surface::Messages.served_by(&c(Provider::Anthropic)));
-        assert!(!Surface::Messages.served_by(&c(Provider::Openai)));
-        for (i, s) in Surface::ALL.iter().enumerate() {
-            assert_eq!(s.index(), i);
-        }
-    }
-
-    /// The Responses API: openai, azure-openai on its v1 API, openai-compatible that
-    /// declares it; the refusal says why the others cannot.
-    #[test]
-    fn the_responses_api_is_served_where_the_credential_says() {
-        let r = Surface::Responses;
-        assert!(r.served_by(&credential(Provider::Openai, None, false)));
-        assert!(r.served_by(&credential(Provider::AzureOpenai, None, false)));
-        assert!(r.served_by(&credential(Provider::OpenaiCompatible, None, true)));
-        let dated = credential(Provider::AzureOpenai, Some("2024-10-21"), false);
-        assert!(!r.served_by(&dated));
-        assert!(
-            r.refusal(&dated).contains("2024-10-21"),
-            "{}",
-            r.refusal(&dated)
-        );
-        let undeclared = credential(Provider::OpenaiCompatible, None, false);
-        assert!(!r.served_by(&undeclared));
-        assert_eq!(
-            r.refusal(&undeclared),
-            "openai-compatible without responsesAPI: true"
-        );
-        let anthropic = credential(Provider::Anthropic, None, false);
-        assert!(!r.served_by(&anthropic));
-        assert_eq!(r.refusal(&anthropic), "anthropic");
-        let gemini = credential(Provider::Gemini, None, false);
-        assert!(!r.served_by(&gemini));
-        assert_eq!(r.refusal(&gemini), "gemini");
-        assert_eq!(r.upstream_path(), "/responses");
-        assert_eq!(r.wire(), Wire::OpenAi);
     }
 }

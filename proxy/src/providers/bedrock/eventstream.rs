@@ -11,8 +11,8 @@
 //!   `throttlingException`, payload `{"message"}`) or an error frame
 //!   (`:message-type` `error`, `:error-code`, `:error-message`) becomes `event:
 //!   error` / `data: {"error": {"type", "code", "message"}}`, `code` the HTTP status
-//!   its type classes as (`translate::bedrock_exception_status`), which
-//!   `sse::error_in` reads like any in-band error.
+//!   its type classes as (see [`super::class_status`]), which `sse::error_in`
+//!   reads like any in-band error.
 //! * A frame that fails its checksums or cannot be read ends the stream with such an
 //!   error event (type `invalidEventStream`, 502): the framing cannot be
 //!   resynchronised.
@@ -24,6 +24,8 @@
 use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{HeaderValue, Message};
 use bytes::{Buf, BytesMut};
+
+use crate::wire::sse::{EventTooLarge, Reframe};
 
 /// A frame's fixed parts: the prelude (12 bytes) and the message CRC (4).
 const FRAME_OVERHEAD: usize = 16;
@@ -105,6 +107,27 @@ impl Reframer {
     }
 }
 
+impl Reframe for Reframer {
+    fn push(
+        &mut self,
+        chunk: &[u8],
+        max_event: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), EventTooLarge> {
+        Reframer::push(self, chunk, max_event, out).map_err(|FrameTooLarge| EventTooLarge)
+    }
+
+    fn buffered(&self) -> usize {
+        Reframer::buffered(self)
+    }
+}
+
+/// The status an exception of type `kind` classes as: an in-band error has no HTTP
+/// status of its own.
+fn exception_status(kind: &str) -> u16 {
+    super::class_status(500, kind)
+}
+
 fn header<'a>(m: &'a Message, name: &str) -> Option<&'a str> {
     m.headers()
         .iter()
@@ -129,13 +152,13 @@ fn write_event(m: &Message, out: &mut Vec<u8>) {
                         .map(str::to_owned)
                 })
                 .unwrap_or_else(|| String::from_utf8_lossy(m.payload()).into_owned());
-            let status = crate::providers::translate::bedrock_exception_status(kind);
+            let status = exception_status(kind);
             write_error(out, kind, status, &message);
         }
         Some("error") => {
             let kind = header(m, ":error-code").unwrap_or("unknownError");
             let message = header(m, ":error-message").unwrap_or("");
-            let status = crate::providers::translate::bedrock_exception_status(kind);
+            let status = exception_status(kind);
             write_error(out, kind, status, message);
         }
         _ => {

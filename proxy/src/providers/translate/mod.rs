@@ -1,33 +1,37 @@
 //! Translation between chat APIs: requests, unary responses, error bodies and
-//! streams, so a route can answer an OpenAI-SDK client from an Anthropic target and
-//! an Anthropic-SDK client from an OpenAI (or OpenAI-compatible) target.
+//! streams, so a route can answer an OpenAI-SDK client from an Anthropic, Gemini or
+//! Bedrock target and an Anthropic-SDK client from an OpenAI (or OpenAI-compatible)
+//! one. It owns the pairing of a client's API with an upstream's ([`Translation`]),
+//! never an API's shapes (each dialect's, in its provider's folder) nor anything of
+//! routes, credentials or the network.
 //!
-//! Pure functions and stream state machines: nothing here does I/O, reads the clock
-//! (except `created` stamps) or knows about routes. The pipeline only needs to know
-//! the [`Direction`] of a (client surface, target provider) pair.
+//! Pure functions and stream state machines: nothing here does I/O or reads the
+//! clock (except `created` stamps).
 //!
 //! # Shape
 //!
-//! Every API is one adapter to and from one internal form (`form`: a request, an
-//! answer, stream events, an error). A pairing is a decode by the client's adapter
-//! and an encode by the target's for requests, and the reverse for answers, streams
-//! and errors: OpenAI client → Anthropic target is `openai::decode_request` then
-//! `anthropic::encode_request`, its answer `anthropic::decode_answer` then
-//! `openai::encode_answer`, and so on. A new provider is one adapter, not one
-//! translator per API it must serve. Only a decoder knows the client's parameter
-//! paths, so it refuses what the target cannot take (`form::Target`, declared by each
-//! adapter); encoders cannot fail. A target that speaks the client's API natively
+//! Every API is one dialect to and from one internal form (`form`: a request, an
+//! answer, stream events, an error; the contract is `dialect`). A pairing is a
+//! decode by the client's dialect and an encode by the target's for requests, and
+//! the reverse for answers, streams and errors: OpenAI client → Anthropic target is
+//! `openai::decode_request` then `anthropic::encode_request`, its answer
+//! `anthropic::decode_answer` then `openai::encode_answer`, and so on. A new API is
+//! one dialect, not one translator per API it must serve. Only a decoder knows the
+//! client's parameter paths, so it refuses what the target cannot take
+//! (`form::Target`, declared by each dialect). A target that speaks the client's API
 //! never comes here: its bodies are relayed with only `model` rewritten.
 //!
-//! A provider is added as one module beside `openai` and `anthropic`: its `TARGET`,
-//! `encode_request`, `decode_answer`, `decode_error` and a `StreamDecoder` (the
-//! decode and encode halves of the other direction too if it is to be a client
-//! surface), a `Dialect` variant, and the pairings in [`Direction`].
+//! [`Direction`] names the pairings (for tests, benchmarks and docs); the pipeline
+//! makes its [`Translation`] from the client's wire and the dialect a provider
+//! adapter says its upstream speaks. How each upstream API maps to the form is told
+//! in its provider's folder (`gemini`, `bedrock`); the pairs of the two client APIs
+//! below.
 //!
 //! # Interface
 //!
 //! | call | input | output |
 //! |---|---|---|
+//! | [`Translation::to`] | client wire, upstream dialect | the pairing |
 //! | [`Direction::for_target`] | client surface, target provider | `Some(direction)` when translation is needed and possible |
 //! | [`request`] | the client's body | the upstream's body, `model` set to the target's model |
 //! | [`include_usage`] | the client's body | whether an OpenAI client asked for the stream's usage chunk |
@@ -121,80 +125,6 @@
 //! | `tool_result.is_error` | OpenAI | dropped | tool messages have no error flag; the result's text still says what failed |
 //! | images inside `tool_result` | OpenAI | 400 | tool messages carry text only |
 //!
-//! # Requests: either surface → Gemini ([`Direction::OpenAiToGemini`], [`Direction::AnthropicToGemini`])
-//!
-//! Gemini (Google AI's native `generateContent`) is a provider only. Its adapter
-//! encodes the form: the system prompt → `systemInstruction`; turns → `contents`
-//! (`user` / `model`, consecutive turns of one role merged, empty text parts left
-//! out); text, base64 images and PDFs → `text` / `inlineData`; tool calls →
-//! `functionCall {name, args}`; tool results → `functionResponse {name, response}`,
-//! `response` the result itself when it is a JSON object, else `{"output": text}`
-//! (`{"error": text}` when the client flagged an error), the name
-//! taken from the call with the result's id earlier in the conversation; tools → one
-//! `functionDeclarations` list, each schema sent as `parametersJsonSchema` (JSON
-//! Schema as the client wrote it); `tool_choice` → `functionCallingConfig.mode`
-//! `AUTO` / `NONE` / `ANY` (a named tool: `ANY` with `allowedFunctionNames`);
-//! sampling, the output limit and stop sequences → `generationConfig`. The model and
-//! whether to stream are in the URL, never the body. Its `form::Target` says what the
-//! decoders refuse beyond the Anthropic-like core: images by URL (only inline bytes)
-//! and tool results whose call is not in the conversation (they could not name their
-//! function). `parallel_tool_calls: false` and the end-user id are dropped (no
-//! equivalent); `top_k` is taken from Anthropic clients; temperatures up to 2.
-//!
-//! Answers: the first candidate's text and `functionCall` parts (thought parts left
-//! out); `responseId` is the id; calls get ids `call_{responseId}_{n}` (Gemini gives
-//! none), the same unary and streamed, so results can name them back; `finishReason`
-//! `STOP` → end turn (tool use when the answer calls a function), `MAX_TOKENS` → max
-//! tokens, `SAFETY` / `RECITATION` / `BLOCKLIST` / `PROHIBITED_CONTENT` / `SPII` (and
-//! the image variants) → refusal; a prompt blocked before any candidate
-//! (`promptFeedback.blockReason`) → an empty answer stopped as a refusal (the
-//! pipeline classes it `contentFilter`, see [`is_blocked`] and [`opening`]). Usage:
-//! `promptTokenCount` less `cachedContentTokenCount` in, cached tokens as cache reads,
-//! `candidatesTokenCount` + `thoughtsTokenCount` out. Errors: by `error.status`
-//! (`RESOURCE_EXHAUSTED` → rate limit, `UNAVAILABLE` → overloaded, `NOT_FOUND`,
-//! `PERMISSION_DENIED`, `UNAUTHENTICATED`, `DEADLINE_EXCEEDED`, `INTERNAL`), with
-//! Google's context-length wording and `API_KEY_INVALID` recognised first. Streams:
-//! `alt=sse` chunks of whole parts, no `[DONE]`; the client's stream is completed by
-//! [`StreamTranslator::finish`] once a finish reason came.
-//!
-//! # Requests: either surface → Bedrock ([`Direction::OpenAiToBedrock`], [`Direction::AnthropicToBedrock`])
-//!
-//! Bedrock (Amazon Bedrock's `Converse` / `ConverseStream`) is a provider only. Its
-//! adapter encodes the form: the system prompt → `system` text blocks; turns →
-//! `messages` (`user` / `assistant`, consecutive turns of one role merged, empty
-//! text left out, as Converse refuses blank text); text → `text`; base64 images →
-//! `image {format, source.bytes}` (the format from the media type: png, jpeg, gif,
-//! webp); PDFs → `document {format, name, source.bytes}` (the name is the title
-//! cleaned to what Converse allows, else `document-N`); tool calls → `toolUse
-//! {toolUseId, name, input}`; tool results → `toolResult {toolUseId, content:
-//! [{text}], status: "error"?}`; tools → `toolConfig.tools[].toolSpec` with the
-//! client's JSON Schema as `inputSchema.json`; `tool_choice` `auto` / `required` /
-//! named → `toolChoice` `auto` / `any` / `tool`; `none` → no `toolConfig` at all
-//! (Converse has no "none"); `max_tokens`, `temperature`, `top_p`, stop sequences →
-//! `inferenceConfig {maxTokens, temperature, topP, stopSequences}`. The model and
-//! whether to stream are in the URL. Refused with a 400 naming the client's
-//! parameter: `top_k` (no Converse field), temperatures above 1, images by URL, and
-//! `tool_choice: none` in a conversation that holds tool calls or results (Bedrock
-//! requires `toolConfig` then, and could call a tool). `parallel_tool_calls: false`
-//! and the end-user id are dropped (no equivalent).
-//!
-//! Answers: `output.message.content` text and `toolUse` blocks (ids kept as Bedrock
-//! made them); an id is made up (Converse gives none); `stopReason` `end_turn` →
-//! end turn, `tool_use` → tool use, `max_tokens` → max tokens, `stop_sequence` →
-//! stop sequence, `guardrail_intervened` / `content_filtered` → refusal,
-//! `model_context_window_exceeded` → context window. Usage: `inputTokens` in,
-//! `outputTokens` out, `cacheReadInputTokens` / `cacheWriteInputTokens` as cache reads
-//! and writes. Errors: by the type the `x-amzn-errortype` header named (copied into
-//! the body as `__type` by the pipeline): `ThrottlingException` → rate limit,
-//! `ServiceUnavailableException` / `ModelNotReadyException` → overloaded,
-//! `ValidationException` → invalid request unless it says the input is too long
-//! (context length), `AccessDeniedException` → permission,
-//! `UnrecognizedClientException` and the signature errors → authentication,
-//! `ResourceNotFoundException` for a model → model not found. Streams: each binary
-//! frame becomes one SSE event before the decoder sees it (`eventstream`); tool
-//! input arrives as JSON text fragments; `metadata` (usage) after `messageStop`
-//! completes the answer; an exception frame is an in-band error.
-//!
 //! # Responses
 //!
 //! Text blocks are concatenated (as their stream deltas would be); `tool_use` ↔
@@ -232,14 +162,7 @@
 //! and usage on `Event::End`, which the OpenAI decoder emits once it has seen both
 //! (or `[DONE]`).
 
-mod anthropic;
-mod bedrock;
-mod errors;
-mod form;
-mod gemini;
-mod openai;
 mod stream;
-mod vocab;
 
 #[cfg(test)]
 mod round_trips;
@@ -248,12 +171,61 @@ use bytes::Bytes;
 use serde_json::Value;
 use switchback_crds::config::Provider;
 
+use super::dialect::{ClientDialect, Dialect};
+use super::{anthropic, bedrock, gemini, openai, vocab};
 use crate::wire::surface::{Surface, Wire};
 
+pub use super::dialect::{Defaults, TranslateError};
 pub use stream::StreamTranslator;
 
-/// Which way a request is translated: client wire → upstream wire. Responses,
-/// errors and streams of the same exchange flow back with the same value.
+/// A client's API paired with the API an upstream answers in: requests go one way,
+/// answers, errors and streams of the same exchange come back the other.
+#[derive(Clone, Copy)]
+pub struct Translation {
+    pub(super) client: &'static dyn ClientDialect,
+    pub(super) upstream: &'static dyn Dialect,
+}
+
+impl Translation {
+    /// A client of `wire` answered by an upstream speaking `upstream`.
+    pub fn to(wire: Wire, upstream: &'static dyn Dialect) -> Self {
+        Self {
+            client: client(wire),
+            upstream,
+        }
+    }
+
+    /// The dialect the upstream answers in.
+    pub fn upstream(self) -> &'static dyn Dialect {
+        self.upstream
+    }
+
+    /// The client's wire.
+    pub fn client_wire(self) -> Wire {
+        self.client.wire()
+    }
+}
+
+impl std::fmt::Debug for Translation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} client → {}",
+            self.client.wire(),
+            self.upstream.target().name
+        )
+    }
+}
+
+/// The client APIs' dialects, by wire.
+fn client(wire: Wire) -> &'static dyn ClientDialect {
+    match wire {
+        Wire::OpenAi => &openai::CHAT,
+        Wire::Anthropic => &anthropic::MESSAGES,
+    }
+}
+
+/// The pairings, named: client wire → upstream wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
     /// An OpenAI chat completions client answered by an Anthropic messages target.
@@ -270,198 +242,77 @@ pub enum Direction {
     AnthropicToBedrock,
 }
 
-/// The API an adapter speaks (one module each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dialect {
-    OpenAiChat,
-    AnthropicMessages,
-    /// Google AI's `generateContent`: a provider only, never a client surface.
-    Gemini,
-    /// Amazon Bedrock's `Converse`: a provider only, never a client surface.
-    Bedrock,
-}
-
-/// The APIs clients speak (adapters with a decode half for requests).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Client {
-    OpenAiChat,
-    AnthropicMessages,
-}
-
-impl Dialect {
-    fn target(self) -> &'static form::Target {
-        match self {
-            Self::OpenAiChat => &openai::TARGET,
-            Self::AnthropicMessages => &anthropic::TARGET,
-            Self::Gemini => &gemini::TARGET,
-            Self::Bedrock => &bedrock::TARGET,
-        }
-    }
-}
-
 impl Direction {
-    /// The translation a target needs for this surface: `None` when the provider
-    /// speaks the surface natively, or when no translation exists (embeddings on an
+    const ALL: [Direction; 6] = [
+        Self::OpenAiToAnthropic,
+        Self::AnthropicToOpenAi,
+        Self::OpenAiToGemini,
+        Self::AnthropicToGemini,
+        Self::OpenAiToBedrock,
+        Self::AnthropicToBedrock,
+    ];
+
+    /// The pairing it names.
+    pub fn translation(self) -> Translation {
+        let (wire, upstream): (Wire, &'static dyn Dialect) = match self {
+            Self::OpenAiToAnthropic => (Wire::OpenAi, &anthropic::MESSAGES),
+            Self::AnthropicToOpenAi => (Wire::Anthropic, &openai::CHAT),
+            Self::OpenAiToGemini => (Wire::OpenAi, &gemini::GENERATE_CONTENT),
+            Self::AnthropicToGemini => (Wire::Anthropic, &gemini::GENERATE_CONTENT),
+            Self::OpenAiToBedrock => (Wire::OpenAi, &bedrock::CONVERSE),
+            Self::AnthropicToBedrock => (Wire::Anthropic, &bedrock::CONVERSE),
+        };
+        Translation::to(wire, upstream)
+    }
+
+    /// The translation a target of `provider` needs for this surface, as its adapter
+    /// says (for a vertex target: a Google model's): `None` when the provider speaks
+    /// the surface natively, or when no translation exists (embeddings on an
     /// Anthropic target).
     pub fn for_target(surface: Surface, provider: Provider) -> Option<Self> {
-        match (surface, provider) {
-            (Surface::ChatCompletions, Provider::Anthropic) => Some(Self::OpenAiToAnthropic),
-            (Surface::ChatCompletions, Provider::Gemini) => Some(Self::OpenAiToGemini),
-            (Surface::Messages, Provider::Gemini) => Some(Self::AnthropicToGemini),
-            (Surface::ChatCompletions, Provider::Bedrock) => Some(Self::OpenAiToBedrock),
-            (Surface::Messages, Provider::Bedrock) => Some(Self::AnthropicToBedrock),
-            (
-                Surface::Messages,
-                Provider::Openai | Provider::OpenaiCompatible | Provider::AzureOpenai,
-            ) => Some(Self::AnthropicToOpenAi),
-            _ => None,
+        let upstream = super::adapter(provider).dialect("");
+        if !matches!(surface, Surface::ChatCompletions | Surface::Messages)
+            || upstream.surface() == Some(surface)
+        {
+            return None;
         }
-    }
-
-    /// (client's adapter, upstream's adapter).
-    fn dialects(self) -> (Client, Dialect) {
-        match self {
-            Self::OpenAiToAnthropic => (Client::OpenAiChat, Dialect::AnthropicMessages),
-            Self::AnthropicToOpenAi => (Client::AnthropicMessages, Dialect::OpenAiChat),
-            Self::OpenAiToGemini => (Client::OpenAiChat, Dialect::Gemini),
-            Self::AnthropicToGemini => (Client::AnthropicMessages, Dialect::Gemini),
-            Self::OpenAiToBedrock => (Client::OpenAiChat, Dialect::Bedrock),
-            Self::AnthropicToBedrock => (Client::AnthropicMessages, Dialect::Bedrock),
-        }
+        let name = upstream.target().name;
+        Self::ALL.into_iter().find(|d| {
+            let t = d.translation();
+            t.client_wire() == surface.wire() && t.upstream.target().name == name
+        })
     }
 
     pub fn client_wire(self) -> Wire {
-        match self.dialects().0 {
-            Client::OpenAiChat => Wire::OpenAi,
-            Client::AnthropicMessages => Wire::Anthropic,
-        }
+        self.translation().client_wire()
     }
 
-    /// The client-surface wire the upstream speaks; `None` for Gemini and Bedrock,
-    /// which are no client surface (and take none of their headers).
-    pub fn upstream_wire(self) -> Option<Wire> {
-        match self.dialects().1 {
-            Dialect::AnthropicMessages => Some(Wire::Anthropic),
-            Dialect::OpenAiChat => Some(Wire::OpenAi),
-            Dialect::Gemini | Dialect::Bedrock => None,
-        }
-    }
-
-    /// The API called upstream (its URL is `credential.urls[surface.index()]`);
-    /// `None` for Gemini and Bedrock, whose URLs name the model and the method
-    /// (`TargetRt::model_url`).
-    pub fn upstream_surface(self) -> Option<Surface> {
-        match self.dialects().1 {
-            Dialect::AnthropicMessages => Some(Surface::Messages),
-            Dialect::OpenAiChat => Some(Surface::ChatCompletions),
-            Dialect::Gemini | Dialect::Bedrock => None,
-        }
-    }
-
-    /// Whether the upstream is Gemini: its streams open, and report usage, in its own
-    /// shapes.
+    /// Whether the upstream is Gemini.
     pub fn to_gemini(self) -> bool {
-        self.dialects().1 == Dialect::Gemini
+        matches!(self, Self::OpenAiToGemini | Self::AnthropicToGemini)
     }
 
-    /// Whether the upstream is Bedrock: its streams come in AWS event-stream framing
-    /// (see `eventstream`), open and report usage in its own shapes.
+    /// Whether the upstream is Bedrock.
     pub fn to_bedrock(self) -> bool {
-        self.dialects().1 == Dialect::Bedrock
+        matches!(self, Self::OpenAiToBedrock | Self::AnthropicToBedrock)
+    }
+
+    /// The client-surface wire the upstream speaks; `None` for APIs that are no
+    /// client surface (and take none of their headers).
+    pub fn upstream_wire(self) -> Option<Wire> {
+        self.upstream_surface().map(Surface::wire)
+    }
+
+    /// The client surface the upstream's API is; `None` for APIs that are none
+    /// (their URLs name the model and the method).
+    pub fn upstream_surface(self) -> Option<Surface> {
+        self.translation().upstream.surface()
     }
 }
 
-/// Per-route (or per-credential) choices the wire formats leave open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Defaults {
-    /// `max_tokens` sent to an Anthropic target when the OpenAI client set no limit
-    /// (Anthropic requires one). Default 4096.
-    pub max_tokens: u32,
-    /// Send an Anthropic client's `max_tokens` to an OpenAI target as
-    /// `max_completion_tokens` (required by OpenAI's reasoning models) instead of
-    /// `max_tokens` (what OpenAI-compatible servers read). Default false; set it for
-    /// `provider: openai` targets.
-    pub openai_max_completion_tokens: bool,
-    /// An Anthropic target on Vertex AI (`rawPredict`): the body carries
-    /// `anthropic_version` and no `model` (see `vertex::to_vertex_anthropic`).
-    pub anthropic_on_vertex: bool,
-}
-
-impl Default for Defaults {
-    fn default() -> Self {
-        Self {
-            max_tokens: 4096,
-            openai_max_completion_tokens: false,
-            anthropic_on_vertex: false,
-        }
-    }
-}
-
-/// A request the target cannot serve (400), or an upstream answer that cannot be
-/// expressed to the client (502).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct TranslateError {
-    status: u16,
-    param: Option<String>,
-    message: String,
-}
-
-impl TranslateError {
-    pub(crate) fn unsupported(param: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            status: 400,
-            param: Some(param.into()),
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn invalid(param: Option<String>, message: impl Into<String>) -> Self {
-        Self {
-            status: 400,
-            param,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn upstream(message: impl Into<String>) -> Self {
-        Self {
-            status: 502,
-            param: None,
-            message: message.into(),
-        }
-    }
-
-    /// 400 for a request, 502 for an upstream answer.
-    pub fn status(&self) -> u16 {
-        self.status
-    }
-
-    /// The client parameter at fault (a path such as `messages[2].content[0].type`).
-    pub fn param(&self) -> Option<&str> {
-        self.param.as_deref()
-    }
-
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    /// A short machine-readable code for error bodies and logs.
-    pub fn code(&self) -> &'static str {
-        if self.status >= 500 {
-            "untranslatable_response"
-        } else {
-            "unsupported_parameter"
-        }
-    }
-
-    /// The error in the client's shape (OpenAI's carries `param`).
-    pub fn body(&self, client: Wire) -> Bytes {
-        let body = match client {
-            Wire::OpenAi => openai::encode_refusal(self),
-            Wire::Anthropic => anthropic::encode_refusal(self),
-        };
-        to_bytes(&body)
+impl From<Direction> for Translation {
+    fn from(d: Direction) -> Self {
+        d.translation()
     }
 }
 
@@ -472,49 +323,15 @@ fn to_bytes(v: &Value) -> Bytes {
 /// The client's request body (its wire format) → the upstream's, with `model` set to
 /// `upstream_model`.
 pub fn request(
-    direction: Direction,
+    translation: impl Into<Translation>,
     body: &[u8],
     upstream_model: &str,
     defaults: &Defaults,
 ) -> Result<Bytes, TranslateError> {
-    let (client, upstream) = direction.dialects();
+    let t = translation.into();
     let parsed = vocab::parse_object(body)?;
-    let target = upstream.target();
-    let form = match client {
-        Client::OpenAiChat => openai::decode_request(&parsed, target)?,
-        Client::AnthropicMessages => anthropic::decode_request(&parsed, target)?,
-    };
-    if upstream == Dialect::Bedrock
-        && form.tool_choice == Some(form::ToolChoice::None)
-        && form.messages.iter().any(|m| {
-            m.content
-                .iter()
-                .any(|p| matches!(p, form::Part::ToolUse(_) | form::Part::ToolResult(_)))
-        })
-    {
-        // Converse has no "none"; leaving the tools out is only possible without tool
-        // blocks in the conversation (Bedrock then requires `toolConfig`).
-        return Err(vocab::refuse(
-            "tool_choice",
-            "tool_choice none in a conversation with tool calls (Converse has no \"none\" and requires the tools then)",
-            target,
-        ));
-    }
-    let out = match upstream {
-        Dialect::OpenAiChat => openai::encode_request(&form, upstream_model, defaults),
-        Dialect::AnthropicMessages => {
-            let mut out = anthropic::encode_request(&form, upstream_model, defaults);
-            if defaults.anthropic_on_vertex
-                && let Value::Object(body) = &mut out
-            {
-                crate::providers::vertex::to_vertex_anthropic(body);
-            }
-            out
-        }
-        // The model is in the URL.
-        Dialect::Gemini => gemini::encode_request(&form),
-        Dialect::Bedrock => bedrock::encode_request(&form),
-    };
+    let form = t.client.decode_request(&parsed, t.upstream.target())?;
+    let out = t.upstream.encode_request(&form, upstream_model, defaults)?;
     Ok(to_bytes(&out))
 }
 
@@ -526,105 +343,51 @@ pub fn include_usage(client_body: &[u8]) -> bool {
 
 /// A 2xx unary upstream body → the client's, `model` = `client_model`.
 pub fn response(
-    direction: Direction,
+    translation: impl Into<Translation>,
     upstream_body: &[u8],
     client_model: &str,
 ) -> Result<Bytes, TranslateError> {
-    response_at(direction, upstream_body, client_model, vocab::now())
+    response_at(translation, upstream_body, client_model, vocab::now())
 }
 
 /// [`response`] with a fixed `created` stamp (OpenAI clients), for reproducible output.
 pub fn response_at(
-    direction: Direction,
+    translation: impl Into<Translation>,
     upstream_body: &[u8],
     client_model: &str,
     created: u64,
 ) -> Result<Bytes, TranslateError> {
-    let (client, upstream) = direction.dialects();
+    let t = translation.into();
     let parsed = vocab::parse_answer(upstream_body)?;
-    let answer = match upstream {
-        Dialect::OpenAiChat => openai::decode_answer(&parsed)?,
-        Dialect::AnthropicMessages => anthropic::decode_answer(&parsed),
-        Dialect::Gemini => gemini::decode_answer(&parsed),
-        Dialect::Bedrock => bedrock::decode_answer(&parsed),
-    };
-    let out = match client {
-        Client::OpenAiChat => openai::encode_answer(&answer, client_model, created),
-        Client::AnthropicMessages => anthropic::encode_answer(&answer, client_model),
-    };
-    Ok(to_bytes(&out))
+    let answer = t.upstream.decode_answer(&parsed)?;
+    Ok(to_bytes(&t.client.encode_answer(
+        &answer,
+        client_model,
+        created,
+    )))
 }
 
 /// A non-2xx upstream body → the client's error shape, message kept. The status is
 /// unchanged (the caller keeps the upstream's).
-pub fn error(direction: Direction, status: u16, upstream_error_body: &[u8]) -> Bytes {
-    let (client, upstream) = direction.dialects();
-    let e = match upstream {
-        Dialect::OpenAiChat => openai::decode_error(status, upstream_error_body),
-        Dialect::AnthropicMessages => anthropic::decode_error(status, upstream_error_body),
-        Dialect::Gemini => gemini::decode_error(status, upstream_error_body),
-        Dialect::Bedrock => bedrock::decode_error(status, upstream_error_body),
-    };
-    to_bytes(&match client {
-        Client::OpenAiChat => openai::encode_error(&e),
-        Client::AnthropicMessages => anthropic::encode_error(&e),
-    })
+pub fn error(
+    translation: impl Into<Translation>,
+    status: u16,
+    upstream_error_body: &[u8],
+) -> Bytes {
+    let t = translation.into();
+    let e = t.upstream.decode_error(status, upstream_error_body);
+    to_bytes(&t.client.encode_error(&e))
 }
 
-/// A Google-shaped error body (`{"error":{"code","message","status"}}`, what Vertex
-/// AI answers for its own refusals whichever publisher's model was called) in
-/// Anthropic's shape, message kept; `None` when the body is not Google's (an
-/// Anthropic error is relayed as it is).
-pub fn anthropic_error(status: u16, upstream_error_body: &[u8]) -> Option<Bytes> {
-    anthropic::is_google_error(upstream_error_body).then(|| {
-        to_bytes(&anthropic::encode_error(&gemini::decode_error(
-            status,
-            upstream_error_body,
-        )))
-    })
-}
-
-/// What an event of an upstream stream's opening means for the commit, read in the
-/// upstream's own shapes: Gemini's chunks (see `gemini::stream::opening`), or the
-/// client surfaces' (`sse::opening`).
-pub fn opening(direction: Option<Direction>, event: &[u8]) -> crate::wire::sse::Opening {
-    match direction {
-        Some(d) if d.to_gemini() => gemini::opening(event),
-        Some(d) if d.to_bedrock() => bedrock::opening(event),
-        _ => crate::wire::sse::opening(event),
-    }
-}
-
-/// A Bedrock error answer as the rest of the pipeline reads it: the type the
-/// `x-amzn-errortype` header named written into the body (`__type`), and the status
-/// that classes it (see `bedrock::class_status`: a model still loading is overload,
-/// a model's own failure a server error). Returns (status to classify by, body).
-pub fn bedrock_error(status: u16, error_type_header: Option<&str>, body: &[u8]) -> (u16, Bytes) {
-    let body = bedrock::with_error_type(error_type_header, body);
-    let kind = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.get("__type").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_default();
-    (bedrock::class_status(status, &kind), body)
-}
-
-/// The status an event-stream exception of type `exception_type` classes as (an
-/// in-band error has no HTTP status of its own).
-pub fn bedrock_exception_status(exception_type: &str) -> u16 {
-    bedrock::class_status(500, exception_type)
-}
-
-/// A 2xx unary answer that is a Gemini prompt blocked by its safety filters (no
-/// candidate, `promptFeedback.blockReason`): class `contentFilter`.
-pub fn is_blocked(direction: Direction, upstream_body: &[u8]) -> bool {
-    direction.to_gemini()
-        && memchr::memmem::find(upstream_body, b"blockReason").is_some()
-        && vocab::parse_answer(upstream_body).is_ok_and(|a| gemini::is_blocked(&a))
+/// A 2xx unary answer that is no answer: the upstream blocked the prompt (class
+/// `contentFilter`).
+pub fn is_blocked(translation: impl Into<Translation>, upstream_body: &[u8]) -> bool {
+    translation.into().upstream.is_blocked(upstream_body)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::vocab::parse_data_url;
+    use super::super::vocab::parse_data_url;
     use super::*;
 
     fn openai_id(anthropic_id: &str) -> String {

@@ -8,7 +8,8 @@ use std::path::Path;
 use bytes::BytesMut;
 use serde_json::Value;
 
-use super::{Defaults, anthropic, bedrock, form, gemini, openai, vocab};
+use super::super::{anthropic, bedrock, form, gemini, openai, vocab};
+use super::Defaults;
 use crate::wire::sse::Framer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

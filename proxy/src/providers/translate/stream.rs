@@ -3,10 +3,11 @@
 //! client's adapter encodes as they come: nothing is collected in between.
 
 use bytes::{BufMut, BytesMut};
-use serde::Serialize;
 
-use super::vocab::now;
-use super::{Client, Dialect, Direction, anthropic, bedrock, form, gemini, openai};
+use super::super::dialect::{StreamDecoder, StreamEncoder};
+use super::super::form;
+use super::super::vocab::now;
+use super::Translation;
 use crate::wire::sse;
 
 /// Translates one upstream stream for one client. Feed it every upstream event in
@@ -15,71 +16,42 @@ use crate::wire::sse;
 /// upstream ends cleanly. If the upstream connection fails instead, the caller
 /// writes its own failure event (`sse::failure_event`) as it does untranslated.
 pub struct StreamTranslator {
-    direction: Direction,
-    decoder: Decoder,
-    encoder: Encoder,
+    translation: Translation,
+    /// The upstream's side.
+    decoder: Box<dyn StreamDecoder>,
+    /// The client's side.
+    encoder: Box<dyn StreamEncoder>,
     done: bool,
-}
-
-/// The upstream's side.
-enum Decoder {
-    OpenAi(openai::StreamDecoder),
-    Anthropic(anthropic::StreamDecoder),
-    Gemini(gemini::StreamDecoder),
-    Bedrock(bedrock::StreamDecoder),
-}
-
-/// The client's side.
-enum Encoder {
-    OpenAi(openai::StreamEncoder),
-    Anthropic(anthropic::StreamEncoder),
 }
 
 impl StreamTranslator {
     /// `include_usage`: the OpenAI client's `stream_options.include_usage` (see
     /// [`super::include_usage`]); ignored for Anthropic clients, which always get usage.
-    pub fn new(direction: Direction, client_model: &str, include_usage: bool) -> Self {
-        let (client, upstream) = direction.dialects();
-        let decoder = match upstream {
-            Dialect::OpenAiChat => Decoder::OpenAi(openai::StreamDecoder::default()),
-            Dialect::AnthropicMessages => Decoder::Anthropic(anthropic::StreamDecoder::default()),
-            Dialect::Gemini => Decoder::Gemini(gemini::StreamDecoder::default()),
-            Dialect::Bedrock => Decoder::Bedrock(bedrock::StreamDecoder::default()),
-        };
-        let encoder = match client {
-            Client::OpenAiChat => Encoder::OpenAi(openai::StreamEncoder::new(
-                client_model,
-                now(),
-                include_usage,
-            )),
-            Client::AnthropicMessages => {
-                Encoder::Anthropic(anthropic::StreamEncoder::new(client_model))
-            }
-        };
+    pub fn new(
+        translation: impl Into<Translation>,
+        client_model: &str,
+        include_usage: bool,
+    ) -> Self {
+        let translation = translation.into();
         Self {
-            direction,
-            decoder,
-            encoder,
+            decoder: translation.upstream.stream_decoder(),
+            encoder: translation
+                .client
+                .stream_encoder(client_model, now(), include_usage),
+            translation,
             done: false,
         }
     }
 
     /// Fix the `created` stamp of OpenAI chunks (reproducible output in tests).
     pub fn with_created(mut self, created: u64) -> Self {
-        if let Encoder::OpenAi(e) = &mut self.encoder {
-            e.set_created(created);
-        }
+        self.encoder.set_created(created);
         self
     }
 
-    /// Whether the upstream is Gemini (its usage is `usageMetadata`).
-    pub fn from_gemini(&self) -> bool {
-        self.direction.to_gemini()
-    }
-
-    /// Whether the upstream is Bedrock (its usage is the `metadata` event's).
-    pub fn from_bedrock(&self) -> bool {
-        self.direction.to_bedrock()
+    /// The dialect the upstream answers in (where its events report usage).
+    pub fn upstream(&self) -> &'static dyn super::super::dialect::Dialect {
+        self.translation.upstream()
     }
 
     /// Whether the client stream is complete (terminated normally or by an error
@@ -101,8 +73,8 @@ impl StreamTranslator {
             self.error(e.status, &e.body, out);
             return;
         }
-        // Static dispatch on both sides: the decoder hands each form event straight
-        // to the encoder, which writes it into `out`.
+        // The decoder hands each form event straight to the encoder, which writes
+        // it into `out`: nothing is collected in between.
         let Self {
             decoder,
             encoder,
@@ -111,18 +83,10 @@ impl StreamTranslator {
         } = self;
         let mut emit = |ev: form::Event<'_>| {
             if !*done {
-                *done = match encoder {
-                    Encoder::OpenAi(e) => e.encode(ev, out),
-                    Encoder::Anthropic(e) => e.encode(ev, out),
-                };
+                *done = encoder.encode(ev, out);
             }
         };
-        match decoder {
-            Decoder::OpenAi(d) => d.decode(data, &mut emit),
-            Decoder::Anthropic(d) => d.decode(data, &mut emit),
-            Decoder::Gemini(d) => d.decode(data, &mut emit),
-            Decoder::Bedrock(d) => d.decode(data, &mut emit),
-        }
+        decoder.decode(data, &mut emit);
     }
 
     /// The upstream ended. Completes a stream whose last terminal events were
@@ -133,23 +97,11 @@ impl StreamTranslator {
             return;
         }
         self.done = true;
-        let completed = match &mut self.encoder {
-            Encoder::OpenAi(e) => {
-                e.stopped() && {
-                    e.end(out);
-                    true
-                }
-            }
-            Encoder::Anthropic(e) => {
-                e.stopped() && {
-                    e.end(out);
-                    true
-                }
-            }
-        };
-        if !completed {
+        if self.encoder.stopped() {
+            self.encoder.end(out);
+        } else {
             out.put_slice(&sse::failure_event(
-                self.direction.client_wire(),
+                self.translation.client_wire(),
                 "the upstream stream ended before the answer was complete",
             ));
         }
@@ -158,21 +110,7 @@ impl StreamTranslator {
     /// An in-band upstream error, in the client's shape; the stream ends with it.
     fn error(&mut self, status: u16, body: &[u8], out: &mut BytesMut) {
         self.done = true;
-        let e = match self.decoder {
-            Decoder::OpenAi(_) => openai::decode_error(status, body),
-            Decoder::Anthropic(_) => anthropic::decode_error(status, body),
-            Decoder::Gemini(_) => gemini::decode_error(status, body),
-            Decoder::Bedrock(_) => bedrock::decode_error(status, body),
-        };
-        let ev = form::Event::Error(e);
-        match &mut self.encoder {
-            Encoder::OpenAi(enc) => enc.encode(ev, out),
-            Encoder::Anthropic(enc) => enc.encode(ev, out),
-        };
+        let e = self.translation.upstream.decode_error(status, body);
+        self.encoder.encode(form::Event::Error(e), out);
     }
-}
-
-pub(super) fn write_json<T: Serialize + ?Sized>(out: &mut BytesMut, v: &T) {
-    // Serialising plain structs and `Value`s into memory cannot fail.
-    let _ = serde_json::to_writer(out.writer(), v);
 }

@@ -6,7 +6,14 @@ use aws_lc_rs::signature::{KeyPair as _, RSA_PKCS1_2048_8192_SHA256, UnparsedPub
 
 use base64::Engine as _;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchback_crds::service_account::ServiceAccount;
+
+use super::token::*;
 use super::*;
+use crate::providers::Adapter;
 
 /// A throwaway service-account key, made at test time, and its public half.
 fn service_account() -> (ServiceAccount, Vec<u8>) {
@@ -337,6 +344,34 @@ fn urls_follow_the_models_publisher() {
     );
 }
 
+/// The translation a vertex target needs for `surface` and `model`, by name.
+fn direction(
+    surface: crate::wire::surface::Surface,
+    model: &str,
+) -> Option<crate::providers::translate::Direction> {
+    use crate::providers::translate::Direction;
+    let c = credential("us-east5", "https://vertex.example");
+    let exchange = VERTEX.exchange(surface, model, &c)?;
+    let upstream = exchange.dialect.target().name;
+    [
+        Direction::OpenAiToAnthropic,
+        Direction::OpenAiToGemini,
+        Direction::AnthropicToGemini,
+    ]
+    .into_iter()
+    .find(|d| {
+        exchange.translated
+            && d.client_wire() == surface.wire()
+            && d.translation().upstream().target().name == upstream
+    })
+}
+
+/// Whether a vertex target serves `surface` at all.
+fn serves(surface: crate::wire::surface::Surface) -> bool {
+    let c = credential("us-east5", "https://vertex.example");
+    VERTEX.exchange(surface, "gemini-2.5-pro", &c).is_some()
+}
+
 #[test]
 fn each_surface_gets_its_publishers_wire() {
     use crate::providers::translate::Direction;
@@ -391,7 +426,7 @@ fn a_claude_body_loses_its_model_and_gains_the_vertex_version() {
 #[test]
 fn google_shaped_errors_reach_anthropic_clients_in_anthropics_shape() {
     let quota = br#"{"error":{"code":429,"message":"Quota exceeded for aiplatform.googleapis.com/online_prediction_requests_per_base_model","status":"RESOURCE_EXHAUSTED"}}"#;
-    let out = crate::providers::translate::anthropic_error(429, quota).unwrap();
+    let out = anthropic_error(429, quota).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "rate_limit_error");
@@ -404,11 +439,10 @@ fn google_shaped_errors_reach_anthropic_clients_in_anthropics_shape() {
     let denied =
         br#"{"error":{"code":403,"message":"Permission denied","status":"PERMISSION_DENIED"}}"#;
     let v: serde_json::Value =
-        serde_json::from_slice(&crate::providers::translate::anthropic_error(403, denied).unwrap())
-            .unwrap();
+        serde_json::from_slice(&anthropic_error(403, denied).unwrap()).unwrap();
     assert_eq!(v["error"]["type"], "permission_error");
     // Claude's own errors are Anthropic's already: relayed as they are.
     let overloaded =
         br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
-    assert!(crate::providers::translate::anthropic_error(529, overloaded).is_none());
+    assert!(anthropic_error(529, overloaded).is_none());
 }

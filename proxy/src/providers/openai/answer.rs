@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
 
-use super::super::TranslateError;
+use super::super::dialect::TranslateError;
 use super::super::form::{Answer, Part, Stop, ToolUse};
 use super::super::vocab::{as_u64, str_at, tool_id, tool_input};
 use super::{assistant_message, bare_id, finish_reason, form_usage, stop_of, wire_id, wire_usage};

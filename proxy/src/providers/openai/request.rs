@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::super::dialect::{Defaults, TranslateError};
 use super::super::form::{
     Document, Image, Message, Part, Request, Role, Target, Tool, ToolChoice, ToolOutput,
     ToolResult, ToolUse,
@@ -14,7 +15,6 @@ use super::super::vocab::{
     IMAGE_URL, UNKNOWN_CALL, description, invalid, number, parse_data_url, present, refuse, schema,
     str_at, str_field, temperature, text_of, token_count, tool_input, tools_array,
 };
-use super::super::{Defaults, TranslateError};
 
 // ---------------------------------------------------------------------------------
 // Decode: an OpenAI client's body → the form

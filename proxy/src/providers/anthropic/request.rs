@@ -5,6 +5,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
 
+use super::super::dialect::{Defaults, TranslateError};
 use super::super::form::{
     Document, Image, Message, Part, Request, Role, Target, Tool, ToolChoice, ToolOutput,
     ToolResult, ToolUse,
@@ -13,7 +14,6 @@ use super::super::vocab::{
     IMAGE_URL, UNKNOWN_CALL, description, invalid, number, present, refuse, schema, str_at,
     temperature, text_of, token_count, tools_array,
 };
-use super::super::{Defaults, TranslateError};
 
 // ---------------------------------------------------------------------------------
 // Decode: an Anthropic client's body → the form

@@ -2,21 +2,118 @@
 //! to and from the internal form, as a client surface (decode requests, encode
 //! answers, events and errors) and as a provider (the reverse).
 
+pub(super) mod adapter;
 mod answer;
 mod request;
 mod stream;
 
+use http::HeaderName;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 pub(super) use answer::{decode_answer, encode_answer};
 pub(super) use request::{decode_request, encode_request};
 pub(super) use stream::{StreamDecoder, StreamEncoder};
 
-use super::TranslateError;
-use super::errors;
-use super::form::{Error, ErrorClass, Stop, Target, Usage};
-use crate::pipeline::outcome::is_context_length;
+use super::dialect::{self, ClientDialect, Defaults, Dialect, TranslateError};
+use super::error_body;
+use super::form::{Answer, Error, ErrorClass, Request, Stop, Target, Usage};
+use crate::providers::classify::is_context_length;
+use crate::wire::surface::{Surface, Wire};
+
+/// Anthropic's messages API: a client surface, and what anthropic targets (and
+/// Claude on vertex) answer in.
+pub(crate) struct Messages;
+
+pub(crate) static MESSAGES: Messages = Messages;
+
+impl Dialect for Messages {
+    fn target(&self) -> &'static Target {
+        &TARGET
+    }
+
+    fn surface(&self) -> Option<Surface> {
+        Some(Surface::Messages)
+    }
+
+    fn encode_request(
+        &self,
+        form: &Request<'_>,
+        model: &str,
+        defaults: &Defaults,
+    ) -> Result<Value, TranslateError> {
+        let mut out = encode_request(form, model, defaults);
+        if defaults.anthropic_on_vertex
+            && let Value::Object(body) = &mut out
+        {
+            to_raw_predict(body);
+        }
+        Ok(out)
+    }
+
+    fn decode_answer<'a>(
+        &self,
+        answer: &'a Map<String, Value>,
+    ) -> Result<Answer<'a>, TranslateError> {
+        Ok(decode_answer(answer))
+    }
+
+    fn decode_error(&self, status: u16, body: &[u8]) -> Error {
+        decode_error(status, body)
+    }
+
+    fn stream_decoder(&self) -> Box<dyn dialect::StreamDecoder> {
+        Box::<StreamDecoder>::default()
+    }
+
+    /// Anthropic's own (`anthropic-version`, `anthropic-beta`), not OpenAI's.
+    fn forwards(&self, name: &HeaderName) -> bool {
+        name != "openai-beta"
+    }
+}
+
+impl ClientDialect for Messages {
+    fn wire(&self) -> Wire {
+        Wire::Anthropic
+    }
+
+    fn decode_request<'a>(
+        &self,
+        body: &'a Map<String, Value>,
+        target: &Target,
+    ) -> Result<Request<'a>, TranslateError> {
+        decode_request(body, target)
+    }
+
+    fn encode_answer(&self, answer: &Answer<'_>, client_model: &str, _created: u64) -> Value {
+        encode_answer(answer, client_model)
+    }
+
+    fn encode_error(&self, e: &Error) -> Value {
+        encode_error(e)
+    }
+
+    fn stream_encoder(
+        &self,
+        client_model: &str,
+        _created: u64,
+        _include_usage: bool,
+    ) -> Box<dyn dialect::StreamEncoder> {
+        Box::new(StreamEncoder::new(client_model))
+    }
+}
+
+/// `anthropic_version` in the body of a Messages request on Vertex AI (in place of
+/// the `anthropic-version` header of Anthropic's own API).
+pub(crate) const RAW_PREDICT_VERSION: &str = "vertex-2023-10-16";
+
+/// A Messages body as Vertex AI's `rawPredict` takes it (Claude on vertex): `model`
+/// removed (it is in the URL; Vertex refuses it in the body) and
+/// `anthropic_version` set.
+pub(crate) fn to_raw_predict(body: &mut Map<String, Value>) {
+    body.remove("model");
+    body.insert("anthropic_version".into(), RAW_PREDICT_VERSION.into());
+}
 
 /// What an Anthropic target takes beyond the form's core.
 pub(super) const TARGET: Target = Target {
@@ -89,7 +186,7 @@ pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
     if is_google_error(body) {
         return super::gemini::decode_error(status, body);
     }
-    let said = errors::read(status, body);
+    let said = error_body::read(status, body);
     let class = if is_context_length(body) {
         ErrorClass::ContextLength
     } else {
@@ -149,13 +246,4 @@ pub(super) fn encode_error(e: &Error) -> Value {
             e.message.clone()
         };
     json!({"type": "error", "error": {"type": kind, "message": message}})
-}
-
-/// A request this target cannot serve, or an answer that cannot be expressed to this
-/// client, in Anthropic's error shape.
-pub(super) fn encode_refusal(e: &TranslateError) -> Value {
-    json!({"type": "error", "error": {
-        "type": if e.status() >= 500 { "api_error" } else { "invalid_request_error" },
-        "message": e.message(),
-    }})
 }

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
+use super::super::dialect;
 use super::super::form::{Event, UsageDelta};
 use super::super::vocab::{MAX_BLOCKS, fresh_id};
 use super::stop_of;
@@ -125,7 +126,7 @@ pub(in super::super) struct StreamDecoder {
 
 impl StreamDecoder {
     /// One event's `data`.
-    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut impl FnMut(Event<'_>)) {
+    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
         let Ok(ev) = serde_json::from_slice::<EventIn<'_>>(data) else {
             return; // not a Converse event: nothing to say
         };
@@ -227,6 +228,12 @@ pub(crate) fn opening(event: &[u8]) -> Opening {
         Opening::Content
     } else {
         Opening::Hold
+    }
+}
+
+impl dialect::StreamDecoder for StreamDecoder {
+    fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
+        StreamDecoder::decode(self, data, emit)
     }
 }
 

@@ -8,8 +8,9 @@ use std::borrow::Cow;
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
+use super::super::dialect;
 use super::super::form::{Event, Stop, Usage, UsageDelta};
-use super::super::stream::write_json;
+use super::super::vocab::write_json;
 use super::super::vocab::{MAX_BLOCKS, fresh_id, tool_id};
 use super::{WireUsage, bare_id, stop_of, stop_reason, wire_id, wire_usage};
 
@@ -98,7 +99,7 @@ pub(in super::super) struct StreamDecoder {
 
 impl StreamDecoder {
     /// One event's `data`.
-    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut impl FnMut(Event<'_>)) {
+    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
         let Ok(ev) = serde_json::from_slice::<EventIn<'_>>(data) else {
             return; // not an Anthropic event: nothing to say
         };
@@ -456,5 +457,25 @@ impl StreamEncoder {
                 kind: "message_stop",
             },
         );
+    }
+}
+
+impl dialect::StreamDecoder for StreamDecoder {
+    fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
+        StreamDecoder::decode(self, data, emit)
+    }
+}
+
+impl dialect::StreamEncoder for StreamEncoder {
+    fn encode(&mut self, ev: Event<'_>, out: &mut BytesMut) -> bool {
+        StreamEncoder::encode(self, ev, out)
+    }
+
+    fn stopped(&self) -> bool {
+        StreamEncoder::stopped(self)
+    }
+
+    fn end(&mut self, out: &mut BytesMut) {
+        StreamEncoder::end(self, out)
     }
 }

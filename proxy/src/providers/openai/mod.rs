@@ -2,22 +2,101 @@
 //! bodies to and from the internal form, as a client surface (decode requests,
 //! encode answers, chunks and errors) and as a provider (the reverse).
 
+pub(super) mod adapter;
 mod answer;
 mod request;
 mod stream;
 
+use http::HeaderName;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 pub(super) use answer::{decode_answer, encode_answer};
 use request::assistant_message;
 pub(super) use request::{decode_request, encode_request, include_usage};
 pub(super) use stream::{StreamDecoder, StreamEncoder};
 
-use super::TranslateError;
-use super::errors;
-use super::form::{Error, ErrorClass, Stop, Target, Usage};
-use crate::pipeline::outcome::is_context_length;
+use super::dialect::{self, ClientDialect, Defaults, Dialect, TranslateError};
+use super::error_body;
+use super::form::{Answer, Error, ErrorClass, Request, Stop, Target, Usage};
+use crate::providers::classify::is_context_length;
+use crate::wire::surface::{Surface, Wire};
+
+/// The OpenAI chat completions API: a client surface, and what openai,
+/// openai-compatible and azure-openai targets answer in.
+pub(crate) struct Chat;
+
+pub(crate) static CHAT: Chat = Chat;
+
+impl Dialect for Chat {
+    fn target(&self) -> &'static Target {
+        &TARGET
+    }
+
+    fn surface(&self) -> Option<Surface> {
+        Some(Surface::ChatCompletions)
+    }
+
+    fn encode_request(
+        &self,
+        form: &Request<'_>,
+        model: &str,
+        defaults: &Defaults,
+    ) -> Result<Value, TranslateError> {
+        Ok(encode_request(form, model, defaults))
+    }
+
+    fn decode_answer<'a>(
+        &self,
+        answer: &'a Map<String, Value>,
+    ) -> Result<Answer<'a>, TranslateError> {
+        decode_answer(answer)
+    }
+
+    fn decode_error(&self, status: u16, body: &[u8]) -> Error {
+        decode_error(status, body)
+    }
+
+    fn stream_decoder(&self) -> Box<dyn dialect::StreamDecoder> {
+        Box::<StreamDecoder>::default()
+    }
+
+    /// OpenAI's own (`openai-beta`), none of Anthropic's.
+    fn forwards(&self, name: &HeaderName) -> bool {
+        !name.as_str().starts_with("anthropic-")
+    }
+}
+
+impl ClientDialect for Chat {
+    fn wire(&self) -> Wire {
+        Wire::OpenAi
+    }
+
+    fn decode_request<'a>(
+        &self,
+        body: &'a Map<String, Value>,
+        target: &Target,
+    ) -> Result<Request<'a>, TranslateError> {
+        decode_request(body, target)
+    }
+
+    fn encode_answer(&self, answer: &Answer<'_>, client_model: &str, created: u64) -> Value {
+        encode_answer(answer, client_model, created)
+    }
+
+    fn encode_error(&self, e: &Error) -> Value {
+        encode_error(e)
+    }
+
+    fn stream_encoder(
+        &self,
+        client_model: &str,
+        created: u64,
+        include_usage: bool,
+    ) -> Box<dyn dialect::StreamEncoder> {
+        Box::new(StreamEncoder::new(client_model, created, include_usage))
+    }
+}
 
 /// What an OpenAI (or OpenAI-compatible) target takes beyond the form's core.
 pub(super) const TARGET: Target = Target {
@@ -102,7 +181,7 @@ fn form_usage(prompt: u64, completion: u64, cached: u64) -> Usage {
 
 /// An OpenAI error body → the form. OpenAI's types are coarse: the status says more.
 pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
-    let said = errors::read(status, body);
+    let said = error_body::read(status, body);
     let context =
         said.code.as_deref() == Some("context_length_exceeded") || is_context_length(body);
     let class = if context {
@@ -148,15 +227,4 @@ pub(super) fn encode_error(e: &Error) -> Value {
         ErrorClass::Server => ("server_error", None),
     };
     json!({"error": {"message": e.message, "type": kind, "param": null, "code": code}})
-}
-
-/// A request this target cannot serve, or an answer that cannot be expressed to this
-/// client, in OpenAI's error shape (with `param`).
-pub(super) fn encode_refusal(e: &TranslateError) -> Value {
-    json!({"error": {
-        "message": e.message(),
-        "type": if e.status() >= 500 { "server_error" } else { "invalid_request_error" },
-        "param": e.param(),
-        "code": e.code(),
-    }})
 }

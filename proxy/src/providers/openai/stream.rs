@@ -8,9 +8,10 @@ use std::borrow::Cow;
 use bytes::{BufMut, BytesMut};
 use serde::{Deserialize, Serialize};
 
+use super::super::dialect;
 use super::super::form::{Event, Stop, Usage, UsageDelta};
-use super::super::stream::write_json;
 use super::super::vocab::fresh_id;
+use super::super::vocab::write_json;
 use super::{WireUsage, bare_id, finish_reason, form_usage, stop_of, wire_id, wire_usage};
 
 // ---------------------------------------------------------------------------------
@@ -95,7 +96,7 @@ pub(in super::super) struct StreamDecoder {
 
 impl StreamDecoder {
     /// One event's `data`.
-    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut impl FnMut(Event<'_>)) {
+    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
         if data.trim_ascii() == b"[DONE]" {
             emit(Event::End);
             return;
@@ -157,7 +158,7 @@ impl StreamDecoder {
         }
     }
 
-    fn tool_call(&mut self, tc: &ToolDeltaIn<'_>, emit: &mut impl FnMut(Event<'_>)) {
+    fn tool_call(&mut self, tc: &ToolDeltaIn<'_>, emit: &mut dyn FnMut(Event<'_>)) {
         // A delta names its call by index; a new id at a known index is a new call.
         let new_id = tc.id.as_deref().filter(|s| !s.is_empty());
         let known = self
@@ -386,5 +387,29 @@ impl StreamEncoder {
             self.write_chunk(out, &[], Some(Some(usage)));
         }
         out.put_slice(b"data: [DONE]\n\n");
+    }
+}
+
+impl dialect::StreamDecoder for StreamDecoder {
+    fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
+        StreamDecoder::decode(self, data, emit)
+    }
+}
+
+impl dialect::StreamEncoder for StreamEncoder {
+    fn encode(&mut self, ev: Event<'_>, out: &mut BytesMut) -> bool {
+        StreamEncoder::encode(self, ev, out)
+    }
+
+    fn stopped(&self) -> bool {
+        StreamEncoder::stopped(self)
+    }
+
+    fn end(&mut self, out: &mut BytesMut) {
+        StreamEncoder::end(self, out)
+    }
+
+    fn set_created(&mut self, created: u64) {
+        StreamEncoder::set_created(self, created)
     }
 }

@@ -10,6 +10,7 @@
 
 use serde::Deserialize;
 
+use super::super::dialect;
 use super::super::form::{Event, Stop, UsageDelta};
 use super::super::vocab::{fresh_id, tool_id};
 use super::stop_of;
@@ -119,7 +120,7 @@ pub(in super::super) struct StreamDecoder {
 
 impl StreamDecoder {
     /// One event's `data`.
-    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut impl FnMut(Event<'_>)) {
+    pub(in super::super) fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
         let Ok(chunk) = serde_json::from_slice::<ChunkIn<'_>>(data) else {
             return; // not a Gemini chunk: nothing to say
         };
@@ -243,6 +244,12 @@ pub(crate) fn opening(event: &[u8]) -> Opening {
     }
 }
 
+impl dialect::StreamDecoder for StreamDecoder {
+    fn decode(&mut self, data: &[u8], emit: &mut dyn FnMut(Event<'_>)) {
+        StreamDecoder::decode(self, data, emit)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,8 +308,8 @@ mod tests {
             panic!("a block is an error")
         };
         assert_eq!(
-            crate::pipeline::outcome::classify_status(e.status, &e.body),
-            crate::pipeline::outcome::Reason::ContentFilter
+            crate::providers::classify::classify_status(e.status, &e.body),
+            crate::observe::reason::Reason::ContentFilter
         );
         let Opening::Error(e) = opening(
             ev(r#"{"error":{"code":429,"message":"Resource has been exhausted","status":"RESOURCE_EXHAUSTED"}}"#).as_bytes(),

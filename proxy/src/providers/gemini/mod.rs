@@ -1,6 +1,7 @@
-//! The Gemini adapter (Google AI's native `generateContent` API): a provider only.
-//! Requests are encoded from the form; answers, stream chunks and error bodies are
-//! decoded into it. See the `translate` module docs for the mapping.
+//! Gemini (`provider: gemini`): Google AI's native `generateContent` API, its
+//! dialect ([`GENERATE_CONTENT`], also what Google's models on Vertex AI answer in)
+//! and the provider's adapter (`adapter`: the `x-goog-api-key` header and the URLs
+//! that name the model and the method).
 //!
 //! Gemini's shapes: `contents[{role: user|model, parts}]` with `text`, `inlineData`,
 //! `functionCall {name, args}` and `functionResponse {name, response}` parts,
@@ -8,7 +9,45 @@
 //! `generationConfig`; answers are `candidates[0].content.parts` with a
 //! `finishReason`, `usageMetadata` and, when the prompt itself was blocked, only
 //! `promptFeedback.blockReason`.
+//!
+//! # The mapping
+//!
+//! Gemini (Google AI's native `generateContent`) is a provider only. Its adapter
+//! encodes the form: the system prompt → `systemInstruction`; turns → `contents`
+//! (`user` / `model`, consecutive turns of one role merged, empty text parts left
+//! out); text, base64 images and PDFs → `text` / `inlineData`; tool calls →
+//! `functionCall {name, args}`; tool results → `functionResponse {name, response}`,
+//! `response` the result itself when it is a JSON object, else `{"output": text}`
+//! (`{"error": text}` when the client flagged an error), the name
+//! taken from the call with the result's id earlier in the conversation; tools → one
+//! `functionDeclarations` list, each schema sent as `parametersJsonSchema` (JSON
+//! Schema as the client wrote it); `tool_choice` → `functionCallingConfig.mode`
+//! `AUTO` / `NONE` / `ANY` (a named tool: `ANY` with `allowedFunctionNames`);
+//! sampling, the output limit and stop sequences → `generationConfig`. The model and
+//! whether to stream are in the URL, never the body. Its `form::Target` says what the
+//! decoders refuse beyond the Anthropic-like core: images by URL (only inline bytes)
+//! and tool results whose call is not in the conversation (they could not name their
+//! function). `parallel_tool_calls: false` and the end-user id are dropped (no
+//! equivalent); `top_k` is taken from Anthropic clients; temperatures up to 2.
+//!
+//! Answers: the first candidate's text and `functionCall` parts (thought parts left
+//! out); `responseId` is the id; calls get ids `call_{responseId}_{n}` (Gemini gives
+//! none), the same unary and streamed, so results can name them back; `finishReason`
+//! `STOP` → end turn (tool use when the answer calls a function), `MAX_TOKENS` → max
+//! tokens, `SAFETY` / `RECITATION` / `BLOCKLIST` / `PROHIBITED_CONTENT` / `SPII` (and
+//! the image variants) → refusal; a prompt blocked before any candidate
+//! (`promptFeedback.blockReason`) → an empty answer stopped as a refusal (the
+//! pipeline classes it `contentFilter`, see [`is_blocked`] and [`opening`]). Usage:
+//! `promptTokenCount` less `cachedContentTokenCount` in, cached tokens as cache reads,
+//! `candidatesTokenCount` + `thoughtsTokenCount` out. Errors: by `error.status`
+//! (`RESOURCE_EXHAUSTED` → rate limit, `UNAVAILABLE` → overloaded, `NOT_FOUND`,
+//! `PERMISSION_DENIED`, `UNAUTHENTICATED`, `DEADLINE_EXCEEDED`, `INTERNAL`), with
+//! Google's context-length wording and `API_KEY_INVALID` recognised first. Streams:
+//! `alt=sse` chunks of whole parts, no `[DONE]`; the client's stream is completed by
+//! `StreamTranslator::finish` once a finish reason came.
+//!
 
+pub(super) mod adapter;
 mod request;
 mod stream;
 
@@ -19,9 +58,69 @@ use serde_json::{Map, Value};
 pub(super) use request::encode_request;
 pub(super) use stream::{StreamDecoder, opening};
 
-use super::form::{Answer, Error, ErrorClass, Part, Stop, Target, ToolUse, Usage};
+use super::dialect::{self, Defaults, Dialect, TranslateError};
+use super::form::{Answer, Error, ErrorClass, Part, Request, Stop, Target, ToolUse, Usage};
 use super::vocab::{as_u64, fresh_id, str_at, tool_id};
-use crate::pipeline::outcome::is_context_length;
+use crate::providers::classify::is_context_length;
+use crate::wire::sse::Opening;
+use crate::wire::surface::Surface;
+use crate::wire::usage;
+
+/// Google AI's `generateContent`: what gemini targets, and Google's models on
+/// vertex, answer in. No client surface.
+pub(crate) struct GenerateContent;
+
+pub(crate) static GENERATE_CONTENT: GenerateContent = GenerateContent;
+
+impl Dialect for GenerateContent {
+    fn target(&self) -> &'static Target {
+        &TARGET
+    }
+
+    fn surface(&self) -> Option<Surface> {
+        None
+    }
+
+    /// The model and whether to stream are in the URL, never the body.
+    fn encode_request(
+        &self,
+        form: &Request<'_>,
+        _model: &str,
+        _defaults: &Defaults,
+    ) -> Result<Value, TranslateError> {
+        Ok(encode_request(form))
+    }
+
+    fn decode_answer<'a>(
+        &self,
+        answer: &'a Map<String, Value>,
+    ) -> Result<Answer<'a>, TranslateError> {
+        Ok(decode_answer(answer))
+    }
+
+    fn decode_error(&self, status: u16, body: &[u8]) -> Error {
+        decode_error(status, body)
+    }
+
+    fn stream_decoder(&self) -> Box<dyn dialect::StreamDecoder> {
+        Box::<StreamDecoder>::default()
+    }
+
+    fn opening(&self, event: &[u8]) -> Opening {
+        opening(event)
+    }
+
+    fn usage(&self, doc: &[u8]) -> Option<usage::Usage> {
+        usage_metadata(doc)
+    }
+
+    /// A prompt blocked by Google's safety filters (no candidate,
+    /// `promptFeedback.blockReason`).
+    fn is_blocked(&self, answer: &[u8]) -> bool {
+        memchr::memmem::find(answer, b"blockReason").is_some()
+            && super::vocab::parse_answer(answer).is_ok_and(|a| is_blocked(&a))
+    }
+}
 
 /// What a Gemini target takes beyond the form's core.
 pub(super) const TARGET: Target = Target {
@@ -165,7 +264,7 @@ pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
     let message = match str_at(err, "message") {
         Some(m) if !m.is_empty() => m.to_owned(),
         _ => {
-            let said = super::errors::read(status, body);
+            let said = super::error_body::read(status, body);
             said.message
         }
     };
@@ -205,6 +304,46 @@ pub(super) fn decode_error(status: u16, body: &[u8]) -> Error {
         }
     };
     Error { class, message }
+}
+
+/// Gemini's `usageMetadata`, as [`usage::Usage`]: the prompt (cached and tool-use prompt
+/// tokens included, as OpenAI counts cached ones) in, candidates plus thinking
+/// tokens (billed as output) out.
+#[derive(Debug, Default, Clone, Copy, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GeminiUsage {
+    #[serde(default)]
+    prompt_token_count: u64,
+    #[serde(default)]
+    tool_use_prompt_token_count: u64,
+    #[serde(default)]
+    candidates_token_count: u64,
+    #[serde(default)]
+    thoughts_token_count: u64,
+}
+
+static GEMINI_USAGE_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usageMetadata\""));
+
+/// The usage a Gemini answer or stream chunk reports (`usageMetadata`), read from
+/// the raw bytes as [`usage::usage`] reads the client APIs'.
+fn usage_metadata(doc: &[u8]) -> Option<usage::Usage> {
+    let at = GEMINI_USAGE_KEY.find(doc)? + b"\"usageMetadata\"".len();
+    let rest = &doc[at..];
+    let start = rest
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | b'\n' | b':'))?;
+    let mut values =
+        serde_json::Deserializer::from_slice(&rest[start..]).into_iter::<GeminiUsage>();
+    let u = values.next()?.ok()?;
+    Some(usage::Usage {
+        input_tokens: u
+            .prompt_token_count
+            .saturating_add(u.tool_use_prompt_token_count),
+        output_tokens: u
+            .candidates_token_count
+            .saturating_add(u.thoughts_token_count),
+    })
 }
 
 #[cfg(test)]
@@ -285,5 +424,18 @@ mod tests {
             decode_error(500, br#"{"error":{"code":500,"message":"An internal error has occurred.","status":"INTERNAL"}}"#).message,
             "An internal error has occurred."
         );
+    }
+
+    #[test]
+    fn reads_usage_metadata() {
+        let gemini = b"data: {\"candidates\":[],\"usageMetadata\": {\"promptTokenCount\":12,\"candidatesTokenCount\":5,\"thoughtsTokenCount\":3,\"totalTokenCount\":20}}\n\n";
+        assert_eq!(
+            usage_metadata(gemini),
+            Some(usage::Usage {
+                input_tokens: 12,
+                output_tokens: 8
+            })
+        );
+        assert_eq!(usage_metadata(br#"{"candidates":[]}"#), None);
     }
 }

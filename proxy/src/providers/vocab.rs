@@ -1,9 +1,11 @@
 //! Helpers every adapter uses: ids, data URLs, typed access to JSON objects and the
 //! errors a decoder reports.
 
+use bytes::{BufMut, BytesMut};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::TranslateError;
+use super::dialect::TranslateError;
 use super::form::Target;
 
 /// Content blocks of one streamed message whose tool-call arguments are relayed: far
@@ -175,3 +177,9 @@ pub(super) const IMAGE_URL: &str = "an image by URL (send it inline, as a base64
 
 /// A tool result a target that names the function it answers cannot place.
 pub(super) const UNKNOWN_CALL: &str = "a tool result whose tool call is not earlier in the conversation (the result must name the function it answers)";
+
+/// Appends `v` as JSON (an SSE event's data) to `out`.
+pub(super) fn write_json<T: Serialize + ?Sized>(out: &mut BytesMut, v: &T) {
+    // Serialising plain structs and `Value`s into memory cannot fail.
+    let _ = serde_json::to_writer(out.writer(), v);
+}
