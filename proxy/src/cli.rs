@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+
+use crate::observe::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -189,12 +191,6 @@ impl Cli {
             usize::from,
         )
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[cfg(test)]

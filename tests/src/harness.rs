@@ -350,7 +350,7 @@ impl CapturedLog {
     /// (JSON, debug level, the batched writer) into this buffer, until the returned
     /// capture is stopped or dropped. Tests that check what never reaches a log use it.
     pub fn capture_json_debug(&self) -> LogCapture {
-        use switchback_proxy::cli::LogFormat;
+        use switchback_proxy::observe::telemetry::LogFormat;
         use switchback_proxy::observe::telemetry::{self, BatchedWriter};
         let writer = BatchedWriter::start(self.clone());
         let dispatch = telemetry::dispatch(

@@ -15,8 +15,8 @@ use http_body_util::BodyDataStream;
 use hyper::body::Incoming;
 use tokio::time::timeout_at;
 
+use super::attempt::{Attempt, Attempted, Failure, UpstreamAnswer, timed_out};
 use super::relay::relay;
-use super::send::{Attempt, Attempted, Failure, UpstreamAnswer, timed_out};
 use crate::limits::bytes::{Budget, Held};
 use crate::observe::reason::Reason;
 use crate::providers::translate;

@@ -11,8 +11,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 
+use super::attempt::Failure;
 use super::relay::relay;
-use super::send::Failure;
 use super::{AttemptLog, Call, Outcome};
 use crate::config::snapshot::RouteRt;
 use crate::observe::reason::Reason;

@@ -13,6 +13,7 @@
 //! with it, so nothing more is sent upstream.
 
 mod answer;
+mod attempt;
 mod failure;
 pub mod order;
 pub mod outcome;

@@ -113,7 +113,7 @@ pub(crate) mod tests {
             endpoint: prepared.endpoint,
             target_header: HeaderValue::from_static("ns/c"),
             host: "x".into(),
-            headers: None,
+            headers: Some(Default::default()),
             secret: None,
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,

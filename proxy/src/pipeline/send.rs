@@ -4,28 +4,24 @@
 //! other answer classified as the failure it is (in the provider's own words) and
 //! kept in the client's shape should it be relayed.
 //!
-//! The walk reaches this through [`Transport`], so its tests can script answers.
+//! The walk reaches this through `attempt::Transport`, so its tests can script
+//! answers.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use bytes::Bytes;
 use hyper::body::Incoming;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, timeout_at};
-use tracing::field::Empty;
 
-use super::stream::{self, LineSlot, NotCommitted, StreamAttempt};
-use super::{Call, answer, relay};
-use crate::config::snapshot::{RouteRt, TargetRt};
-use crate::gateway::Gateway;
+use super::attempt::{Attempt, Attempted, Failure, Transport, UpstreamAnswer, timed_out};
+use super::stream::{self, NotCommitted, StreamAttempt};
+use super::{answer, relay};
 use crate::observe::reason::Reason;
-use crate::observe::telemetry::{self, TRACE_TARGET};
+use crate::observe::telemetry;
 use crate::providers::classify::{self, classify_status};
-use crate::providers::translate::{self, Translation};
-use crate::providers::{Authorising, Exchange, Unsigned};
+use crate::providers::translate;
+use crate::providers::{Authorising, Unsigned};
 use crate::upstream;
 use crate::wire::headers::X_REQUEST_ID;
 
@@ -41,69 +37,6 @@ const FORWARDED: [HeaderName; 3] = [
 
 /// Error bodies bigger than this are cut: they are read only to classify and relay.
 const MAX_ERROR_BODY: usize = 1 << 20;
-
-/// How a target is reached for this request, made once before its tries.
-pub(super) struct Plan {
-    pub exchange: Exchange,
-    /// Set when the client's API is not the upstream's.
-    pub translation: Option<Translation>,
-    /// The upstream body.
-    pub body: Bytes,
-}
-
-/// One try, as [`Transport::attempt`] gets it.
-pub(super) struct Attempt<'a, 'c> {
-    pub gw: &'a Gateway,
-    pub route: &'a RouteRt,
-    pub target: &'a TargetRt,
-    pub call: &'a Call<'c>,
-    pub plan: &'a Plan,
-    /// This try's deadline (the target's timeout, within the budget).
-    pub deadline: Instant,
-    /// The whole call's.
-    pub budget: Instant,
-    /// The credential's concurrency slot, held until the answer is out.
-    pub permit: Option<OwnedSemaphorePermit>,
-    pub span: &'a tracing::Span,
-}
-
-/// How a try reaches its provider: HTTP ([`Http`]), or a script in the walk's tests.
-pub(super) trait Transport {
-    async fn attempt(&self, a: Attempt<'_, '_>) -> Attempted;
-}
-
-/// What one try came to.
-pub(super) enum Attempted {
-    /// The response, and for a stream where its log line goes.
-    Committed(Response<Body>, Option<Arc<LineSlot>>),
-    Failed(Failure),
-}
-
-/// A try that failed, or a target passed over: why, and what the provider said.
-pub(super) struct Failure {
-    pub reason: Reason,
-    pub status: Option<u16>,
-    pub retry_after: Option<Duration>,
-    pub answer: Option<UpstreamAnswer>,
-}
-
-impl Failure {
-    pub fn bare(reason: Reason) -> Self {
-        Self {
-            reason,
-            status: None,
-            retry_after: None,
-            answer: None,
-        }
-    }
-}
-
-/// An upstream answer that is not a success, kept so it can be relayed unchanged.
-pub(super) struct UpstreamAnswer {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-}
 
 /// The proxy's upstream HTTP clients.
 pub(super) struct Http;
@@ -130,15 +63,6 @@ impl Transport for Http {
         } else {
             Attempted::Failed(failure(&a, parts.status, parts.headers, body).await)
         }
-    }
-}
-
-/// An attempt's deadline passed: the call's budget when that is what ran out.
-pub(super) fn timed_out(budget: Instant) -> Reason {
-    if Instant::now() >= budget {
-        Reason::Budget
-    } else {
-        Reason::Timeout
     }
 }
 
@@ -317,28 +241,4 @@ async fn failure(
             },
         }),
     }
-}
-
-/// The trace span of one upstream attempt (disabled, and free, unless traces are on).
-pub(super) fn attempt_span(t: &TargetRt, call: &Call<'_>, try_no: u32) -> tracing::Span {
-    let model = t.spec.upstream_model(call.client_model);
-    let op = call.surface.operation();
-    let provider = t.credential.adapter.system();
-    tracing::info_span!(
-        target: TRACE_TARGET,
-        "attempt",
-        otel.name = %format_args!("{op} {model}"),
-        otel.kind = "client",
-        gen_ai.operation.name = op,
-        gen_ai.provider.name = provider,
-        gen_ai.system = provider,
-        gen_ai.request.model = model,
-        server.address = &*t.credential.host,
-        switchback.target = %t.label,
-        switchback.try = try_no,
-        http.response.status_code = Empty,
-        error.type = Empty,
-        gen_ai.usage.input_tokens = Empty,
-        gen_ai.usage.output_tokens = Empty,
-    )
 }

@@ -14,8 +14,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
+use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
 use super::outcome::{attempt_deadline, backoff, retryable};
-use super::send::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
 use super::walk::{Tried, Walk};
 use super::{AttemptLog, LineSlot};
 use crate::config::snapshot::TargetRt;

@@ -14,10 +14,11 @@ use axum::body::Body;
 use axum::http::{Response, StatusCode};
 use tokio::time::Instant;
 
+use super::attempt::{Failure, Transport};
 use super::failure::finish_failed;
 use super::order::order;
 use super::outcome::may_advance;
-use super::send::{Failure, Http, Transport};
+use super::send::Http;
 use super::{AttemptLog, Call, LineSlot, Outcome};
 use crate::config::snapshot::RouteRt;
 use crate::gateway::Gateway;
@@ -268,5 +269,308 @@ impl<T: Transport> Walk<'_, '_, T> {
             .unwrap_or(0);
         self.shortest_retry_after = Some(Duration::from_millis(soonest));
         Failure::bare(Reason::Parked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The walk on tokio's paused clock, its upstream a script: every wait (an
+    //! answer's delay, a backoff, a Retry-After) is exact, and nothing is sent.
+
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use axum::http::{HeaderMap, HeaderValue};
+    use switchback_crds::config::{Retry, Strategy};
+    use tokio::time::{sleep, timeout_at};
+
+    use super::super::attempt::{Attempt, Attempted, timed_out};
+    use super::*;
+    use crate::config::snapshot::TargetRt;
+    use crate::pipeline::order::tests::route;
+    use crate::wire::rewrite::JsonStr;
+    use crate::wire::surface::Surface;
+
+    /// What one try answers, after how long.
+    #[derive(Clone, Copy)]
+    enum Play {
+        Ok,
+        Fail(Reason, Option<u16>, Option<Duration>),
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// An upstream that answers each target's tries as scripted, within the try's
+    /// deadline as the real one does, and remembers when each try came.
+    struct Script<'r> {
+        route: &'r RouteRt,
+        plays: Mutex<Vec<VecDeque<(Duration, Play)>>>,
+        tries: Mutex<Vec<(u8, Instant)>>,
+    }
+
+    impl<'r> Script<'r> {
+        fn new(route: &'r RouteRt, plays: &[&[(Duration, Play)]]) -> Self {
+            Self {
+                route,
+                plays: Mutex::new(plays.iter().map(|p| p.iter().copied().collect()).collect()),
+                tries: Mutex::default(),
+            }
+        }
+
+        /// The targets tried, in order.
+        fn targets(&self) -> Vec<u8> {
+            self.tries.lock().unwrap().iter().map(|(i, _)| *i).collect()
+        }
+
+        /// When each try started, from `start`.
+        fn at(&self, start: Instant) -> Vec<Duration> {
+            let tries = self.tries.lock().unwrap();
+            tries.iter().map(|(_, at)| *at - start).collect()
+        }
+    }
+
+    impl Transport for Script<'_> {
+        async fn attempt(&self, a: Attempt<'_, '_>) -> Attempted {
+            let i = self
+                .route
+                .targets
+                .iter()
+                .position(|t| std::ptr::eq(t, a.target))
+                .expect("a target of the route") as u8;
+            self.tries.lock().unwrap().push((i, Instant::now()));
+            let next = self.plays.lock().unwrap()[i as usize].pop_front();
+            let (delay, play) = next.expect("a try the script foresaw");
+            if timeout_at(a.deadline, sleep(delay)).await.is_err() {
+                return Attempted::Failed(Failure::bare(timed_out(a.budget)));
+            }
+            match play {
+                Play::Ok => Attempted::Committed(Response::new(Body::empty()), None),
+                Play::Fail(reason, status, retry_after) => Attempted::Failed(Failure {
+                    reason,
+                    status,
+                    retry_after,
+                    answer: None,
+                }),
+            }
+        }
+    }
+
+    fn fail(status: u16) -> Play {
+        let reason = crate::providers::classify::classify_status(status, b"");
+        Play::Fail(reason, Some(status), None)
+    }
+
+    fn rate_limited(retry_after: Duration) -> Play {
+        Play::Fail(Reason::RateLimited, Some(429), Some(retry_after))
+    }
+
+    /// A route of `n` targets on one credential, tried in declared order.
+    fn targets(n: usize) -> RouteRt {
+        route(Strategy::Fallback, vec![(1, None); n])
+    }
+
+    fn retry(attempts: u32, backoff_ms: u64) -> Retry {
+        Retry {
+            attempts,
+            initial_backoff_ms: backoff_ms,
+            max_backoff_ms: backoff_ms,
+            ..Retry::default()
+        }
+    }
+
+    /// Walk `route` once with `script`, from now.
+    async fn walk_once(route: &RouteRt, script: &Script<'_>) -> Outcome {
+        let gw = Gateway::new(1024, "test".into(), 1).unwrap();
+        let (headers, id) = (HeaderMap::new(), HeaderValue::from_static("req-1"));
+        let call = Call {
+            surface: Surface::ChatCompletions,
+            client_model: "m",
+            client_model_json: JsonStr::new("m"),
+            body: bytes::Bytes::from_static(br#"{"model":"m","messages":[]}"#),
+            stream: false,
+            client_headers: &headers,
+            request_id: &id,
+            client: None,
+            include_usage: None,
+            strip_usage: false,
+        };
+        walk(script, &gw, route, &call, 0.0).await
+    }
+
+    fn reasons(outcome: &Outcome) -> Vec<(u8, Reason)> {
+        outcome.log.iter().map(|l| (l.target, l.reason)).collect()
+    }
+
+    fn target(route: &RouteRt, i: usize) -> &TargetRt {
+        &route.targets[i]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_waits_its_backoff_then_the_next_target_answers() {
+        let mut route = targets(2);
+        route.targets[0].spec.retry = retry(2, 100);
+        let script = Script::new(
+            &route,
+            &[
+                &[(10 * MS, fail(503)), (10 * MS, fail(503))],
+                &[(MS, Play::Ok)],
+            ],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.response.status(), StatusCode::OK);
+        assert_eq!(script.targets(), [0, 0, 1]);
+        let at = script.at(start);
+        // Full jitter: the second try waits up to the backoff after the first ends.
+        assert!(at[1] >= 10 * MS && at[1] < 110 * MS, "{at:?}");
+        assert_eq!(at[2], at[1] + 10 * MS, "the next target at once");
+        assert_eq!((outcome.attempts, outcome.fallbacks), (3, 1));
+        assert_eq!(outcome.answered_by, Some(1));
+        assert_eq!(
+            reasons(&outcome),
+            [(0, Reason::Status5xx), (0, Reason::Status5xx)]
+        );
+        let c = &target(&route, 0).counters;
+        assert_eq!(counters::get(&c.retries), 1);
+        assert_eq!(c.fallbacks_away.get(Reason::Status5xx), 1);
+        assert_eq!(counters::get(&route.counters.fallbacks), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_waited_and_parks_the_target_for_later_requests() {
+        let mut route = targets(2);
+        route.spec.timeout_ms = 10_000;
+        route.targets[0].spec.retry = retry(2, 100);
+        let script = Script::new(
+            &route,
+            &[&[(MS, rate_limited(2 * 1000 * MS)), (MS, Play::Ok)], &[]],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.answered_by, Some(0));
+        assert_eq!(script.at(start), [Duration::ZERO, 2001 * MS]);
+        assert_eq!(outcome.log[0].retry_after, Some(2000 * MS));
+        // The park was set at the 429, for the Retry-After.
+        let parked = target(&route, 0).state.parked_until_ms();
+        assert!((2000..=2002).contains(&parked), "{parked}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_over_the_cap_abandons_the_target_and_parks_it_for_the_cap() {
+        let mut route = targets(2);
+        route.targets[0].spec.retry = retry(3, 100);
+        route.spec.fallback.max_retry_after_ms = 30_000;
+        let script = Script::new(
+            &route,
+            &[&[(MS, rate_limited(60_000 * MS))], &[(MS, Play::Ok)]],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0, 1], "no retry spent waiting a minute");
+        assert_eq!(script.at(start), [Duration::ZERO, MS]);
+        assert_eq!(outcome.answered_by, Some(1));
+        let parked = target(&route, 0).state.parked_until_ms();
+        assert!((30_000..=30_001).contains(&parked), "{parked}");
+
+        // The next request passes the parked target over without sending to it.
+        let script = Script::new(&route, &[&[], &[(MS, Play::Ok)]]);
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [1]);
+        assert_eq!(reasons(&outcome), [(0, Reason::Parked)]);
+        assert_eq!(outcome.fallbacks, 1, "a skipped target is moved past too");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_longer_than_the_budget_leaves_lets_the_next_target_try_now() {
+        let mut route = targets(2);
+        route.spec.timeout_ms = 1_000;
+        route.targets[0].spec.retry = retry(3, 100);
+        let script = Script::new(
+            &route,
+            &[
+                &[(
+                    MS,
+                    Play::Fail(Reason::Status5xx, Some(503), Some(5_000 * MS)),
+                )],
+                &[(MS, Play::Ok)],
+            ],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0, 1]);
+        assert_eq!(script.at(start), [Duration::ZERO, MS]);
+        assert_eq!(outcome.answered_by, Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_timeout_advances_at_once_without_a_retry() {
+        let mut route = targets(2);
+        route.targets[0].spec.retry = retry(3, 100);
+        route.targets[0].spec.timeout_ms = Some(100);
+        let script = Script::new(&route, &[&[(1_000 * MS, Play::Ok)], &[(MS, Play::Ok)]]);
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0, 1]);
+        assert_eq!(script.at(start), [Duration::ZERO, 100 * MS]);
+        assert_eq!(reasons(&outcome), [(0, Reason::Timeout)]);
+        assert_eq!(outcome.answered_by, Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_ends_the_walk_with_504() {
+        let mut route = targets(3);
+        route.spec.timeout_ms = 500;
+        let slow = [(10_000 * MS, Play::Ok)];
+        let script = Script::new(&route, &[&slow, &slow, &slow]);
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(start.elapsed(), 500 * MS);
+        assert_eq!(
+            script.targets(),
+            [0],
+            "nothing is tried once the budget is spent"
+        );
+        assert_eq!(outcome.response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(reasons(&outcome), [(0, Reason::Budget)]);
+        assert_eq!(counters::get(&route.counters.failed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_circuit_skips_its_target_until_every_one_is_open() {
+        let mut route = targets(2);
+        route.spec.circuit_breaker.consecutive_failures = 1;
+        route.spec.circuit_breaker.open_for_ms = 30_000;
+        // The first request opens the first target's circuit.
+        let script = Script::new(&route, &[&[(MS, fail(503))], &[(MS, Play::Ok)]]);
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0, 1]);
+        assert_eq!(outcome.answered_by, Some(1));
+        // The next passes it over.
+        let script = Script::new(&route, &[&[], &[(MS, fail(503))]]);
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [1]);
+        assert_eq!(
+            reasons(&outcome),
+            [(0, Reason::CircuitOpen), (1, Reason::Status5xx)]
+        );
+        assert_eq!(outcome.response.status(), StatusCode::BAD_GATEWAY);
+        // Both open now: the first is tried anyway, and its success closes it.
+        let script = Script::new(&route, &[&[(MS, Play::Ok)], &[]]);
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0]);
+        assert_eq!(outcome.answered_by, Some(0));
+        assert!(!target(&route, 0).state.breaker.is_open(Instant::now()));
+        assert!(target(&route, 1).state.breaker.is_open(Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_the_route_does_not_fail_over_on_ends_the_chain() {
+        let route = targets(2);
+        let script = Script::new(&route, &[&[(MS, fail(401))], &[(MS, Play::Ok)]]);
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0], "authError is opt-in");
+        assert_eq!(reasons(&outcome), [(0, Reason::AuthError)]);
+        assert_eq!(outcome.answered_by, None);
+        assert_eq!(outcome.fallbacks, 0);
     }
 }

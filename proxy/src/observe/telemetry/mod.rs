@@ -24,10 +24,15 @@ use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, fil
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::cli::LogFormat;
-
 mod request_lines;
 pub use request_lines::RequestLines;
+
+/// `--log-format`: human-readable text, or one JSON object per line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// The `tracing` target of request and attempt spans.
 pub const TRACE_TARGET: &str = "switchback::trace";
