@@ -63,6 +63,15 @@ impl ObjectId {
             name: name.into(),
         }
     }
+
+    /// The id of a Kubernetes object; a cluster-scoped or unnamed one has empty parts.
+    pub fn of<K: kube::Resource>(obj: &K) -> Self {
+        let meta = obj.meta();
+        Self::new(
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        )
+    }
 }
 
 impl fmt::Display for ObjectId {

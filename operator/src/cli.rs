@@ -12,10 +12,12 @@ use clap::{Parser, Subcommand, ValueEnum};
     name = "switchback-operator",
     version,
     about = "Reconciles LLMRoute and ProviderCredential resources into the config the Switchback proxy hot-reloads, and writes status back",
-    long_about = "Watches LLMRoutes, ProviderCredentials, LLMClients and the Secrets they reference in every namespace, renders one \
+    long_about = "Watches LLMRoutes, ProviderCredentials, LLMClients and the Secrets they reference in every namespace \
+(or those of --watch-namespaces), renders one \
 ConfigMap `switchback-routes-<ns>` and one Secret `switchback-keys-<ns>` per source namespace into the gateway namespace \
 (server-side apply, field manager `switchback-operator`), scrapes the proxies' /admin/v1/stats and writes conditions, \
-circuit state and traffic counters into status.\n\nWithout a subcommand it runs the operator; `crds` prints the CRDs.",
+circuit state and traffic counters into status. Creates the client-key HMAC secret and the proxies' admin token \
+when asked to (--generate-*) and they are absent; never overwrites them.\n\nWithout a subcommand it runs the operator; `crds` prints the CRDs.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -77,8 +79,37 @@ pub struct RunArgs {
     /// File holding the proxies' admin token (the content of their
     /// `--admin-token-file`), sent as `Authorization: Bearer` on every scrape. Re-read
     /// when it changes. A proxy that answers 401 is logged once, as a token mismatch.
-    #[arg(long, env = "SWITCHBACK_PROXY_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "SWITCHBACK_PROXY_ADMIN_TOKEN_FILE",
+        value_name = "PATH",
+        conflicts_with = "admin_token_secret"
+    )]
     pub proxy_admin_token_file: Option<PathBuf>,
+
+    /// The proxies' admin token from a Secret of the gateway namespace (the one they
+    /// mount for their `--admin-token-file`), read through the API and watched: a
+    /// rotated token is used from the next scrape. See `--generate-admin-token`.
+    #[arg(long, env = "SWITCHBACK_ADMIN_TOKEN_SECRET", value_name = "NAME")]
+    pub admin_token_secret: Option<String>,
+
+    /// The data key of `--admin-token-secret` holding the token.
+    #[arg(
+        long,
+        env = "SWITCHBACK_ADMIN_TOKEN_SECRET_KEY",
+        value_name = "KEY",
+        default_value = "token"
+    )]
+    pub admin_token_secret_key: String,
+
+    /// Create `--admin-token-secret` with 48 random characters when it does not exist;
+    /// one that exists is never overwritten.
+    #[arg(
+        long,
+        env = "SWITCHBACK_GENERATE_ADMIN_TOKEN",
+        requires = "admin_token_secret"
+    )]
+    pub generate_admin_token: bool,
 
     /// How often the proxies' /admin/v1/stats are scraped. Bounds how soon
     /// `Programmed` follows a change. A Gateway API duration (`2s`, `500ms`).
@@ -112,15 +143,52 @@ pub struct RunArgs {
     pub auth: AuthMode,
 
     /// The per-cluster secret client keys are hashed with (HMAC-SHA256, at least 32
-    /// bytes, surrounding whitespace trimmed): the same file the proxies read. Required
-    /// with `--auth required`.
+    /// bytes, surrounding whitespace trimmed), from a file: the same file the proxies
+    /// read. With `--auth required`, this or `--client-key-hmac-secret` is required.
     #[arg(
         long,
         env = "SWITCHBACK_CLIENT_KEY_HMAC_FILE",
         value_name = "PATH",
-        required_if_eq("auth", "required")
+        conflicts_with = "client_key_hmac_secret"
     )]
     pub client_key_hmac_file: Option<PathBuf>,
+
+    /// The per-cluster secret client keys are hashed with, from a Secret of the gateway
+    /// namespace, read through the API (the proxies mount the same Secret). The
+    /// operator waits until it exists, not ready meanwhile; see
+    /// `--generate-client-key-hmac`.
+    #[arg(long, env = "SWITCHBACK_CLIENT_KEY_HMAC_SECRET", value_name = "NAME")]
+    pub client_key_hmac_secret: Option<String>,
+
+    /// The data key of `--client-key-hmac-secret` holding the secret.
+    #[arg(
+        long,
+        env = "SWITCHBACK_CLIENT_KEY_HMAC_SECRET_KEY",
+        value_name = "KEY",
+        default_value = "hmac"
+    )]
+    pub client_key_hmac_secret_key: String,
+
+    /// Create `--client-key-hmac-secret` with 64 random characters when it does not
+    /// exist; one that exists is never overwritten (SPEC §11: the chart renders no
+    /// random value, so that GitOps tools see the same bytes at every sync).
+    #[arg(
+        long,
+        env = "SWITCHBACK_GENERATE_CLIENT_KEY_HMAC",
+        requires = "client_key_hmac_secret"
+    )]
+    pub generate_client_key_hmac: bool,
+
+    /// Watch LLMRoutes, ProviderCredentials, LLMClients and their Secrets only in these
+    /// namespaces (comma-separated or repeated): with Roles granted there alone, the
+    /// operator reads no Secret elsewhere. Empty: every namespace (a ClusterRole).
+    #[arg(
+        long = "watch-namespaces",
+        env = "SWITCHBACK_WATCH_NAMESPACES",
+        value_name = "NS",
+        value_delimiter = ','
+    )]
+    pub watch_namespaces: Vec<String>,
 
     /// Length of the rolling window reported in `status.window`.
     #[arg(long, env = "SWITCHBACK_STATS_WINDOW", value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
@@ -153,6 +221,23 @@ pub struct RunArgs {
     /// sets the filter (`info`, `debug`, ...).
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+impl RunArgs {
+    /// What clap cannot say: `--auth required` needs the HMAC secret from somewhere.
+    pub fn check(&self) -> Result<(), String> {
+        if self.auth == AuthMode::Required
+            && self.client_key_hmac_file.is_none()
+            && self.client_key_hmac_secret.is_none()
+        {
+            return Err(
+                "--auth required needs --client-key-hmac-secret (a Secret of the \
+                        gateway namespace) or --client-key-hmac-file"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `--auth`, as the proxies' flag of that name.
@@ -227,6 +312,45 @@ mod tests {
             cli.command,
             Some(Command::Crds { write: Some(_) })
         ));
+    }
+
+    #[test]
+    fn secrets_from_files_or_from_the_api() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("switchback-operator").chain(args.iter().copied()))
+        };
+        let cli = parse(&["--auth", "required"]).unwrap();
+        let e = cli.run.check().unwrap_err();
+        assert!(e.contains("--client-key-hmac-secret"), "{e}");
+        let cli = parse(&[
+            "--auth",
+            "required",
+            "--client-key-hmac-secret",
+            "sb-client-key-hmac",
+            "--generate-client-key-hmac",
+            "--admin-token-secret=sb-admin-token",
+            "--generate-admin-token",
+            "--watch-namespaces=team-a,team-b",
+        ])
+        .unwrap();
+        cli.run.check().unwrap();
+        assert_eq!(cli.run.client_key_hmac_secret_key, "hmac");
+        assert_eq!(cli.run.admin_token_secret_key, "token");
+        assert!(cli.run.generate_client_key_hmac && cli.run.generate_admin_token);
+        assert_eq!(cli.run.watch_namespaces, ["team-a", "team-b"]);
+        assert!(
+            parse(&["--auth", "required", "--client-key-hmac-file", "/f"])
+                .unwrap()
+                .run
+                .check()
+                .is_ok()
+        );
+        // One source each, and nothing to generate without a name.
+        assert!(parse(&["--client-key-hmac-file=/f", "--client-key-hmac-secret=s"]).is_err());
+        assert!(parse(&["--proxy-admin-token-file=/f", "--admin-token-secret=s"]).is_err());
+        assert!(parse(&["--generate-admin-token"]).is_err());
+        assert!(parse(&["--generate-client-key-hmac"]).is_err());
+        assert!(parse(&[]).unwrap().run.watch_namespaces.is_empty());
     }
 
     #[test]

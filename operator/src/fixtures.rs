@@ -200,6 +200,7 @@ impl Context {
             client,
             Settings {
                 gateway_namespace: GATEWAY.into(),
+                scope: crate::scope::Scope::All,
                 status_interval: std::time::Duration::from_secs(10),
                 status_writes_per_second: 100.0,
                 models_per_client: false,

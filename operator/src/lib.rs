@@ -4,6 +4,7 @@
 //! Lease and `metrics` to Prometheus. Nothing here touches global state.
 
 pub mod aggregate;
+pub mod bootstrap;
 pub mod budget;
 pub mod circuit_events;
 pub mod cli;
@@ -11,6 +12,7 @@ pub mod controller;
 pub mod leader;
 pub mod metrics;
 pub mod render;
+pub mod scope;
 pub mod scrape;
 pub mod status;
 pub mod synced;

@@ -7,15 +7,18 @@ use std::sync::atomic::Ordering;
 
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
 use prometheus_client::registry::Registry;
-use switchback_crds::admintoken::AdminTokenFile;
+use switchback_crds::admintoken::{AdminToken, AdminTokenFile};
 use switchback_crds::keyhash::KeyHasher;
+use switchback_operator::bootstrap::{AdminTokenSource, Generated, WatchedToken};
 use switchback_operator::cli::{AuthMode, Cli, Command, LogFormat, RunArgs};
 use switchback_operator::controller::{self, ScrapeOptions, Settings};
 use switchback_operator::leader::Elector;
 use switchback_operator::metrics::{Health, Metrics};
+use switchback_operator::scope::Scope;
 use switchback_operator::scrape::Replicas;
 use tracing_subscriber::EnvFilter;
 
@@ -66,9 +69,13 @@ async fn run(args: RunArgs) -> ExitCode {
     // The one process-wide rustls provider (the workspace compiles in only aws-lc-rs),
     // installed before kube or reqwest builds a TLS config.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    if let Err(e) = args.check() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     // Read before anything else: a standby with an unusable token would only fail
     // once it leads.
-    let admin_token = match &args.proxy_admin_token_file {
+    let token_file = match &args.proxy_admin_token_file {
         Some(path) => match AdminTokenFile::open(path) {
             Ok(f) => Some(Arc::new(f)),
             Err(e) => {
@@ -76,13 +83,7 @@ async fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         },
-        None => {
-            tracing::info!(
-                "no --proxy-admin-token-file: scraping the proxies without the admin token \
-                 (proxies started with --admin-token-file will answer 401)"
-            );
-            None
-        }
+        None => None,
     };
     let client = match Client::try_default().await {
         Ok(c) => c,
@@ -121,6 +122,20 @@ async fn run(args: RunArgs) -> ExitCode {
         })
     };
 
+    // The generated Secrets first, on every replica (creating is a race the loser
+    // reads), so a standby that comes to lead has them; not ready until then.
+    let bootstrap = tokio::select! {
+        b = bootstrap_secrets(&client, &gateway_namespace, &args, token_file) => b,
+        _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+    };
+    let (client_key_hasher, admin_token) = match bootstrap {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+
     let elector = args.leader_election.then(|| {
         Elector::new(
             Api::<Lease>::namespaced(client.clone(), &gateway_namespace),
@@ -157,18 +172,9 @@ async fn run(args: RunArgs) -> ExitCode {
             instance: Some(identity.clone()),
         },
     );
-    let client_key_hasher = match (&args.client_key_hmac_file, args.auth) {
-        (Some(path), AuthMode::Required) => match KeyHasher::from_file(path) {
-            Ok(h) => Some(Arc::new(h)),
-            Err(e) => {
-                eprintln!("error: --client-key-hmac-file: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        _ => None,
-    };
     let settings = Settings {
         gateway_namespace,
+        scope: Scope::from_list(&args.watch_namespaces),
         status_interval: args.status_interval,
         status_writes_per_second: args.status_writes_per_second,
         models_per_client: args.auth == AuthMode::Required,
@@ -202,4 +208,77 @@ async fn run(args: RunArgs) -> ExitCode {
     }
     admin.abort();
     code
+}
+
+/// How often a Secret the operator waits for (a user's `existingSecret`) is looked for.
+const SECRET_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The client-key hasher (with `--auth required`) and the admin token source, each
+/// from its file or from its Secret in the gateway namespace (created first with
+/// `--generate-*`; waited for otherwise). Errors only on a bad file.
+async fn bootstrap_secrets(
+    client: &Client,
+    namespace: &str,
+    args: &RunArgs,
+    token_file: Option<Arc<AdminTokenFile>>,
+) -> Result<(Option<Arc<KeyHasher>>, Option<AdminTokenSource>), String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let hasher = match (
+        args.auth,
+        &args.client_key_hmac_file,
+        &args.client_key_hmac_secret,
+    ) {
+        (AuthMode::Off, _, _) => None,
+        (AuthMode::Required, Some(path), _) => Some(Arc::new(
+            KeyHasher::from_file(path).map_err(|e| format!("--client-key-hmac-file: {e}"))?,
+        )),
+        (AuthMode::Required, None, Some(name)) => {
+            let secret = Generated {
+                namespace: namespace.to_string(),
+                name: name.clone(),
+                key: args.client_key_hmac_secret_key.clone(),
+                generate: args.generate_client_key_hmac,
+                purpose: "client-key HMAC secret",
+                length: 64,
+            };
+            let hasher = secret
+                .wait_for(&secrets, SECRET_RETRY, |v| {
+                    KeyHasher::new(v.trim_ascii()).map_err(|e| e.to_string())
+                })
+                .await;
+            Some(Arc::new(hasher))
+        }
+        (AuthMode::Required, None, None) => unreachable!("RunArgs::check"),
+    };
+    let token = match (token_file, &args.admin_token_secret) {
+        (Some(file), _) => Some(AdminTokenSource::File(file)),
+        (None, Some(name)) => {
+            let secret = Generated {
+                namespace: namespace.to_string(),
+                name: name.clone(),
+                key: args.admin_token_secret_key.clone(),
+                generate: args.generate_admin_token,
+                purpose: "proxy admin token",
+                length: 48,
+            };
+            let first = secret
+                .wait_for(&secrets, SECRET_RETRY, |v| {
+                    AdminToken::new(v).map_err(|e| e.to_string())
+                })
+                .await;
+            Some(AdminTokenSource::Secret(Arc::new(WatchedToken::start(
+                client.clone(),
+                secret,
+                first,
+            ))))
+        }
+        (None, None) => {
+            tracing::info!(
+                "no --proxy-admin-token-file or --admin-token-secret: scraping the proxies \
+                 without the admin token (proxies started with --admin-token-file will answer 401)"
+            );
+            None
+        }
+    };
+    Ok((hasher, token))
 }

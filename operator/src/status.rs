@@ -6,7 +6,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use switchback_crds::client::{ClientUsage, LLMClientStatus};
 use switchback_crds::compile::{Diagnostic, Severity, reason};
-use switchback_crds::config::Exhausted;
+use switchback_crds::config::{Exhausted, ObjectId};
 use switchback_crds::route::{
     CircuitState, LLMRouteStatus, LastFailure, TargetStatus, TotalStats, WindowStats,
 };
@@ -24,6 +24,9 @@ pub mod types {
     pub const PROGRAMMED: &str = "Programmed";
     pub const READY: &str = "Ready";
     pub const SECRET_RESOLVED: &str = "SecretResolved";
+    /// kstatus's abnormal-true conditions: present (True) only while they hold.
+    pub const RECONCILING: &str = "Reconciling";
+    pub const STALLED: &str = "Stalled";
 }
 
 /// Condition reasons written by the operator, next to `switchback_crds::reason`'s
@@ -54,6 +57,48 @@ pub mod reasons {
     pub const NOT_CHECKED: &str = "NotChecked";
     /// Ready=False: deletion is held by the finalizer while routes reference it.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+}
+
+/// What keeps an object from being Ready, as kstatus (Argo CD, Flux, `kubectl wait`)
+/// reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NotReady {
+    /// Nothing: Ready=True, or Ready=False for a reason that is not about
+    /// reconciling (a client's spent budget: its spec is fully served).
+    No,
+    /// The operator or the proxies are still at it (not programmed yet, deletion
+    /// held): `Reconciling=True`.
+    Yet,
+    /// Only a change by the user helps (an invalid spec, a missing reference):
+    /// `Stalled=True`.
+    Stuck,
+}
+
+/// The kstatus conditions that go with `ready` (SPEC §11): `Reconciling=True` or
+/// `Stalled=True` with Ready's reason and message, or none. kstatus reads an object
+/// as Current when `status.observedGeneration` is its generation and neither holds;
+/// so they are written only while True, and removed after, as Flux does with its own.
+fn kstatus(
+    previous: &[Condition],
+    ready: &Condition,
+    why: NotReady,
+    generation: Option<i64>,
+    now: &Time,
+) -> Option<Condition> {
+    let type_ = match why {
+        NotReady::No => return None,
+        NotReady::Yet => types::RECONCILING,
+        NotReady::Stuck => types::STALLED,
+    };
+    Some(condition(
+        previous,
+        type_,
+        true,
+        &ready.reason,
+        ready.message.clone(),
+        generation,
+        now,
+    ))
 }
 
 /// Reasons that make an LLMClient not Ready though it is in the config: nobody can
@@ -164,7 +209,7 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    let id = crate::controller::object_id(f.route);
+    let id = ObjectId::of(f.route);
     let errors = pick(&f.diagnostics, |d| {
         d.severity == Severity::Error && !is_reference_reason(d.reason)
     });
@@ -229,6 +274,42 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
         generation,
         &f.now,
     );
+    // Ready (SPEC §11): this generation accepted, resolved and served by every ready
+    // replica; otherwise the first of the three that is not, with its reason.
+    let (ready, not_ready) = match [&accepted, &resolved, &programmed]
+        .into_iter()
+        .find(|c| c.status != "True")
+    {
+        None => (
+            condition(
+                previous,
+                types::READY,
+                true,
+                reasons::READY,
+                programmed.message.clone(),
+                generation,
+                &f.now,
+            ),
+            NotReady::No,
+        ),
+        Some(first) => (
+            condition(
+                previous,
+                types::READY,
+                false,
+                &first.reason,
+                first.message.clone(),
+                generation,
+                &f.now,
+            ),
+            if first.type_ == types::PROGRAMMED {
+                NotReady::Yet
+            } else {
+                NotReady::Stuck
+            },
+        ),
+    };
+    let kstatus = kstatus(previous, &ready, not_ready, generation, &f.now);
 
     let targets: Vec<TargetStatus> = view
         .filter(|_| f.served.is_some())
@@ -261,7 +342,10 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     LLMRouteStatus {
         observed_generation: generation,
-        conditions: vec![accepted, resolved, programmed],
+        conditions: [accepted, resolved, programmed, ready]
+            .into_iter()
+            .chain(kstatus)
+            .collect(),
         target_count: f.served.map(|s| s.targets as i32),
         open_circuits: f.served.map(|_| open),
         targets,
@@ -432,31 +516,44 @@ pub fn credential_status(f: &CredentialFacts<'_>) -> ProviderCredentialStatus {
             "the Secret and key exist".into(),
         )
     };
-    let ready = if f.deleting && !f.routes.is_empty() {
-        c(
-            types::READY,
-            false,
-            reasons::DELETION_BLOCKED,
-            format!(
-                "deletion is held while LLMRoutes reference it: {}",
-                f.routes.join(", ")
+    let (ready, not_ready) = if f.deleting && !f.routes.is_empty() {
+        (
+            c(
+                types::READY,
+                false,
+                reasons::DELETION_BLOCKED,
+                format!(
+                    "deletion is held while LLMRoutes reference it: {}",
+                    f.routes.join(", ")
+                ),
             ),
+            NotReady::Yet,
         )
     } else if let Some(first) = errors.first() {
-        c(types::READY, false, first.reason, describe(&errors))
+        (
+            c(types::READY, false, first.reason, describe(&errors)),
+            NotReady::Stuck,
+        )
     } else if let Some(first) = missing.first() {
-        c(types::READY, false, first.reason, describe(&missing))
+        (
+            c(types::READY, false, first.reason, describe(&missing)),
+            NotReady::Stuck,
+        )
     } else {
-        c(
-            types::READY,
-            true,
-            reasons::READY,
-            "valid, and its key resolved".into(),
+        (
+            c(
+                types::READY,
+                true,
+                reasons::READY,
+                "valid, and its key resolved".into(),
+            ),
+            NotReady::No,
         )
     };
+    let kstatus = kstatus(f.previous, &ready, not_ready, f.generation, &f.now);
     ProviderCredentialStatus {
         observed_generation: f.generation,
-        conditions: vec![ready, secret],
+        conditions: [ready, secret].into_iter().chain(kstatus).collect(),
         routes: Some(f.routes.len() as i32),
     }
 }
@@ -505,18 +602,23 @@ pub fn client_status(f: &ClientFacts<'_>) -> LLMClientStatus {
             &f.now,
         )
     };
-    let ready = if let Some(first) = errors.first() {
-        c(false, first.reason, describe(&errors))
+    let (ready, not_ready) = if let Some(first) = errors.first() {
+        (c(false, first.reason, describe(&errors)), NotReady::Stuck)
     } else if let Some(first) = blocking.first() {
-        c(false, first.reason, describe(&blocking))
+        (c(false, first.reason, describe(&blocking)), NotReady::Stuck)
     } else if let Some(spent) = f.exhausted {
-        c(
-            false,
-            reason::BUDGET_EXHAUSTED,
-            format!(
-                "budget.{} is spent: requests get 429 budget_exhausted until {}",
-                spent.budget, spent.until
+        // Ready=False (SPEC §9), but fully reconciled: a spent budget is the client
+        // working as declared, not a sync for a GitOps tool to wait on or fail.
+        (
+            c(
+                false,
+                reason::BUDGET_EXHAUSTED,
+                format!(
+                    "budget.{} is spent: requests get 429 budget_exhausted until {}",
+                    spent.budget, spent.until
+                ),
             ),
+            NotReady::No,
         )
     } else {
         let mut message = if f.auth_required {
@@ -527,8 +629,9 @@ pub fn client_status(f: &ClientFacts<'_>) -> LLMClientStatus {
         if !warnings.is_empty() {
             message = format!("{message}; {}", describe(&warnings));
         }
-        c(true, reasons::READY, message)
+        (c(true, reasons::READY, message), NotReady::No)
     };
+    let kstatus = kstatus(previous, &ready, not_ready, generation, &f.now);
     let budget = Budget::of(f.client.spec.budget.as_ref());
     let window = f.window_seconds.max(1);
     let rpm = f
@@ -537,7 +640,7 @@ pub fn client_status(f: &ClientFacts<'_>) -> LLMClientStatus {
         .unwrap_or(0);
     LLMClientStatus {
         observed_generation: generation,
-        conditions: vec![ready],
+        conditions: std::iter::once(ready).chain(kstatus).collect(),
         routes: f.routes.map(|n| n as i32),
         requests_per_minute: Some(i64::try_from(rpm).unwrap_or(i64::MAX)),
         usage: Some(ClientUsage {
@@ -737,6 +840,86 @@ mod tests {
         );
     }
 
+    fn has(s: &LLMRouteStatus, t: &str) -> bool {
+        s.conditions.iter().any(|c| c.type_ == t)
+    }
+
+    /// SPEC §11: Ready=True only for the current generation accepted, resolved and
+    /// programmed; otherwise Ready=False with the first failing condition's reason, and
+    /// kstatus's Reconciling (the proxies have not caught up) or Stalled (the user must
+    /// act), each present only while it holds.
+    #[test]
+    fn ready_follows_the_current_generation_with_kstatus_conditions() {
+        let r = route("team-a", "smart", 4, &["openai"]);
+        let facts = |proxies| RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(4),
+            proxies,
+            seed: TotalStats::default(),
+            now: time(10),
+        };
+        let pending = replicas(&[("a", 4), ("b", 3)]);
+        let s = route_status(&facts(&pending));
+        let ready = get(&s, types::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reasons::PENDING)
+        );
+        assert_eq!(ready.message, get(&s, types::PROGRAMMED).message);
+        assert_eq!(ready.observed_generation, Some(4));
+        let reconciling = get(&s, types::RECONCILING);
+        assert_eq!(
+            (reconciling.status.as_str(), reconciling.reason.as_str()),
+            ("True", reasons::PENDING)
+        );
+        assert!(!has(&s, types::STALLED));
+
+        let served_everywhere = replicas(&[("a", 4), ("b", 4)]);
+        let s = route_status(&facts(&served_everywhere));
+        let ready = get(&s, types::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", reasons::READY)
+        );
+        assert!(ready.message.contains("generation 4"), "{}", ready.message);
+        assert!(!has(&s, types::RECONCILING) && !has(&s, types::STALLED));
+        // The three conditions of before stay.
+        for t in [types::ACCEPTED, types::RESOLVED_REFS, types::PROGRAMMED] {
+            assert_eq!(get(&s, t).status, "True", "{t}");
+        }
+
+        // A missing credential: only the user can fix it; the last good version serves.
+        let d = diag(reason::CREDENTIAL_NOT_FOUND, Severity::Error);
+        let s = route_status(&RouteFacts {
+            diagnostics: vec![&d],
+            served: Some(Served {
+                generation: 3,
+                last_good: true,
+                targets: 1,
+                revision: revision(REVISION),
+            }),
+            ..facts(&served_everywhere)
+        });
+        let ready = get(&s, types::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reason::CREDENTIAL_NOT_FOUND)
+        );
+        assert_eq!(get(&s, types::STALLED).reason, reason::CREDENTIAL_NOT_FOUND);
+        assert!(!has(&s, types::RECONCILING));
+
+        // A model conflict: Accepted=False is the first thing to fix.
+        let d = diag(reason::MODEL_CONFLICT, Severity::Error);
+        let s = route_status(&RouteFacts {
+            diagnostics: vec![&d],
+            served: None,
+            ..facts(&served_everywhere)
+        });
+        assert_eq!(get(&s, types::READY).reason, reason::MODEL_CONFLICT);
+        assert_eq!(get(&s, types::STALLED).status, "True");
+    }
+
     #[test]
     fn no_replicas_is_not_programmed() {
         let r = route("team-a", "smart", 1, &["openai"]);
@@ -884,6 +1067,44 @@ mod tests {
         assert_eq!(s.conditions[1].status, "True");
         assert_eq!(s.conditions[1].last_transition_time, time(2));
         assert_eq!(s.conditions[0].last_transition_time, time(1));
+        // Held deletion waits on routes going away: Reconciling, not Stalled.
+        assert_eq!(s.conditions[2].type_, types::RECONCILING);
+        assert_eq!(s.conditions[2].reason, reasons::DELETION_BLOCKED);
+        assert_eq!(s.conditions.len(), 3);
+    }
+
+    #[test]
+    fn credential_kstatus_conditions() {
+        let missing = Diagnostic {
+            kind: Kind::ProviderCredential,
+            object: ObjectId::new("team-a", "openai"),
+            severity: Severity::Warning,
+            reason: reason::SECRET_KEY_MISSING,
+            field: "spec.secretRef.key".into(),
+            message: "key \"apiKey\" not found in Secret \"keys\"".into(),
+        };
+        let facts = |diagnostics| CredentialFacts {
+            generation: Some(3),
+            previous: &[],
+            diagnostics,
+            routes: &[],
+            deleting: false,
+            now: time(1),
+        };
+        let s = credential_status(&facts(vec![&missing]));
+        assert_eq!(s.observed_generation, Some(3));
+        let stalled = s.conditions.iter().find(|c| c.type_ == types::STALLED);
+        assert_eq!(
+            stalled.map(|c| (c.status.as_str(), c.reason.as_str())),
+            Some(("True", reason::SECRET_KEY_MISSING))
+        );
+        let s = credential_status(&facts(vec![]));
+        assert_eq!(s.conditions[0].status, "True");
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.type_ != types::STALLED && c.type_ != types::RECONCILING)
+        );
     }
 }
 
@@ -953,10 +1174,23 @@ mod client_tests {
         let (status, reason, message) = ready(&s);
         assert_eq!((status, reason), ("False", reason::ROUTE_NOT_FOUND));
         assert!(message.contains("spec.routes[1]"), "{message}");
+        let kstatus = |s: &LLMClientStatus| -> Vec<(String, String)> {
+            s.conditions[1..]
+                .iter()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect()
+        };
+        assert_eq!(
+            kstatus(&s),
+            [(types::STALLED.to_string(), "True".to_string())],
+            "a client naming a missing route waits for the user"
+        );
         let s = status_of(&[], Some(&spent), true);
         let (status, reason, message) = ready(&s);
         assert_eq!((status, reason), ("False", reason::BUDGET_EXHAUSTED));
         assert!(message.contains("2026-12-03T00:00:00Z"), "{message}");
+        // Not Ready, yet fully reconciled: a spent budget is no sync to wait on.
+        assert_eq!(kstatus(&s), []);
         let s = status_of(&[], None, true);
         assert_eq!(ready(&s).0, "True");
         assert_eq!(s.routes, Some(2));

@@ -27,6 +27,15 @@ pub enum Cache {
 }
 
 impl Cache {
+    /// Every cache, in the order of their bits.
+    pub const EVERY: [Cache; 6] = [
+        Cache::Routes,
+        Cache::Credentials,
+        Cache::Clients,
+        Cache::Secrets,
+        Cache::RenderedMaps,
+        Cache::RenderedSecrets,
+    ];
     const ALL: u8 = 0b11_1111;
 
     fn bit(self) -> u8 {
@@ -91,14 +100,7 @@ mod tests {
 
     use super::*;
 
-    const CACHES: [Cache; 6] = [
-        Cache::Routes,
-        Cache::Credentials,
-        Cache::Clients,
-        Cache::Secrets,
-        Cache::RenderedMaps,
-        Cache::RenderedSecrets,
-    ];
+    const CACHES: [Cache; 6] = Cache::EVERY;
 
     /// What `run` wires: a reflector whose stream reports `InitDone`, a task awaiting
     /// the store itself (as a `Controller` does) and two awaiting [`Synced`] (the

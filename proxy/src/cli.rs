@@ -115,9 +115,11 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 
-    /// Serve a manifest set with no LLMRoute at all. Without it such a load is refused
-    /// like any broken edit (at start the proxy does not start; on reload the last good
-    /// config keeps serving).
+    /// Serve a config with no LLMRoute at all. Without it such a load is refused like
+    /// any broken edit (standalone, the proxy does not start; on reload the last good
+    /// config keeps serving). In cluster mode a config with no route is served while no
+    /// route has been (a fresh install is ready and answers 404 `model_not_found`), but
+    /// an edit that would empty a config with routes is refused unless this is set.
     #[arg(long, env = "SWITCHBACK_ALLOW_EMPTY_CONFIG")]
     pub allow_empty_config: bool,
 
@@ -132,7 +134,8 @@ pub struct Cli {
     /// and model names are resolved among the routes that client may call. `off`:
     /// everyone is served with every route, said at start-up. Default: standalone,
     /// `required` when the manifests hold an LLMClient at start, else `off`; in cluster
-    /// mode `off` (the operator does not deliver clients yet).
+    /// mode `off`. In a cluster, give it the operator's `--auth` (the Helm chart sets
+    /// both to `required` by default and mounts the client-key HMAC secret for it).
     #[arg(long, env = "SWITCHBACK_AUTH", value_enum, value_name = "MODE")]
     pub auth: Option<crate::config::keys::AuthMode>,
 

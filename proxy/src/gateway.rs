@@ -110,6 +110,8 @@ pub struct Gateway {
     /// travels with the answer's body to the client, hence the `Arc`.
     pub answers: Arc<Budget>,
     pub refused: Arc<Refusals>,
+    /// Data-port serving threads (`--threads`), each with its own upstream pool.
+    pub lanes: usize,
     /// Random per process: lets the operator tell a restarted replica from a live one.
     pub instance_id: String,
     pub started_at: SystemTime,
@@ -119,6 +121,10 @@ pub struct Gateway {
     pub front: Arc<crate::front::Front>,
     /// Serve a config with no LLMRoute instead of refusing it (`--allow-empty-config`).
     pub allow_empty_config: bool,
+    /// Cluster mode: a config with no LLMRoute is served while none has been (a fresh
+    /// install is ready and answers 404 until routes arrive); one that would empty a
+    /// config with routes is still refused (SPEC §8, §11).
+    pub empty_until_routed: bool,
     /// `--auth` and the HMAC secret client keys are hashed with.
     pub auth: crate::config::keys::Auth,
     /// No operator renders budget verdicts (manifests): budgets are enforced from
@@ -146,12 +152,14 @@ impl Gateway {
             upstream_limits: UpstreamLimits::default(),
             answers: Arc::new(Budget::new(DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)),
             refused: Arc::default(),
+            lanes,
             instance_id: uuid::Uuid::new_v4().to_string(),
             started_at: SystemTime::now(),
             reloads_applied: Default::default(),
             reloads_refused: Default::default(),
             front: Arc::new(crate::front::Front::new(Default::default(), lanes)),
             allow_empty_config: false,
+            empty_until_routed: false,
             auth: Default::default(),
             standalone: false,
             said_standalone_budgets: AtomicBool::new(false),
@@ -189,9 +197,10 @@ impl Gateway {
     }
 
     /// Prepare then swap: a config that cannot be prepared, or that has no LLMRoute
-    /// (unless [`Gateway::allow_empty_config`]), changes nothing.
+    /// (unless [`Gateway::allow_empty_config`], or [`Gateway::empty_until_routed`] while
+    /// no route is served), changes nothing.
     pub fn apply(&self, compiled: &Compiled, warnings: Vec<Problem>) -> Result<(), ApplyError> {
-        if compiled.config.routes.is_empty() && !self.allow_empty_config {
+        if compiled.config.routes.is_empty() && !self.may_serve_empty() {
             return Err(ApplyError::NoRoute);
         }
         let env = ClientEnv {
@@ -216,6 +225,12 @@ impl Gateway {
         r.warnings = warnings;
         r.last_error = None;
         Ok(())
+    }
+
+    /// Whether a config with no LLMRoute may replace the live one.
+    fn may_serve_empty(&self) -> bool {
+        self.allow_empty_config
+            || (self.empty_until_routed && self.live.load().config.routes.is_empty())
     }
 
     /// Record a refused config; the live one stays.

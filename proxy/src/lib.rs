@@ -56,8 +56,8 @@ pub struct Options {
     /// Serve a manifest set with no LLMRoute instead of refusing it.
     pub allow_empty_config: bool,
     /// `--auth`; `None` decides: standalone, `required` when the manifests hold an
-    /// LLMClient at start, else `off`; in a cluster `off` (the operator does not
-    /// deliver clients yet).
+    /// LLMClient at start, else `off`; in a cluster `off` (the chart sets the operator's
+    /// and the proxies' `--auth` together).
     pub auth: Option<auth::AuthMode>,
     /// `--client-key-hmac-file`: the per-cluster secret client keys are hashed with.
     /// Standalone without it, a random one is drawn at start.
@@ -140,6 +140,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     let mut gw = Gateway::new(opts.max_body_bytes, source, opts.threads)?;
     gw.front = Arc::new(front::Front::new(opts.limits.clone(), opts.threads));
     gw.allow_empty_config = opts.allow_empty_config;
+    gw.empty_until_routed = matches!(opts.source, Source::Cluster { .. });
     gw.set_upstream_limits(opts.upstream_limits);
     gw.auth = auth_settings(&opts)?;
     let admin_token = admin_token(&opts)?;

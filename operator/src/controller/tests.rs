@@ -7,8 +7,30 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::*;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::watcher;
+use switchback_crds::compile::{Inputs, Kind};
+use switchback_crds::config::ObjectId;
+use switchback_crds::delivery;
+use switchback_crds::route::TotalStats;
+use switchback_crds::{LLMRoute, ProviderCredential};
+
+use super::client::{client_overlay, reconcile_client};
+use super::credential::{FINALIZER, reconcile_credential};
+use super::delivery::{World, deliver};
+use super::route::{HOLD, HOLD_RECHECK, reconcile_route};
+use super::watch::RenderedParts;
+use super::{Context, RESYNC, error_policy};
+use crate::aggregate::{Aggregator, Snapshot};
 use crate::fixtures::{Expect, GATEWAY, client, credential, finish, route, secret};
+use crate::metrics::ErrorLabels;
+use crate::render::render;
+use crate::status::{self, RouteFacts};
+use crate::usage;
 
 const SSA: &str = "?&force=true&fieldManager=switchback-operator";
 
@@ -285,8 +307,21 @@ async fn route_status_goes_to_the_status_subresource_by_server_side_apply() {
                 .iter()
                 .map(|c| c["type"].as_str().unwrap())
                 .collect();
-            assert_eq!(types, ["Accepted", "ResolvedRefs", "Programmed"]);
+            // Ready (and kstatus's Reconciling while it waits) after the three of
+            // SPEC §2 (SPEC §11).
+            assert_eq!(
+                types,
+                [
+                    "Accepted",
+                    "ResolvedRefs",
+                    "Programmed",
+                    "Ready",
+                    "Reconciling"
+                ]
+            );
             assert_eq!(s["conditions"][2]["reason"], "NoReadyReplicas");
+            assert_eq!(s["conditions"][3]["status"], "False");
+            assert_eq!(s["conditions"][3]["reason"], "NoReadyReplicas");
             assert_eq!(s["conditions"][0]["observedGeneration"], 3);
             with_status(&answer, body)
         },

@@ -641,10 +641,25 @@ async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
             v
         })
         .collect();
+    let limits = &gw.front.limits;
     let body = serde_json::json!({
         "ready": gw.is_ready(),
         "load": gw.report(),
         "auth": gw.auth.mode.as_str(),
+        // What the flags set (SPEC §8): lets a deployment check its values arrived.
+        "settings": {
+            "threads": gw.lanes,
+            "maxBodyBytes": gw.max_body_bytes,
+            "headerReadTimeoutMs": limits.header_read_timeout.as_millis() as u64,
+            "bodyReadTimeoutMs": limits.body_read_timeout.as_millis() as u64,
+            "idleTimeoutMs": limits.idle_timeout.as_millis() as u64,
+            "maxConnections": limits.max_connections,
+            "maxInflightBodyBytes": limits.max_inflight_body_bytes,
+            "maxEventBytes": gw.upstream_limits.max_event_bytes,
+            "maxResponseBytes": gw.upstream_limits.max_response_bytes,
+            "maxInflightResponseBytes": gw.upstream_limits.max_inflight_response_bytes,
+            "allowEmptyConfig": gw.allow_empty_config,
+        },
         "routes": snapshot.config.routes,
         "credentials": credentials,
         // Key hashes only (HMACs under the cluster secret), never keys.
@@ -694,6 +709,39 @@ mod tests {
             .draining
             .store(true, std::sync::atomic::Ordering::Release);
         assert_eq!(readyz(State(gw)).await.1, "shutting down\n");
+    }
+
+    /// `/admin/v1/config` shows the limits the flags set (a chart's values can be
+    /// checked on a running replica) next to the config.
+    #[tokio::test]
+    async fn the_config_endpoint_shows_the_limits_in_effect() {
+        let mut gw = Gateway::new(4096, "test".into(), 3).unwrap();
+        gw.front = Arc::new(crate::front::Front::new(
+            crate::front::ClientLimits {
+                max_connections: 123,
+                idle_timeout: Duration::from_secs(7),
+                ..Default::default()
+            },
+            3,
+        ));
+        gw.set_upstream_limits(crate::gateway::UpstreamLimits {
+            max_event_bytes: 2048,
+            ..Default::default()
+        });
+        let response = config(State(Arc::new(gw))).await;
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let settings = &v["settings"];
+        assert_eq!(settings["threads"], 3);
+        assert_eq!(settings["maxBodyBytes"], 4096);
+        assert_eq!(settings["maxConnections"], 123);
+        assert_eq!(settings["idleTimeoutMs"], 7000);
+        assert_eq!(settings["headerReadTimeoutMs"], 10_000);
+        assert_eq!(settings["maxEventBytes"], 2048);
+        assert_eq!(settings["maxResponseBytes"], 32 << 20);
+        assert_eq!(settings["allowEmptyConfig"], false);
     }
 
     #[test]

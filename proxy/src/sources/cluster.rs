@@ -199,9 +199,10 @@ impl Drop for ClusterWatch {
 }
 
 /// Starts watching `namespace`; the gateway becomes ready once both lists are read
-/// and applied. A namespace with no route rendered gives a config with no LLMRoute,
-/// refused unless [`Gateway::allow_empty_config`]: until a route is delivered the
-/// gateway is not ready, and `/readyz` says why.
+/// and applied. A namespace with no route rendered gives a config with no LLMRoute:
+/// served while no route has been ([`Gateway::empty_until_routed`], set in cluster
+/// mode: a fresh install is ready), refused once routes were served unless
+/// [`Gateway::allow_empty_config`].
 pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch {
     let config = watcher::Config::default().labels(delivery::LABEL);
     let changed = Arc::new(Notify::new());
@@ -614,11 +615,12 @@ mod tests {
         server.abort();
     }
 
-    /// SPEC §8: a delivered config with no LLMRoute is refused, so a namespace with
-    /// nothing rendered leaves the gateway not ready (saying why), unless
-    /// `--allow-empty-config`.
+    /// SPEC §8 and §11: a delivered config with no LLMRoute is refused where a route
+    /// is needed (`empty_until_routed` off: not ready, saying why); a fresh cluster
+    /// install (`empty_until_routed`, as `start` sets in cluster mode) serves it and is
+    /// ready, answering 404 until routes arrive; `--allow-empty-config` serves it too.
     #[tokio::test]
-    async fn a_delivery_with_no_route_is_refused_at_start_unless_allowed() {
+    async fn a_first_delivery_with_no_route_is_served_in_a_fresh_cluster_install() {
         let (client, server) = fake_api(Vec::new(), Vec::new(), None);
         let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
         let _watch = watch(gw.clone(), client, GW);
@@ -631,19 +633,20 @@ mod tests {
         drop(_watch);
         server.abort();
 
-        let (client, server) = fake_api(Vec::new(), Vec::new(), None);
-        let mut allowed = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
-        allowed.allow_empty_config = true;
-        let allowed = Arc::new(allowed);
-        let _watch = watch(allowed.clone(), client, GW);
-        until("the empty delivery is served when allowed", || {
-            allowed.is_ready()
-        })
-        .await;
-        assert!(allowed.snapshot().config.routes.is_empty());
-        assert!(allowed.report().last_error.is_none());
-        drop(_watch);
-        server.abort();
+        for (empty_until_routed, allow_empty_config) in [(true, false), (false, true)] {
+            let (client, server) = fake_api(Vec::new(), Vec::new(), None);
+            let mut served = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
+            served.empty_until_routed = empty_until_routed;
+            served.allow_empty_config = allow_empty_config;
+            let served = Arc::new(served);
+            let _watch = watch(served.clone(), client, GW);
+            until("the empty delivery is served", || served.is_ready()).await;
+            assert!(served.snapshot().config.routes.is_empty());
+            assert!(served.report().last_error.is_none());
+            assert_eq!(served.report().generation, 1);
+            drop(_watch);
+            server.abort();
+        }
     }
 
     /// Every rendered route going away (the operator's objects deleted) is a delivery
@@ -654,7 +657,10 @@ mod tests {
         let s = secret("team-a", &keys("team-a", "sk-a"));
         let (delete, deleted) = tokio::sync::oneshot::channel();
         let (client, server) = fake_api(vec![cm], vec![s], Some(deleted));
-        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
+        let mut gw = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
+        // As in cluster mode: an empty first config would be served, an emptying edit not.
+        gw.empty_until_routed = true;
+        let gw = Arc::new(gw);
         let _watch = watch(gw.clone(), client, GW);
         until("the gateway becomes ready", || gw.is_ready()).await;
         delete.send(()).unwrap();

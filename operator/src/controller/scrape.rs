@@ -1,0 +1,284 @@
+//! The scrape loop: a round at a time, reads every proxy replica's stats (found and
+//! read by [`crate::scrape`]), aggregates them, and hands what changed to the
+//! controllers: the routes and clients to re-queue, the overlay to re-deliver, the
+//! circuit Events to publish.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{ObjectRef, Store};
+use switchback_crds::config::ObjectId;
+use switchback_crds::stats::CircuitState;
+
+use super::client::refresh_overlay;
+use super::{Context, object_ref};
+use crate::aggregate::{Aggregator, Scrape, Snapshot, Transition};
+use switchback_crds::admintoken::AdminToken;
+
+use crate::circuit_events::CircuitEvents;
+use crate::metrics::ResultLabels;
+use crate::scrape::{self, Refusals, Replicas};
+
+/// How the proxies are found and their stats read.
+#[derive(Clone, Debug)]
+pub struct ScrapeOptions {
+    pub replicas: Replicas,
+    pub interval: Duration,
+    pub window: Duration,
+    /// The proxies' admin token (a file or a Secret), sent on every scrape.
+    pub admin_token: Option<crate::bootstrap::AdminTokenSource>,
+}
+
+/// Scrapes the proxies forever: aggregate, queue routes and clients whose facts
+/// changed, lay the clients' usage over the rendering, publish circuit Events (as
+/// `circuit_events` decides: every change, flapping held back).
+pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
+    let http = match reqwest::Client::builder().no_proxy().build() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the HTTP client for scraping");
+            return;
+        }
+    };
+    let started = Timestamp::now().as_millisecond() as u64;
+    let mut agg = Aggregator::new(opts.window.as_millis() as u64, started);
+    let mut events = CircuitEvents::default();
+    let mut refusals = Refusals::default();
+    let mut tick = tokio::time::interval(opts.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let endpoints = match opts.replicas.discover(&ctx.client).await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the proxy replicas");
+                continue;
+            }
+        };
+        let token = opts.admin_token.as_ref().and_then(|t| t.current());
+        let scrapes = scrape_all(&ctx, &http, &endpoints, token.as_deref(), &mut refusals).await;
+        let before = ctx.proxies();
+        let transitions = agg.observe(Timestamp::now().as_millisecond() as u64, &scrapes);
+        forget_deleted(&ctx, &mut agg, &mut events);
+        let after = Arc::new(agg.snapshot().clone());
+        *ctx.proxies.write().unwrap_or_else(|p| p.into_inner()) = after.clone();
+        let overlay_changed = refresh_overlay(&ctx, &after);
+        queue_changed(&ctx, &before, &after, overlay_changed);
+        let transitions = events.observe(tokio::time::Instant::now(), transitions);
+        publish_circuit_events(&ctx, transitions).await;
+    }
+}
+
+/// Scrapes every replica at once, counted by result; a replica that starts refusing
+/// the token is logged once.
+async fn scrape_all(
+    ctx: &Context,
+    http: &reqwest::Client,
+    endpoints: &[String],
+    token: Option<&AdminToken>,
+    refusals: &mut Refusals,
+) -> Vec<Scrape> {
+    let scrapes =
+        futures_util::future::join_all(endpoints.iter().map(|e| scrape::scrape(http, e, token)))
+            .await;
+    for s in refusals.observe(&scrapes) {
+        if let Err(e) = &s.result {
+            tracing::warn!(replica = %s.endpoint, "scraping a proxy replica: {e}");
+        }
+    }
+    for s in &scrapes {
+        let result = if s.result.is_ok() { "ok" } else { "error" };
+        ctx.metrics
+            .scrapes
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+    scrapes
+}
+
+/// Forgets what is kept about deleted routes and clients, but only against synced
+/// caches: an empty store at start-up would wipe the totals of every route.
+fn forget_deleted(ctx: &Context, agg: &mut Aggregator, events: &mut CircuitEvents) {
+    if !ctx.stores.synced.is_synced() {
+        return;
+    }
+    let route_exists = |id: &ObjectId| exists(&ctx.stores.routes, id);
+    agg.retain_routes(route_exists);
+    retain(&ctx.seeds, route_exists);
+    retain(&ctx.unrendered, route_exists);
+    events.retain_routes(route_exists);
+    let client_exists = |id: &ObjectId| exists(&ctx.stores.clients, id);
+    agg.retain_clients(client_exists);
+    retain(&ctx.client_seeds, client_exists);
+}
+
+fn exists<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, id: &ObjectId) -> bool {
+    store.get(&object_ref(id)).is_some()
+}
+
+fn retain<V>(kept: &Mutex<HashMap<ObjectId, V>>, exists: impl Fn(&ObjectId) -> bool) {
+    kept.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|id, _| exists(id));
+}
+
+/// Queues the clients and routes whose facts changed in this round: every client when
+/// the overlay changed, every route when the ready replicas did (the shares of the
+/// limits and `Programmed` move with them).
+fn queue_changed(ctx: &Context, before: &Snapshot, after: &Snapshot, overlay_changed: bool) {
+    for c in ctx.stores.clients.state() {
+        let id = ObjectId::of(&*c);
+        if overlay_changed || before.clients.get(&id) != after.clients.get(&id) {
+            let _ = ctx.triggers.clients.send(ObjectRef::from_obj(&*c));
+        }
+    }
+    let all = before.replicas != after.replicas;
+    for route in ctx.stores.routes.state() {
+        let id = ObjectId::of(&*route);
+        if all || before.routes.get(&id) != after.routes.get(&id) {
+            let _ = ctx.triggers.routes.send(ObjectRef::from_obj(&*route));
+        }
+    }
+}
+
+/// Publishes an Event on the route of each circuit transition (routes deleted since
+/// get none).
+async fn publish_circuit_events(ctx: &Context, transitions: Vec<Transition>) {
+    for t in transitions {
+        let Some(route) = ctx.stores.routes.get(&object_ref(&t.route)) else {
+            continue;
+        };
+        let (event, reason) = circuit_event(&t);
+        match ctx.recorder.publish(&event, &route.object_ref(&())).await {
+            Ok(()) => ctx.published(reason),
+            Err(e) => tracing::warn!(error = %e, "publishing a circuit Event"),
+        }
+    }
+}
+
+/// The Event a circuit transition is told by, and its reason.
+fn circuit_event(t: &Transition) -> (Event, &'static str) {
+    let target = match &t.model {
+        Some(m) => format!("{} (model {m})", t.credential.name),
+        None => t.credential.name.clone(),
+    };
+    let (type_, reason, note) = if t.to == CircuitState::Open {
+        (
+            EventType::Warning,
+            "CircuitOpened",
+            format!(
+                "circuit of target {target} opened on {} proxy replica(s)",
+                t.open_replicas
+            ),
+        )
+    } else {
+        (
+            EventType::Normal,
+            "CircuitClosed",
+            format!("circuit of target {target} closed on every proxy replica"),
+        )
+    };
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Route".into(),
+        secondary: None,
+    };
+    (event, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use switchback_crds::route::TotalStats;
+
+    use super::*;
+    use crate::fixtures::route;
+    use crate::synced::Cache;
+    use crate::usage::Seed;
+
+    #[tokio::test]
+    async fn deleted_routes_and_clients_are_forgotten_only_against_synced_caches() {
+        let mut t = Context::test();
+        t.caches.add_route(route("team-a", "smart", 1, &["openai"]));
+        let (kept, deleted) = (
+            ObjectId::new("team-a", "smart"),
+            ObjectId::new("team-a", "deleted"),
+        );
+        for id in [&kept, &deleted] {
+            t.ctx
+                .seeds
+                .lock()
+                .unwrap()
+                .insert(id.clone(), TotalStats::default());
+            t.ctx
+                .unrendered
+                .lock()
+                .unwrap()
+                .insert(id.clone(), (1, tokio::time::Instant::now()));
+        }
+        t.ctx
+            .client_seeds
+            .lock()
+            .unwrap()
+            .insert(ObjectId::new("team-a", "gone"), Seed::from_status(None));
+        let mut agg = Aggregator::new(60_000, 0);
+        let mut events = CircuitEvents::default();
+        let routes_kept = |ctx: &Context| -> BTreeSet<ObjectId> {
+            ctx.seeds.lock().unwrap().keys().cloned().collect()
+        };
+
+        // At start-up the caches may still be empty: nothing is forgotten.
+        forget_deleted(&t.ctx, &mut agg, &mut events);
+        assert_eq!(routes_kept(&t.ctx).len(), 2);
+        assert_eq!(t.ctx.client_seeds.lock().unwrap().len(), 1);
+
+        for cache in Cache::EVERY {
+            t.ctx.stores.synced.listed(cache);
+        }
+        forget_deleted(&t.ctx, &mut agg, &mut events);
+        assert_eq!(routes_kept(&t.ctx), BTreeSet::from([kept.clone()]));
+        let unrendered: Vec<ObjectId> = t.ctx.unrendered.lock().unwrap().keys().cloned().collect();
+        assert_eq!(unrendered, [kept]);
+        assert!(t.ctx.client_seeds.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_circuit_event_names_the_target_its_model_and_the_replicas() {
+        let opened = Transition {
+            route: ObjectId::new("team-a", "smart"),
+            credential: ObjectId::new("team-a", "openai"),
+            model: Some("gpt-4o".into()),
+            from: CircuitState::Closed,
+            to: CircuitState::Open,
+            open_replicas: 2,
+        };
+        let (event, reason) = circuit_event(&opened);
+        assert_eq!((event.type_, reason), (EventType::Warning, "CircuitOpened"));
+        assert_eq!(event.reason, reason);
+        assert_eq!(
+            event.note.as_deref(),
+            Some("circuit of target openai (model gpt-4o) opened on 2 proxy replica(s)")
+        );
+
+        let closed = Transition {
+            model: None,
+            from: CircuitState::HalfOpen,
+            to: CircuitState::Closed,
+            open_replicas: 0,
+            ..opened
+        };
+        let (event, reason) = circuit_event(&closed);
+        assert_eq!((event.type_, reason), (EventType::Normal, "CircuitClosed"));
+        assert_eq!(
+            event.note.as_deref(),
+            Some("circuit of target openai closed on every proxy replica")
+        );
+    }
+}
