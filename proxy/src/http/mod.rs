@@ -724,7 +724,7 @@ mod tests {
             },
             3,
         ));
-        gw.set_upstream_limits(crate::gateway::UpstreamLimits {
+        gw.set_upstream_limits(crate::limits::answers::UpstreamLimits {
             max_event_bytes: 2048,
             ..Default::default()
         });
