@@ -188,7 +188,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         .local_addr()
         .map_err(listen_error(opts.admin_listen))?;
     let data_app = http::data_router(gw.clone());
-    let admin_app = admin::guard::guard(http::admin_router(gw.clone()), admin_token);
+    let admin_app = admin::router(gw.clone(), admin_token);
     let (data_addr, data_task) = if opts.threads == 0 {
         let data = tokio::net::TcpListener::bind(opts.listen)
             .await

@@ -97,6 +97,14 @@ pub fn json_response(
     r
 }
 
+/// A document the gateway writes itself (`/v1/models`, the admin port's), pretty.
+pub fn pretty_json(
+    status: http::StatusCode,
+    body: &impl Serialize,
+) -> http::Response<axum::body::Body> {
+    json_response(status, serde_json::to_vec_pretty(body).unwrap_or_default())
+}
+
 /// An error the gateway itself answers (as opposed to an upstream response passed
 /// through), in the client's wire shape.
 pub fn error_body(
