@@ -11,9 +11,8 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
-use crate::config::snapshot::{
-    Carried, ClientEnv, ConfigGeneration, PrepareError, Snapshot, prepare,
-};
+use crate::config::prepare::{Carried, ClientEnv, PrepareError, prepare};
+use crate::config::snapshot::{ConfigGeneration, Snapshot};
 use crate::limits::answers::{DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES, Refusals, UpstreamLimits};
 use crate::limits::bytes::Budget;
 use crate::limits::clients::WallClock;

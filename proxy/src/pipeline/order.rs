@@ -81,7 +81,8 @@ pub(crate) mod tests {
     };
 
     use super::*;
-    use crate::config::snapshot::{CredentialRt, TargetRt, TargetState};
+    use crate::config::snapshot::{CredentialRt, TargetRt};
+    use crate::config::target::TargetState;
 
     /// A route over one credential `ns/c`: a target per `(weight, price)`.
     pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {

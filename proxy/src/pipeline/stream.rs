@@ -24,7 +24,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::outcome::may_advance;
 use super::relay::{mask_key, masked, relay};
-use crate::config::snapshot::{CredentialRt, RouteRt, TargetRt, TargetState};
+use crate::config::snapshot::{CredentialRt, RouteRt, TargetRt};
+use crate::config::target::TargetState;
 use crate::limits::answers::Refusals;
 use crate::limits::circuit::Transition;
 use crate::limits::clients::ClientUsage;
