@@ -111,195 +111,224 @@ impl Collector for Metrics {
         let gw = &self.0;
         let snapshot = gw.snapshot();
         let routes = &snapshot.route_list;
-        {
-            let mut m = enc.encode_descriptor(
-                "switchback_requests",
-                "Client requests by route and outcome",
-                None,
-                MetricType::Counter,
-            )?;
-            for r in routes {
-                let route = r.spec.id.to_string();
-                let (all, failed) = (
-                    counters::get(&r.counters.requests),
-                    counters::get(&r.counters.failed),
-                );
-                for (outcome, n) in [("answered", all.saturating_sub(failed)), ("failed", failed)] {
-                    ConstCounter::new(n).encode(
-                        m.encode_family(&[("route", route.as_str()), ("outcome", outcome)])?,
-                    )?;
-                }
-            }
-        }
-        {
-            let mut m = enc.encode_descriptor(
-                "switchback_fallbacks",
-                "Requests answered by a target other than the first in their order",
-                None,
-                MetricType::Counter,
-            )?;
-            for r in routes {
-                let route = r.spec.id.to_string();
-                ConstCounter::new(counters::get(&r.counters.fallbacks))
-                    .encode(m.encode_family(&[("route", route.as_str())])?)?;
-            }
-        }
-        per_target(
-            &mut enc,
-            "switchback_attempts",
-            "Upstream requests by route, target and result",
-            routes,
-            |_, t, emit| {
-                emit("result", "success", counters::get(&t.counters.successes))?;
-                for (reason, n) in t.counters.failures.nonzero().filter(|(r, _)| !r.is_skip()) {
-                    emit("result", reason.as_str(), n)?;
-                }
-                Ok(())
-            },
-        )?;
-        per_target(
-            &mut enc,
-            "switchback_skips",
-            "Targets passed over before a request was sent, by reason",
-            routes,
-            |_, t, emit| {
-                for (reason, n) in t.counters.failures.nonzero().filter(|(r, _)| r.is_skip()) {
-                    emit("reason", reason.as_str(), n)?;
-                }
-                Ok(())
-            },
-        )?;
-        per_target(
-            &mut enc,
-            "switchback_fallbacks_away",
-            "Requests that moved on from this target to a later one, by the reason they left",
-            routes,
-            |_, t, emit| {
-                for (reason, n) in t.counters.fallbacks_away.nonzero() {
-                    emit("reason", reason.as_str(), n)?;
-                }
-                Ok(())
-            },
-        )?;
-        per_target(
-            &mut enc,
-            "switchback_tokens",
-            "Tokens reported in provider usage",
-            routes,
-            |_, t, emit| {
-                emit(
-                    "direction",
-                    "input",
-                    counters::get(&t.counters.input_tokens),
-                )?;
-                emit(
-                    "direction",
-                    "output",
-                    counters::get(&t.counters.output_tokens),
-                )
-            },
-        )?;
-        {
-            let mut m = enc.encode_descriptor(
-                "switchback_circuit_state",
-                "Circuit state of each target (credential and upstream model): 1 for the current state",
-                None,
-                MetricType::Gauge,
-            )?;
-            let now = tokio::time::Instant::now();
-            let mut seen = std::collections::HashSet::new();
-            for r in routes {
-                for t in &r.targets {
-                    if !seen.insert((t.label.as_str(), model(t))) {
-                        continue; // shared by several routes: one series per target
-                    }
-                    let current = t.state.breaker.reported(now);
-                    for (name, state) in [
-                        ("closed", Reported::Closed),
-                        ("open", Reported::Open),
-                        ("half_open", Reported::HalfOpen),
-                    ] {
-                        let labels = [
-                            ("target", t.label.as_str()),
-                            ("model", model(t)),
-                            ("state", name),
-                        ];
-                        ConstGauge::new(i64::from(current == state))
-                            .encode(m.encode_family(&labels)?)?;
-                    }
-                }
-            }
-        }
-        for (name, help, pick) in [
-            (
-                "switchback_request_duration_seconds",
-                "Client request to response head (streams: to the first content event)",
-                (|r: &RouteRt| &r.counters.duration) as fn(&RouteRt) -> &Histogram,
-            ),
-            (
-                "switchback_gateway_overhead_seconds",
-                "Request duration minus time waiting on providers, backoff and queues",
-                |r: &RouteRt| &r.counters.overhead,
-            ),
-        ] {
-            let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
-            for r in routes {
-                let route = r.spec.id.to_string();
-                histogram(m.encode_family(&[("route", route.as_str())])?, pick(r))?;
-            }
-        }
-        for (name, help, pick) in [
-            (
-                "switchback_attempt_duration_seconds",
-                "One upstream attempt",
-                (|t: &TargetRt| &t.counters.attempt_duration) as fn(&TargetRt) -> &Histogram,
-            ),
-            (
-                "switchback_time_to_first_byte_seconds",
-                "Upstream request to the first content event of a committed stream",
-                |t: &TargetRt| &t.counters.ttfb,
-            ),
-        ] {
-            let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
-            for r in routes {
-                let route = r.spec.id.to_string();
-                for t in &r.targets {
-                    let labels = [
-                        ("route", route.as_str()),
-                        ("target", t.label.as_str()),
-                        ("model", model(t)),
-                    ];
-                    histogram(m.encode_family(&labels)?, pick(t))?;
-                }
-            }
-        }
-        {
-            let m = enc.encode_descriptor(
-                "switchback_config_generation",
-                "Configs applied since the proxy started",
-                None,
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(gw.report().generation as i64).encode(m)?;
-        }
-        {
-            let mut m = enc.encode_descriptor(
-                "switchback_config_reloads",
-                "Config loads by result",
-                None,
-                MetricType::Counter,
-            )?;
-            for (result, n) in [
-                ("applied", gw.reloads_applied.load(Ordering::Relaxed)),
-                ("refused", gw.reloads_refused.load(Ordering::Relaxed)),
-            ] {
-                ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
-            }
-        }
+        route_counts(&mut enc, routes)?;
+        target_counts(&mut enc, routes)?;
+        circuits(&mut enc, routes)?;
+        latencies(&mut enc, routes)?;
+        config_loads(&mut enc, gw)?;
         clients(&mut enc, gw)?;
         limits(&mut enc, &gw.front, &gw.refused, gw.answers.held())?;
         Ok(())
     }
+}
+
+/// Per route: requests by outcome, and those answered by a later target.
+fn route_counts(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_requests",
+            "Client requests by route and outcome",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            let (all, failed) = (
+                counters::get(&r.counters.requests),
+                counters::get(&r.counters.failed),
+            );
+            for (outcome, n) in [("answered", all.saturating_sub(failed)), ("failed", failed)] {
+                ConstCounter::new(n)
+                    .encode(m.encode_family(&[("route", route.as_str()), ("outcome", outcome)])?)?;
+            }
+        }
+    }
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_fallbacks",
+            "Requests answered by a target other than the first in their order",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            ConstCounter::new(counters::get(&r.counters.fallbacks))
+                .encode(m.encode_family(&[("route", route.as_str())])?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Per (route, target): attempts by result, skips and fallbacks away by reason, tokens.
+fn target_counts(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    per_target(
+        enc,
+        "switchback_attempts",
+        "Upstream requests by route, target and result",
+        routes,
+        |_, t, emit| {
+            emit("result", "success", counters::get(&t.counters.successes))?;
+            for (reason, n) in t.counters.failures.nonzero().filter(|(r, _)| !r.is_skip()) {
+                emit("result", reason.as_str(), n)?;
+            }
+            Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_skips",
+        "Targets passed over before a request was sent, by reason",
+        routes,
+        |_, t, emit| {
+            for (reason, n) in t.counters.failures.nonzero().filter(|(r, _)| r.is_skip()) {
+                emit("reason", reason.as_str(), n)?;
+            }
+            Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_fallbacks_away",
+        "Requests that moved on from this target to a later one, by the reason they left",
+        routes,
+        |_, t, emit| {
+            for (reason, n) in t.counters.fallbacks_away.nonzero() {
+                emit("reason", reason.as_str(), n)?;
+            }
+            Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_tokens",
+        "Tokens reported in provider usage",
+        routes,
+        |_, t, emit| {
+            emit(
+                "direction",
+                "input",
+                counters::get(&t.counters.input_tokens),
+            )?;
+            emit(
+                "direction",
+                "output",
+                counters::get(&t.counters.output_tokens),
+            )
+        },
+    )?;
+    Ok(())
+}
+
+/// Each target's circuit state, once per (credential, upstream model).
+fn circuits(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_circuit_state",
+            "Circuit state of each target (credential and upstream model): 1 for the current state",
+            None,
+            MetricType::Gauge,
+        )?;
+        let now = tokio::time::Instant::now();
+        let mut seen = std::collections::HashSet::new();
+        for r in routes {
+            for t in &r.targets {
+                if !seen.insert((t.label.as_str(), model(t))) {
+                    continue; // shared by several routes: one series per target
+                }
+                let current = t.state.breaker.reported(now);
+                for (name, state) in [
+                    ("closed", Reported::Closed),
+                    ("open", Reported::Open),
+                    ("half_open", Reported::HalfOpen),
+                ] {
+                    let labels = [
+                        ("target", t.label.as_str()),
+                        ("model", model(t)),
+                        ("state", name),
+                    ];
+                    ConstGauge::new(i64::from(current == state))
+                        .encode(m.encode_family(&labels)?)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The request and attempt histograms.
+fn latencies(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    for (name, help, pick) in [
+        (
+            "switchback_request_duration_seconds",
+            "Client request to response head (streams: to the first content event)",
+            (|r: &RouteRt| &r.counters.duration) as fn(&RouteRt) -> &Histogram,
+        ),
+        (
+            "switchback_gateway_overhead_seconds",
+            "Request duration minus time waiting on providers, backoff and queues",
+            |r: &RouteRt| &r.counters.overhead,
+        ),
+    ] {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            histogram(m.encode_family(&[("route", route.as_str())])?, pick(r))?;
+        }
+    }
+    for (name, help, pick) in [
+        (
+            "switchback_attempt_duration_seconds",
+            "One upstream attempt",
+            (|t: &TargetRt| &t.counters.attempt_duration) as fn(&TargetRt) -> &Histogram,
+        ),
+        (
+            "switchback_time_to_first_byte_seconds",
+            "Upstream request to the first content event of a committed stream",
+            |t: &TargetRt| &t.counters.ttfb,
+        ),
+    ] {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            for t in &r.targets {
+                let labels = [
+                    ("route", route.as_str()),
+                    ("target", t.label.as_str()),
+                    ("model", model(t)),
+                ];
+                histogram(m.encode_family(&labels)?, pick(t))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Configs applied since start, and loads by result.
+fn config_loads(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
+    {
+        let m = enc.encode_descriptor(
+            "switchback_config_generation",
+            "Configs applied since the proxy started",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(gw.report().generation as i64).encode(m)?;
+    }
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_config_reloads",
+            "Config loads by result",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("applied", gw.reloads_applied.load(Ordering::Relaxed)),
+            ("refused", gw.reloads_refused.load(Ordering::Relaxed)),
+        ] {
+            ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Per LLMClient (SPEC §9): its tokens by route, and its requests refused with 429.

@@ -218,9 +218,31 @@ pub(crate) async fn start_stream(
         }
         None => first,
     };
+    let line = Arc::new(LineSlot::default());
+    let state = committed(upstream, framer, a, line.clone());
+    if state.translator.is_some() {
+        // The proxy writes a translated stream's events itself, as SSE, whatever
+        // framing the upstream used (a binary one included).
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+    }
+    let response = commit_stream(status, headers, &held, &first, state);
+    Ok((response, line))
+}
+
+/// What a committed stream carries to its end: the upstream and its framer, the
+/// client's `model` or the translation, the idle limit, the counters, slots and
+/// client it holds, and its verdict's [`Ending`].
+fn committed<U>(
+    upstream: U,
+    framer: Framer,
+    a: StreamAttempt<'_>,
+    line: Arc<LineSlot>,
+) -> Committed<U> {
     let (t, route) = (a.target, a.route);
     let cb = &route.spec.circuit_breaker;
-    let line = Arc::new(LineSlot::default());
     let ending = Ending {
         state: t.state.clone(),
         counters: t.counters.clone(),
@@ -231,9 +253,9 @@ pub(crate) async fn start_stream(
         failure: None,
         completed: false,
         refused: a.refused.clone(),
-        line: line.clone(),
+        line,
     };
-    let state = Committed {
+    Committed {
         upstream,
         framer,
         model: a.model.clone(),
@@ -252,17 +274,7 @@ pub(crate) async fn start_stream(
         reported: Usage::default(),
         ending: Some(ending),
         done: false,
-    };
-    if state.translator.is_some() {
-        // The proxy writes a translated stream's events itself, as SSE, whatever
-        // framing the upstream used (a binary one included).
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
     }
-    let response = commit_stream(status, headers, &held, &first, state);
-    Ok((response, line))
 }
 
 /// How a committed stream ended.
