@@ -13,21 +13,22 @@ pub mod auth;
 mod models;
 mod request_line;
 mod route;
+mod stamp;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
+use axum::http::{HeaderMap, Response, StatusCode};
 use axum::routing::{get, post};
 
-use crate::config::snapshot::Snapshot;
 use crate::front::intake;
 use crate::gateway::Gateway;
 use crate::wire::headers::{X_GENERATION, X_REQUEST_ID};
 use crate::wire::surface::{Surface, Wire};
 use answers::{gateway_error, refusal, unauthenticated};
+use stamp::{request_id, unrouted};
 
 /// The body limit and timeout are applied by [`intake`], not by an extractor.
 pub fn data_router(gw: Arc<Gateway>) -> Router {
@@ -107,29 +108,4 @@ async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Bo
         response = unrouted(&snapshot, response);
     }
     response
-}
-
-/// An answer given before a route was chosen: its `x-switchback-generation` is the
-/// config's (the load count the request saw), there being no route's to give.
-fn unrouted(snapshot: &Snapshot, mut response: Response<Body>) -> Response<Body> {
-    response
-        .headers_mut()
-        .insert(X_GENERATION, snapshot.generation.0.clone());
-    response
-}
-
-/// The client's `x-request-id` when it sent a usable one, else a new one.
-fn request_id(headers: &HeaderMap) -> HeaderValue {
-    match headers.get(X_REQUEST_ID) {
-        Some(v) if !v.is_empty() && v.len() <= 128 => v.clone(),
-        _ => new_request_id(),
-    }
-}
-
-/// A fresh request id: a UUID v4, formatted on the stack.
-fn new_request_id() -> HeaderValue {
-    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let id = uuid::Uuid::new_v4();
-    HeaderValue::from_bytes(id.hyphenated().encode_lower(&mut buf).as_bytes())
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }

@@ -9,7 +9,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode};
 
 use super::answers::unauthenticated;
-use super::{auth, request_id, unrouted};
+use super::auth;
+use super::stamp::{request_id, unrouted};
 use crate::config::snapshot::Snapshot;
 use crate::gateway::Gateway;
 use crate::wire::headers::X_REQUEST_ID;

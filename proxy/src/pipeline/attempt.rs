@@ -14,7 +14,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::field::Empty;
 
-use super::{Call, LineSlot};
+use super::call::Call;
+use super::stream::LineSlot;
 use crate::config::snapshot::{RouteRt, TargetRt};
 use crate::gateway::Gateway;
 use crate::observe::reason::Reason;

@@ -12,8 +12,8 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 
 use super::attempt::Failure;
+use super::call::{AttemptLog, Call, Outcome};
 use super::relay::relay;
-use super::{AttemptLog, Call, Outcome};
 use crate::config::snapshot::RouteRt;
 use crate::observe::reason::Reason;
 use crate::providers::classify;

@@ -15,9 +15,10 @@ use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
+use super::call::AttemptLog;
 use super::outcome::{attempt_deadline, backoff, retryable};
+use super::stream::LineSlot;
 use super::walk::{Tried, Walk};
-use super::{AttemptLog, LineSlot};
 use crate::config::snapshot::TargetRt;
 use crate::limits::circuit::{Admit, Probe, Transition};
 use crate::limits::concurrency::Refused;

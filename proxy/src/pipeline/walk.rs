@@ -15,11 +15,12 @@ use axum::http::{Response, StatusCode};
 use tokio::time::Instant;
 
 use super::attempt::{Failure, Transport};
+use super::call::{AttemptLog, Call, Outcome};
 use super::failure::finish_failed;
 use super::order::order;
 use super::outcome::may_advance;
 use super::send::Http;
-use super::{AttemptLog, Call, LineSlot, Outcome};
+use super::stream::LineSlot;
 use crate::config::snapshot::RouteRt;
 use crate::gateway::Gateway;
 use crate::observe::counters;

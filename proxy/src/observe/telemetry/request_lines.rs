@@ -12,7 +12,7 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::layer::Context;
 
-use super::BatchedWriter;
+use super::writer::BatchedWriter;
 
 /// The event target this layer writes.
 pub const TARGET: &str = "switchback::request";

@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 use super::super::form::{Answer, Part, Usage};
 use super::super::vocab::{as_u64, str_at};
 use super::request::{block, tool_use};
-use super::{bare_id, stop_of, stop_reason, wire_id, wire_usage};
+use super::shapes::{bare_id, stop_of, stop_reason, wire_id, wire_usage};
 
 /// An Anthropic target's message → the form. Thinking and server-tool blocks have no
 /// place in it (and translated requests never ask for them): left out.

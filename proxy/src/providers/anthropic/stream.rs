@@ -12,7 +12,7 @@ use super::super::dialect;
 use super::super::form::{Event, Stop, Usage, UsageDelta};
 use super::super::vocab::write_json;
 use super::super::vocab::{MAX_BLOCKS, fresh_id, tool_id};
-use super::{WireUsage, bare_id, stop_of, stop_reason, wire_id, wire_usage};
+use super::shapes::{WireUsage, bare_id, stop_of, stop_reason, wire_id, wire_usage};
 
 // ---------------------------------------------------------------------------------
 // Decode: an Anthropic target's events → form events
@@ -356,7 +356,7 @@ impl StreamEncoder {
             }
             Event::Error(e) => {
                 out.put_slice(b"event: error\ndata: ");
-                write_json(out, &super::encode_error(&e));
+                write_json(out, &super::shapes::encode_error(&e));
                 out.put_slice(b"\n\n");
                 return true;
             }

@@ -125,7 +125,7 @@ impl Reframe for Reframer {
 /// The status an exception of type `kind` classes as: an in-band error has no HTTP
 /// status of its own.
 fn exception_status(kind: &str) -> u16 {
-    super::class_status(500, kind)
+    super::shapes::class_status(500, kind)
 }
 
 fn header<'a>(m: &'a Message, name: &str) -> Option<&'a str> {

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use super::super::dialect;
 use super::super::form::{Event, UsageDelta};
 use super::super::vocab::{MAX_BLOCKS, fresh_id};
-use super::stop_of;
+use super::shapes::stop_of;
 use crate::wire::sse::{self, Opening};
 
 #[derive(Deserialize)]

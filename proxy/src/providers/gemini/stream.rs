@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::super::dialect;
 use super::super::form::{Event, Stop, UsageDelta};
 use super::super::vocab::{fresh_id, tool_id};
-use super::stop_of;
+use super::shapes::stop_of;
 use crate::wire::sse::{self, Opening, StreamError};
 
 #[derive(Deserialize)]

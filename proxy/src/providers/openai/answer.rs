@@ -7,7 +7,8 @@ use serde_json::{Map, Value, json};
 use super::super::dialect::TranslateError;
 use super::super::form::{Answer, Part, Stop, ToolUse};
 use super::super::vocab::{as_u64, str_at, tool_id, tool_input};
-use super::{assistant_message, bare_id, finish_reason, form_usage, stop_of, wire_id, wire_usage};
+use super::request::assistant_message;
+use super::shapes::{bare_id, finish_reason, form_usage, stop_of, wire_id, wire_usage};
 
 /// An OpenAI target's chat completion → the form. The first choice is the answer; a
 /// `refusal` is text whose stop reason is a refusal.

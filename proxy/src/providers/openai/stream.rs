@@ -12,7 +12,7 @@ use super::super::dialect;
 use super::super::form::{Event, Stop, Usage, UsageDelta};
 use super::super::vocab::fresh_id;
 use super::super::vocab::write_json;
-use super::{WireUsage, bare_id, finish_reason, form_usage, stop_of, wire_id, wire_usage};
+use super::shapes::{WireUsage, bare_id, finish_reason, form_usage, stop_of, wire_id, wire_usage};
 
 // ---------------------------------------------------------------------------------
 // Decode: an OpenAI target's chunks → events
@@ -328,7 +328,7 @@ impl StreamEncoder {
             }
             Event::Error(e) => {
                 out.put_slice(b"data: ");
-                write_json(out, &super::encode_error(&e));
+                write_json(out, &super::shapes::encode_error(&e));
                 out.put_slice(b"\n\n");
                 return true;
             }

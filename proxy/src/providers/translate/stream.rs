@@ -7,7 +7,7 @@ use bytes::{BufMut, BytesMut};
 use super::super::dialect::{StreamDecoder, StreamEncoder};
 use super::super::form;
 use super::super::vocab::now;
-use super::Translation;
+use super::translation::Translation;
 use crate::wire::sse;
 
 /// Translates one upstream stream for one client. Feed it every upstream event in
