@@ -7,8 +7,12 @@
 //! * [`intake`]: reading one request body: the size limit before reading, the global
 //!   in-flight budget, and the body-read timeout.
 //! * [`drain`]: ending open streams with the error event when the grace is over.
+//! * `lanes`: the data port served by N threads, each with its own listening socket
+//!   and upstream pool.
 //!
 //! [`Front`] is the state they share, one per gateway, across every serving lane.
+//! It knows sockets and bodies, not what a request asks for: routing and providers
+//! are the data port's and the pipeline's.
 
 pub mod conn;
 pub mod drain;

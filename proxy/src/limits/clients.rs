@@ -4,7 +4,7 @@
 //! and its budgets (the operator's rendered `exhausted`, or standalone the replica's
 //! own daily token and monthly cost counts).
 //!
-//! Counters outlive reloads (kept in [`crate::config::snapshot::Carried`]), so the operator's
+//! Counters outlive reloads (kept in the config's carried state), so the operator's
 //! per-instance deltas never see one go backwards. The request path touches atomics,
 //! plus two short uncontended mutexes (a token bucket's state, a standalone budget's
 //! period) that are never held across an await.
@@ -180,7 +180,7 @@ impl Bucket {
 }
 
 /// This replica's share of one client's limits. Kept across reloads while the shares
-/// stay the same (keyed by them, see `snapshot`).
+/// stay the same (they are kept keyed by them).
 #[derive(Debug)]
 pub struct Limits {
     requests: Option<Bucket>,

@@ -32,7 +32,7 @@ pub fn classify_status(status: u16, body: &[u8]) -> Reason {
 /// A content filter's refusal, as Azure OpenAI words it: an OpenAI-shaped error whose
 /// `code` is `content_filter` (its `innererror.code` `ResponsibleAIPolicyViolation`);
 /// or as Gemini does: a response with `promptFeedback.blockReason` and no candidate
-/// (a 200, reported by the stream's opening as a 400, see `translate::opening`).
+/// (a 200, reported by the Gemini dialect's stream opening as a 400).
 /// Read only from 4xx bodies, already cut to a bound.
 pub fn is_content_filter(body: &[u8]) -> bool {
     let gemini = memchr::memmem::find(body, b"blockReason").is_some();

@@ -17,7 +17,7 @@
 //! | `classify` | every provider's words for failures and Retry-After |
 //!
 //! Adding a provider is a folder here with its adapter (and a dialect if it speaks
-//! a new API) and one line in [`adapter`]. Nothing here knows routes, the walk, the
+//! a new API) and one line in [`adapter()`]. Nothing here knows routes, the walk, the
 //! gateway's limits or its clients.
 
 pub mod adapter;

@@ -3,7 +3,7 @@
 //!
 //! Built on hyper-util directly rather than reqwest: per request, reqwest re-parsed
 //! the URL and ran redirect and retry layers the proxy does not want (retries and
-//! failover are the attempt pipeline's, and a provider's redirect is its answer);
+//! failover are the pipeline's, and a provider's redirect is its answer);
 //! callgrind put that at ~26k instructions, a fifth of a proxied request.
 //!
 //! One pooled client per serving thread (a *lane*): hyper-util drives each connection
@@ -11,6 +11,10 @@
 //! requests from one thread to a connection task on another, a wake-up each way.
 //! With a lane per thread, a connection is made, driven and reused by the thread that
 //! serves the request, as in nginx's workers.
+//!
+//! It knows how to reach a host (pool, TLS, the private-network guard in
+//! `netguard`), never what is sent there: requests are made by the pipeline and
+//! the providers.
 
 pub mod netguard;
 

@@ -196,7 +196,7 @@ impl Visit for Json<'_> {
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         self.name(field);
-        // Already JSON (`server::AttemptLogView`): an array, not a string holding one.
+        // Already JSON (the data port's attempt log): an array, not a string holding one.
         if field.name() == RAW_JSON_FIELD {
             let _ = write!(Utf8Out(self.out), "{value:?}");
             return;
@@ -288,7 +288,7 @@ mod tests {
         }
     }
 
-    /// One request line shaped as `server::log_request` emits it.
+    /// One request line shaped as the data port emits it.
     fn emit() {
         let served_by: Option<&str> = Some("team-a/backup");
         let none: Option<&str> = None;

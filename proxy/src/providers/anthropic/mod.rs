@@ -1,6 +1,9 @@
-//! The Anthropic messages adapter: requests, answers, stream events and error bodies
-//! to and from the internal form, as a client surface (decode requests, encode
-//! answers, events and errors) and as a provider (the reverse).
+//! Anthropic (`provider: anthropic`): the messages dialect (`MESSAGES`: requests,
+//! answers, stream events and error bodies to and from the internal form, as a
+//! client surface (decode requests, encode answers, events and errors) and as a
+//! provider (the reverse); also what Claude on Vertex AI answers in, with its
+//! `rawPredict` body and Google-shaped refusals), and the provider's adapter
+//! (`adapter`: the messages URL, `x-api-key` and `anthropic-version`).
 
 pub(super) mod adapter;
 mod answer;
@@ -8,11 +11,12 @@ mod request;
 mod shapes;
 mod stream;
 
+use http::HeaderName;
+use serde_json::{Map, Value};
+
 use super::dialect::{self, ClientDialect, Defaults, Dialect, TranslateError};
 use super::form::{Answer, Error, Request, Target};
 use crate::wire::surface::{Surface, Wire};
-use http::HeaderName;
-use serde_json::{Map, Value};
 
 pub(super) use answer::{decode_answer, encode_answer};
 pub(super) use request::{decode_request, encode_request};

@@ -1,4 +1,4 @@
-//! Amazon Bedrock (`provider: bedrock`): the Converse API's dialect ([`CONVERSE`]),
+//! Amazon Bedrock (`provider: bedrock`): the Converse API's dialect (`CONVERSE`),
 //! ConverseStream's AWS event-stream framing (`eventstream`), SigV4 request signing
 //! (`sigv4`) and the provider's adapter (`adapter`: the region's endpoint, URLs that
 //! name the model, the keys from the whole Secret).
@@ -11,7 +11,7 @@
 //! answers are `output.message.content` with a `stopReason` and `usage
 //! {inputTokens, outputTokens}`; errors `{"message"}` with the type in the
 //! `x-amzn-errortype` header (written into the body as `__type`, see
-//! [`with_error_type`]). Streams arrive in AWS event-stream framing, which
+//! `with_error_type`). Streams arrive in AWS event-stream framing, which
 //! `eventstream` turns into one SSE event per frame before anything here reads it.
 //!
 //! # The mapping
@@ -42,7 +42,7 @@
 //! `model_context_window_exceeded` → context window. Usage: `inputTokens` in,
 //! `outputTokens` out, `cacheReadInputTokens` / `cacheWriteInputTokens` as cache reads
 //! and writes. Errors: by the type the `x-amzn-errortype` header named (copied into
-//! the body as `__type`, see [`with_error_type`]): `ThrottlingException` → rate limit,
+//! the body as `__type`, see `with_error_type`): `ThrottlingException` → rate limit,
 //! `ServiceUnavailableException` / `ModelNotReadyException` → overloaded,
 //! `ValidationException` → invalid request unless it says the input is too long
 //! (context length), `AccessDeniedException` → permission,
@@ -60,15 +60,16 @@ mod shapes;
 pub(super) mod sigv4;
 mod stream;
 
+use bytes::Bytes;
+use http::HeaderMap;
+use serde_json::{Map, Value};
+
 use super::dialect::{self, Defaults, Dialect, TranslateError};
 use super::form::{Answer, Error, Part, Request, Target, ToolChoice};
 use super::vocab::refuse;
 use crate::wire::sse::{Framer, Opening};
 use crate::wire::surface::Surface;
 use crate::wire::usage;
-use bytes::Bytes;
-use http::HeaderMap;
-use serde_json::{Map, Value};
 
 pub(super) use request::encode_request;
 pub(super) use shapes::{

@@ -1,5 +1,5 @@
 //! Gemini (`provider: gemini`): Google AI's native `generateContent` API, its
-//! dialect ([`GENERATE_CONTENT`], also what Google's models on Vertex AI answer in)
+//! dialect (`GENERATE_CONTENT`, also what Google's models on Vertex AI answer in)
 //! and the provider's adapter (`adapter`: the `x-goog-api-key` header and the URLs
 //! that name the model and the method).
 //!
@@ -37,7 +37,7 @@
 //! tokens, `SAFETY` / `RECITATION` / `BLOCKLIST` / `PROHIBITED_CONTENT` / `SPII` (and
 //! the image variants) → refusal; a prompt blocked before any candidate
 //! (`promptFeedback.blockReason`) → an empty answer stopped as a refusal (the
-//! pipeline classes it `contentFilter`, see [`is_blocked`] and [`opening`]). Usage:
+//! pipeline classes it `contentFilter`, see `is_blocked` and `opening`). Usage:
 //! `promptTokenCount` less `cachedContentTokenCount` in, cached tokens as cache reads,
 //! `candidatesTokenCount` + `thoughtsTokenCount` out. Errors: by `error.status`
 //! (`RESOURCE_EXHAUSTED` → rate limit, `UNAVAILABLE` → overloaded, `NOT_FOUND`,
@@ -52,12 +52,13 @@ mod request;
 mod shapes;
 mod stream;
 
+use serde_json::{Map, Value};
+
 use super::dialect::{self, Defaults, Dialect, TranslateError};
 use super::form::{Answer, Error, Request, Target};
 use crate::wire::sse::Opening;
 use crate::wire::surface::Surface;
 use crate::wire::usage;
-use serde_json::{Map, Value};
 
 pub(super) use request::encode_request;
 pub(super) use shapes::{TARGET, decode_answer, decode_error, is_blocked, usage_metadata};

@@ -1,6 +1,8 @@
-//! The OpenAI chat completions adapter: requests, answers, stream chunks and error
-//! bodies to and from the internal form, as a client surface (decode requests,
-//! encode answers, chunks and errors) and as a provider (the reverse).
+//! OpenAI (`provider: openai`, `openai-compatible`): the chat completions dialect
+//! (`CHAT`: requests, answers, stream chunks and error bodies to and from the
+//! internal form, as a client surface (decode requests, encode answers, chunks and
+//! errors) and as a provider (the reverse); azure-openai's too), and the provider's
+//! adapter (`adapter`: the surfaces' URLs, the Bearer key).
 
 pub(super) mod adapter;
 mod answer;
@@ -8,11 +10,12 @@ mod request;
 mod shapes;
 mod stream;
 
+use http::HeaderName;
+use serde_json::{Map, Value};
+
 use super::dialect::{self, ClientDialect, Defaults, Dialect, TranslateError};
 use super::form::{Answer, Error, Request, Target};
 use crate::wire::surface::{Surface, Wire};
-use http::HeaderName;
-use serde_json::{Map, Value};
 
 pub(super) use answer::{decode_answer, encode_answer};
 pub(super) use request::{decode_request, encode_request, include_usage};

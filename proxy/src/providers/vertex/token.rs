@@ -286,7 +286,7 @@ impl TokenCache {
 }
 
 /// A vertex credential's authorisation: its signer, and its token cache (carried
-/// across reloads that keep the key, see `snapshot`).
+/// across reloads that keep the key, see `adapter::Kept`).
 pub struct Auth {
     signer: Arc<Signer>,
     cache: Arc<TokenCache>,
