@@ -131,6 +131,31 @@ pub struct Prepared {
     pub secret: Option<Secret<String>>,
 }
 
+impl Prepared {
+    /// A credential whose key travels in a header, `name: {prefix}{key}`, after the
+    /// `fixed` headers: no key, no headers (the target is skipped as `missingKey`).
+    pub fn keyed(
+        credential: &Credential,
+        key: Option<&Secret<String>>,
+        endpoint: Box<dyn Endpoint>,
+        fixed: &[(&'static str, &'static str)],
+        (name, prefix): (&'static str, &str),
+    ) -> Result<Self, CredentialError> {
+        let headers = match key {
+            Some(k) => {
+                let value = format!("{prefix}{}", k.expose());
+                Some(headers(credential, fixed, Some((name, &value)))?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            endpoint,
+            headers,
+            secret: key.cloned(),
+        })
+    }
+}
+
 /// Where one credential's requests go, and how each is authorised.
 pub trait Endpoint: Send + Sync + std::fmt::Debug {
     /// The URL of a request of `surface` for `model` (`stream`: streamed, for APIs

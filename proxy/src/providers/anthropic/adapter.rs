@@ -4,7 +4,7 @@
 use switchback_crds::config::Credential;
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{Adapter, CredentialError, Kept, Prepared, SurfaceUrls, headers};
+use super::super::adapter::{Adapter, CredentialError, Kept, Prepared, SurfaceUrls};
 use super::super::dialect::Dialect;
 
 /// The `anthropic-version` header sent with every request.
@@ -30,13 +30,8 @@ impl Adapter for Anthropic {
         key: Option<&Secret<String>>,
         _kept: &mut Kept,
     ) -> Result<Prepared, CredentialError> {
+        let endpoint = Box::new(SurfaceUrls::new(&credential.base_url, "")?);
         let version = [("anthropic-version", ANTHROPIC_VERSION)];
-        Ok(Prepared {
-            endpoint: Box::new(SurfaceUrls::new(&credential.base_url, "")?),
-            headers: key
-                .map(|k| headers(credential, &version, Some(("x-api-key", k.expose()))))
-                .transpose()?,
-            secret: key.cloned(),
-        })
+        Prepared::keyed(credential, key, endpoint, &version, ("x-api-key", ""))
     }
 }

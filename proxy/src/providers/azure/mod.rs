@@ -15,7 +15,7 @@ use switchback_crds::config::Credential;
 use switchback_crds::secret::Secret;
 
 use super::adapter::{
-    Adapter, CredentialError, Endpoint, Kept, Prepared, SurfaceUrls, headers, push_segment,
+    Adapter, CredentialError, Endpoint, Kept, Prepared, SurfaceUrls, push_segment,
 };
 use super::dialect::{Defaults, Dialect};
 use super::openai;
@@ -79,13 +79,7 @@ impl Adapter for Azure {
                 version: version.clone(),
             }),
         };
-        Ok(Prepared {
-            endpoint,
-            headers: key
-                .map(|k| headers(credential, &[], Some(("api-key", k.expose()))))
-                .transpose()?,
-            secret: key.cloned(),
-        })
+        Prepared::keyed(credential, key, endpoint, &[], ("api-key", ""))
     }
 }
 

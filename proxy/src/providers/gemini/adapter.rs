@@ -6,9 +6,7 @@
 use switchback_crds::config::Credential;
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{
-    Adapter, CredentialError, Endpoint, Kept, Prepared, headers, push_segment,
-};
+use super::super::adapter::{Adapter, CredentialError, Endpoint, Kept, Prepared, push_segment};
 use super::super::dialect::Dialect;
 use crate::wire::surface::Surface;
 
@@ -32,15 +30,10 @@ impl Adapter for Gemini {
         key: Option<&Secret<String>>,
         _kept: &mut Kept,
     ) -> Result<Prepared, CredentialError> {
-        Ok(Prepared {
-            endpoint: Box::new(ModelUrls {
-                base: credential.base_url.clone(),
-            }),
-            headers: key
-                .map(|k| headers(credential, &[], Some(("x-goog-api-key", k.expose()))))
-                .transpose()?,
-            secret: key.cloned(),
-        })
+        let endpoint = Box::new(ModelUrls {
+            base: credential.base_url.clone(),
+        });
+        Prepared::keyed(credential, key, endpoint, &[], ("x-goog-api-key", ""))
     }
 }
 

@@ -6,7 +6,7 @@
 use switchback_crds::config::{Credential, Provider};
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{Adapter, CredentialError, Kept, Prepared, SurfaceUrls, headers};
+use super::super::adapter::{Adapter, CredentialError, Kept, Prepared, SurfaceUrls};
 use super::super::dialect::{Defaults, Dialect};
 use crate::wire::surface::Surface;
 
@@ -65,15 +65,7 @@ impl Adapter for OpenAi {
         key: Option<&Secret<String>>,
         _kept: &mut Kept,
     ) -> Result<Prepared, CredentialError> {
-        Ok(Prepared {
-            endpoint: Box::new(SurfaceUrls::new(&credential.base_url, "")?),
-            headers: key
-                .map(|k| {
-                    let bearer = format!("Bearer {}", k.expose());
-                    headers(credential, &[], Some(("authorization", &bearer)))
-                })
-                .transpose()?,
-            secret: key.cloned(),
-        })
+        let endpoint = Box::new(SurfaceUrls::new(&credential.base_url, "")?);
+        Prepared::keyed(credential, key, endpoint, &[], ("authorization", "Bearer "))
     }
 }
