@@ -43,12 +43,6 @@ pub struct CredentialRt {
     pub limiter: Option<Arc<Limiter>>,
 }
 
-impl std::fmt::Debug for dyn Adapter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.system())
-    }
-}
-
 /// A target's URLs for one model it names, by surface and streaming (see
 /// [`TargetRt::url`]).
 pub type ModelUrls = [Option<http::Uri>; 2 * Surface::ALL.len()];

@@ -100,6 +100,13 @@ pub trait Adapter: Sync {
     }
 }
 
+/// An adapter shows as its provider's name (in a credential's `Debug`).
+impl std::fmt::Debug for dyn Adapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.system())
+    }
+}
+
 /// How one request reaches a target.
 #[derive(Clone, Copy)]
 pub struct Exchange {
