@@ -116,7 +116,8 @@ pub struct LLMClientStatus {
 
     /// Ready: True when the spec is valid, the key resolved, every route in spec.routes
     /// was found and no budget is spent; otherwise False with reason InvalidSpec,
-    /// KeyMissing, KeyConflict, RouteNotFound or BudgetExhausted.
+    /// KeyMissing, KeyConflict, RouteNotFound or BudgetExhausted. Stalled (kstatus) while
+    /// it is False for anything but a spent budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::conditions")]
     pub conditions: Vec<Condition>,

@@ -183,7 +183,8 @@ pub struct ProviderCredentialStatus {
     pub observed_generation: Option<i64>,
 
     /// Ready (the spec is valid and the key resolved) and SecretResolved (the Secret and
-    /// key exist).
+    /// key exist); while Ready is False, kstatus's Reconciling (deletion held while
+    /// routes use it) or Stalled (invalid, or its key missing).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::conditions")]
     pub conditions: Vec<Condition>,

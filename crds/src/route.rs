@@ -265,7 +265,9 @@ pub struct LLMRouteStatus {
 
     /// Accepted (the spec is valid and its models are not claimed by an older route),
     /// ResolvedRefs (every credential and key was found), Programmed (every ready proxy
-    /// replica serves observedGeneration).
+    /// replica serves observedGeneration), Ready (all three, for this generation: what
+    /// `kubectl wait --for=condition=Ready` waits on); while Ready is False, kstatus's
+    /// Reconciling (the proxies are catching up) or Stalled (only an edit helps).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::conditions")]
     pub conditions: Vec<Condition>,

@@ -2,9 +2,10 @@
 //! `/readyz` (caches synced) and `/metrics` (text exposition). Metrics live in a
 //! registry owned by the caller: no global state.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
@@ -16,6 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use switchback_crds::config::ObjectId;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -43,6 +45,67 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// `namespace/name`, as the proxy's `route` label.
+    pub route: String,
+    /// The reason of the route's Programmed condition.
+    pub reason: String,
+}
+
+/// `switchback_operator_route_programmed`: one series per route, 1 while its
+/// Programmed condition is True and 0 while it is False, labelled with the
+/// condition's reason. A route whose reason changes loses its old series (one series
+/// per route at any time); a deleted route loses it too (see [`Self::retain`]).
+#[derive(Clone, Default)]
+pub struct RouteProgrammed {
+    family: Family<RouteLabels, Gauge>,
+    /// The labels of each route's series now, to remove it when they change.
+    current: Arc<Mutex<HashMap<ObjectId, RouteLabels>>>,
+}
+
+impl RouteProgrammed {
+    /// Records the Programmed condition just computed for `route`.
+    pub fn set(&self, route: &ObjectId, programmed: bool, reason: &str) {
+        let labels = RouteLabels {
+            route: route.to_string(),
+            reason: reason.to_string(),
+        };
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = current.insert(route.clone(), labels.clone())
+            && old != labels
+        {
+            self.family.remove(&old);
+        }
+        self.family
+            .get_or_create(&labels)
+            .set(i64::from(programmed));
+    }
+
+    /// The reason and value of `route`'s series, if it has one.
+    #[cfg(test)]
+    pub fn of(&self, route: &ObjectId) -> Option<(String, i64)> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let labels = current.get(route)?;
+        Some((
+            labels.reason.clone(),
+            self.family.get_or_create(labels).get(),
+        ))
+    }
+
+    /// Drops the series of the routes `exists` says are gone.
+    pub fn retain(&self, exists: impl Fn(&ObjectId) -> bool) {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current.retain(|id, labels| {
+            let keep = exists(id);
+            if !keep {
+                self.family.remove(labels);
+            }
+            keep
+        });
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct Metrics {
     pub reconciles: Family<ControllerLabels, Counter>,
@@ -52,6 +115,10 @@ pub struct Metrics {
     pub scrapes: Family<ResultLabels, Counter>,
     pub events: Family<ReasonLabels, Counter>,
     pub leader: Gauge,
+    /// The proxy replicas of the last scrape round, by whether their stats were read
+    /// (`result`: `ok`, `error`). Set by the leader only: a standby has no series.
+    pub proxy_replicas: Family<ResultLabels, Gauge>,
+    pub route_programmed: RouteProgrammed,
 }
 
 impl Metrics {
@@ -94,7 +161,26 @@ impl Metrics {
             "1 while this replica holds the leader Lease",
             m.leader.clone(),
         );
+        r.register(
+            "proxy_replicas",
+            "Ready proxy replicas found in the last scrape round, by whether their stats were read (result ok or error); leader only",
+            m.proxy_replicas.clone(),
+        );
+        r.register(
+            "route_programmed",
+            "1 while an LLMRoute's Programmed condition is True, 0 while False, by route (namespace/name) and the condition's reason; leader only",
+            m.route_programmed.family.clone(),
+        );
         m
+    }
+
+    /// Counts the replicas of a scrape round: `ok` were read, `error` were not.
+    pub fn proxy_replicas_seen(&self, ok: usize, error: usize) {
+        for (result, n) in [("ok", ok), ("error", error)] {
+            self.proxy_replicas
+                .get_or_create(&ResultLabels { result })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 }
 
@@ -181,5 +267,88 @@ mod tests {
             out.contains("switchback_operator_events_total{reason=\"CircuitOpened\"} 1"),
             "{out}"
         );
+    }
+
+    fn exposition(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn proxy_replicas_are_counted_by_result_and_absent_until_a_round() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        // A standby (or a leader before its first round) says nothing: the alert on
+        // "no ready proxy" must not read a default 0 as "none found".
+        let out = exposition(&registry);
+        assert!(
+            !out.contains("switchback_operator_proxy_replicas{"),
+            "{out}"
+        );
+
+        m.proxy_replicas_seen(2, 1);
+        let out = exposition(&registry);
+        assert!(
+            out.contains("switchback_operator_proxy_replicas{result=\"ok\"} 2"),
+            "{out}"
+        );
+        assert!(
+            out.contains("switchback_operator_proxy_replicas{result=\"error\"} 1"),
+            "{out}"
+        );
+
+        m.proxy_replicas_seen(0, 0);
+        let out = exposition(&registry);
+        assert!(
+            out.contains("switchback_operator_proxy_replicas{result=\"ok\"} 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("switchback_operator_proxy_replicas{result=\"error\"} 0"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn route_programmed_keeps_one_series_per_route_and_forgets_deleted_routes() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let (smart, cheap) = (
+            ObjectId::new("team-a", "smart"),
+            ObjectId::new("team-b", "cheap"),
+        );
+        m.route_programmed.set(&smart, true, "Programmed");
+        m.route_programmed.set(&cheap, false, "NotRendered");
+        let out = exposition(&registry);
+        assert!(
+            out.contains(
+                "switchback_operator_route_programmed{route=\"team-a/smart\",reason=\"Programmed\"} 1"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "switchback_operator_route_programmed{route=\"team-b/cheap\",reason=\"NotRendered\"} 0"
+            ),
+            "{out}"
+        );
+
+        // The reason changes: the series of the old reason goes.
+        m.route_programmed.set(&smart, false, "Pending");
+        let out = exposition(&registry);
+        assert!(
+            out.contains(
+                "switchback_operator_route_programmed{route=\"team-a/smart\",reason=\"Pending\"} 0"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("reason=\"Programmed\""), "{out}");
+
+        // team-b/cheap was deleted.
+        m.route_programmed.retain(|id| *id == smart);
+        let out = exposition(&registry);
+        assert!(!out.contains("team-b/cheap"), "{out}");
+        assert!(out.contains("route=\"team-a/smart\""), "{out}");
     }
 }

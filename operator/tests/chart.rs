@@ -13,7 +13,11 @@
 //!   proxy mounts them as required volumes;
 //! - RBAC: the exact rules of cluster mode and of namespaced mode (no cluster-wide
 //!   grant to the operator there), the proxy's Role, the aggregated ClusterRoles;
-//! - values reach their flags and fields; NOTES.txt renders; the helm test Pods render.
+//! - values reach their flags and fields; NOTES.txt renders; the helm test Pods render;
+//! - the alerts: each has a section in docs/runbooks.md, a `runbook_url` to it under
+//!   `metrics.prometheusRule.runbookBaseURL`, and cases in tests/alerts/alerts.test.yaml
+//!   where it fires and where it does not, which `promtool test rules` passes (with
+//!   promtool: `SWITCHBACK_PROMTOOL`, on PATH, or the one `.ci/chart` fetches).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -462,7 +466,7 @@ fn gateway_rules() -> Rules {
         rule(
             &[""],
             &["configmaps"],
-            &["list", "watch", "patch", "delete"],
+            &["list", "watch", "create", "patch", "delete"],
         ),
         rule(
             &[""],
@@ -1188,4 +1192,210 @@ fn helm_test_pods_check_readyz_and_models_unprivileged() {
             .names("Pod")
             .is_empty()
     );
+}
+
+// --- Alerts (templates/prometheusrule.yaml) ---------------------------------------------
+
+/// The alert tests and the values they are written against (see its values.yaml).
+fn alert_tests() -> PathBuf {
+    chart().join("tests/alerts")
+}
+
+/// The alert names of templates/prometheusrule.yaml, in order.
+fn alert_names() -> Vec<String> {
+    let text = std::fs::read_to_string(chart().join("templates/prometheusrule.yaml")).unwrap();
+    let names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .map(|n| n.trim().to_string())
+        .collect();
+    assert!(names.len() >= 11, "only {names:?} in prometheusrule.yaml");
+    names
+}
+
+#[test]
+fn every_alert_has_a_runbook_section_and_cases_that_fire_it_and_do_not() {
+    let alerts = alert_names();
+    let runbooks =
+        std::fs::read_to_string(chart().join("../../docs/runbooks.md")).expect("docs/runbooks.md");
+    let sections: BTreeSet<String> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|s| s.trim().to_string())
+        .collect();
+    let tests: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(alert_tests().join("alerts.test.yaml")).unwrap(),
+    )
+    .expect("alerts.test.yaml parses");
+    // (alert, whether the case expects it to fire)
+    let mut cases = BTreeSet::new();
+    for test in tests["tests"].as_sequence().expect("tests:") {
+        for case in test["alert_rule_test"]
+            .as_sequence()
+            .expect("alert_rule_test:")
+        {
+            let alert = case["alertname"].as_str().unwrap().to_string();
+            let fires = case["exp_alerts"]
+                .as_sequence()
+                .is_some_and(|a| !a.is_empty());
+            cases.insert((alert, fires));
+        }
+    }
+    let mut problems = Vec::new();
+    for alert in &alerts {
+        if !sections.contains(alert) {
+            problems.push(format!(
+                "{alert}: no `## {alert}` section in docs/runbooks.md"
+            ));
+        }
+        for (fires, what) in [(true, "fires"), (false, "does not fire")] {
+            if !cases.contains(&(alert.clone(), fires)) {
+                problems.push(format!(
+                    "{alert}: no case in tests/alerts/alerts.test.yaml where it {what}"
+                ));
+            }
+        }
+    }
+    for section in &sections {
+        if !alerts.contains(section) {
+            problems.push(format!("docs/runbooks.md: `## {section}` is no alert"));
+        }
+    }
+    for (alert, _) in &cases {
+        if !alerts.contains(alert) {
+            problems.push(format!("alerts.test.yaml tests {alert}, which is no alert"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// promtool (Prometheus's rule checker and unit tester): `SWITCHBACK_PROMTOOL`,
+/// `promtool` on PATH, or the one `.ci/chart` extracted into its cache; else None
+/// (the test then prints why it skipped).
+fn promtool() -> Option<String> {
+    let cache = std::env::var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache")))
+        .map(|c| c.join("switchback/promtool/promtool"));
+    let candidates: Vec<String> = match std::env::var("SWITCHBACK_PROMTOOL") {
+        Ok(p) => vec![p],
+        Err(_) => std::iter::once("promtool".to_string())
+            .chain(cache.ok().map(|c| c.display().to_string()))
+            .collect(),
+    };
+    for bin in &candidates {
+        if let Ok(out) = Command::new(bin).arg("--version").output()
+            && out.status.success()
+        {
+            return Some(bin.clone());
+        }
+    }
+    println!(
+        "skipped: no promtool runs (tried {candidates:?}; set SWITCHBACK_PROMTOOL, install the \
+         Debian package prometheus, or run bash .ci/chart, which fetches one)"
+    );
+    None
+}
+
+/// The groups of the PrometheusRule rendered with tests/alerts/values.yaml and ARGS.
+fn rendered_rules(helm: &Helm, args: &[&str]) -> Value {
+    let mut all = vec![
+        "-f",
+        "tests/alerts/values.yaml",
+        "--show-only",
+        "templates/prometheusrule.yaml",
+    ];
+    all.extend_from_slice(args);
+    let rule = Objects::parse(&helm.template(&all));
+    let rule = rule.find("PrometheusRule", "gw/sb-switchback");
+    rule["spec"].clone()
+}
+
+#[test]
+fn every_alert_links_its_runbook_under_the_configured_base() {
+    let Some(helm) = helm() else { return };
+    let default_base = lookup(&values_yaml(), "metrics.prometheusRule.runbookBaseURL")
+        .and_then(|v| v.as_str())
+        .unwrap()
+        .to_string();
+    assert!(
+        default_base.ends_with("/docs/runbooks.md"),
+        "{default_base}"
+    );
+    let mirror = "https://wiki.example/ops/switchback-runbooks";
+    for (args, base) in [
+        (vec![], default_base.as_str()),
+        (
+            vec![
+                "--set",
+                "metrics.prometheusRule.runbookBaseURL=https://wiki.example/ops/switchback-runbooks",
+            ],
+            mirror,
+        ),
+    ] {
+        let spec = rendered_rules(&helm, &args);
+        let mut seen = Vec::new();
+        for group in spec["groups"].as_sequence().unwrap() {
+            for rule in group["rules"].as_sequence().unwrap() {
+                let alert = rule["alert"].as_str().unwrap();
+                assert_eq!(
+                    rule["annotations"]["runbook_url"].as_str(),
+                    Some(format!("{base}#{}", alert.to_lowercase()).as_str()),
+                    "{alert}"
+                );
+                seen.push(alert.to_string());
+            }
+        }
+        assert_eq!(seen, alert_names());
+    }
+    assert_refused(
+        &helm,
+        &[
+            "--set",
+            "metrics.prometheusRule.runbookBaseURL=wiki/runbooks#x",
+        ],
+        "metrics.prometheusRule.runbookBaseURL",
+    );
+}
+
+#[test]
+fn alerts_fire_on_the_samples_that_should_fire_them_and_only_those() {
+    let Some(helm) = helm() else { return };
+    let Some(promtool) = promtool() else { return };
+    let dir = std::env::temp_dir().join(format!("switchback-alerts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        serde_yaml_ng::to_string(&rendered_rules(&helm, &[])).unwrap(),
+    )
+    .unwrap();
+    std::fs::copy(
+        alert_tests().join("alerts.test.yaml"),
+        dir.join("alerts.test.yaml"),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, text) = run(&["check", "rules", "rules.yaml"]);
+    assert!(ok, "promtool check rules:\n{text}");
+    println!("{text}");
+    let (ok, text) = run(&["test", "rules", "alerts.test.yaml"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        ok,
+        "promtool test rules charts/switchback/tests/alerts/alerts.test.yaml:\n{text}"
+    );
+    println!("{text}");
 }

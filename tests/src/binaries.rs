@@ -105,6 +105,28 @@ impl Process {
         }
     }
 
+    /// Starts `cmd` as it is (its environment included), its stdout and stderr
+    /// appended to `log`.
+    pub fn spawn_command(name: &'static str, mut cmd: Command, log: &Path) -> Process {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone().expect("a second handle on the log"))
+            .stderr(file);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Process {
+            name,
+            child,
+            log: Some(log.to_path_buf()),
+            stopped: false,
+        }
+    }
+
     pub fn start(name: &'static str, bin: &Path, args: &[String]) -> Process {
         Self::spawn(name, bin, args, &[], None)
     }

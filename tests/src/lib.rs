@@ -6,4 +6,5 @@
 
 pub mod binaries;
 pub mod harness;
+pub mod kubelet;
 pub mod sim;

@@ -54,6 +54,17 @@ pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<
         seed,
         now: now(),
     });
+    if let Some(programmed) = desired
+        .conditions
+        .iter()
+        .find(|c| c.type_ == status::types::PROGRAMMED)
+    {
+        // What the operator knows now, written or not yet (a write may be held or
+        // wait for the budget): the alert on Programmed=False reads this.
+        ctx.metrics
+            .route_programmed
+            .set(&id, programmed.status == "True", &programmed.reason);
+    }
     let current = route.status.clone().unwrap_or_default();
     if desired == current {
         return Ok(Action::requeue(RESYNC));

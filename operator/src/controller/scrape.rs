@@ -73,7 +73,8 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     }
 }
 
-/// Scrapes every replica at once, counted by result; a replica that starts refusing
+/// Scrapes every replica at once, counted by result (each scrape, and the replicas of
+/// the round: `switchback_operator_proxy_replicas`); a replica that starts refusing
 /// the token is logged once.
 async fn scrape_all(
     ctx: &Context,
@@ -97,6 +98,8 @@ async fn scrape_all(
             .get_or_create(&ResultLabels { result })
             .inc();
     }
+    let read = scrapes.iter().filter(|s| s.result.is_ok()).count();
+    ctx.metrics.proxy_replicas_seen(read, scrapes.len() - read);
     scrapes
 }
 
@@ -108,6 +111,7 @@ fn forget_deleted(ctx: &Context, agg: &mut Aggregator, events: &mut CircuitEvent
     }
     let route_exists = |id: &ObjectId| exists(&ctx.stores.routes, id);
     agg.retain_routes(route_exists);
+    ctx.metrics.route_programmed.retain(route_exists);
     retain(&ctx.seeds, route_exists);
     retain(&ctx.unrendered, route_exists);
     events.retain_routes(route_exists);
@@ -222,6 +226,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .insert(id.clone(), (1, tokio::time::Instant::now()));
+            t.ctx.metrics.route_programmed.set(id, true, "Programmed");
         }
         t.ctx
             .client_seeds
@@ -238,6 +243,7 @@ mod tests {
         forget_deleted(&t.ctx, &mut agg, &mut events);
         assert_eq!(routes_kept(&t.ctx).len(), 2);
         assert_eq!(t.ctx.client_seeds.lock().unwrap().len(), 1);
+        assert!(t.ctx.metrics.route_programmed.of(&deleted).is_some());
 
         for cache in Cache::EVERY {
             t.ctx.stores.synced.listed(cache);
@@ -245,8 +251,57 @@ mod tests {
         forget_deleted(&t.ctx, &mut agg, &mut events);
         assert_eq!(routes_kept(&t.ctx), BTreeSet::from([kept.clone()]));
         let unrendered: Vec<ObjectId> = t.ctx.unrendered.lock().unwrap().keys().cloned().collect();
-        assert_eq!(unrendered, [kept]);
+        assert_eq!(unrendered, std::slice::from_ref(&kept));
         assert!(t.ctx.client_seeds.lock().unwrap().is_empty());
+        // Its Programmed series goes too: no alert on a route that is no more.
+        assert!(t.ctx.metrics.route_programmed.of(&deleted).is_none());
+        assert!(t.ctx.metrics.route_programmed.of(&kept).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_round_counts_the_replicas_read_and_not_read() {
+        use switchback_crds::stats::{STATS_VERSION, StatsReport};
+        let app = axum::Router::new().route(
+            "/admin/v1/stats",
+            axum::routing::get(|| async {
+                serde_json::to_string(&StatsReport {
+                    version: STATS_VERSION,
+                    instance_id: "i".into(),
+                    ..StatsReport::default()
+                })
+                .unwrap()
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        // A port nobody listens on any more: connection refused.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let down = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+
+        let t = Context::test();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let replicas = |ctx: &Context, result| {
+            ctx.metrics
+                .proxy_replicas
+                .get_or_create(&ResultLabels { result })
+                .get()
+        };
+        let scrapes = scrape_all(
+            &t.ctx,
+            &http,
+            &[up.clone(), down.clone()],
+            None,
+            &mut Refusals::default(),
+        )
+        .await;
+        assert_eq!(scrapes.len(), 2);
+        assert_eq!((replicas(&t.ctx, "ok"), replicas(&t.ctx, "error")), (1, 1));
+
+        // No ready replica at all: 0 read, which the "no ready proxy" alert reads.
+        scrape_all(&t.ctx, &http, &[], None, &mut Refusals::default()).await;
+        assert_eq!((replicas(&t.ctx, "ok"), replicas(&t.ctx, "error")), (0, 0));
     }
 
     #[test]

@@ -331,6 +331,13 @@ async fn route_status_goes_to_the_status_subresource_by_server_side_apply() {
         .unwrap();
     finish(server).await;
     assert_eq!(action, Action::requeue(RESYNC));
+    assert_eq!(
+        t.ctx
+            .metrics
+            .route_programmed
+            .of(&ObjectId::new("team-a", "smart")),
+        Some(("NoReadyReplicas".into(), 0))
+    );
 }
 
 #[tokio::test]
@@ -412,12 +419,38 @@ async fn a_pending_route_is_held_until_the_proxies_serve_it_or_the_hold_ends() {
         .await
         .unwrap();
     assert_eq!(action, Action::requeue(HOLD_RECHECK));
+    // Held, not written, yet the metric the Programmed=False alert reads says it.
+    let id = ObjectId::new("team-a", "smart");
+    assert_eq!(
+        t.ctx.metrics.route_programmed.of(&id),
+        Some(("Pending".into(), 0))
+    );
     tokio::time::advance(HOLD).await;
-    let server = t.api.run(vec![programmed_patch(&r, "Pending")]);
+    let server = t.api.run(vec![
+        programmed_patch(&r, "Pending"),
+        programmed_patch(&r, "Programmed"),
+    ]);
+    quick(reconcile_route(Arc::new(r.clone()), t.ctx.clone()))
+        .await
+        .unwrap();
+
+    // The replica loads it: Programmed=True, and the metric follows (one series).
+    let served = t.ctx.world().unwrap().rendering.served[&id];
+    let mut view = crate::aggregate::RouteView::default();
+    view.generations.insert("127.0.0.1:9090".into(), 3);
+    view.revisions
+        .insert("127.0.0.1:9090".into(), served.revision);
+    let mut proxies = (*t.ctx.proxies()).clone();
+    proxies.routes.insert(id.clone(), view);
+    *t.ctx.proxies.write().unwrap() = Arc::new(proxies);
     quick(reconcile_route(Arc::new(r), t.ctx.clone()))
         .await
         .unwrap();
     finish(server).await;
+    assert_eq!(
+        t.ctx.metrics.route_programmed.of(&id),
+        Some(("Programmed".into(), 1))
+    );
 }
 
 #[tokio::test]
