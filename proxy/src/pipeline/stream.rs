@@ -507,6 +507,29 @@ impl<U> Committed<U> {
         }
     }
 
+    /// Every whole event the framer holds forwarded into `out`; one over the size
+    /// limit ends the stream. The framer is taken out for the loop: its events are
+    /// read in place while `forward` borrows the rest of the state.
+    fn forward_framed(&mut self, out: &mut BytesMut) {
+        let mut framer = std::mem::take(&mut self.framer);
+        loop {
+            match framer.next_in_place() {
+                Ok(Some(ev)) => self.forward(ev, out),
+                Ok(None) => break,
+                Err(EventTooLarge) => {
+                    self.refused();
+                    self.abort(
+                        Reason::EventTooLarge,
+                        "an upstream event was larger than the proxy's event size limit",
+                        out,
+                    );
+                    break;
+                }
+            }
+        }
+        self.framer = framer;
+    }
+
     /// The stream failed after commit: counted when it ends.
     fn fail(&mut self, reason: Reason, status: Option<u16>) {
         if let Some(e) = &mut self.ending
@@ -567,6 +590,25 @@ pub(crate) fn commit_stream(
     )
 }
 
+/// Has the idle `deadline` passed? The timer is moved only when it fires before the
+/// real deadline (arriving data moves the deadline, not the timer); `false` leaves it
+/// armed to wake the task.
+fn stalled(
+    timer: &mut std::pin::Pin<Box<tokio::time::Sleep>>,
+    deadline: Instant,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    loop {
+        if timer.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        if Instant::now() >= deadline {
+            return true;
+        }
+        timer.as_mut().reset(deadline);
+    }
+}
+
 /// Bytes of forwarded events that make one write on their own.
 const COALESCE_LIMIT: usize = 16 * 1024;
 /// Event-loop turns a held chunk waits for more upstream data before it is sent.
@@ -622,25 +664,7 @@ where
         let st = &mut this.state;
         let mut out = std::mem::take(&mut this.pending);
         loop {
-            // The framer is taken out for the loop: its events are read in place
-            // while `forward` borrows the rest of the state.
-            let mut framer = std::mem::take(&mut st.framer);
-            loop {
-                match framer.next_in_place() {
-                    Ok(Some(ev)) => st.forward(ev, &mut out),
-                    Ok(None) => break,
-                    Err(EventTooLarge) => {
-                        st.refused();
-                        st.abort(
-                            Reason::EventTooLarge,
-                            "an upstream event was larger than the proxy's event size limit",
-                            &mut out,
-                        );
-                        break;
-                    }
-                }
-            }
-            st.framer = framer;
+            st.forward_framed(&mut out);
             // Enough for one write: send it, keep the rest for the next poll.
             if st.done || out.len() >= COALESCE_LIMIT {
                 break;
@@ -682,17 +706,9 @@ where
                         }
                         break;
                     }
-                    // Nothing to send and nothing arriving: is the stream stalled? The
-                    // timer is moved only when it fires before the real deadline.
-                    loop {
-                        if this.idle_timer.as_mut().poll(cx).is_pending() {
-                            return Poll::Pending;
-                        }
-                        let deadline = this.idle_since + st.idle;
-                        if Instant::now() >= deadline {
-                            break;
-                        }
-                        this.idle_timer.as_mut().reset(deadline);
+                    // Nothing to send and nothing arriving: is the stream stalled?
+                    if !stalled(&mut this.idle_timer, this.idle_since + st.idle, cx) {
+                        return Poll::Pending;
                     }
                     st.abort(
                         Reason::Timeout,
