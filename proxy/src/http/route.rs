@@ -83,7 +83,19 @@ pub(super) async fn route_and_run(
         include_usage: usage.include,
         strip_usage: usage.strip,
     };
-    let outcome = run_traced(gw, route, &call, tenant).await;
+    let span = request_span(route, &call, tenant);
+    // Without traces the span is disabled: skip the wrapper. The future is built in
+    // each branch, not bound to a local first, and awaited here, not in a function of
+    // its own: an awaited local is kept in this future's state twice (before and after
+    // the move into `.await`), and a nested async fn is copied into its parent's.
+    let outcome = if span.is_disabled() {
+        pipeline::run(gw, route, &call).await
+    } else {
+        pipeline::run(gw, route, &call)
+            .instrument(span.clone())
+            .await
+    };
+    record(&span, &outcome);
     let (response, counts) = log_line(gw, served, tenant, &call, started, outcome);
     finish(gw, route, &call, admitted, response, counts)
 }
@@ -152,13 +164,8 @@ impl Usage {
     }
 }
 
-/// The call through the pipeline in the request's trace span.
-async fn run_traced(
-    gw: &Gateway,
-    route: &RouteRt,
-    call: &Call<'_>,
-    tenant: Option<&Tenant>,
-) -> Outcome {
+/// The request's trace span (disabled, and free, unless traces are on).
+fn request_span(route: &RouteRt, call: &Call<'_>, tenant: Option<&Tenant>) -> tracing::Span {
     let (op, model) = (call.surface.operation(), call.client_model);
     let span = tracing::info_span!(
         target: TRACE_TARGET,
@@ -176,23 +183,17 @@ async fn run_traced(
         http.response.status_code = Empty,
     );
     telemetry::continue_trace(&span, call.client_headers);
-    // Without traces the span is disabled: skip the wrapper. The future is built in
-    // each branch, not bound to a local first: an awaited local is kept in this
-    // future's state twice (before and after the move into `.await`).
-    let outcome = if span.is_disabled() {
-        pipeline::run(gw, route, call).await
-    } else {
-        pipeline::run(gw, route, call)
-            .instrument(span.clone())
-            .await
-    };
+    span
+}
+
+/// What the walk came to, on the request's span.
+fn record(span: &tracing::Span, outcome: &Outcome) {
     span.record(
         "http.response.status_code",
         outcome.response.status().as_u16(),
     );
     span.record("switchback.attempts", outcome.attempts);
     span.record("switchback.fallbacks", outcome.fallbacks);
-    outcome
 }
 
 /// What the answer's headers report of the walk.

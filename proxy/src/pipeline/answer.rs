@@ -13,7 +13,6 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body_util::BodyDataStream;
 use hyper::body::Incoming;
-use tokio::time::timeout_at;
 
 use super::attempt::{Attempt, Attempted, Failure, UpstreamAnswer, timed_out};
 use super::relay::relay;
@@ -24,33 +23,41 @@ use crate::wire::json;
 use crate::wire::rewrite::replace_model;
 use crate::wire::usage;
 
+/// A unary answer's read within the attempt's deadline (`read_capped`), as the
+/// bytes and their reservation, or why it is unusable (a limit's refusal counted).
+pub(super) fn capped(
+    a: &Attempt<'_, '_>,
+    read: Result<Result<Capped, hyper::Error>, tokio::time::error::Elapsed>,
+) -> Result<(Bytes, AnswerHeld), Reason> {
+    let refused = &a.gw.refused;
+    match read {
+        Err(_) => Err(timed_out(a.budget)),
+        Ok(Err(_)) => Err(Reason::ConnectionError),
+        Ok(Ok(Capped::TooLarge)) => {
+            refused.responses.fetch_add(1, Ordering::Relaxed);
+            Err(Reason::ResponseTooLarge)
+        }
+        Ok(Ok(Capped::OverBudget)) => {
+            refused.over_budget.fetch_add(1, Ordering::Relaxed);
+            Err(Reason::Overloaded)
+        }
+        Ok(Ok(Capped::Whole(bytes, held))) => Ok((bytes, held)),
+    }
+}
+
 /// A unary 2xx, read whole (within `--max-response-bytes` and the answer budget):
 /// usage counted, then given the client's `model` or
 /// translated into the client's API. One the client could not use (truncated, HTML,
 /// not JSON, not translatable) is the provider's failure, before anything is
 /// committed.
-pub(super) async fn unary(
+pub(super) fn unary(
     a: &Attempt<'_, '_>,
     status: StatusCode,
     headers: HeaderMap,
-    body: Incoming,
+    bytes: Bytes,
+    held: AnswerHeld,
 ) -> Attempted {
-    let (gw, t, call) = (a.gw, a.target, a.call);
-    let limits = &gw.upstream_limits;
-    let read = read_capped(body, limits.max_response_bytes, &gw.answers);
-    let (bytes, held) = match timeout_at(a.deadline, read).await {
-        Err(_) => return Attempted::Failed(Failure::bare(timed_out(a.budget))),
-        Ok(Err(_)) => return Attempted::Failed(Failure::bare(Reason::ConnectionError)),
-        Ok(Ok(Capped::TooLarge)) => {
-            gw.refused.responses.fetch_add(1, Ordering::Relaxed);
-            return Attempted::Failed(Failure::bare(Reason::ResponseTooLarge));
-        }
-        Ok(Ok(Capped::OverBudget)) => {
-            gw.refused.over_budget.fetch_add(1, Ordering::Relaxed);
-            return Attempted::Failed(Failure::bare(Reason::Overloaded));
-        }
-        Ok(Ok(Capped::Whole(bytes, held))) => (bytes, held),
-    };
+    let (t, call) = (a.target, a.call);
     let translation = a.plan.translation;
     // A translation parses the answer anyway; only a relayed one needs the check.
     // Is it one whole JSON object (what every unary answer of both APIs is)? A scan

@@ -7,15 +7,17 @@
 //! The walk reaches this through `attempt::Transport`, so its tests can script
 //! answers.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use tokio::time::{Instant, timeout_at};
 
 use super::attempt::{Attempt, Attempted, Failure, Transport, UpstreamAnswer, timed_out};
-use super::stream::{self, NotCommitted, StreamAttempt};
+use super::stream::{self, LineSlot, NotCommitted, StreamAttempt};
 use super::{answer, relay};
 use crate::observe::reason::Reason;
 use crate::observe::telemetry;
@@ -39,41 +41,87 @@ const FORWARDED: [HeaderName; 3] = [
 const MAX_ERROR_BODY: usize = 1 << 20;
 
 /// The proxy's upstream HTTP clients.
+///
+/// One flat future on the request path: the steps that do not wait are plain
+/// functions, and each await is made here (a nested async fn would be moved into
+/// its parent's state as it is built, a copy of its size per request).
 pub(super) struct Http;
 
 impl Transport for Http {
     async fn attempt(&self, a: Attempt<'_, '_>) -> Attempted {
-        let timed_out = || Attempted::Failed(Failure::bare(timed_out(a.budget)));
-        let request = match request(&a).await {
-            Ok(r) => r,
-            Err(f) => return Attempted::Failed(f),
+        let (gw, t) = (a.gw, a.target);
+        let (uri, mut headers) = match request_parts(&a) {
+            Ok(parts) => parts,
+            Err(reason) => return Attempted::Failed(Failure::bare(reason)),
         };
-        let client = a.target.credential.client.here();
+        let unsigned = Unsigned {
+            uri: &uri,
+            headers: &mut headers,
+            body: &a.plan.body,
+            client: t.credential.client.here(),
+        };
+        let authorised = match t.credential.endpoint.authorise(unsigned) {
+            Authorising::Done(done) => done,
+            Authorising::Pending(pending) => match timeout_at(a.deadline, pending).await {
+                Ok(done) => done,
+                Err(_) => Err(authorisation_late(&a)),
+            },
+        };
+        if let Err(reason) = authorised {
+            return Attempted::Failed(Failure::bare(reason));
+        }
+        let mut request = hyper::Request::new(upstream::Body::new(a.plan.body.clone()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        let client = t.credential.client.here();
         let response = match timeout_at(a.deadline, client.request(request)).await {
-            Err(_) => return timed_out(),
+            Err(_) => return Attempted::Failed(Failure::bare(timed_out(a.budget))),
             Ok(Err(e)) => {
-                tracing::debug!(target = %a.target.label, error = %e, "upstream transport error");
+                tracing::debug!(target = %t.label, error = %e, "upstream transport error");
                 return Attempted::Failed(Failure::bare(Reason::ConnectionError));
             }
             Ok(Ok(r)) => r,
         };
         let (parts, body) = response.into_parts();
-        if parts.status.is_success() {
-            success(a, parts.status, parts.headers, body).await
-        } else {
-            Attempted::Failed(failure(&a, parts.status, parts.headers, body).await)
+        let (status, headers) = (parts.status, parts.headers);
+        if !status.is_success() {
+            return Attempted::Failed(failure(&a, status, headers, body).await);
+        }
+        if relay::is_encoded(&headers) {
+            // Asked for `identity` and sent something else: unusable here.
+            return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
+        }
+        if a.call.stream && streamed(&a, &headers) {
+            let (deadline, budget) = (a.deadline, a.budget);
+            // Boxed: the opening of a stream is most of an attempt's state, and a
+            // unary call would carry it too.
+            let opened = Box::pin(stream::start_stream(
+                status,
+                headers,
+                body,
+                deadline,
+                stream_attempt(a),
+            ))
+            .await;
+            return committed(opened, budget);
+        }
+        let read = answer::read_capped(body, gw.upstream_limits.max_response_bytes, &gw.answers);
+        match answer::capped(&a, timeout_at(a.deadline, read).await) {
+            Ok((bytes, held)) => answer::unary(&a, status, headers, bytes, held),
+            Err(reason) => Attempted::Failed(Failure::bare(reason)),
         }
     }
 }
 
-/// The upstream request: the credential's headers, the request id, the client's
-/// headers of the upstream's API, content type and trace context, the URL, then the
-/// endpoint's authorisation over all of it.
-async fn request(a: &Attempt<'_, '_>) -> Result<hyper::Request<upstream::Body>, Failure> {
+/// The upstream request's URL and headers: the credential's headers, the request id,
+/// the client's headers of the upstream's API, content type and trace context. The
+/// endpoint authorises them next.
+fn request_parts(a: &Attempt<'_, '_>) -> Result<(http::Uri, HeaderMap), Reason> {
     let (t, call, plan) = (a.target, a.call, a.plan);
     let cred = &t.credential;
     let Some(base) = &cred.headers else {
-        return Err(Failure::bare(Reason::MissingKey));
+        return Err(Reason::MissingKey);
     };
     let mut headers = base.clone();
     headers.insert(X_REQUEST_ID, call.request_id.clone());
@@ -92,71 +140,38 @@ async fn request(a: &Attempt<'_, '_>) -> Result<hyper::Request<upstream::Body>, 
     let surface = plan.exchange.upstream_surface(call.surface);
     let Some(uri) = t.url(surface, call.client_model, call.stream) else {
         // A deployment or model name no URL can carry: nothing was sent.
-        return Err(Failure::bare(Reason::UnsupportedParameter));
+        return Err(Reason::UnsupportedParameter);
     };
-    authorise(a, &uri, &mut headers).await?;
-    let mut request = hyper::Request::new(upstream::Body::new(plan.body.clone()));
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = headers;
-    Ok(request)
+    Ok((uri, headers))
 }
 
-/// The endpoint's authorisation of the final request, within the attempt's deadline:
-/// one that cannot finish by then is an `authError` (the call's budget running out
-/// is not).
-async fn authorise(
-    a: &Attempt<'_, '_>,
-    uri: &http::Uri,
-    headers: &mut HeaderMap,
-) -> Result<(), Failure> {
-    let cred = &a.target.credential;
-    let unsigned = Unsigned {
-        uri,
-        headers,
-        body: &a.plan.body,
-        client: cred.client.here(),
-    };
-    let done = match cred.endpoint.authorise(unsigned) {
-        Authorising::Done(done) => done,
-        Authorising::Pending(pending) => match timeout_at(a.deadline, pending).await {
-            Ok(done) => done,
-            Err(_) if Instant::now() >= a.budget => Err(Reason::Budget),
-            Err(_) => {
-                tracing::warn!(target_credential = %a.target.label,
-                    "no authorisation before the attempt's deadline");
-                Err(Reason::AuthError)
-            }
-        },
-    };
-    done.map_err(Failure::bare)
-}
-
-/// A 2xx: a stream in the upstream's stream type, when the client asked for one, is
-/// opened and committed (`stream`); anything else is read whole (`answer`).
-async fn success(
-    a: Attempt<'_, '_>,
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Incoming,
-) -> Attempted {
-    let (gw, t, call, plan) = (a.gw, a.target, a.call, a.plan);
-    if relay::is_encoded(&headers) {
-        // Asked for `identity` and sent something else: unusable here.
-        return Attempted::Failed(Failure::bare(Reason::InvalidResponse));
+/// An authorisation (a token exchange) that did not finish before the attempt's
+/// deadline: an `authError`, unless the call's budget is what ran out.
+fn authorisation_late(a: &Attempt<'_, '_>) -> Reason {
+    if Instant::now() >= a.budget {
+        return Reason::Budget;
     }
-    let stream_type = match plan.translation {
+    tracing::warn!(target_credential = %a.target.label,
+        "no authorisation before the attempt's deadline");
+    Reason::AuthError
+}
+
+/// Is this 2xx a stream in the upstream's stream type?
+fn streamed(a: &Attempt<'_, '_>, headers: &HeaderMap) -> bool {
+    let stream_type = match a.plan.translation {
         Some(tr) => tr.upstream().stream_type(),
         None => "text/event-stream",
     };
-    let streamed = headers
+    headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with(stream_type));
-    if !(call.stream && streamed) {
-        return answer::unary(&a, status, headers, body).await;
-    }
-    let stream = StreamAttempt {
+        .is_some_and(|v| v.starts_with(stream_type))
+}
+
+/// What committing a stream needs of the attempt (its slot goes with it).
+fn stream_attempt<'a>(a: Attempt<'a, '_>) -> StreamAttempt<'a> {
+    let (gw, t, call, plan) = (a.gw, a.target, a.call, a.plan);
+    StreamAttempt {
         target: t,
         route: a.route,
         max_event_bytes: gw.upstream_limits.max_event_bytes,
@@ -173,16 +188,17 @@ async fn success(
         client: call.client.cloned(),
         price: t.spec.price,
         strip_usage: call.strip_usage && plan.translation.is_none(),
-    };
-    // Boxed: the opening of a stream is most of an attempt's state, and a unary
-    // call would carry it too.
-    match Box::pin(stream::start_stream(
-        status, headers, body, a.deadline, stream,
-    ))
-    .await
-    {
+    }
+}
+
+/// A stream's opening, as the try's outcome.
+fn committed(
+    opened: Result<(Response<Body>, Arc<LineSlot>), NotCommitted>,
+    budget: Instant,
+) -> Attempted {
+    match opened {
         Ok((response, line)) => Attempted::Committed(response, Some(line)),
-        Err(NotCommitted::TimedOut) => Attempted::Failed(Failure::bare(timed_out(a.budget))),
+        Err(NotCommitted::TimedOut) => Attempted::Failed(Failure::bare(timed_out(budget))),
         Err(NotCommitted::Failed(reason, status)) => Attempted::Failed(Failure {
             reason,
             status,

@@ -21,7 +21,7 @@ use super::stream::LineSlot;
 use super::walk::{Tried, Walk};
 use crate::config::snapshot::TargetRt;
 use crate::limits::circuit::{Admit, Probe, Transition};
-use crate::limits::concurrency::Refused;
+use crate::limits::concurrency::{Limiter, Refused};
 use crate::observe::counters;
 use crate::observe::reason::Reason;
 use crate::providers::Exchange;
@@ -62,13 +62,40 @@ impl<T: Transport> Walk<'_, '_, T> {
             if Instant::now() >= self.budget {
                 return Tried::Failed(Failure::bare(Reason::Budget));
             }
-            let permit = match self.slot(t).await {
-                Ok(permit) => permit,
-                // A full queue moves on at once, without spending a retry.
-                Err(Refused::QueueFull) => return self.skip(i, Reason::QueueFull),
-                Err(Refused::Deadline) => return Tried::Failed(Failure::bare(Reason::Budget)),
+            let permit = match &t.credential.limiter {
+                None => None,
+                Some(limiter) => match self.queue(limiter).await {
+                    Ok(permit) => Some(permit),
+                    // A full queue moves on at once, without spending a retry.
+                    Err(Refused::QueueFull) => return self.skip(i, Reason::QueueFull),
+                    Err(Refused::Deadline) => return Tried::Failed(Failure::bare(Reason::Budget)),
+                },
             };
-            let (result, elapsed) = self.send(t, &plan, tries, permit).await;
+            let (span, started) = self.counted(t, tries);
+            let attempt = Attempt {
+                gw: self.gw,
+                route,
+                target: t,
+                call: self.call,
+                plan: &plan,
+                deadline: attempt_deadline(started, &t.spec, self.budget),
+                budget: self.budget,
+                permit,
+                span: &span,
+            };
+            // Awaited here, not in a function of its own (a nested async fn is copied
+            // into its parent's state as it is built). Without traces the span is
+            // disabled: skip the wrapper; the future is made in each branch, not bound
+            // to a local (an awaited local is kept in the state twice).
+            let result = if span.is_disabled() {
+                self.transport.attempt(attempt).await
+            } else {
+                self.transport
+                    .attempt(attempt)
+                    .instrument(span.clone())
+                    .await
+            };
+            let elapsed = self.timed(t, &span, &result, started);
             let failure = match result {
                 Attempted::Committed(response, line) => {
                     return self.succeeded(t, probe, elapsed, response, line);
@@ -152,55 +179,35 @@ impl<T: Transport> Walk<'_, '_, T> {
 
     /// The credential's concurrency slot (`maxConcurrency`), waited for in its queue
     /// within the budget; the wait is not the gateway's own time.
-    async fn slot(&mut self, t: &TargetRt) -> Result<Option<OwnedSemaphorePermit>, Refused> {
-        let Some(limiter) = &t.credential.limiter else {
-            return Ok(None);
-        };
+    async fn queue(&mut self, limiter: &Limiter) -> Result<OwnedSemaphorePermit, Refused> {
         let queued = Instant::now();
         let got = limiter.acquire(self.budget).await;
         self.waited += queued.elapsed();
-        got.map(Some)
+        got
     }
 
-    /// One try sent, counted and traced; what it came to, and how long it took.
-    async fn send(
-        &mut self,
-        t: &TargetRt,
-        plan: &Plan,
-        tries: u32,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> (Attempted, Duration) {
-        let now = Instant::now();
+    /// A try about to be sent, counted; its trace span, and when it started.
+    fn counted(&mut self, t: &TargetRt, tries: u32) -> (tracing::Span, Instant) {
+        let started = Instant::now();
         self.sent += 1;
         counters::inc(&self.route.counters.attempts);
         counters::inc(&t.counters.attempts);
         if tries > 1 {
             counters::inc(&t.counters.retries);
         }
-        let span = attempt_span(t, self.call, tries);
-        let attempt = || Attempt {
-            gw: self.gw,
-            route: self.route,
-            target: t,
-            call: self.call,
-            plan,
-            deadline: attempt_deadline(now, &t.spec, self.budget),
-            budget: self.budget,
-            permit,
-            span: &span,
-        };
-        // Without traces the span is disabled: skip the wrapper. The future is made
-        // in each branch, not bound to a local: an awaited local is kept in this
-        // future's state twice (before and after the move into `.await`).
-        let result = if span.is_disabled() {
-            self.transport.attempt(attempt()).await
-        } else {
-            self.transport
-                .attempt(attempt())
-                .instrument(span.clone())
-                .await
-        };
-        match &result {
+        (attempt_span(t, self.call, tries), started)
+    }
+
+    /// A try's outcome on its span, and its duration (the provider's time, not the
+    /// gateway's).
+    fn timed(
+        &mut self,
+        t: &TargetRt,
+        span: &tracing::Span,
+        result: &Attempted,
+        started: Instant,
+    ) -> Duration {
+        match result {
             Attempted::Committed(r, _) => {
                 span.record("http.response.status_code", r.status().as_u16())
             }
@@ -208,10 +215,10 @@ impl<T: Transport> Walk<'_, '_, T> {
                 .record("http.response.status_code", f.status)
                 .record("error.type", f.reason.as_str()),
         };
-        let elapsed = now.elapsed();
+        let elapsed = started.elapsed();
         self.waited += elapsed;
         t.counters.attempt_duration.observe(elapsed);
-        (result, elapsed)
+        elapsed
     }
 
     /// A committed answer. A stream's verdict (success or failure, for stats and the

@@ -55,7 +55,44 @@ pub(super) async fn walk<T: Transport>(
         shortest_retry_after: None,
         untranslatable: None,
     };
-    let outcome = walk.along(order(route, draw).as_slice()).await;
+    let order = order(route, draw);
+    let order = order.as_slice();
+    // The walk's loop is here, not in a method of its own: a nested async fn would be
+    // copied into this future's state as it is built, once more per request.
+    let mut passed = Passed::default();
+    let outcome = 'walk: {
+        for (pos, &i) in order.iter().enumerate() {
+            passed.position = pos as u32;
+            let last = pos + 1 == order.len();
+            match walk.target(i, false).await {
+                Tried::Answered(response, line) => {
+                    break 'walk walk.answered(response, line, pos as u32, i);
+                }
+                Tried::Skipped(reason) => {
+                    passed.skipped(reason, pos, i);
+                    walk.moved_past(i, reason, last);
+                }
+                Tried::Failed(failure) => {
+                    if !may_advance(failure.reason, failure.status, &route.spec.fallback) {
+                        break 'walk walk.failed(failure, pos as u32);
+                    }
+                    walk.moved_past(i, failure.reason, last);
+                    passed.last_failure = Some(failure);
+                    if Instant::now() >= walk.budget {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some((pos, first)) = passed.all_open(walk.sent) {
+            break 'walk walk.forced(first, pos as u32, passed.position).await;
+        }
+        let last = match passed.last_failure.take() {
+            Some(f) => f,
+            None => walk.all_skipped(),
+        };
+        walk.failed(last, passed.position)
+    };
     let total = started.elapsed();
     route.counters.duration.observe(total);
     route
@@ -124,42 +161,6 @@ impl Passed {
 }
 
 impl<T: Transport> Walk<'_, '_, T> {
-    /// Each target of `order` in turn, until one answers or the chain stops.
-    async fn along(&mut self, order: &[u8]) -> Outcome {
-        let mut passed = Passed::default();
-        for (pos, &i) in order.iter().enumerate() {
-            passed.position = pos as u32;
-            let last = pos + 1 == order.len();
-            match self.target(i, false).await {
-                Tried::Answered(response, line) => {
-                    return self.answered(response, line, pos as u32, i);
-                }
-                Tried::Skipped(reason) => {
-                    passed.skipped(reason, pos, i);
-                    self.moved_past(i, reason, last);
-                }
-                Tried::Failed(failure) => {
-                    if !may_advance(failure.reason, failure.status, &self.route.spec.fallback) {
-                        return self.failed(failure, pos as u32);
-                    }
-                    self.moved_past(i, failure.reason, last);
-                    passed.last_failure = Some(failure);
-                    if Instant::now() >= self.budget {
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some((pos, first)) = passed.all_open(self.sent) {
-            return self.forced(first, pos as u32, passed.position).await;
-        }
-        let last = match passed.last_failure.take() {
-            Some(f) => f,
-            None => self.all_skipped(),
-        };
-        self.failed(last, passed.position)
-    }
-
     /// A request left target `i` for the next one, for `reason`.
     fn moved_past(&self, i: u8, reason: Reason, last: bool) {
         if !last {
