@@ -16,11 +16,13 @@
 //!   the latest `until` they report; and per target, the window's requests, answers,
 //!   failures and fallbacks by reason, in the same buckets as the route's counters.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use switchback_crds::config::ObjectId;
 use switchback_crds::revision::Revision;
-use switchback_crds::stats::{CircuitState, LastFailure, StatsReport, TargetState, TargetStats};
+use switchback_crds::stats::{
+    CircuitState, LastFailure, RouteStats, StatsReport, TargetState, TargetStats,
+};
 
 use crate::usage::{Counted, Reading};
 
@@ -312,12 +314,13 @@ impl Aggregator {
     }
 
     /// Takes one scrape round (every ready replica) at `now_ms`, returning the circuit
-    /// transitions since the previous round.
+    /// transitions since the previous round. In steps: each replica's report becomes
+    /// deltas against that instance's previous reading (`take`), buckets older than the
+    /// window go (`expire`), and the views are built from what is left.
     pub fn observe(&mut self, now_ms: u64, scrapes: &[Scrape]) -> Vec<Transition> {
         let bucket = now_ms - now_ms % BUCKET_MS;
         let mut replicas = Vec::new();
-        let mut per_route: BTreeMap<ObjectId, Vec<(&str, &switchback_crds::stats::RouteStats)>> =
-            BTreeMap::new();
+        let mut per_route: BTreeMap<ObjectId, Vec<(&str, &RouteStats)>> = BTreeMap::new();
         for scrape in scrapes {
             let report = match &scrape.result {
                 Ok(report) => report,
@@ -335,180 +338,38 @@ impl Aggregator {
                 error: None,
                 config_error: report.config_error.clone(),
             });
-            let baseline_only = !self.instances.contains_key(&report.instance_id)
-                && started_ms(&report.started_at).is_none_or(|s| s < self.started_ms);
-            let instance = self
-                .instances
-                .entry(report.instance_id.clone())
-                .or_insert_with(|| Instance {
-                    last_seen_ms: now_ms,
-                    counters: HashMap::new(),
-                    targets: HashMap::new(),
-                    clients: HashMap::new(),
-                });
-            instance.last_seen_ms = now_ms;
-            for client in &report.clients {
-                let now = Reading::of(client);
-                let before = instance
-                    .clients
-                    .insert(client.client.clone(), now)
-                    .unwrap_or_default();
-                let acc = self.clients.entry(client.client.clone()).or_default();
-                if let Some(at) = client.last_request_at.as_deref().and_then(started_ms) {
-                    acc.last_request_ms = acc.last_request_ms.max(Some(at));
-                }
-                if baseline_only {
-                    continue;
-                }
-                let delta = now.since(&before);
-                if delta == Reading::default() {
-                    continue;
-                }
-                acc.counted.add(now_ms, &delta);
-                if delta.usage.requests > 0 {
-                    match acc.buckets.back_mut() {
-                        Some((start, n)) if *start == bucket => *n += delta.usage.requests,
-                        _ => acc.buckets.push_back((bucket, delta.usage.requests)),
-                    }
-                }
-            }
+            self.take(now_ms, bucket, report);
             for route in &report.routes {
-                let now = Counters::of(route);
-                let before = instance
-                    .counters
-                    .insert(route.route.clone(), now)
-                    .unwrap_or_default();
                 per_route
                     .entry(route.route.clone())
                     .or_default()
                     .push((scrape.endpoint.as_str(), route));
-                let mut target_deltas = BTreeMap::new();
-                for t in &route.targets {
-                    let key = (t.credential.clone(), t.model.clone());
-                    let now = TargetCounts::of(t);
-                    let before = instance
-                        .targets
-                        .insert((route.route.clone(), key.clone()), now.clone())
-                        .unwrap_or_default();
-                    let delta = now.since(&before);
-                    if !delta.is_zero() {
-                        target_deltas.insert(key, delta);
-                    }
-                }
-                if baseline_only {
-                    continue;
-                }
-                let delta = now.since(&before);
-                if delta == Counters::default() && target_deltas.is_empty() {
-                    continue;
-                }
-                let acc = self.routes.entry(route.route.clone()).or_default();
-                acc.totals.add(&delta);
-                match acc.buckets.back_mut() {
-                    Some((start, c)) if *start == bucket => c.add(&delta),
-                    _ => acc.buckets.push_back((bucket, delta)),
-                }
-                if !target_deltas.is_empty() {
-                    match acc.target_buckets.back_mut() {
-                        Some((start, per)) if *start == bucket => {
-                            for (key, d) in target_deltas {
-                                per.entry(key).or_default().add(&d);
-                            }
-                        }
-                        _ => acc.target_buckets.push_back((bucket, target_deltas)),
-                    }
-                }
             }
         }
         self.instances
             .retain(|_, i| now_ms.saturating_sub(i.last_seen_ms) < FORGET_INSTANCE_MS);
+        self.expire(now_ms.saturating_sub(self.window_ms));
 
-        let oldest = now_ms.saturating_sub(self.window_ms);
-        let mut routes = BTreeMap::new();
-        for acc in self.routes.values_mut() {
-            while acc
-                .buckets
-                .front()
-                .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
-            {
-                acc.buckets.pop_front();
-            }
-            while acc
-                .target_buckets
-                .front()
-                .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
-            {
-                acc.target_buckets.pop_front();
-            }
-        }
-        let mut clients = BTreeMap::new();
-        for (id, acc) in &mut self.clients {
-            while acc
-                .buckets
-                .front()
-                .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
-            {
-                acc.buckets.pop_front();
-            }
-            clients.insert(
-                id.clone(),
-                ClientView {
+        let clients = self
+            .clients
+            .iter()
+            .map(|(id, acc)| {
+                let view = ClientView {
                     counted: acc.counted.clone(),
                     window_requests: acc.buckets.iter().map(|(_, n)| n).sum(),
                     last_request_ms: acc.last_request_ms,
-                },
-            );
-        }
-        let ids: Vec<ObjectId> = per_route
-            .keys()
-            .chain(self.routes.keys())
-            .cloned()
+                };
+                (id.clone(), view)
+            })
             .collect();
-        for id in ids {
-            if routes.contains_key(&id) {
-                continue;
-            }
-            let mut view = RouteView::default();
-            let mut target_window: BTreeMap<TargetKey, TargetCounts> = BTreeMap::new();
-            if let Some(acc) = self.routes.get(&id) {
-                view.totals = acc.totals;
-                for (_, c) in &acc.buckets {
-                    view.window.add(c);
-                }
-                for (_, per) in &acc.target_buckets {
-                    for (key, d) in per {
-                        target_window.entry(key.clone()).or_default().add(d);
-                    }
-                }
-            }
-            if let Some(reports) = per_route.get(&id) {
-                for (endpoint, r) in reports {
-                    view.generations.insert(endpoint.to_string(), r.generation);
-                    if let Some(revision) = r.revision {
-                        view.revisions.insert(endpoint.to_string(), revision);
-                    }
-                }
-                view.targets = targets(reports);
-                for t in &mut view.targets {
-                    if let Some(w) = target_window.remove(&(t.credential.clone(), t.model.clone()))
-                    {
-                        t.window = w;
-                    }
-                }
-                view.order = reports
-                    .iter()
-                    .max_by_key(|(_, r)| r.generation)
-                    .map(|(_, r)| {
-                        r.order
-                            .iter()
-                            .map(|&i| i as usize)
-                            .filter(|&i| i < view.targets.len())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-            }
-            routes.insert(id, view);
-        }
+        let ids: BTreeSet<&ObjectId> = per_route.keys().chain(self.routes.keys()).collect();
+        let routes = ids
+            .into_iter()
+            .map(|id| {
+                let reports = per_route.get(id).map(Vec::as_slice).unwrap_or_default();
+                (id.clone(), self.route_view(id, reports))
+            })
+            .collect();
         let next = Snapshot {
             replicas,
             routes,
@@ -519,11 +380,157 @@ impl Aggregator {
         self.last = next;
         transitions
     }
+
+    /// One replica's report: the deltas since that instance's previous reading, added
+    /// to the clients' and routes' accumulators. An instance first seen that started
+    /// before this operator only sets the baseline: its counters were counted before.
+    fn take(&mut self, now_ms: u64, bucket: u64, report: &StatsReport) {
+        let baseline_only = !self.instances.contains_key(&report.instance_id)
+            && started_ms(&report.started_at).is_none_or(|s| s < self.started_ms);
+        let instance = self
+            .instances
+            .entry(report.instance_id.clone())
+            .or_insert_with(|| Instance {
+                last_seen_ms: now_ms,
+                counters: HashMap::new(),
+                targets: HashMap::new(),
+                clients: HashMap::new(),
+            });
+        instance.last_seen_ms = now_ms;
+        for client in &report.clients {
+            let now = Reading::of(client);
+            let before = instance
+                .clients
+                .insert(client.client.clone(), now)
+                .unwrap_or_default();
+            let acc = self.clients.entry(client.client.clone()).or_default();
+            if let Some(at) = client.last_request_at.as_deref().and_then(started_ms) {
+                acc.last_request_ms = acc.last_request_ms.max(Some(at));
+            }
+            let delta = now.since(&before);
+            if baseline_only || delta == Reading::default() {
+                continue;
+            }
+            acc.counted.add(now_ms, &delta);
+            if delta.usage.requests > 0 {
+                match acc.buckets.back_mut() {
+                    Some((start, n)) if *start == bucket => *n += delta.usage.requests,
+                    _ => acc.buckets.push_back((bucket, delta.usage.requests)),
+                }
+            }
+        }
+        for route in &report.routes {
+            let now = Counters::of(route);
+            let before = instance
+                .counters
+                .insert(route.route.clone(), now)
+                .unwrap_or_default();
+            let mut target_deltas = BTreeMap::new();
+            for t in &route.targets {
+                let key = (t.credential.clone(), t.model.clone());
+                let now = TargetCounts::of(t);
+                let before = instance
+                    .targets
+                    .insert((route.route.clone(), key.clone()), now.clone())
+                    .unwrap_or_default();
+                let delta = now.since(&before);
+                if !delta.is_zero() {
+                    target_deltas.insert(key, delta);
+                }
+            }
+            let delta = now.since(&before);
+            if baseline_only || (delta == Counters::default() && target_deltas.is_empty()) {
+                continue;
+            }
+            let acc = self.routes.entry(route.route.clone()).or_default();
+            acc.totals.add(&delta);
+            match acc.buckets.back_mut() {
+                Some((start, c)) if *start == bucket => c.add(&delta),
+                _ => acc.buckets.push_back((bucket, delta)),
+            }
+            if !target_deltas.is_empty() {
+                match acc.target_buckets.back_mut() {
+                    Some((start, per)) if *start == bucket => {
+                        for (key, d) in target_deltas {
+                            per.entry(key).or_default().add(&d);
+                        }
+                    }
+                    _ => acc.target_buckets.push_back((bucket, target_deltas)),
+                }
+            }
+        }
+    }
+
+    /// Drops the buckets that ended before `oldest` (ms): the window slides.
+    fn expire(&mut self, oldest: u64) {
+        fn drop_old<T>(buckets: &mut VecDeque<(u64, T)>, oldest: u64) {
+            while buckets
+                .front()
+                .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
+            {
+                buckets.pop_front();
+            }
+        }
+        for acc in self.routes.values_mut() {
+            drop_old(&mut acc.buckets, oldest);
+            drop_old(&mut acc.target_buckets, oldest);
+        }
+        for acc in self.clients.values_mut() {
+            drop_old(&mut acc.buckets, oldest);
+        }
+    }
+
+    /// A route's view: its totals and window from the accumulator, and from this
+    /// round's `reports` (endpoint, the route's stats there) the generations and
+    /// revisions served, the targets over replicas with their window counts, and the
+    /// order of the replica serving the newest generation.
+    fn route_view(&self, id: &ObjectId, reports: &[(&str, &RouteStats)]) -> RouteView {
+        let mut view = RouteView::default();
+        let mut target_window: BTreeMap<TargetKey, TargetCounts> = BTreeMap::new();
+        if let Some(acc) = self.routes.get(id) {
+            view.totals = acc.totals;
+            for (_, c) in &acc.buckets {
+                view.window.add(c);
+            }
+            for (_, per) in &acc.target_buckets {
+                for (key, d) in per {
+                    target_window.entry(key.clone()).or_default().add(d);
+                }
+            }
+        }
+        if reports.is_empty() {
+            return view;
+        }
+        for (endpoint, r) in reports {
+            view.generations.insert(endpoint.to_string(), r.generation);
+            if let Some(revision) = r.revision {
+                view.revisions.insert(endpoint.to_string(), revision);
+            }
+        }
+        view.targets = targets(reports);
+        for t in &mut view.targets {
+            if let Some(w) = target_window.remove(&(t.credential.clone(), t.model.clone())) {
+                t.window = w;
+            }
+        }
+        view.order = reports
+            .iter()
+            .max_by_key(|(_, r)| r.generation)
+            .map(|(_, r)| {
+                r.order
+                    .iter()
+                    .map(|&i| i as usize)
+                    .filter(|&i| i < view.targets.len())
+                    .collect()
+            })
+            .unwrap_or_default();
+        view
+    }
 }
 
 /// Targets of a route over replicas, in the order of the replica serving the highest
 /// generation (declared order); others are matched by credential and model.
-fn targets(reports: &[(&str, &switchback_crds::stats::RouteStats)]) -> Vec<TargetView> {
+fn targets(reports: &[(&str, &RouteStats)]) -> Vec<TargetView> {
     let Some((_, lead)) = reports.iter().max_by_key(|(_, r)| r.generation) else {
         return Vec::new();
     };
@@ -648,7 +655,7 @@ fn started_ms(rfc3339: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchback_crds::stats::{RouteStats, TargetStats};
+    use switchback_crds::stats::TargetStats;
 
     const START: u64 = 1_800_000_000_000;
 

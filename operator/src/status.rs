@@ -13,7 +13,7 @@ use switchback_crds::route::{
 use switchback_crds::stats;
 use switchback_crds::{LLMClient, LLMRoute, ProviderCredentialStatus};
 
-use crate::aggregate::{ClientView, RouteView, Snapshot};
+use crate::aggregate::{ClientView, RouteView, Snapshot, TargetView};
 use crate::explain;
 use crate::render::{Served, is_reference_reason};
 use crate::usage::{self, Budget, Current};
@@ -201,8 +201,9 @@ pub struct RouteFacts<'a> {
     pub now: Time,
 }
 
-/// The whole desired status of a route.
-pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
+/// A route's conditions: Accepted, ResolvedRefs, Programmed, Ready, then kstatus's
+/// Reconciling or Stalled when they apply.
+fn route_conditions(f: &RouteFacts<'_>, view: Option<&RouteView>) -> Vec<Condition> {
     let generation = f.route.metadata.generation;
     let previous = f
         .route
@@ -210,7 +211,6 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    let id = ObjectId::of(f.route);
     let errors = pick(&f.diagnostics, |d| {
         d.severity == Severity::Error && !is_reference_reason(d.reason)
     });
@@ -264,7 +264,6 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
             &f.now,
         ),
     };
-    let view = f.proxies.routes.get(&id);
     let (programmed, why, message) = programmed(f, generation, view);
     let programmed = condition(
         previous,
@@ -311,6 +310,17 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
         ),
     };
     let kstatus = kstatus(previous, &ready, not_ready, generation, &f.now);
+    [accepted, resolved, programmed, ready]
+        .into_iter()
+        .chain(kstatus)
+        .collect()
+}
+
+/// The whole desired status of a route.
+pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
+    let generation = f.route.metadata.generation;
+    let view = f.proxies.routes.get(&ObjectId::of(f.route));
+    let conditions = route_conditions(f, view);
 
     let previous_targets = f
         .route
@@ -336,32 +346,11 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
     let targets: Vec<TargetStatus> = view
         .filter(|_| f.served.is_some())
         .map(|v| {
+            let explained = explained.as_ref();
             v.targets
                 .iter()
                 .enumerate()
-                .map(|(i, t)| {
-                    let e = explained.as_ref().and_then(|e| e.targets.get(i));
-                    TargetStatus {
-                        credential: t.credential.name.clone(),
-                        model: t.model.clone(),
-                        state: e.map(|e| e.state.as_str().to_string()),
-                        since: e.and_then(|e| e.since.clone()),
-                        until: e.and_then(|e| e.until.clone()),
-                        replicas: e.map(|e| e.replicas as i32),
-                        share: e.and_then(|e| e.share),
-                        circuit: match t.circuit {
-                            stats::CircuitState::Closed => CircuitState::Closed,
-                            stats::CircuitState::Open => CircuitState::Open,
-                            stats::CircuitState::HalfOpen => CircuitState::HalfOpen,
-                        },
-                        open_replicas: t.open_replicas as i32,
-                        last_failure: t.last_failure.as_ref().map(|l| LastFailure {
-                            status: l.status.map(i32::from),
-                            reason: l.reason.clone(),
-                            at: l.at.parse().ok().map(Time),
-                        }),
-                    }
-                })
+                .map(|(i, t)| target_status(t, explained.and_then(|e| e.targets.get(i))))
                 .collect()
         })
         .unwrap_or_default();
@@ -373,10 +362,7 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     LLMRouteStatus {
         observed_generation: generation,
-        conditions: [accepted, resolved, programmed, ready]
-            .into_iter()
-            .chain(kstatus)
-            .collect(),
+        conditions,
         target_count: f.served.map(|s| s.targets as i32),
         open_circuits: f.served.map(|_| open),
         serving: explained.as_ref().and_then(|e| e.serving.clone()),
@@ -395,6 +381,31 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
             attempts: f.seed.attempts.saturating_add(clamp(counters.1.attempts)),
             fallbacks: f.seed.fallbacks.saturating_add(clamp(counters.1.fallbacks)),
             failed: f.seed.failed.saturating_add(clamp(counters.1.failed)),
+        }),
+    }
+}
+
+/// One target's status line: its state now as explained over the replicas (`e`), and
+/// its circuit and last failure as the replicas report them.
+fn target_status(t: &TargetView, e: Option<&explain::Explanation>) -> TargetStatus {
+    TargetStatus {
+        credential: t.credential.name.clone(),
+        model: t.model.clone(),
+        state: e.map(|e| e.state.as_str().to_string()),
+        since: e.and_then(|e| e.since.clone()),
+        until: e.and_then(|e| e.until.clone()),
+        replicas: e.map(|e| e.replicas as i32),
+        share: e.and_then(|e| e.share),
+        circuit: match t.circuit {
+            stats::CircuitState::Closed => CircuitState::Closed,
+            stats::CircuitState::Open => CircuitState::Open,
+            stats::CircuitState::HalfOpen => CircuitState::HalfOpen,
+        },
+        open_replicas: t.open_replicas as i32,
+        last_failure: t.last_failure.as_ref().map(|l| LastFailure {
+            status: l.status.map(i32::from),
+            reason: l.reason.clone(),
+            at: l.at.parse().ok().map(Time),
         }),
     }
 }
