@@ -56,16 +56,23 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: RunArgs) -> ExitCode {
+/// Logs go to stderr as text or JSON, filtered by `SWITCHBACK_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
     let filter =
         EnvFilter::try_from_env("SWITCHBACK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    match args.log_format {
+    match format {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
         LogFormat::Json => tracing_subscriber::fmt()
             .json()
             .with_env_filter(filter)
             .init(),
     }
+}
+
+/// Start-up in order: flags, the admin token file, the API, the generated Secrets,
+/// the Lease (when electing), then the controllers until a signal or a lost Lease.
+async fn run(args: RunArgs) -> ExitCode {
+    init_logging(args.log_format);
     // The one process-wide rustls provider (the workspace compiles in only aws-lc-rs),
     // installed before kube or reqwest builds a TLS config.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -156,15 +163,7 @@ async fn run(args: RunArgs) -> ExitCode {
     metrics.leader.set(1);
     tracing::info!(%identity, gateway_namespace = %gateway_namespace, "leading: starting the controllers");
 
-    let replicas = if args.proxy_admin_urls.is_empty() {
-        Replicas::Service {
-            namespace: gateway_namespace.clone(),
-            name: args.proxy_admin_service.clone(),
-            port_name: args.proxy_admin_port_name.clone(),
-        }
-    } else {
-        Replicas::Urls(args.proxy_admin_urls.clone())
-    };
+    let (settings, scrape) = settings(&args, &gateway_namespace, client_key_hasher, admin_token);
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -172,20 +171,6 @@ async fn run(args: RunArgs) -> ExitCode {
             instance: Some(identity.clone()),
         },
     );
-    let settings = Settings {
-        gateway_namespace,
-        scope: Scope::from_list(&args.watch_namespaces),
-        status_interval: args.status_interval,
-        status_writes_per_second: args.status_writes_per_second,
-        models_per_client: args.auth == AuthMode::Required,
-        client_key_hasher,
-    };
-    let scrape = ScrapeOptions {
-        replicas,
-        interval: args.scrape_interval,
-        window: args.stats_window,
-        admin_token,
-    };
     let controllers = controller::run(client, settings, scrape, metrics.clone(), health, recorder);
     let code = match &elector {
         Some(elector) => tokio::select! {
@@ -208,6 +193,40 @@ async fn run(args: RunArgs) -> ExitCode {
     }
     admin.abort();
     code
+}
+
+/// What the controllers are told by the flags: where the proxies' admin endpoints
+/// are, and the status and scrape settings.
+fn settings(
+    args: &RunArgs,
+    gateway_namespace: &str,
+    client_key_hasher: Option<Arc<KeyHasher>>,
+    admin_token: Option<AdminTokenSource>,
+) -> (Settings, ScrapeOptions) {
+    let replicas = if args.proxy_admin_urls.is_empty() {
+        Replicas::Service {
+            namespace: gateway_namespace.to_string(),
+            name: args.proxy_admin_service.clone(),
+            port_name: args.proxy_admin_port_name.clone(),
+        }
+    } else {
+        Replicas::Urls(args.proxy_admin_urls.clone())
+    };
+    let settings = Settings {
+        gateway_namespace: gateway_namespace.to_string(),
+        scope: Scope::from_list(&args.watch_namespaces),
+        status_interval: args.status_interval,
+        status_writes_per_second: args.status_writes_per_second,
+        models_per_client: args.auth == AuthMode::Required,
+        client_key_hasher,
+    };
+    let scrape = ScrapeOptions {
+        replicas,
+        interval: args.scrape_interval,
+        window: args.stats_window,
+        admin_token,
+    };
+    (settings, scrape)
 }
 
 /// How often a Secret the operator waits for (a user's `existingSecret`) is looked for.
