@@ -364,6 +364,7 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
             attempts: get(&r.counters.attempts),
             fallbacks: get(&r.counters.fallbacks),
             failed: get(&r.counters.failed),
+            resumed: 0,
             targets: r
                 .targets
                 .iter()
@@ -385,6 +386,9 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
                             .map(|(r, n)| (r.as_str().to_string(), n))
                             .collect(),
                         fallbacks_away: Reason::ALL.iter().map(|r| c.fallbacks_away.get(*r)).sum(),
+                        resumed: 0,
+                        hedges: 0,
+                        hedge_wins: 0,
                         circuit: match t.state.breaker.reported(now) {
                             crate::circuit::Reported::Closed => doc::CircuitState::Closed,
                             crate::circuit::Reported::Open => doc::CircuitState::Open,

@@ -232,6 +232,7 @@ mod tests {
             },
             api_version: api_version.map(str::to_owned),
             responses_api,
+            prefill: false,
             project: None,
             location: None,
             region: None,
