@@ -239,6 +239,7 @@ mod tests {
                     "PROGRAMMED",
                     ".status.conditions[?(@.type==\"Programmed\")].status"
                 ),
+                ("SERVING", ".status.serving"),
                 ("OPEN", ".status.openCircuits"),
                 ("REQUESTS", ".status.window.requests"),
                 ("FALLBACKS", ".status.window.fallbacks"),

@@ -31,6 +31,7 @@ use crate::schema;
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.strategy.mode","description":"Target ordering strategy"}"#,
     printcolumn = r#"{"name":"Targets","type":"integer","jsonPath":".status.targetCount","description":"Targets in the programmed route"}"#,
     printcolumn = r#"{"name":"Programmed","type":"string","jsonPath":".status.conditions[?(@.type==\"Programmed\")].status","description":"Every ready proxy replica serves the observed generation"}"#,
+    printcolumn = r#"{"name":"Serving","type":"string","jsonPath":".status.serving","description":"The target that answers first now"}"#,
     printcolumn = r#"{"name":"Open","type":"integer","jsonPath":".status.openCircuits","description":"Targets whose circuit is open on at least one replica"}"#,
     printcolumn = r#"{"name":"Requests","type":"integer","jsonPath":".status.window.requests","description":"Requests in the last stats window"}"#,
     printcolumn = r#"{"name":"Fallbacks","type":"integer","jsonPath":".status.window.fallbacks","description":"Requests answered by a target other than the first, last stats window"}"#,
@@ -378,6 +379,17 @@ pub struct LLMRouteStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_circuits: Option<i32>,
 
+    /// The target that answers first now: the first in the order a request takes that
+    /// is Ready on the proxies (credential name, with the model when two targets share
+    /// a credential). Absent when none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<String>,
+
+    /// Why requests go where they go, in one sentence: the order a request takes now,
+    /// each target skipped and why, the last window's fallbacks by reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+
     /// Per-target state, in declared order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<TargetStatus>,
@@ -400,6 +412,24 @@ pub struct TargetStatus {
     /// Upstream model, when the target sets one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// What a request finds here now: Ready, CircuitOpen, HalfOpen, Parked, Saturated,
+    /// NoKey or Unsupported. When replicas disagree, the state that keeps requests away
+    /// the most, with `replicas` saying how many see it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::target_state")]
+    pub state: Option<String>,
+    /// Since when it is in that state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// When the state ends on its own: an open circuit's next probe, a park's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+    /// Ready proxy replicas that see this state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Fraction (0 to 1) of the last window's answers this target gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<f64>,
     /// Closed, Open or HalfOpen; Open when open on any replica.
     pub circuit: CircuitState,
     /// Replicas on which the circuit is open.
@@ -447,6 +477,10 @@ pub struct WindowStats {
     pub fallbacks: i64,
     /// Requests that got an error answer after every target was tried or skipped.
     pub failed: i64,
+    /// Requests that moved on from a target to a later one, by the reason they left it
+    /// (status5xx, timeout, circuitOpen, parked, ...): why fallbacks happened.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub fallbacks_by_reason: std::collections::BTreeMap<String, i64>,
 }
 
 /// Counters since the route was created, monotonic across proxy restarts.

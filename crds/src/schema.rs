@@ -104,6 +104,18 @@ pub(crate) fn duration(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A target's state in status (SPEC §12).
+pub(crate) fn target_state(_: &mut SchemaGenerator) -> Schema {
+    let states: Vec<&str> = crate::stats::TargetState::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
+    json_schema!({
+        "type": "string",
+        "enum": states,
+    })
+}
+
 pub(crate) fn decimal(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",

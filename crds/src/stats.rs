@@ -82,6 +82,11 @@ pub struct RouteStats {
     #[serde(default)]
     pub resumed: u64,
     pub targets: Vec<TargetStats>,
+    /// Indexes of `targets` in the order a request takes them now (skipped targets in
+    /// their place): for loadbalance, by weight, heaviest first (the most likely
+    /// first). Empty from a proxy older than the field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub order: Vec<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -119,6 +124,20 @@ pub struct TargetStats {
     /// Hedged attempts on this target that answered first.
     #[serde(default)]
     pub hedge_wins: u64,
+    /// The same, by the reason the request left it (its last failure there, or why it
+    /// was skipped). Left out when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fallbacks_away_by_reason: BTreeMap<String, u64>,
+    /// What a request finds at this target now (SPEC §12). `None` from a proxy older
+    /// than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TargetState>,
+    /// RFC 3339: since when, where the replica knows it (a circuit's last change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_since: Option<String>,
+    /// RFC 3339: when it ends on its own (an open circuit's next probe, a park's end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_until: Option<String>,
     pub circuit: CircuitState,
     /// RFC 3339: when the circuit entered its current state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,6 +148,68 @@ pub struct TargetStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<LastFailure>,
     pub latency: Latency,
+}
+
+/// What a request finds at a target now, as one replica sees it. Every state but
+/// `Ready` makes requests skip the target before sending anything (SPEC §3), except
+/// `HalfOpen`, which lets one probe through.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum TargetState {
+    #[default]
+    Ready,
+    /// Its circuit is open: skipped until `stateUntil`, then one probe.
+    CircuitOpen,
+    /// Its circuit lets one probe through; the rest skip it.
+    HalfOpen,
+    /// A 429's Retry-After parks it until `stateUntil`.
+    Parked,
+    /// Its credential's `maxConcurrency` is in use and its queue full.
+    Saturated,
+    /// Its credential's key is missing from the delivered Secret.
+    NoKey,
+    /// It cannot serve the API the route's clients call (derived by the operator from
+    /// the window's skips; a replica does not report it).
+    Unsupported,
+}
+
+impl TargetState {
+    pub const ALL: [TargetState; 7] = [
+        TargetState::Ready,
+        TargetState::CircuitOpen,
+        TargetState::HalfOpen,
+        TargetState::Parked,
+        TargetState::Saturated,
+        TargetState::NoKey,
+        TargetState::Unsupported,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetState::Ready => "Ready",
+            TargetState::CircuitOpen => "CircuitOpen",
+            TargetState::HalfOpen => "HalfOpen",
+            TargetState::Parked => "Parked",
+            TargetState::Saturated => "Saturated",
+            TargetState::NoKey => "NoKey",
+            TargetState::Unsupported => "Unsupported",
+        }
+    }
+
+    /// How much it keeps requests away, the most first: the state a target is shown in
+    /// when replicas disagree.
+    pub fn severity(self) -> u8 {
+        match self {
+            TargetState::NoKey => 6,
+            TargetState::Unsupported => 5,
+            TargetState::CircuitOpen => 4,
+            TargetState::Parked => 3,
+            TargetState::Saturated => 2,
+            TargetState::HalfOpen => 1,
+            TargetState::Ready => 0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -218,6 +218,7 @@ fn main() {
                     fallbacks: 3 * round,
                     failed: round,
                     resumed: 0,
+                    order: Vec::new(),
                     targets: r
                         .spec
                         .targets

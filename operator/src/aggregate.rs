@@ -11,12 +11,16 @@
 //! - Circuit state per target: `Open` when open on any replica (with how many),
 //!   `HalfOpen` when half-open on any and open on none; the last failure is the most
 //!   recent one across replicas. Transitions between rounds are reported for Events.
+//! - What a request finds at each target now (SPEC §12): the state that keeps requests
+//!   away the most among the replicas, with how many see it, the earliest `since` and
+//!   the latest `until` they report; and per target, the window's requests, answers,
+//!   failures and fallbacks by reason, in the same buckets as the route's counters.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use switchback_crds::config::ObjectId;
 use switchback_crds::revision::Revision;
-use switchback_crds::stats::{CircuitState, LastFailure, StatsReport};
+use switchback_crds::stats::{CircuitState, LastFailure, StatsReport, TargetState, TargetStats};
 
 use crate::usage::{Counted, Reading};
 
@@ -83,14 +87,96 @@ impl Counters {
 }
 
 /// One target, aggregated over replicas.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TargetView {
     pub credential: ObjectId,
     pub model: Option<String>,
     pub circuit: CircuitState,
     pub open_replicas: u32,
     pub last_failure: Option<LastFailure>,
+    /// The state that keeps requests away the most among the replicas that report one
+    /// (`None`: no replica reports states, an older proxy).
+    pub state: Option<TargetState>,
+    /// Replicas that see `state`.
+    pub state_replicas: u32,
+    /// RFC 3339: the earliest `since` of those replicas, the latest `until`.
+    pub since: Option<String>,
+    pub until: Option<String>,
+    /// Counters over the rolling window.
+    pub window: TargetCounts,
 }
+
+/// Cumulative or windowed counters of one target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetCounts {
+    /// Requests that reached it (tried or skipped).
+    pub requests: u64,
+    /// Requests it answered.
+    pub successes: u64,
+    /// Failed attempts and skips, by reason.
+    pub failures: BTreeMap<String, u64>,
+    /// Requests that moved on from it, by the reason they left.
+    pub fallbacks: BTreeMap<String, u64>,
+}
+
+impl TargetCounts {
+    fn of(t: &TargetStats) -> Self {
+        Self {
+            requests: t.requests,
+            successes: t.successes,
+            failures: t.failures.clone(),
+            fallbacks: t.fallbacks_away_by_reason.clone(),
+        }
+    }
+
+    fn add(&mut self, o: &TargetCounts) {
+        self.requests += o.requests;
+        self.successes += o.successes;
+        for (reason, n) in &o.failures {
+            *self.failures.entry(reason.clone()).or_default() += n;
+        }
+        for (reason, n) in &o.fallbacks {
+            *self.fallbacks.entry(reason.clone()).or_default() += n;
+        }
+    }
+
+    /// `self - earlier`, or `self` when a counter went down (a reset).
+    fn since(&self, earlier: &TargetCounts) -> TargetCounts {
+        let shrank = |now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>| {
+            then.iter()
+                .any(|(k, v)| now.get(k).copied().unwrap_or(0) < *v)
+        };
+        if self.requests < earlier.requests
+            || self.successes < earlier.successes
+            || shrank(&self.failures, &earlier.failures)
+            || shrank(&self.fallbacks, &earlier.fallbacks)
+        {
+            return self.clone();
+        }
+        let minus = |now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>| {
+            now.iter()
+                .map(|(k, v)| (k.clone(), v - then.get(k).copied().unwrap_or(0)))
+                .filter(|(_, v)| *v > 0)
+                .collect()
+        };
+        TargetCounts {
+            requests: self.requests - earlier.requests,
+            successes: self.successes - earlier.successes,
+            failures: minus(&self.failures, &earlier.failures),
+            fallbacks: minus(&self.fallbacks, &earlier.fallbacks),
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        self.requests == 0
+            && self.successes == 0
+            && self.failures.is_empty()
+            && self.fallbacks.is_empty()
+    }
+}
+
+/// A target of a route, across replicas and rounds: its credential and model.
+type TargetKey = (ObjectId, Option<String>);
 
 /// One route, aggregated over replicas.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -100,6 +186,9 @@ pub struct RouteView {
     /// Revision served (route, credentials, keys), per replica that reports one.
     pub revisions: BTreeMap<String, Revision>,
     pub targets: Vec<TargetView>,
+    /// Indexes of `targets` in the order a request takes them now, as the replica
+    /// serving the highest generation reports it (empty from older proxies).
+    pub order: Vec<usize>,
     /// Counters over the rolling window.
     pub window: Counters,
     /// Counters counted since this operator started.
@@ -153,6 +242,7 @@ pub struct Snapshot {
 struct Instance {
     last_seen_ms: u64,
     counters: HashMap<ObjectId, Counters>,
+    targets: HashMap<(ObjectId, TargetKey), TargetCounts>,
     clients: HashMap<ObjectId, Reading>,
 }
 
@@ -169,6 +259,8 @@ struct RouteAcc {
     totals: Counters,
     /// (bucket start, deltas), oldest first.
     buckets: VecDeque<(u64, Counters)>,
+    /// (bucket start, deltas per target), oldest first.
+    target_buckets: VecDeque<(u64, BTreeMap<TargetKey, TargetCounts>)>,
 }
 
 /// The aggregation state, kept across rounds.
@@ -257,6 +349,7 @@ impl Aggregator {
                 .or_insert_with(|| Instance {
                     last_seen_ms: now_ms,
                     counters: HashMap::new(),
+                    targets: HashMap::new(),
                     clients: HashMap::new(),
                 });
             instance.last_seen_ms = now_ms;
@@ -295,11 +388,24 @@ impl Aggregator {
                     .entry(route.route.clone())
                     .or_default()
                     .push((scrape.endpoint.as_str(), route));
+                let mut target_deltas = BTreeMap::new();
+                for t in &route.targets {
+                    let key = (t.credential.clone(), t.model.clone());
+                    let now = TargetCounts::of(t);
+                    let before = instance
+                        .targets
+                        .insert((route.route.clone(), key.clone()), now.clone())
+                        .unwrap_or_default();
+                    let delta = now.since(&before);
+                    if !delta.is_zero() {
+                        target_deltas.insert(key, delta);
+                    }
+                }
                 if baseline_only {
                     continue;
                 }
                 let delta = now.since(&before);
-                if delta == Counters::default() {
+                if delta == Counters::default() && target_deltas.is_empty() {
                     continue;
                 }
                 let acc = self.routes.entry(route.route.clone()).or_default();
@@ -307,6 +413,16 @@ impl Aggregator {
                 match acc.buckets.back_mut() {
                     Some((start, c)) if *start == bucket => c.add(&delta),
                     _ => acc.buckets.push_back((bucket, delta)),
+                }
+                if !target_deltas.is_empty() {
+                    match acc.target_buckets.back_mut() {
+                        Some((start, per)) if *start == bucket => {
+                            for (key, d) in target_deltas {
+                                per.entry(key).or_default().add(&d);
+                            }
+                        }
+                        _ => acc.target_buckets.push_back((bucket, target_deltas)),
+                    }
                 }
             }
         }
@@ -322,6 +438,13 @@ impl Aggregator {
                 .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
             {
                 acc.buckets.pop_front();
+            }
+            while acc
+                .target_buckets
+                .front()
+                .is_some_and(|(start, _)| start + BUCKET_MS <= oldest)
+            {
+                acc.target_buckets.pop_front();
             }
         }
         let mut clients = BTreeMap::new();
@@ -352,10 +475,16 @@ impl Aggregator {
                 continue;
             }
             let mut view = RouteView::default();
+            let mut target_window: BTreeMap<TargetKey, TargetCounts> = BTreeMap::new();
             if let Some(acc) = self.routes.get(&id) {
                 view.totals = acc.totals;
                 for (_, c) in &acc.buckets {
                     view.window.add(c);
+                }
+                for (_, per) in &acc.target_buckets {
+                    for (key, d) in per {
+                        target_window.entry(key.clone()).or_default().add(d);
+                    }
                 }
             }
             if let Some(reports) = per_route.get(&id) {
@@ -366,6 +495,23 @@ impl Aggregator {
                     }
                 }
                 view.targets = targets(reports);
+                for t in &mut view.targets {
+                    if let Some(w) = target_window.remove(&(t.credential.clone(), t.model.clone()))
+                    {
+                        t.window = w;
+                    }
+                }
+                view.order = reports
+                    .iter()
+                    .max_by_key(|(_, r)| r.generation)
+                    .map(|(_, r)| {
+                        r.order
+                            .iter()
+                            .map(|&i| i as usize)
+                            .filter(|&i| i < view.targets.len())
+                            .collect()
+                    })
+                    .unwrap_or_default();
             }
             routes.insert(id, view);
         }
@@ -397,8 +543,15 @@ fn targets(reports: &[(&str, &switchback_crds::stats::RouteStats)]) -> Vec<Targe
                 circuit: CircuitState::Closed,
                 open_replicas: 0,
                 last_failure: None,
+                state: None,
+                state_replicas: 0,
+                since: None,
+                until: None,
+                window: TargetCounts::default(),
             };
             let mut half_open = false;
+            // (state, since, until) per replica that reports a state.
+            let mut states: Vec<(TargetState, Option<&String>, Option<&String>)> = Vec::new();
             for (_, r) in reports {
                 let same = |o: &&switchback_crds::stats::TargetStats| {
                     o.credential == t.credential && o.model == t.model
@@ -416,6 +569,9 @@ fn targets(reports: &[(&str, &switchback_crds::stats::RouteStats)]) -> Vec<Targe
                     CircuitState::HalfOpen => half_open = true,
                     CircuitState::Closed => {}
                 }
+                if let Some(state) = o.state {
+                    states.push((state, o.state_since.as_ref(), o.state_until.as_ref()));
+                }
                 if let Some(f) = &o.last_failure {
                     let newer = view.last_failure.as_ref().is_none_or(|cur| {
                         started_ms(&f.at).unwrap_or(0) > started_ms(&cur.at).unwrap_or(0)
@@ -432,6 +588,27 @@ fn targets(reports: &[(&str, &switchback_crds::stats::RouteStats)]) -> Vec<Targe
             } else {
                 CircuitState::Closed
             };
+            if let Some(worst) = states
+                .iter()
+                .map(|(s, _, _)| *s)
+                .max_by_key(|s| s.severity())
+            {
+                let seeing: Vec<_> = states.iter().filter(|(s, _, _)| *s == worst).collect();
+                view.state = Some(worst);
+                view.state_replicas = seeing.len() as u32;
+                // RFC 3339 in UTC with one precision sorts as text; parse to be safe.
+                let ms = |t: &&String| started_ms(t).unwrap_or(0);
+                view.since = seeing
+                    .iter()
+                    .filter_map(|(_, s, _)| *s)
+                    .min_by_key(ms)
+                    .cloned();
+                view.until = seeing
+                    .iter()
+                    .filter_map(|(_, _, u)| *u)
+                    .max_by_key(ms)
+                    .cloned();
+            }
             view
         })
         .collect()
@@ -508,6 +685,7 @@ mod tests {
                     circuit,
                     ..TargetStats::default()
                 }],
+                order: Vec::new(),
             }],
         }
     }
@@ -688,6 +866,77 @@ mod tests {
         assert_eq!(view.window.requests, 6);
         assert_eq!(view.totals.requests, 16);
         assert_eq!(agg.snapshot().window_seconds, 60);
+    }
+
+    /// A report whose one target is in `state` (since, until) and has answered
+    /// `successes` requests, `left` of which moved on for `status5xx`.
+    fn with_target(
+        mut r: StatsReport,
+        state: TargetState,
+        since: Option<&str>,
+        until: Option<&str>,
+        successes: u64,
+        left: u64,
+    ) -> StatsReport {
+        let t = &mut r.routes[0].targets[0];
+        t.state = Some(state);
+        t.state_since = since.map(String::from);
+        t.state_until = until.map(String::from);
+        t.requests = successes + left;
+        t.successes = successes;
+        if left > 0 {
+            t.fallbacks_away_by_reason = BTreeMap::from([("status5xx".to_string(), left)]);
+        }
+        r.routes[0].order = vec![0];
+        r
+    }
+
+    /// SPEC §12: the state that keeps requests away the most, with how many replicas
+    /// see it, the earliest since and the latest until among them; per-target window
+    /// counters summed over replicas from per-instance deltas, and forgotten with the
+    /// window.
+    #[test]
+    fn target_states_and_window_counters_are_aggregated_over_replicas() {
+        let mut agg = Aggregator::new(60_000, START);
+        let round = |agg: &mut Aggregator, now: u64, a: (u64, u64), b_state: TargetState| {
+            let a_report = with_target(
+                report("i1", &at(0), 0, CircuitState::Open),
+                TargetState::CircuitOpen,
+                Some(&at(10)),
+                Some(&at(40)),
+                a.0,
+                a.1,
+            );
+            let b_report = with_target(
+                report("i2", &at(0), 0, CircuitState::Closed),
+                b_state,
+                None,
+                None,
+                a.0,
+                0,
+            );
+            agg.observe(now, &[ok("a", a_report), ok("b", b_report)]);
+        };
+        round(&mut agg, START, (0, 0), TargetState::Ready);
+        round(&mut agg, START + 1_000, (5, 3), TargetState::Ready);
+        let view = &agg.snapshot().routes[&id()];
+        let t = &view.targets[0];
+        assert_eq!(t.state, Some(TargetState::CircuitOpen));
+        assert_eq!(t.state_replicas, 1);
+        assert_eq!(
+            (t.since.as_deref(), t.until.as_deref()),
+            (Some(at(10).as_str()), Some(at(40).as_str()))
+        );
+        assert_eq!(t.window.successes, 10, "5 on each replica");
+        assert_eq!(t.window.fallbacks["status5xx"], 3);
+        assert_eq!(view.order, [0]);
+        // Both replicas open: two see it.
+        round(&mut agg, START + 2_000, (5, 3), TargetState::CircuitOpen);
+        assert_eq!(agg.snapshot().routes[&id()].targets[0].state_replicas, 2);
+        // The window moves on: nothing new counted.
+        round(&mut agg, START + 90_000, (5, 3), TargetState::Ready);
+        let t = &agg.snapshot().routes[&id()].targets[0];
+        assert_eq!(t.window, TargetCounts::default());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod budget;
 pub mod circuit_events;
 pub mod cli;
 pub mod controller;
+pub mod explain;
 pub mod leader;
 pub mod metrics;
 pub mod render;

@@ -14,6 +14,7 @@ use switchback_crds::stats;
 use switchback_crds::{LLMClient, LLMRoute, ProviderCredentialStatus};
 
 use crate::aggregate::{ClientView, RouteView, Snapshot};
+use crate::explain;
 use crate::render::{Served, is_reference_reason};
 use crate::usage::{self, Budget, Current};
 
@@ -311,25 +312,55 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
     };
     let kstatus = kstatus(previous, &ready, not_ready, generation, &f.now);
 
+    let previous_targets = f
+        .route
+        .status
+        .as_ref()
+        .map(|s| s.targets.as_slice())
+        .unwrap_or_default();
+    let scraped = f
+        .proxies
+        .replicas
+        .iter()
+        .filter(|r| r.error.is_none())
+        .count();
+    let explained = view.filter(|_| f.served.is_some()).map(|v| {
+        explain::explain(
+            v,
+            previous_targets,
+            scraped,
+            f.proxies.window_seconds,
+            &f.now,
+        )
+    });
     let targets: Vec<TargetStatus> = view
         .filter(|_| f.served.is_some())
         .map(|v| {
             v.targets
                 .iter()
-                .map(|t| TargetStatus {
-                    credential: t.credential.name.clone(),
-                    model: t.model.clone(),
-                    circuit: match t.circuit {
-                        stats::CircuitState::Closed => CircuitState::Closed,
-                        stats::CircuitState::Open => CircuitState::Open,
-                        stats::CircuitState::HalfOpen => CircuitState::HalfOpen,
-                    },
-                    open_replicas: t.open_replicas as i32,
-                    last_failure: t.last_failure.as_ref().map(|l| LastFailure {
-                        status: l.status.map(i32::from),
-                        reason: l.reason.clone(),
-                        at: l.at.parse().ok().map(Time),
-                    }),
+                .enumerate()
+                .map(|(i, t)| {
+                    let e = explained.as_ref().and_then(|e| e.targets.get(i));
+                    TargetStatus {
+                        credential: t.credential.name.clone(),
+                        model: t.model.clone(),
+                        state: e.map(|e| e.state.as_str().to_string()),
+                        since: e.and_then(|e| e.since.clone()),
+                        until: e.and_then(|e| e.until.clone()),
+                        replicas: e.map(|e| e.replicas as i32),
+                        share: e.and_then(|e| e.share),
+                        circuit: match t.circuit {
+                            stats::CircuitState::Closed => CircuitState::Closed,
+                            stats::CircuitState::Open => CircuitState::Open,
+                            stats::CircuitState::HalfOpen => CircuitState::HalfOpen,
+                        },
+                        open_replicas: t.open_replicas as i32,
+                        last_failure: t.last_failure.as_ref().map(|l| LastFailure {
+                            status: l.status.map(i32::from),
+                            reason: l.reason.clone(),
+                            at: l.at.parse().ok().map(Time),
+                        }),
+                    }
                 })
                 .collect()
         })
@@ -348,6 +379,8 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
             .collect(),
         target_count: f.served.map(|s| s.targets as i32),
         open_circuits: f.served.map(|_| open),
+        serving: explained.as_ref().and_then(|e| e.serving.clone()),
+        summary: explained.as_ref().and_then(|e| e.summary.clone()),
         targets,
         window: Some(WindowStats {
             seconds: f.proxies.window_seconds as i64,
@@ -355,6 +388,7 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
             attempts: clamp(counters.0.attempts),
             fallbacks: clamp(counters.0.fallbacks),
             failed: clamp(counters.0.failed),
+            fallbacks_by_reason: explained.map(|e| e.fallbacks_by_reason).unwrap_or_default(),
         }),
         totals: Some(TotalStats {
             requests: f.seed.requests.saturating_add(clamp(counters.1.requests)),
@@ -457,6 +491,10 @@ pub fn only_traffic_changed(a: &LLMRouteStatus, b: &LLMRouteStatus) -> bool {
         window: None,
         totals: None,
         open_circuits: None,
+        // What a request finds now moves with traffic: it waits for the status
+        // interval like the counters, so a flapping target costs no write per change.
+        serving: None,
+        summary: None,
         ..s.clone()
     };
     strip(a) == strip(b)
@@ -708,6 +746,7 @@ mod tests {
             circuit: stats::CircuitState::Open,
             open_replicas: 1,
             last_failure: None,
+            ..TargetView::default()
         });
         view.window.requests = 7;
         view.totals.requests = 9;

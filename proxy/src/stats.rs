@@ -365,6 +365,7 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
             fallbacks: get(&r.counters.fallbacks),
             failed: get(&r.counters.failed),
             resumed: 0,
+            order: Vec::new(),
             targets: r
                 .targets
                 .iter()
@@ -389,6 +390,14 @@ pub fn report(gw: &crate::gateway::Gateway) -> switchback_crds::stats::StatsRepo
                         resumed: 0,
                         hedges: 0,
                         hedge_wins: 0,
+                        fallbacks_away_by_reason: c
+                            .fallbacks_away
+                            .nonzero()
+                            .map(|(r, n)| (r.as_str().to_string(), n))
+                            .collect(),
+                        state: None,
+                        state_since: None,
+                        state_until: None,
                         circuit: match t.state.breaker.reported(now) {
                             crate::circuit::Reported::Closed => doc::CircuitState::Closed,
                             crate::circuit::Reported::Open => doc::CircuitState::Open,

@@ -495,3 +495,34 @@ See [a](docs/a.md#part) and ![b](img/b.png \"title\"), [c](<d e.md>).
     assert_eq!(anchors("## The API (`crds/`)\n")[0], "the-api-crds");
     assert_eq!(anchors("## LLMClient (SPEC §9)\n")[0], "llmclient-spec-9");
 }
+
+/// SPEC §12: the troubleshooting page names every failure and skip reason the proxy
+/// gives, every target state the status shows, and the Events the operator records.
+#[test]
+fn the_troubleshooting_page_names_every_reason_state_and_event() {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/troubleshooting.md"),
+    )
+    .expect("docs/troubleshooting.md");
+    let mut missing: Vec<String> = Vec::new();
+    for reason in switchback_proxy::outcome::Reason::ALL {
+        if !page.contains(&format!("`{}`", reason.as_str())) {
+            missing.push(format!("reason {}", reason.as_str()));
+        }
+    }
+    for state in switchback_crds::stats::TargetState::ALL {
+        if !page.contains(&format!("`{}`", state.as_str())) {
+            missing.push(format!("state {}", state.as_str()));
+        }
+    }
+    for event in ["CircuitOpened", "CircuitClosed"] {
+        if !page.contains(&format!("`{event}`")) {
+            missing.push(format!("Event {event}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/troubleshooting.md does not name: {}",
+        missing.join(", ")
+    );
+}

@@ -737,6 +737,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
             "MODE",
             "TARGETS",
             "PROGRAMMED",
+            "SERVING",
             "OPEN",
             "REQUESTS",
             "FALLBACKS",
@@ -745,12 +746,12 @@ async fn operator_and_proxy_against_a_real_api_server() {
     );
     let smart_row = rows.iter().find(|r| r[0] == "smart").unwrap();
     assert_eq!(
-        &smart_row[..5],
-        ["smart", "fallback", "2", "True", "1"],
+        &smart_row[..6],
+        ["smart", "fallback", "2", "True", "steady", "1"],
         "{rows:?}"
     );
-    assert!(smart_row[5].parse::<i64>().unwrap() >= 10, "{rows:?}");
-    assert!(smart_row[6].parse::<i64>().unwrap() >= 2, "{rows:?}");
+    assert!(smart_row[6].parse::<i64>().unwrap() >= 10, "{rows:?}");
+    assert!(smart_row[7].parse::<i64>().unwrap() >= 2, "{rows:?}");
     let events = ok(&[
         "get",
         "events",
@@ -1486,6 +1487,161 @@ async fn clients_authenticate_against_a_real_api_server() {
 }
 
 /// The API server refuses what the schema and CEL rules forbid, naming the field.
+/// SPEC §12: "why does `smart` go to the backup right now?", answered from the cluster
+/// alone. A primary answering 503 opens its circuit: SERVING turns to the backup and
+/// the primary shows CircuitOpen with `until`; after `openFor` the probe succeeds and
+/// it is Ready again. A 429 with Retry-After parks a target (Parked, `until`); a
+/// credential whose Secret lacks the key shows NoKey. `kubectl describe` is printed.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_says_why_requests_go_where_they_go() {
+    if !enabled("status_says_why_requests_go_where_they_go") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let (gw, a) = (format!("sb-e2e-why-gw-{id}"), format!("sb-e2e-why-{id}"));
+    let _namespaces = Namespaces::create(&[gw.clone(), a.clone()]);
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let limited = SimProvider::start_named("limited", Flavor::OpenAi).await;
+    let stack = Stack::start(&gw, 2, &[]);
+    apply(&format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: provider-keys, namespace: {a} }}\n\
+         stringData: {{ primary: k1, backup: k2, limited: k3 }}\n{}{}{}{}{}{}{}",
+        credential(&a, "primary", &primary.base_url()),
+        credential(&a, "backup", &backup.base_url()),
+        credential(&a, "limited", &limited.base_url()),
+        // No such key in the Secret: NoKey.
+        credential_with(&a, "keyless", &backup.base_url(), "")
+            .replace("key: keyless", "key: absent"),
+        route(
+            &a,
+            "why",
+            "why",
+            "[ { credentialRef: { name: primary } }, { credentialRef: { name: backup } } ]"
+        ),
+        route(
+            &a,
+            "parked",
+            "parked",
+            "[ { credentialRef: { name: limited } }, { credentialRef: { name: backup } } ]"
+        ),
+        route(
+            &a,
+            "keyless",
+            "keyless",
+            "[ { credentialRef: { name: keyless } }, { credentialRef: { name: backup } } ]"
+        ),
+    ));
+    for r in ["why", "parked", "keyless"] {
+        wait_programmed(&a, r);
+    }
+    let target = |route: &str, i: usize| -> Option<Value> {
+        let r = get_json(&["llmroute", "-n", &a, route])?;
+        Some(r["status"]["targets"][i].clone())
+    };
+
+    // 1. The primary answers 503 on both replicas: its circuit opens (2 in a row).
+    primary.set_default(Behavior::ServerError(503));
+    for i in 0..2 {
+        for _ in 0..3 {
+            assert_eq!(stack.chat_on(i, "why").await.status(), 200);
+        }
+    }
+    let open = eventually(
+        "SERVING is the backup and the primary is CircuitOpen with until",
+        Duration::from_secs(30),
+        || {
+            let r = get_json(&["llmroute", "-n", &a, "why"])?;
+            let s = &r["status"];
+            (s["serving"] == "backup"
+                && s["targets"][0]["state"] == "CircuitOpen"
+                && s["targets"][0]["replicas"] == 2
+                && s["targets"][0]["until"].is_string()
+                && s["targets"][1]["state"] == "Ready")
+                .then_some(r)
+        },
+    )
+    .await;
+    let s = &open["status"];
+    assert!(s["targets"][0]["since"].is_string(), "{s}");
+    assert_eq!(s["targets"][1]["share"], 1.0, "{s}");
+    assert!(
+        s["window"]["fallbacksByReason"]["status5xx"]
+            .as_i64()
+            .unwrap_or(0)
+            >= 1,
+        "{s}"
+    );
+    let summary = s["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("primary (CircuitOpen on 2 replicas until"),
+        "{summary}"
+    );
+    assert!(summary.contains("backup (Ready: serving)"), "{summary}");
+    let rows = table(&ok(&["get", "llmr", "-n", &a]));
+    let why = rows.iter().find(|r| r[0] == "why").unwrap();
+    assert_eq!(why[4], "backup", "SERVING: {rows:?}");
+    println!(
+        "--- kubectl describe llmroute why (circuit open):\n{}",
+        ok(&["describe", "llmroute", "-n", &a, "why"])
+    );
+
+    // 2. It recovers: after openFor (8 s) the half-open probe succeeds; Ready again.
+    primary.set_default(Behavior::Answer);
+    eventually_async(
+        "the primary answers again on both replicas",
+        Duration::from_secs(40),
+        || async {
+            let mut both = true;
+            for i in 0..2 {
+                both &= served_by(&stack.chat_on(i, "why").await) == format!("{a}/primary");
+            }
+            both.then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the primary is Ready and SERVING again",
+        Duration::from_secs(30),
+        || {
+            let t = target("why", 0)?;
+            let r = get_json(&["llmroute", "-n", &a, "why"])?;
+            (t["state"] == "Ready" && r["status"]["serving"] == "primary").then_some(())
+        },
+    )
+    .await;
+
+    // 3. A 429 with Retry-After parks its target on the replica that got it.
+    limited.set_default(Behavior::RateLimited {
+        retry_after_secs: 20,
+    });
+    let r = stack.chat_on(0, "parked").await;
+    assert_eq!(served_by(&r), format!("{a}/backup"));
+    let parked = eventually("Parked with until", Duration::from_secs(30), || {
+        let t = target("parked", 0)?;
+        (t["state"] == "Parked" && t["until"].is_string() && t["replicas"] == 1).then_some(t)
+    })
+    .await;
+    println!("parked target: {parked}");
+
+    // 4. A missing key: NoKey on every replica, without any traffic.
+    let keyless = eventually("NoKey", Duration::from_secs(30), || {
+        let t = target("keyless", 0)?;
+        (t["state"] == "NoKey" && t["replicas"] == 2).then_some(t)
+    })
+    .await;
+    println!("keyless target: {keyless}");
+    let r = get_json(&["llmroute", "-n", &a, "keyless"]).unwrap();
+    assert_eq!(r["status"]["serving"], "backup");
+    println!(
+        "--- kubectl describe llmroute keyless:\n{}",
+        ok(&["describe", "llmroute", "-n", &a, "keyless"])
+    );
+    drop(stack);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_and_cel_refusals_name_the_field() {
     if !enabled("schema_and_cel_refusals_name_the_field") {

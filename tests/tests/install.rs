@@ -465,6 +465,12 @@ async fn the_readme_quickstart_on_a_helm_install() {
         Some("True"),
         "{table}"
     );
+    // SERVING (SPEC §12): the first target is tried but answers nothing.
+    assert_eq!(
+        row.get("SERVING").map(String::as_str),
+        Some("main"),
+        "{table}"
+    );
 
     // Ready with kstatus's observedGeneration, on every kind.
     for (kind, name) in [
