@@ -466,6 +466,16 @@ fn credential_rules_agree() {
             true,
         ),
         (
+            "vertex reading the whole Secret (serviceAccount.json)",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
+                s["secretRef"].as_mapping_mut().unwrap().remove("key");
+            }),
+            true,
+        ),
+        (
             "vertex without location",
             Box::new(|s| {
                 set(s, &["provider"], "vertex");

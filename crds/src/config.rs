@@ -472,6 +472,10 @@ pub const AWS_ACCESS_KEY_ID: &str = "accessKeyId";
 pub const AWS_SECRET_ACCESS_KEY: &str = "secretAccessKey";
 pub const AWS_SESSION_TOKEN: &str = "sessionToken";
 
+/// The Secret data key a `vertex` credential reads its service-account JSON key
+/// from when `secretRef` names none (it takes the whole Secret, SPEC §10).
+pub const VERTEX_SERVICE_ACCOUNT_KEY: &str = "serviceAccount.json";
+
 impl Credential {
     /// Can this credential answer the OpenAI Responses API (`POST /responses`)?
     /// openai and azure-openai on its v1 API do; openai-compatible when it declares

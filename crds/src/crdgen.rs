@@ -537,7 +537,7 @@ mod tests {
                 "!has(self.maxQueue) || has(self.maxConcurrency)",
                 "self.provider != 'bedrock' || has(self.region)",
                 "!has(self.region) || self.provider == 'bedrock'",
-                "self.provider == 'bedrock' || has(self.secretRef.key)",
+                "self.provider in ['bedrock', 'vertex'] || has(self.secretRef.key)",
                 "self.provider != 'bedrock' || !has(self.secretRef.key)",
             ]
         );

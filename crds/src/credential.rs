@@ -46,7 +46,7 @@ use crate::schema;
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
 #[x_kube(validation = Rule::new("self.provider != 'bedrock' || has(self.region)").message("region is required for provider bedrock").field_path(".region"))]
 #[x_kube(validation = Rule::new("!has(self.region) || self.provider == 'bedrock'").message("region is only meaningful for provider bedrock").field_path(".region"))]
-#[x_kube(validation = Rule::new("self.provider == 'bedrock' || has(self.secretRef.key)").message("secretRef.key is required (it names the Secret key holding the API key)").field_path(".secretRef.key"))]
+#[x_kube(validation = Rule::new("self.provider in ['bedrock', 'vertex'] || has(self.secretRef.key)").message("secretRef.key is required (it names the Secret key holding the API key)").field_path(".secretRef.key"))]
 #[x_kube(validation = Rule::new("self.provider != 'bedrock' || !has(self.secretRef.key)").message("provider bedrock takes the whole Secret (accessKeyId, secretAccessKey, optional sessionToken): secretRef.key must not be set").field_path(".secretRef.key"))]
 pub struct ProviderCredentialSpec {
     /// Provider API flavour: openai, anthropic, openai-compatible (any server speaking
@@ -78,10 +78,11 @@ pub struct ProviderCredentialSpec {
     #[schemars(length(max = 2048), regex(pattern = r"^https?://"))]
     pub base_url: Option<String>,
 
-    /// The Secret key holding the API key, in this credential's namespace (for vertex:
-    /// the service-account JSON key, conventionally key serviceAccount.json). Required.
-    /// bedrock takes the whole Secret instead (no key): its data keys accessKeyId,
-    /// secretAccessKey and, for temporary credentials, sessionToken.
+    /// The Secret key holding the API key, in this credential's namespace. Required,
+    /// except for vertex and bedrock, which take the whole Secret: vertex reads the
+    /// service-account JSON key from key serviceAccount.json unless a key is named;
+    /// bedrock names no key and reads accessKeyId, secretAccessKey and, for
+    /// temporary credentials, sessionToken.
     pub secret_ref: SecretKeySelector,
 
     /// Static headers sent with every request to this provider, e.g.
@@ -175,8 +176,9 @@ pub struct SecretKeySelector {
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// Key within the Secret's data whose value is the API key. Required, 1 to 253
-    /// characters (except on a bedrock ProviderCredential, which reads the whole
-    /// Secret and must not set it).
+    /// characters, except on a vertex ProviderCredential (default
+    /// serviceAccount.json) and a bedrock one (which reads the whole Secret and must
+    /// not set it).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 253))]
     pub key: String,

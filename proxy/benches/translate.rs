@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use bytes::BytesMut;
-use switchback_proxy::rewrite::{JsonStr, replace_model};
-use switchback_proxy::sse::Framer;
-use switchback_proxy::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::providers::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::wire::rewrite::{JsonStr, replace_model};
+use switchback_proxy::wire::sse::Framer;
 
 const ROUNDS: usize = 20_000;
 
@@ -27,14 +27,14 @@ const PAIRINGS: [(&str, Direction); 6] = [
 
 /// A Bedrock fixture stream (its events as the proxy reads them) back in the binary
 /// AWS event-stream frames ConverseStream sends, one chunk per frame: its translated
-/// figure includes reading the frames (`Framer::event_stream`).
+/// figure includes reading the frames (the Converse dialect's framer).
 fn bedrock_frames(events: &[bytes::Bytes]) -> Vec<bytes::Bytes> {
     use aws_smithy_eventstream::frame::write_message_to;
     use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
     events
         .iter()
         .filter_map(|ev| {
-            let f = switchback_proxy::sse::fields(ev);
+            let f = switchback_proxy::wire::sse::fields(ev);
             let (name, data) = (std::str::from_utf8(f.event?).ok()?, f.data?);
             let v: serde_json::Value = serde_json::from_slice(data).ok()?;
             let (kind, payload, value) = match v.get("error") {
@@ -131,7 +131,7 @@ fn main() {
             if dir.to_bedrock() {
                 for s in &frames {
                     let mut t = StreamTranslator::new(dir, "smart", true);
-                    let mut framer = Framer::event_stream(1 << 20);
+                    let mut framer = dir.translation().upstream().framer(1 << 20);
                     for frame in s {
                         framer.push(frame);
                         while let Ok(Some(ev)) = framer.next_in_place() {
@@ -213,7 +213,7 @@ fn main() {
     });
     let rewritten = micros(requests.len(), || {
         for req in &requests {
-            black_box(switchback_proxy::vertex::anthropic_body(req));
+            black_box(switchback_proxy::providers::vertex::anthropic_body(req));
         }
     });
     println!(

@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+
+use crate::observe::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -88,19 +90,19 @@ pub struct Cli {
     /// Largest SSE event relayed from a provider, in bytes. Before commit, a larger
     /// one fails the attempt over (invalidResponse); after, the stream ends with the
     /// error event. The proxy never holds more of a stream than this.
-    #[arg(long, env = "SWITCHBACK_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = crate::sse::DEFAULT_MAX_EVENT_BYTES)]
+    #[arg(long, env = "SWITCHBACK_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = crate::wire::sse::DEFAULT_MAX_EVENT_BYTES)]
     pub max_event_bytes: usize,
 
     /// Largest unary provider answer read, in bytes; a larger one is an
     /// invalidResponse failure (responseTooLarge in the attempt log) that fails over.
-    #[arg(long, env = "SWITCHBACK_MAX_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_RESPONSE_BYTES)]
+    #[arg(long, env = "SWITCHBACK_MAX_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::limits::answers::DEFAULT_MAX_RESPONSE_BYTES)]
     pub max_response_bytes: usize,
 
     /// Unary provider answer bytes held in memory at once, all requests together
     /// (being read, or on their way to the client). An answer that does not fit is
     /// not read: the request gets 503 `overloaded` with `Retry-After: 1`, without
     /// failing over (the replica is short of memory, not the provider of health).
-    #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::gateway::DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)]
+    #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_RESPONSE_BYTES", value_name = "BYTES", default_value_t = crate::limits::answers::DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)]
     pub max_inflight_response_bytes: usize,
 
     /// On SIGTERM/SIGINT, /readyz turns 503 at once, and the data port keeps accepting
@@ -135,7 +137,7 @@ pub struct Cli {
     /// mode `off`. In a cluster, give it the operator's `--auth` (the Helm chart sets
     /// both to `required` by default and mounts the client-key HMAC secret for it).
     #[arg(long, env = "SWITCHBACK_AUTH", value_enum, value_name = "MODE")]
-    pub auth: Option<crate::auth::AuthMode>,
+    pub auth: Option<crate::config::keys::AuthMode>,
 
     /// File holding the per-cluster secret client keys are hashed with (HMAC-SHA256;
     /// at least 32 bytes, surrounding whitespace trimmed, e.g. `openssl rand -hex 32`).
@@ -177,8 +179,8 @@ impl Cli {
     }
 
     /// The limits on provider answers given by the flags.
-    pub fn upstream_limits(&self) -> crate::gateway::UpstreamLimits {
-        crate::gateway::UpstreamLimits {
+    pub fn upstream_limits(&self) -> crate::limits::answers::UpstreamLimits {
+        crate::limits::answers::UpstreamLimits {
             max_event_bytes: self.max_event_bytes,
             max_response_bytes: self.max_response_bytes,
             max_inflight_response_bytes: self.max_inflight_response_bytes,
@@ -192,12 +194,6 @@ impl Cli {
             usize::from,
         )
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[cfg(test)]
@@ -251,7 +247,7 @@ mod tests {
 
     #[test]
     fn auth_is_decided_unless_given() {
-        use crate::auth::AuthMode;
+        use crate::config::keys::AuthMode;
         let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
         assert_eq!(cli.auth, None);
         assert_eq!(cli.client_key_hmac_file, None);

@@ -3,7 +3,7 @@
 //!
 //! Constructing a `Gateway` has no side effects: no listener, no task, no global.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -11,9 +11,11 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use switchback_crds::compile::Compiled;
 
-use crate::budget::Budget;
-use crate::snapshot::{Carried, ClientEnv, ConfigGeneration, PrepareError, Snapshot, prepare};
-use crate::tenant::WallClock;
+use crate::config::prepare::{Carried, ClientEnv, PrepareError, prepare};
+use crate::config::snapshot::{ConfigGeneration, Snapshot};
+use crate::limits::answers::{DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES, Refusals, UpstreamLimits};
+use crate::limits::bytes::Budget;
+use crate::limits::clients::WallClock;
 use crate::upstream::Clients;
 
 /// One problem with a config, located as precisely as known.
@@ -94,47 +96,6 @@ pub enum ApplyError {
     Prepare(#[from] PrepareError),
 }
 
-/// Bounds on what one provider answer may make the proxy hold (SPEC §8).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UpstreamLimits {
-    /// `--max-event-bytes`: the largest SSE event relayed.
-    pub max_event_bytes: usize,
-    /// `--max-response-bytes`: the largest unary answer read.
-    pub max_response_bytes: usize,
-    /// `--max-inflight-response-bytes`: unary answer bytes held at once, all
-    /// requests together (being read, or on their way to the client).
-    pub max_inflight_response_bytes: usize,
-}
-
-impl Default for UpstreamLimits {
-    fn default() -> Self {
-        Self {
-            max_event_bytes: crate::sse::DEFAULT_MAX_EVENT_BYTES,
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            max_inflight_response_bytes: DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES,
-        }
-    }
-}
-
-/// The default `--max-response-bytes`.
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
-
-/// The default `--max-inflight-response-bytes`: with the 256 MiB of request bodies
-/// (`--max-inflight-body-bytes`) and the process's own ~60 MiB, under the chart's
-/// 512 MiB memory limit (see the chart's `proxy.resources`).
-pub const DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES: usize = 128 * 1024 * 1024;
-
-/// Provider answers refused by a limit, by limit (`switchback_limit_refusals_total`).
-#[derive(Debug, Default)]
-pub struct Refusals {
-    /// SSE events over `max_event_bytes` (before or after commit).
-    pub events: AtomicU64,
-    /// Unary answers over `max_response_bytes`.
-    pub responses: AtomicU64,
-    /// Unary answers that did not fit in `max_inflight_response_bytes`.
-    pub over_budget: AtomicU64,
-}
-
 pub struct Gateway {
     live: ArcSwap<Snapshot>,
     clients: Clients,
@@ -164,7 +125,7 @@ pub struct Gateway {
     /// config with routes is still refused (SPEC §8, §11).
     pub empty_until_routed: bool,
     /// `--auth` and the HMAC secret client keys are hashed with.
-    pub auth: crate::auth::Auth,
+    pub auth: crate::config::keys::Auth,
     /// No operator renders budget verdicts (manifests): budgets are enforced from
     /// this replica's own counts.
     pub standalone: bool,

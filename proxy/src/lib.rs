@@ -5,44 +5,28 @@
 //! all use it); nothing here touches global state.
 
 pub mod admin;
-pub mod attempt;
-pub mod auth;
-pub mod aws;
-pub mod budget;
-pub mod circuit;
 pub mod cli;
-pub mod cluster;
-pub mod eventstream;
+pub mod config;
 pub mod front;
 pub mod gateway;
-pub mod json;
-mod lanes;
-pub mod limit;
-pub mod manifest;
-pub mod metrics;
-pub mod netguard;
-pub mod order;
-pub mod outcome;
-pub mod relay;
-pub mod reload;
-pub mod rewrite;
-pub mod server;
-pub mod snapshot;
-pub mod sse;
-pub mod stats;
-pub mod surface;
-pub mod telemetry;
-pub mod tenant;
-pub mod translate;
+pub mod http;
+pub mod limits;
+pub mod observe;
+pub mod pipeline;
+pub mod providers;
+pub mod sources;
 pub mod upstream;
-pub mod vertex;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::serve::ListenerExt;
+use config::keys as auth;
+use front::lanes;
 use gateway::{Gateway, Problem};
+use sources::{cluster, manifest, standalone as reload};
 
 /// Where the config comes from.
 #[derive(Clone, Debug)]
@@ -60,7 +44,7 @@ pub struct Options {
     pub admin_listen: SocketAddr,
     pub max_body_bytes: usize,
     /// `--max-event-bytes`, `--max-response-bytes`, `--max-inflight-response-bytes`.
-    pub upstream_limits: gateway::UpstreamLimits,
+    pub upstream_limits: limits::answers::UpstreamLimits,
     /// Data-port serving threads. 0 serves on the caller's runtime (tests, the demo);
     /// N > 0 starts N threads, each with its own single-threaded runtime, its own
     /// listening socket on the data address (`SO_REUSEPORT`: the kernel spreads
@@ -203,8 +187,8 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     let admin_addr = admin
         .local_addr()
         .map_err(listen_error(opts.admin_listen))?;
-    let data_app = server::data_router(gw.clone());
-    let admin_app = admin::guard(server::admin_router(gw.clone()), admin_token);
+    let data_app = http::data_router(gw.clone());
+    let admin_app = admin::router(gw.clone(), admin_token);
     let (data_addr, data_task) = if opts.threads == 0 {
         let data = tokio::net::TcpListener::bind(opts.listen)
             .await

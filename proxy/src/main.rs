@@ -2,7 +2,8 @@
 
 use clap::Parser;
 use switchback_proxy::cli::Cli;
-use switchback_proxy::{Options, Source, start, telemetry};
+use switchback_proxy::observe::telemetry;
+use switchback_proxy::{Options, Source, start};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

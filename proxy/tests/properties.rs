@@ -12,11 +12,11 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 use serde::Deserialize;
 use serde_json::Value;
-use switchback_proxy::json;
-use switchback_proxy::manifest::{self, ManifestSet};
-use switchback_proxy::rewrite::{JsonStr, replace_top_level_model};
-use switchback_proxy::sse::Framer;
-use switchback_proxy::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::providers::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::sources::manifest::{self, ManifestSet};
+use switchback_proxy::wire::json;
+use switchback_proxy::wire::rewrite::{JsonStr, replace_top_level_model};
+use switchback_proxy::wire::sse::Framer;
 
 /// What the router reads of a request body (as `server.rs` does).
 #[derive(Deserialize)]

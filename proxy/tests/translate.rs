@@ -11,9 +11,9 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use switchback_crds::config::Provider;
-use switchback_proxy::sse::{self, Framer};
-use switchback_proxy::surface::{Surface, Wire};
-use switchback_proxy::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::providers::translate::{self, Defaults, Direction, StreamTranslator};
+use switchback_proxy::wire::sse::{self, Framer};
+use switchback_proxy::wire::surface::{Surface, Wire};
 
 const CREATED: u64 = 1_700_000_000;
 const CLIENT_MODEL: &str = "smart";
@@ -348,10 +348,12 @@ fn context_length_errors_still_classify_after_translation() {
     ] {
         let path = fixtures().join(sub).join(name);
         let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(switchback_proxy::outcome::is_context_length(&body));
+        assert!(switchback_proxy::providers::classify::is_context_length(
+            &body
+        ));
         let out = translate::error(direction, 400, &body);
         assert!(
-            switchback_proxy::outcome::is_context_length(&out),
+            switchback_proxy::providers::classify::is_context_length(&out),
             "{sub}: {}",
             String::from_utf8_lossy(&out)
         );

@@ -16,9 +16,9 @@ use hyper::HeaderMap;
 use hyper::header::{AUTHORIZATION, HeaderValue};
 use switchback_crds::config::ObjectId;
 use switchback_crds::keyhash::{KeyHash, KeyHasher};
-use switchback_proxy::auth::presented_key;
-use switchback_proxy::snapshot::ByKeyHash;
-use switchback_proxy::tenant::{ClientCounters, ClientRt, WallClock};
+use switchback_proxy::config::snapshot::ByKeyHash;
+use switchback_proxy::http::auth::presented_key;
+use switchback_proxy::limits::clients::{ClientCounters, ClientRt, WallClock};
 
 const ROUNDS: u32 = 1_000_000;
 const TRIES: usize = 7;

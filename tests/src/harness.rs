@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use switchback_proxy::gateway::UpstreamLimits;
+use switchback_proxy::limits::answers::UpstreamLimits;
 use switchback_proxy::{Options, Running, Source};
 
 /// The namespace every harness manifest lives in.
@@ -350,8 +350,8 @@ impl CapturedLog {
     /// (JSON, debug level, the batched writer) into this buffer, until the returned
     /// capture is stopped or dropped. Tests that check what never reaches a log use it.
     pub fn capture_json_debug(&self) -> LogCapture {
-        use switchback_proxy::cli::LogFormat;
-        use switchback_proxy::telemetry::{self, BatchedWriter};
+        use switchback_proxy::observe::telemetry::LogFormat;
+        use switchback_proxy::observe::telemetry::{self, BatchedWriter};
         let writer = BatchedWriter::start(self.clone());
         let dispatch = telemetry::dispatch(
             LogFormat::Json,
@@ -370,7 +370,7 @@ impl CapturedLog {
 
 /// A running [`CapturedLog::capture_json_debug`].
 pub struct LogCapture {
-    writer: switchback_proxy::telemetry::BatchedWriter,
+    writer: switchback_proxy::observe::telemetry::BatchedWriter,
     _guard: tracing::dispatcher::DefaultGuard,
 }
 

@@ -6,5 +6,6 @@
 
 pub mod binaries;
 pub mod harness;
+pub mod kubectl;
 pub mod kubelet;
 pub mod sim;

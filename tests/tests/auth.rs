@@ -4,7 +4,7 @@
 //! the client's key never reaching a provider.
 
 use serde_json::Value;
-use switchback_proxy::auth::AuthMode;
+use switchback_proxy::config::keys::AuthMode;
 use switchback_tests::harness::{TestProxy, chat_body, header, json_of, messages_body};
 use switchback_tests::sim::{Flavor, SimProvider};
 

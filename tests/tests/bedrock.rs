@@ -9,7 +9,7 @@
 //! the keys in logs or admin output; a chain azure-openai → bedrock → anthropic.
 
 use serde_json::{Value, json};
-use switchback_proxy::gateway::UpstreamLimits;
+use switchback_proxy::limits::answers::UpstreamLimits;
 use switchback_tests::harness::{
     self, CapturedLog, TestProxy, credential, header, json_of, route, streamed_text,
 };
@@ -169,6 +169,27 @@ async fn both_surfaces_unary_and_streamed_with_usage() {
         &["team-a/br", "direction=\"output\""],
     );
     assert_eq!(output, 4 * 3, "{metrics}");
+}
+
+/// ConverseStream answers in AWS event-stream framing
+/// (`application/vnd.amazon.eventstream`); the client asked for server-sent events
+/// and gets them, under their own content type, on both surfaces.
+#[tokio::test]
+async fn a_converse_stream_reaches_clients_as_server_sent_events() {
+    let (_bedrock, _, proxy) = setup(None).await;
+    for r in [
+        proxy.chat("smart", true).await,
+        proxy.messages("smart", true).await,
+    ] {
+        assert_eq!(r.status(), 200);
+        let content_type = header(&r, "content-type");
+        assert!(
+            content_type.starts_with("text/event-stream"),
+            "{content_type}"
+        );
+        let text = r.text().await.unwrap();
+        assert_eq!(streamed_text(&text), "Hello from bedrock.", "{text}");
+    }
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use switchback_crds::config::Exhausted;
-use switchback_proxy::reload::compile_manifests_for;
+use switchback_proxy::sources::standalone::compile_manifests_for;
 use switchback_tests::harness::{TestProxy, chat_body, credential, header, route};
 use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
 

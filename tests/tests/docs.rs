@@ -505,7 +505,7 @@ fn the_troubleshooting_page_names_every_reason_state_and_event() {
     )
     .expect("docs/troubleshooting.md");
     let mut missing: Vec<String> = Vec::new();
-    for reason in switchback_proxy::outcome::Reason::ALL {
+    for reason in switchback_proxy::observe::reason::Reason::ALL {
         if !page.contains(&format!("`{}`", reason.as_str())) {
             missing.push(format!("reason {}", reason.as_str()));
         }

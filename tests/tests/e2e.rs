@@ -20,11 +20,13 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use switchback_tests::binaries::{Process, workspace};
+use switchback_tests::kubectl::{
+    condition, get_json, kubectl, kubectl_ok as ok, release_credentials,
+};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 
 /// One operator at a time: it watches every namespace.
@@ -66,42 +68,6 @@ fn uuid_like() -> String {
     .collect()
 }
 
-/// Runs kubectl; returns (success, stdout, stderr).
-fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let mut cmd = Command::new("kubectl");
-    cmd.args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("kubectl is installed");
-    if let Some(input) = stdin {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-#[track_caller]
-fn ok(args: &[&str]) -> String {
-    let (success, out, err) = kubectl(args, None);
-    assert!(success, "kubectl {}: {err}", args.join(" "));
-    out
-}
-
 #[track_caller]
 fn apply(yaml: &str) {
     // Server-side apply, strict field validation: what GitOps tools do.
@@ -117,21 +83,6 @@ fn apply(yaml: &str) {
         Some(yaml),
     );
     assert!(success, "kubectl apply: {err}\n{yaml}");
-}
-
-fn get_json(args: &[&str]) -> Option<Value> {
-    let mut full = vec!["get"];
-    full.extend_from_slice(args);
-    full.extend_from_slice(&["-o", "json"]);
-    let (success, out, _) = kubectl(&full, None);
-    success.then(|| serde_json::from_str(&out).unwrap())
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
 }
 
 /// Polls `check` until it returns Some, or fails with `what` after `timeout`.
@@ -208,24 +159,7 @@ impl Drop for Namespaces {
     fn drop(&mut self) {
         for ns in &self.0 {
             // If the operator is gone, nothing releases the credential finalizer.
-            if let Some(list) = get_json(&["providercredentials", "-n", ns]) {
-                for item in list["items"].as_array().into_iter().flatten() {
-                    let name = item["metadata"]["name"].as_str().unwrap_or_default();
-                    let _ = kubectl(
-                        &[
-                            "patch",
-                            "providercredential",
-                            name,
-                            "-n",
-                            ns,
-                            "--type=merge",
-                            "-p",
-                            r#"{"metadata":{"finalizers":null}}"#,
-                        ],
-                        None,
-                    );
-                }
-            }
+            release_credentials(ns);
             let _ = kubectl(&["delete", "namespace", ns, "--wait=false"], None);
         }
     }

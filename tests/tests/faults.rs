@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use switchback_proxy::gateway::UpstreamLimits;
+use switchback_proxy::limits::answers::UpstreamLimits;
 use switchback_tests::harness::{TestProxy, credential, header, route};
 use switchback_tests::sim::{
     Behavior, Flavor, SimProvider, Unusable, anthropic_error, anthropic_sse,

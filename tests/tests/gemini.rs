@@ -156,6 +156,41 @@ async fn both_surfaces_unary_and_streamed_with_usage() {
     }
 }
 
+/// A tool result that is a JSON object is Gemini's `functionResponse.response` as
+/// it is (what Google's own examples send); only what is not an object is wrapped,
+/// as `{"output": ...}` (`{"error": ...}` for a failed call).
+#[tokio::test]
+async fn an_object_tool_result_is_sent_to_gemini_as_the_object() {
+    let (gemini, _, proxy) = setup(None, "").await;
+    let call = json!({"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}});
+    for (content, response) in [
+        (
+            r#"{"temperature": 18, "sky": "sunny"}"#,
+            json!({"temperature": 18, "sky": "sunny"}),
+        ),
+        ("18C and sunny", json!({"output": "18C and sunny"})),
+        ("[1, 2]", json!({"output": "[1, 2]"})),
+    ] {
+        let r = proxy
+            .post(
+                "/v1/chat/completions",
+                &json!({"model": "smart", "messages": [
+                    {"role": "user", "content": "Weather in Paris?"},
+                    {"role": "assistant", "content": null, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": content}]}),
+            )
+            .await;
+        assert_eq!(r.status(), 200, "{content}");
+        let sent = gemini.received().last().unwrap().json.clone().unwrap();
+        assert_eq!(
+            gemini_function_responses(&sent),
+            [("get_weather".to_owned(), response)],
+            "{content}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn tools_go_both_ways_on_both_surfaces() {
     let (gemini, _, proxy) = setup(None, "").await;

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use switchback_tests::binaries::{self, workspace};
+use switchback_tests::kubectl::{condition, get_json, kubectl_ok, release_credentials};
 use switchback_tests::kubelet::Kubelet;
 use switchback_tests::sim::{Flavor, SimProvider};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -72,36 +73,10 @@ fn run(program: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// kubectl's success and its stdout and stderr together.
 fn kubectl(args: &[&str]) -> (bool, String) {
-    run(Path::new("kubectl"), args)
-}
-
-#[track_caller]
-fn kubectl_ok(args: &[&str]) -> String {
-    let (ok, out) = kubectl(args);
-    assert!(ok, "kubectl {}: {out}", args.join(" "));
-    out
-}
-
-fn get_json(args: &[&str]) -> Option<Value> {
-    let mut full = vec!["get"];
-    full.extend_from_slice(args);
-    full.extend_from_slice(&["-o", "json"]);
-    let out = std::process::Command::new("kubectl")
-        .args(&full)
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())
-        .flatten()
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
+    let (ok, out, err) = switchback_tests::kubectl::kubectl(args, None);
+    (ok, out + &err)
 }
 
 /// Removes a release and its namespaces (what an earlier run may have left), waiting
@@ -112,21 +87,7 @@ fn uninstall(helm: &Path, release: &str, namespace: &str, others: &[&str]) {
     all.extend_from_slice(others);
     for ns in &all {
         // Credentials hold a finalizer the (gone) operator would release.
-        if let Some(list) = get_json(&["providercredentials", "-n", ns]) {
-            for item in list["items"].as_array().into_iter().flatten() {
-                let name = item["metadata"]["name"].as_str().unwrap_or_default();
-                let _ = kubectl(&[
-                    "patch",
-                    "providercredential",
-                    name,
-                    "-n",
-                    ns,
-                    "--type=merge",
-                    "-p",
-                    r#"{"metadata":{"finalizers":null}}"#,
-                ]);
-            }
-        }
+        release_credentials(ns);
         let _ = kubectl(&[
             "delete",
             "namespace",

@@ -160,17 +160,17 @@ fn every_example_compiles() {
         // client) required as soon as the file holds an LLMClient.
         let text = std::fs::read_to_string(&file).unwrap();
         let auth = if text.contains("\nkind: LLMClient\n") {
-            switchback_proxy::auth::Auth {
-                mode: switchback_proxy::auth::AuthMode::Required,
+            switchback_proxy::config::keys::Auth {
+                mode: switchback_proxy::config::keys::AuthMode::Required,
                 hasher: Some(
                     switchback_crds::keyhash::KeyHasher::new(b"example-cluster-secret-0123456789")
                         .unwrap(),
                 ),
             }
         } else {
-            switchback_proxy::auth::Auth::default()
+            switchback_proxy::config::keys::Auth::default()
         };
-        match switchback_proxy::reload::compile_manifests_for(&file, &auth) {
+        match switchback_proxy::sources::standalone::compile_manifests_for(&file, &auth) {
             Ok((compiled, warnings)) => {
                 assert!(
                     !compiled.config.routes.is_empty(),
@@ -204,15 +204,16 @@ fn every_example_compiles() {
 /// as compiled from `crds/examples/multi-team.yaml`.
 #[test]
 fn the_multi_team_example_gives_each_client_the_routes_the_walkthrough_says() {
-    let auth = switchback_proxy::auth::Auth {
-        mode: switchback_proxy::auth::AuthMode::Required,
+    let auth = switchback_proxy::config::keys::Auth {
+        mode: switchback_proxy::config::keys::AuthMode::Required,
         hasher: Some(
             switchback_crds::keyhash::KeyHasher::new(b"example-cluster-secret-0123456789").unwrap(),
         ),
     };
     let file = workspace().join("crds/examples/multi-team.yaml");
     let (compiled, warnings) =
-        switchback_proxy::reload::compile_manifests_for(&file, &auth).expect("compiles");
+        switchback_proxy::sources::standalone::compile_manifests_for(&file, &auth)
+            .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
     let routes: Vec<(String, Vec<String>)> = compiled
         .config
@@ -244,9 +245,9 @@ fn the_multi_team_example_gives_each_client_the_routes_the_walkthrough_says() {
 fn the_azure_example_compiles_to_azure_targets_with_model_maps() {
     use switchback_crds::config::{FailureClass, Provider};
     let file = workspace().join("crds/examples/azure-openai.yaml");
-    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+    let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -287,9 +288,9 @@ fn the_azure_example_compiles_to_azure_targets_with_model_maps() {
 fn the_gemini_example_compiles_to_a_gemini_target_first() {
     use switchback_crds::config::{FailureClass, Provider};
     let file = workspace().join("crds/examples/gemini.yaml");
-    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+    let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -328,9 +329,9 @@ fn the_vertex_example_compiles_to_a_vertex_credential() {
     use switchback_crds::config::Provider;
     use switchback_crds::service_account::ServiceAccount;
     let file = workspace().join("crds/examples/vertex.yaml");
-    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+    let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -368,9 +369,9 @@ fn the_vertex_example_compiles_to_a_vertex_credential() {
 fn the_bedrock_example_compiles_to_a_bedrock_target_first() {
     use switchback_crds::config::{AwsKeys, Provider};
     let file = workspace().join("crds/examples/bedrock.yaml");
-    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+    let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -409,9 +410,9 @@ fn the_bedrock_example_compiles_to_a_bedrock_target_first() {
 fn the_streams_example_compiles_with_resume_hedge_and_ramp() {
     use switchback_crds::config::{Hedge, Resume, StreamPolicy};
     let file = workspace().join("crds/examples/streams.yaml");
-    let (compiled, warnings) = switchback_proxy::reload::compile_manifests_for(
+    let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
         &file,
-        &switchback_proxy::auth::Auth::default(),
+        &switchback_proxy::config::keys::Auth::default(),
     )
     .expect("compiles");
     assert!(warnings.is_empty(), "{warnings:?}");

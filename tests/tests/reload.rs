@@ -180,7 +180,8 @@ async fn revision(proxy: &TestProxy) -> String {
 
 /// The revision the operator would expect: the same function over the same manifests.
 fn expected(proxy: &TestProxy) -> String {
-    let (compiled, _) = switchback_proxy::reload::compile_manifests(&proxy.manifest).unwrap();
+    let (compiled, _) =
+        switchback_proxy::sources::standalone::compile_manifests(&proxy.manifest).unwrap();
     Revisions::new(&compiled.config, &compiled.keys)
         .route(&compiled.config.routes[0])
         .to_string()

@@ -83,6 +83,74 @@ async fn the_circuit_opens_probes_once_and_closes() {
     assert_eq!(backup.hits(), 3);
 }
 
+/// SPEC §12: what a request finds at each target now, as the operator reads it from
+/// `/admin/v1/stats`: CircuitOpen with since and until (the probe's time), HalfOpen
+/// once that time has come, Ready again after the probe; and the order a request takes.
+#[tokio::test(start_paused = true)]
+async fn stats_say_what_a_request_finds_at_each_target() {
+    let (primary, _backup, proxy) = setup_with("", BREAKER).await;
+    let target = |s: &Value, i: usize| s["routes"][0]["targets"][i].clone();
+    let s = stats(&proxy).await;
+    assert_eq!(target(&s, 0)["state"], "Ready");
+    assert_eq!(s["routes"][0]["order"], serde_json::json!([0, 1]));
+    primary.set_default(Behavior::ServerError(503));
+    served_by(&proxy).await;
+    served_by(&proxy).await;
+    let s = stats(&proxy).await;
+    let t = target(&s, 0);
+    assert_eq!(t["state"], "CircuitOpen", "{t}");
+    let since: humantime::Timestamp = t["stateSince"].as_str().unwrap().parse().unwrap();
+    let until: humantime::Timestamp = t["stateUntil"].as_str().unwrap().parse().unwrap();
+    let open_for = std::time::SystemTime::from(until)
+        .duration_since(std::time::SystemTime::from(since))
+        .unwrap();
+    assert!(
+        open_for.as_secs_f64() > 9.0 && open_for.as_secs_f64() < 11.0,
+        "openFor 10s: {t}"
+    );
+    assert_eq!(t["fallbacksAwayByReason"]["status5xx"], 2, "{t}");
+    assert_eq!(target(&s, 1)["state"], "Ready");
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(target(&stats(&proxy).await, 0)["state"], "HalfOpen");
+    primary.set_default(Behavior::Answer);
+    served_by(&proxy).await;
+    let t = target(&stats(&proxy).await, 0);
+    assert_eq!(t["state"], "Ready", "{t}");
+    assert!(t["stateUntil"].is_null());
+}
+
+/// A credential whose key is missing is NoKey without any traffic; a 429 with
+/// Retry-After parks its target until then.
+#[tokio::test(start_paused = true)]
+async fn stats_say_no_key_and_parked() {
+    let (primary, _backup, proxy) = setup_with("", BREAKER).await;
+    primary.set_default(Behavior::RateLimited {
+        retry_after_secs: 20,
+    });
+    assert_eq!(served_by(&proxy).await, "team-a/backup");
+    let t = stats(&proxy).await["routes"][0]["targets"][0].clone();
+    assert_eq!(t["state"], "Parked", "{t}");
+    assert!(t["stateUntil"].is_string(), "{t}");
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    let t = stats(&proxy).await["routes"][0]["targets"][0].clone();
+    assert_eq!(t["state"], "Ready", "the park is over: {t}");
+
+    let keyless = SimProvider::start_named("keyless", Flavor::OpenAi).await;
+    let manifests = format!(
+        "{}{}",
+        credential("keyless", "openai", &keyless.base_url(), "sk-k")
+            .replace("key: apiKey }", "key: absent }"),
+        route(
+            "smart",
+            "  targets:\n    - credentialRef: { name: keyless }\n"
+        )
+    );
+    let proxy = TestProxy::start(&manifests).await;
+    let t = stats(&proxy).await["routes"][0]["targets"][0].clone();
+    assert_eq!(t["state"], "NoKey", "{t}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failed_probe_reopens_for_twice_as_long() {
     let (primary, _backup, proxy) = setup_with("", BREAKER).await;

@@ -54,9 +54,9 @@ async fn requests_and_attempts_become_spans() {
     let collector = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let provider = switchback_proxy::telemetry::tracer_provider(&collector).unwrap();
-    let subscriber =
-        tracing_subscriber::registry().with(switchback_proxy::telemetry::trace_layer(&provider));
+    let provider = switchback_proxy::observe::telemetry::tracer_provider(&collector).unwrap();
+    let subscriber = tracing_subscriber::registry()
+        .with(switchback_proxy::observe::telemetry::trace_layer(&provider));
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;

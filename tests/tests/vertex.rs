@@ -160,6 +160,32 @@ async fn gemini_and_claude_on_vertex_serve_both_surfaces_unary_and_streamed() {
     }
 }
 
+/// SPEC §10: vertex takes the whole Secret, its service-account key under
+/// `serviceAccount.json` when `secretRef` names no key.
+#[tokio::test]
+async fn a_vertex_credential_without_a_key_name_reads_service_account_json() {
+    let vertex = SimProvider::start_named("vertex", Flavor::Vertex).await;
+    let credential = vertex_credential("vtx", &vertex);
+    let whole_secret = credential.replace(
+        "secretRef: { name: vtx-sa, key: serviceAccount.json }",
+        "secretRef: { name: vtx-sa }",
+    );
+    assert_ne!(
+        whole_secret, credential,
+        "the harness's credential changed shape"
+    );
+    let spec =
+        format!("  targets:\n    - credentialRef: {{ name: vtx }}\n      model: \"{GEMINI}\"\n");
+    let proxy = TestProxy::start(&(whole_secret + &route("gem", &spec))).await;
+    let r = proxy.chat("gem", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-switchback-target"), "team-a/vtx");
+    assert_eq!(
+        json_of(r).await["choices"][0]["message"]["content"],
+        "Hello from vertex."
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn concurrent_first_requests_share_one_token_exchange() {
     let (vertex, _, proxy) = setup(false, "").await;

@@ -13,7 +13,7 @@ use crate::compile::fields::{self, Checker};
 use crate::compile::{Diagnostic, Kind, SecretIndex, Severity, reason};
 use crate::config::{
     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AwsKeys, Credential, ObjectId,
-    Provider, SecretKeyRef, bedrock_base_url, vertex_base_url,
+    Provider, SecretKeyRef, VERTEX_SERVICE_ACCOUNT_KEY, bedrock_base_url, vertex_base_url,
 };
 use crate::credential::ProviderCredentialSpec;
 use crate::network;
@@ -111,6 +111,11 @@ pub(crate) fn compile(
         1,
         MAX_NAME_LEN as usize,
     );
+    // vertex takes the whole Secret too: without a key, its `serviceAccount.json`.
+    let mut secret_ref = spec.secret_ref.clone();
+    if provider == Some(Provider::Vertex) && secret_ref.key.is_empty() {
+        secret_ref.key = VERTEX_SERVICE_ACCOUNT_KEY.to_string();
+    }
     if bedrock {
         if !spec.secret_ref.key.is_empty() {
             c.invalid(
@@ -122,7 +127,7 @@ pub(crate) fn compile(
         fields::string_len(
             &mut c,
             "spec.secretRef.key",
-            &spec.secret_ref.key,
+            &secret_ref.key,
             1,
             MAX_NAME_LEN as usize,
         );
@@ -163,7 +168,7 @@ pub(crate) fn compile(
         };
     };
 
-    let (namespace, selector, path) = (&id.namespace, &spec.secret_ref, "spec.secretRef");
+    let (namespace, selector, path) = (&id.namespace, &secret_ref, "spec.secretRef");
     let found = match provider {
         Provider::Bedrock => aws_keys(namespace, &selector.name, secrets).map(|k| k.encode()),
         Provider::Vertex => {
@@ -193,8 +198,8 @@ pub(crate) fn compile(
             max_queue,
             allow_private_network,
             secret_ref: SecretKeyRef {
-                name: spec.secret_ref.name.clone(),
-                key: spec.secret_ref.key.clone(),
+                name: secret_ref.name,
+                key: secret_ref.key,
             },
             api_version,
             responses_api: spec.responses_api.unwrap_or(false),

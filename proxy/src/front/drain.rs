@@ -19,7 +19,7 @@ use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 
 use super::Front;
-use crate::surface::Surface;
+use crate::wire::surface::Surface;
 
 /// How long the streams ended at the grace have to get their error event out.
 const FINAL_WRITE: Duration = Duration::from_secs(2);
@@ -88,7 +88,7 @@ impl EndAtShutdown {
     fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         // Dropping the upstream body here is what stops the upstream stream.
         self.inner = None;
-        Poll::Ready(Some(Ok(Frame::data(crate::sse::failure_event_for(
+        Poll::Ready(Some(Ok(Frame::data(crate::wire::sse::failure_event_for(
             self.surface,
             SHUTDOWN_MESSAGE,
         )))))
@@ -329,10 +329,9 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_millis(5500));
         assert_eq!(text.matches("data: {\"n\"").count(), 5, "{text}");
         assert!(
-            text.ends_with(&*String::from_utf8_lossy(&crate::sse::failure_event_for(
-                Surface::ChatCompletions,
-                SHUTDOWN_MESSAGE
-            ))),
+            text.ends_with(&*String::from_utf8_lossy(
+                &crate::wire::sse::failure_event_for(Surface::ChatCompletions, SHUTDOWN_MESSAGE)
+            )),
             "{text}"
         );
     }

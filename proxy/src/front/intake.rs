@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
 use super::{Front, Refusals};
-use crate::budget::Budget;
+use crate::limits::bytes::Budget;
 
 /// Why a body was not taken.
 #[derive(Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum Refused {
 }
 
 /// Budget bytes reserved by one request; given back when dropped.
-pub type Held<'a> = crate::budget::Held<&'a Budget>;
+pub type Held<'a> = crate::limits::bytes::Held<&'a Budget>;
 
 /// The whole body, with its budget reservation, or why it was refused (counted in
 /// [`Refusals`]).

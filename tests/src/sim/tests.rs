@@ -1115,7 +1115,7 @@ async fn the_responses_api_answers_in_openais_shapes_and_refuses_what_openai_doe
 #[tokio::test(start_paused = true)]
 async fn vertex_verifies_the_grant_and_the_token() {
     use switchback_crds::service_account::ServiceAccount;
-    use switchback_proxy::vertex::{Signer, unix_now};
+    use switchback_proxy::providers::vertex::{Signer, unix_now};
 
     let sim = SimProvider::start_named("vertex", Flavor::Vertex).await;
     let grant = |edit: &dyn Fn(&mut Value), at: u64, tamper: bool| {

@@ -1,0 +1,427 @@
+//! Prometheus `/metrics`: a prometheus-client collector that reads the same atomics
+//! as `/admin/v1/stats` at scrape time, so the request path never counts twice.
+//! Label cardinality is bounded by routes × targets, and clients × routes (plus a
+//! fixed set of reasons).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `switchback_requests_total` | counter | `route`, `outcome` (`answered`, `failed`) |
+//! | `switchback_fallbacks_total` | counter | `route`: requests answered by a target other than the first |
+//! | `switchback_attempts_total` | counter | `route`, `target`, `model`, `result` (`success` or a failure reason; a committed stream's when it ends) |
+//! | `switchback_skips_total` | counter | `route`, `target`, `model`, `reason` (`missingKey`, `parked`, `circuitOpen`, ...) |
+//! | `switchback_fallbacks_away_total` | counter | `route`, `target`, `model`, `reason`: requests that left this target |
+//! | `switchback_tokens_total` | counter | `route`, `target`, `model`, `direction` (`input`, `output`), from provider usage |
+//! | `switchback_client_tokens_total` | counter | `client` (`namespace/name`, never the key), `route`, `direction` (`input`, `output`): provider usage of the LLMClient's requests |
+//! | `switchback_client_throttled_total` | counter | `client`, `reason` (`rate_limited`, `budget_exhausted`): requests refused with 429 before anything was sent upstream |
+//! | `switchback_circuit_state` | gauge | `target`, `model`, `state` (`closed`, `open`, `half_open`): 1 for the current state |
+//! | `switchback_request_duration_seconds` | histogram | `route`: to the response head (streams: the commit, at the first content event) |
+//! | `switchback_gateway_overhead_seconds` | histogram | `route`: request duration minus provider time and deliberate waits |
+//! | `switchback_attempt_duration_seconds` | histogram | `route`, `target`, `model` |
+//! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams, to the first content event |
+//! | `switchback_config_generation` | gauge | configs applied since start |
+//! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
+//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget) |
+//! | `switchback_client_connections` | gauge | open client connections on the data port |
+//! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
+//! | `switchback_response_bytes_held` | gauge | unary provider answer bytes held in the in-flight budget (being read, or on their way to the client) |
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::config::snapshot::{RouteRt, TargetRt};
+use crate::gateway::Gateway;
+use crate::limits::circuit::Reported;
+use crate::observe::counters::{self, Histogram};
+
+struct Metrics(Arc<Gateway>);
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("switchback metrics")
+    }
+}
+
+/// A registry holding the gateway's collector.
+pub fn registry(gw: Arc<Gateway>) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(Metrics(gw)));
+    r
+}
+
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        let _ = writeln!(out, "# encoding failed");
+    }
+    out
+}
+
+type Fmt = Result<(), std::fmt::Error>;
+
+fn model(t: &TargetRt) -> &str {
+    t.spec.model.as_deref().unwrap_or("")
+}
+
+fn histogram(enc: prometheus_client::encoding::MetricEncoder<'_>, h: &Histogram) -> Fmt {
+    let buckets: Vec<(f64, u64)> = h
+        .buckets()
+        .into_iter()
+        .map(|(b, c)| (if b.is_infinite() { f64::MAX } else { b }, c))
+        .collect();
+    let mut enc = enc;
+    enc.encode_histogram::<NoLabelSet>(h.sum_secs(), h.count(), &buckets, None)
+}
+
+/// Encode one counter family from every (route, target) pair.
+fn per_target(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    routes: &[Arc<RouteRt>],
+    mut each: impl FnMut(&RouteRt, &TargetRt, &mut dyn FnMut(&str, &str, u64) -> Fmt) -> Fmt,
+) -> Fmt {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for r in routes {
+        let route = r.spec.id.to_string();
+        for t in &r.targets {
+            each(r, t, &mut |key, value, n| {
+                let labels = [
+                    ("route", route.as_str()),
+                    ("target", t.label.as_str()),
+                    ("model", model(t)),
+                    (key, value),
+                ];
+                ConstCounter::new(n).encode(m.encode_family(&labels)?)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Fmt {
+        let gw = &self.0;
+        let snapshot = gw.snapshot();
+        let routes = &snapshot.route_list;
+        route_counts(&mut enc, routes)?;
+        target_counts(&mut enc, routes)?;
+        circuits(&mut enc, routes)?;
+        latencies(&mut enc, routes)?;
+        config_loads(&mut enc, gw)?;
+        clients(&mut enc, gw)?;
+        limits(&mut enc, &gw.front, &gw.refused, gw.answers.held())?;
+        Ok(())
+    }
+}
+
+/// Per route: requests by outcome, and those answered by a later target.
+fn route_counts(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_requests",
+            "Client requests by route and outcome",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            let (all, failed) = (
+                counters::get(&r.counters.requests),
+                counters::get(&r.counters.failed),
+            );
+            for (outcome, n) in [("answered", all.saturating_sub(failed)), ("failed", failed)] {
+                ConstCounter::new(n)
+                    .encode(m.encode_family(&[("route", route.as_str()), ("outcome", outcome)])?)?;
+            }
+        }
+    }
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_fallbacks",
+            "Requests answered by a target other than the first in their order",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            ConstCounter::new(counters::get(&r.counters.fallbacks))
+                .encode(m.encode_family(&[("route", route.as_str())])?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Per (route, target): attempts by result, skips and fallbacks away by reason, tokens.
+fn target_counts(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    per_target(
+        enc,
+        "switchback_attempts",
+        "Upstream requests by route, target and result",
+        routes,
+        |_, t, emit| {
+            emit("result", "success", counters::get(&t.counters.successes))?;
+            for (reason, n) in t.counters.failures.nonzero().filter(|(r, _)| !r.is_skip()) {
+                emit("result", reason.as_str(), n)?;
+            }
+            Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_skips",
+        "Targets passed over before a request was sent, by reason",
+        routes,
+        |_, t, emit| {
+            for (reason, n) in t.counters.failures.nonzero().filter(|(r, _)| r.is_skip()) {
+                emit("reason", reason.as_str(), n)?;
+            }
+            Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_fallbacks_away",
+        "Requests that moved on from this target to a later one, by the reason they left",
+        routes,
+        |_, t, emit| {
+            for (reason, n) in t.counters.fallbacks_away.nonzero() {
+                emit("reason", reason.as_str(), n)?;
+            }
+            Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_tokens",
+        "Tokens reported in provider usage",
+        routes,
+        |_, t, emit| {
+            emit(
+                "direction",
+                "input",
+                counters::get(&t.counters.input_tokens),
+            )?;
+            emit(
+                "direction",
+                "output",
+                counters::get(&t.counters.output_tokens),
+            )
+        },
+    )?;
+    Ok(())
+}
+
+/// Each target's circuit state, once per (credential, upstream model).
+fn circuits(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_circuit_state",
+            "Circuit state of each target (credential and upstream model): 1 for the current state",
+            None,
+            MetricType::Gauge,
+        )?;
+        let now = tokio::time::Instant::now();
+        let mut seen = std::collections::HashSet::new();
+        for r in routes {
+            for t in &r.targets {
+                if !seen.insert((t.label.as_str(), model(t))) {
+                    continue; // shared by several routes: one series per target
+                }
+                let current = t.state.breaker.reported(now);
+                for (name, state) in [
+                    ("closed", Reported::Closed),
+                    ("open", Reported::Open),
+                    ("half_open", Reported::HalfOpen),
+                ] {
+                    let labels = [
+                        ("target", t.label.as_str()),
+                        ("model", model(t)),
+                        ("state", name),
+                    ];
+                    ConstGauge::new(i64::from(current == state))
+                        .encode(m.encode_family(&labels)?)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The request and attempt histograms.
+fn latencies(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    for (name, help, pick) in [
+        (
+            "switchback_request_duration_seconds",
+            "Client request to response head (streams: to the first content event)",
+            (|r: &RouteRt| &r.counters.duration) as fn(&RouteRt) -> &Histogram,
+        ),
+        (
+            "switchback_gateway_overhead_seconds",
+            "Request duration minus time waiting on providers, backoff and queues",
+            |r: &RouteRt| &r.counters.overhead,
+        ),
+    ] {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            histogram(m.encode_family(&[("route", route.as_str())])?, pick(r))?;
+        }
+    }
+    for (name, help, pick) in [
+        (
+            "switchback_attempt_duration_seconds",
+            "One upstream attempt",
+            (|t: &TargetRt| &t.counters.attempt_duration) as fn(&TargetRt) -> &Histogram,
+        ),
+        (
+            "switchback_time_to_first_byte_seconds",
+            "Upstream request to the first content event of a committed stream",
+            |t: &TargetRt| &t.counters.ttfb,
+        ),
+    ] {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for r in routes {
+            let route = r.spec.id.to_string();
+            for t in &r.targets {
+                let labels = [
+                    ("route", route.as_str()),
+                    ("target", t.label.as_str()),
+                    ("model", model(t)),
+                ];
+                histogram(m.encode_family(&labels)?, pick(t))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Configs applied since start, and loads by result.
+fn config_loads(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
+    {
+        let m = enc.encode_descriptor(
+            "switchback_config_generation",
+            "Configs applied since the proxy started",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(gw.report().generation as i64).encode(m)?;
+    }
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_config_reloads",
+            "Config loads by result",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("applied", gw.reloads_applied.load(Ordering::Relaxed)),
+            ("refused", gw.reloads_refused.load(Ordering::Relaxed)),
+        ] {
+            ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Per LLMClient (SPEC §9): its tokens by route, and its requests refused with 429.
+fn clients(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
+    let carried = gw.carried();
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_client_tokens",
+            "Tokens reported in provider usage, by LLMClient and route",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((client, route), t) in carried.client_routes() {
+            let (client, route) = (client.to_string(), route.to_string());
+            for (direction, n) in [("input", &t.input), ("output", &t.output)] {
+                let labels = [
+                    ("client", client.as_str()),
+                    ("route", route.as_str()),
+                    ("direction", direction),
+                ];
+                ConstCounter::new(counters::get(n)).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "switchback_client_throttled",
+        "LLMClient requests refused with 429 before routing, by reason",
+        None,
+        MetricType::Counter,
+    )?;
+    for (client, c) in carried.clients() {
+        let client = client.to_string();
+        for (reason, n) in [
+            ("rate_limited", &c.rate_limited),
+            ("budget_exhausted", &c.budget_exhausted),
+        ] {
+            ConstCounter::new(counters::get(n))
+                .encode(m.encode_family(&[("client", client.as_str()), ("reason", reason)])?)?;
+        }
+    }
+    Ok(())
+}
+
+/// What the limits refused (SPEC §8): the client-side ones and those on provider
+/// answers, in one family; and what the two in-flight budgets hold now.
+fn limits(
+    enc: &mut DescriptorEncoder<'_>,
+    front: &crate::front::Front,
+    upstream: &crate::limits::answers::Refusals,
+    answers_held: usize,
+) -> Fmt {
+    let r = &front.refusals;
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_limit_refusals",
+            "What each limit refused (for max_connections: times new connections had to wait)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (limit, n) in [
+            ("header_read_timeout", &r.header_timeouts),
+            ("body_read_timeout", &r.body_timeouts),
+            ("idle_timeout", &r.idle_timeouts),
+            ("max_connections", &r.connection_waits),
+            ("max_body_bytes", &r.too_large),
+            ("max_inflight_body_bytes", &r.over_budget),
+            ("max_event_bytes", &upstream.events),
+            ("max_response_bytes", &upstream.responses),
+            ("max_inflight_response_bytes", &upstream.over_budget),
+        ] {
+            ConstCounter::new(n.load(Ordering::Relaxed))
+                .encode(m.encode_family(&[("limit", limit)])?)?;
+        }
+    }
+    for (name, help, value) in [
+        (
+            "switchback_client_connections",
+            "Open client connections on the data port",
+            front.open_connections(),
+        ),
+        (
+            "switchback_request_body_bytes_held",
+            "Request body bytes held in the in-flight budget",
+            front.body_bytes_held(),
+        ),
+        (
+            "switchback_response_bytes_held",
+            "Unary provider answer bytes held in the in-flight budget",
+            answers_held,
+        ),
+    ] {
+        let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(m)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! `/admin/v1/stats` (SPEC §5): the document the operator scrapes, made at request
+//! time from the live snapshot's routes, their targets' counters and state (circuit,
+//! park, latency, last failure), what a request finds at each target now and the order
+//! it takes them (SPEC §12), and every LLMClient's usage since start.
+
+use std::time::{Duration, SystemTime};
+
+use switchback_crds::stats::TargetState;
+use tokio::time::Instant;
+
+use crate::config::snapshot::TargetRt;
+use crate::gateway::Gateway;
+use crate::limits::circuit::{Reported, State};
+use crate::observe::counters::get;
+use crate::observe::reason::Reason;
+
+/// What a request finds at `t` now, with since and until when known: a missing key
+/// first (nothing can be sent), then the circuit, a park, a full queue.
+fn target_state(
+    t: &TargetRt,
+    now: Instant,
+    now_ms: u64,
+    wall: SystemTime,
+) -> (TargetState, Option<SystemTime>, Option<SystemTime>) {
+    let at = |instant: Instant| wall + instant.saturating_duration_since(now);
+    if t.credential.headers.is_none() {
+        return (TargetState::NoKey, None, None);
+    }
+    match t.state.breaker.state() {
+        (State::Open { until, .. }, since) if now < until => {
+            return (TargetState::CircuitOpen, Some(since), Some(at(until)));
+        }
+        (State::Open { .. } | State::HalfOpen { .. }, since) => {
+            return (TargetState::HalfOpen, Some(since), None);
+        }
+        (State::Closed { .. }, _) => {}
+    }
+    let parked = t.state.parked_until_ms();
+    if parked > now_ms {
+        return (
+            TargetState::Parked,
+            None,
+            Some(wall + Duration::from_millis(parked - now_ms)),
+        );
+    }
+    let spec = &t.credential.spec;
+    if let (Some(limiter), Some(max)) = (&t.credential.limiter, spec.max_concurrency)
+        && limiter.in_flight(max) >= max
+        && limiter.waiting() >= spec.max_queue.unwrap_or(0)
+    {
+        return (TargetState::Saturated, None, None);
+    }
+    (TargetState::Ready, None, None)
+}
+
+/// `/admin/v1/stats`: the live snapshot's routes with their counters and the state of
+/// their targets.
+pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
+    use switchback_crds::stats as doc;
+    let snapshot = gw.snapshot();
+    let now = tokio::time::Instant::now();
+    let (now_ms, wall) = (gw.now_ms(), std::time::SystemTime::now());
+    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    let load = gw.report();
+    let routes = snapshot
+        .route_list
+        .iter()
+        .map(|r| doc::RouteStats {
+            order: crate::pipeline::order::likely(r)
+                .as_slice()
+                .iter()
+                .map(|&i| u32::from(i))
+                .collect(),
+            route: r.spec.id.clone(),
+            generation: r.spec.generation,
+            revision: Some(r.revision),
+            requests: get(&r.counters.requests),
+            attempts: get(&r.counters.attempts),
+            fallbacks: get(&r.counters.fallbacks),
+            failed: get(&r.counters.failed),
+            resumed: 0,
+            targets: r
+                .targets
+                .iter()
+                .map(|t| {
+                    let c = &t.counters;
+                    let parked = t.state.parked_until_ms();
+                    let (_, since) = t.state.breaker.state();
+                    let ewma = t.state.latency_ewma_us();
+                    let (state, state_since, state_until) = target_state(t, now, now_ms, wall);
+                    doc::TargetStats {
+                        state: Some(state),
+                        resumed: 0,
+                        hedges: 0,
+                        hedge_wins: 0,
+                        state_since: state_since.map(rfc3339),
+                        state_until: state_until.map(rfc3339),
+                        fallbacks_away_by_reason: c
+                            .fallbacks_away
+                            .nonzero()
+                            .map(|(r, n)| (r.as_str().to_string(), n))
+                            .collect(),
+                        credential: t.spec.credential.clone(),
+                        model: t.spec.model.clone(),
+                        requests: get(&c.requests),
+                        attempts: get(&c.attempts),
+                        retries: get(&c.retries),
+                        successes: get(&c.successes),
+                        failures: c
+                            .failures
+                            .nonzero()
+                            .map(|(r, n)| (r.as_str().to_string(), n))
+                            .collect(),
+                        fallbacks_away: Reason::ALL.iter().map(|r| c.fallbacks_away.get(*r)).sum(),
+                        circuit: match t.state.breaker.reported(now) {
+                            Reported::Closed => doc::CircuitState::Closed,
+                            Reported::Open => doc::CircuitState::Open,
+                            Reported::HalfOpen => doc::CircuitState::HalfOpen,
+                        },
+                        circuit_since: Some(rfc3339(since)),
+                        parked_until: (parked > now_ms)
+                            .then(|| rfc3339(wall + Duration::from_millis(parked - now_ms))),
+                        last_failure: t.state.last_failure().map(|f| doc::LastFailure {
+                            status: f.status,
+                            reason: f.reason.as_str().to_string(),
+                            at: rfc3339(f.at),
+                        }),
+                        latency: doc::Latency {
+                            smoothed_ms: (ewma > 0).then(|| ewma as f64 / 1000.0),
+                            p50_ms: t.state.latency.quantile_ms(0.5),
+                            p99_ms: t.state.latency.quantile_ms(0.99),
+                        },
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    doc::StatsReport {
+        version: doc::STATS_VERSION,
+        instance_id: gw.instance_id.clone(),
+        started_at: rfc3339(gw.started_at),
+        config_generation: load.generation,
+        config_error: load.last_error.map(|e| {
+            e.problems
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        }),
+        routes,
+        clients: gw
+            .carried()
+            .clients()
+            .into_iter()
+            .map(|(client, c)| {
+                let last = get(&c.last_request_ms);
+                doc::ClientStats {
+                    client,
+                    requests: get(&c.requests),
+                    input_tokens: get(&c.input_tokens),
+                    output_tokens: get(&c.output_tokens),
+                    micro_usd: get(&c.micro_usd),
+                    rate_limited: get(&c.rate_limited),
+                    budget_exhausted: get(&c.budget_exhausted),
+                    last_request_at: (last > 0)
+                        .then(|| rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(last))),
+                }
+            })
+            .collect(),
+    }
+}

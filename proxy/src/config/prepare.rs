@@ -1,0 +1,446 @@
+//! A compiled config made the serving snapshot: each credential prepared by its
+//! provider's adapter, each route's targets given their runtime state and counters,
+//! model names indexed (per client with authentication), and what must outlive a
+//! reload (target state, counters, concurrency limiters, client counters and
+//! limits, providers' kept state) carried over, keyed so that a change starts
+//! afresh. Fallible and off the request path: a config that cannot be prepared
+//! changes nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use http::header::HeaderValue;
+use switchback_crds::compile::Compiled;
+use switchback_crds::config::{Client, Credential, ObjectId, Route};
+use switchback_crds::revision::Revisions;
+
+use super::snapshot::{
+    ByKeyHash, ConfigGeneration, CredentialRt, ModelRoute, RouteRt, Snapshot, TargetRt, Tenant,
+    Tenants,
+};
+use super::target::{TargetKey, TargetState};
+use crate::limits::clients::{
+    ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, Spent, WallClock,
+};
+use crate::limits::concurrency::Limiter;
+use crate::observe::counters::{RouteCounters, RouteTargetCounters};
+use crate::providers::{self, Kept};
+use crate::upstream::Clients;
+use crate::wire::rewrite::JsonStr;
+
+/// Everything that outlives a reload: target state, counters, concurrency limiters.
+/// Only touched while preparing a snapshot; the request path holds `Arc`s.
+#[derive(Debug, Default)]
+pub struct Carried(Mutex<CarriedMaps>);
+
+#[derive(Debug, Default)]
+struct CarriedMaps {
+    targets: HashMap<TargetKey, Arc<TargetState>>,
+    routes: HashMap<ObjectId, Arc<RouteCounters>>,
+    route_targets: HashMap<(ObjectId, TargetKey), Arc<RouteTargetCounters>>,
+    /// Keyed by the limits too: changing them starts a fresh limiter.
+    limiters: HashMap<(ObjectId, u32, u32), Arc<Limiter>>,
+    /// Per LLMClient, never dropped: `/admin/v1/stats` reports every client seen
+    /// since start, and a client whose key goes missing for a while must not come
+    /// back with its counters reset (the operator sums per-instance deltas).
+    clients: HashMap<ObjectId, Arc<ClientCounters>>,
+    /// Per (client, route), for `switchback_client_tokens_total`; never dropped either.
+    client_routes: HashMap<(ObjectId, ObjectId), Arc<RouteTokens>>,
+    /// Keyed by the shares too: new shares (limits or replicas changed) start fresh.
+    client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
+    /// What providers keep per credential and key across reloads (an OAuth token).
+    kept: Kept,
+}
+
+impl Carried {
+    /// Every client's counters, by client (for the stats document and metrics).
+    pub fn clients(&self) -> Vec<(ObjectId, Arc<ClientCounters>)> {
+        sorted(&self.0.lock().unwrap_or_else(|p| p.into_inner()).clients)
+    }
+
+    /// Every (client, route) token count.
+    pub fn client_routes(&self) -> Vec<((ObjectId, ObjectId), Arc<RouteTokens>)> {
+        sorted(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .client_routes,
+        )
+    }
+}
+
+/// A copy of `map`'s entries, sorted by key (the order the reports list them in).
+fn sorted<K: Clone + Ord, V>(map: &HashMap<K, Arc<V>>) -> Vec<(K, Arc<V>)> {
+    let mut v: Vec<_> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// How the clients of a snapshot are served, fixed for the process.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientEnv {
+    /// No operator (manifests): budgets are enforced from this replica's own counts.
+    pub standalone: bool,
+    pub clock: WallClock,
+}
+
+fn carried<K: std::hash::Hash + Eq, V: Default>(map: &mut HashMap<K, Arc<V>>, key: K) -> Arc<V> {
+    map.entry(key).or_default().clone()
+}
+
+/// Drop what no live object uses any more (the previous snapshot may still hold some
+/// until its last request ends; they go at the next reload).
+fn prune<K, V>(map: &mut HashMap<K, Arc<V>>) {
+    map.retain(|_, v| Arc::strong_count(v) > 1);
+}
+
+impl CarriedMaps {
+    /// [`prune`] what targets, routes, limiters and providers keep; client counters
+    /// stay (reported since start).
+    fn prune(&mut self) {
+        prune(&mut self.targets);
+        prune(&mut self.routes);
+        prune(&mut self.route_targets);
+        prune(&mut self.limiters);
+        prune(&mut self.client_limits);
+        self.kept.prune();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error("{credential}: {field}: {message}")]
+    Credential {
+        credential: ObjectId,
+        field: &'static str,
+        message: String,
+    },
+    #[error(
+        "{route}: spec.targets[{index}].credentialRef: credential {credential} is not in the config"
+    )]
+    DanglingCredential {
+        route: ObjectId,
+        index: usize,
+        credential: ObjectId,
+    },
+    #[error("model {model:?} is served by both {first} and {second}")]
+    DuplicateModel {
+        model: String,
+        first: ObjectId,
+        second: ObjectId,
+    },
+    #[error(
+        "client {client} may call both {} and {}, which both serve the model {model:?}",
+        .routes[0],
+        .routes[1]
+    )]
+    ClientDuplicateModel {
+        client: ObjectId,
+        model: String,
+        /// Boxed: keeps the error (returned by every prepare step) small.
+        routes: Box<[ObjectId; 2]>,
+    },
+}
+
+/// Build the serving snapshot. Fails without side effects on the live config.
+///
+/// `auth_required`: index the model names per client (the clients with a key hash),
+/// not globally.
+pub fn prepare(
+    compiled: &Compiled,
+    clients: &Clients,
+    carried_state: &Carried,
+    auth_required: bool,
+    env: ClientEnv,
+) -> Result<Snapshot, PrepareError> {
+    let mut maps = carried_state.0.lock().unwrap_or_else(|p| p.into_inner());
+    let credentials = prepare_credentials(compiled, clients, &mut maps)?;
+    let revisions = Revisions::new(&compiled.config, &compiled.keys);
+    let mut routes = HashMap::new();
+    let mut route_list = Vec::new();
+    for r in &compiled.config.routes {
+        let route = Arc::new(RouteRt {
+            counters: carried(&mut maps.routes, r.id.clone()),
+            route_header: header_value(&r.id.to_string()),
+            generation_header: HeaderValue::from(r.generation),
+            revision: revisions.route(r),
+            spec: r.clone(),
+            targets: prepare_targets(r, &credentials, compiled, &mut maps)?,
+        });
+        if !auth_required {
+            index_models(&mut routes, &route)?;
+        }
+        route_list.push(route);
+    }
+    let tenants = if auth_required {
+        prepare_tenants(&compiled.config.clients, &route_list, &mut maps, env)?
+    } else {
+        Tenants::default()
+    };
+    maps.prune();
+    Ok(Snapshot {
+        config: compiled.config.clone(),
+        auth_required,
+        routes,
+        tenants,
+        route_list,
+        credentials,
+        generation: ConfigGeneration::default(),
+    })
+}
+
+/// Every credential, prepared by its provider's adapter, with its concurrency
+/// limiter (carried while its limits stay).
+fn prepare_credentials(
+    compiled: &Compiled,
+    clients: &Clients,
+    maps: &mut CarriedMaps,
+) -> Result<HashMap<ObjectId, Arc<CredentialRt>>, PrepareError> {
+    let mut credentials = HashMap::new();
+    for c in &compiled.config.credentials {
+        let limiter = c.max_concurrency.map(|max| {
+            let queue = c.max_queue.unwrap_or(0);
+            let key = (c.id.clone(), max, queue);
+            maps.limiters
+                .entry(key)
+                .or_insert_with(|| Arc::new(Limiter::new(max, queue)))
+                .clone()
+        });
+        let rt = prepare_credential(c, compiled, clients, limiter, &mut maps.kept)?;
+        credentials.insert(c.id.clone(), Arc::new(rt));
+    }
+    Ok(credentials)
+}
+
+/// A route's targets: each with its credential, its state and counters (carried),
+/// its upstream model spelled as JSON, and the URLs of the models it names when its
+/// endpoint's URLs name the model.
+fn prepare_targets(
+    r: &Route,
+    credentials: &HashMap<ObjectId, Arc<CredentialRt>>,
+    compiled: &Compiled,
+    maps: &mut CarriedMaps,
+) -> Result<Vec<TargetRt>, PrepareError> {
+    let mut targets = Vec::with_capacity(r.targets.len());
+    for (index, t) in r.targets.iter().enumerate() {
+        let credential = credentials.get(&t.credential).cloned().ok_or_else(|| {
+            PrepareError::DanglingCredential {
+                route: r.id.clone(),
+                index,
+                credential: t.credential.clone(),
+            }
+        })?;
+        let key = TargetKey {
+            credential: t.credential.clone(),
+            model: t.model.clone(),
+            model_map: t.model_map.clone(),
+        };
+        let state = carried(&mut maps.targets, key.clone());
+        state.adopt(fingerprint(&credential.spec, compiled));
+        let named = t.model.iter().chain(t.model_map.values());
+        targets.push(TargetRt {
+            spec: t.clone(),
+            counters: carried(&mut maps.route_targets, (r.id.clone(), key)),
+            state,
+            label: t.credential.to_string(),
+            model_json: t.model.as_deref().map(JsonStr::new),
+            model_map_json: t
+                .model_map
+                .iter()
+                .map(|(client, upstream)| (client.clone(), JsonStr::new(upstream)))
+                .collect(),
+            urls: match credential.endpoint.url_names_model() {
+                true => named
+                    .map(|m| (m.clone(), TargetRt::model_urls(&*credential.endpoint, m)))
+                    .collect(),
+                false => HashMap::new(),
+            },
+            credential,
+        });
+    }
+    Ok(targets)
+}
+
+/// `route`'s model names, for everyone (authentication off): a name two routes
+/// serve refuses the config.
+fn index_models(
+    routes: &mut HashMap<String, ModelRoute>,
+    route: &Arc<RouteRt>,
+) -> Result<(), PrepareError> {
+    for m in &route.spec.models {
+        let entry = ModelRoute {
+            route: route.clone(),
+            model_json: JsonStr::new(m),
+            client: None,
+        };
+        if let Some(prev) = routes.insert(m.clone(), entry) {
+            return Err(PrepareError::DuplicateModel {
+                model: m.clone(),
+                first: prev.route.spec.id.clone(),
+                second: route.spec.id.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A hash of what a target's requests are made from; never 0 (0 = not yet prepared).
+fn fingerprint(c: &Credential, compiled: &Compiled) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (c.provider, &c.base_url, &c.headers, &c.api_version).hash(&mut h);
+    compiled.keys.get(&c.id).map(|k| k.expose()).hash(&mut h);
+    h.finish().max(1)
+}
+
+/// Each client that can authenticate, with the model names of the routes it may call.
+/// A route the config does not hold, or that is not offered to the client's
+/// namespace, is not callable; two callable routes serving one name refuse the config
+/// (`compile` resolves that per client already, so only a foreign config gets here).
+fn prepare_tenants(
+    config_clients: &[Client],
+    route_list: &[Arc<RouteRt>],
+    maps: &mut CarriedMaps,
+    env: ClientEnv,
+) -> Result<Tenants, PrepareError> {
+    let by_id: HashMap<&ObjectId, &Arc<RouteRt>> =
+        route_list.iter().map(|r| (&r.spec.id, r)).collect();
+    let mut tenants = Tenants::with_capacity_and_hasher(config_clients.len(), ByKeyHash);
+    for c in config_clients {
+        // Counted (and reported) even while the key is missing: zeros, not absent.
+        let counters = carried(&mut maps.clients, c.id.clone());
+        let Some(key_hash) = c.key_hash else { continue };
+        let rt = Arc::new(client_rt(c, counters, maps, env));
+        let mut models = HashMap::new();
+        let mut callable: Vec<Arc<RouteRt>> = Vec::new();
+        for id in &c.routes {
+            let Some(route) = by_id.get(id) else { continue };
+            if !route.spec.is_offered_to(&c.id.namespace) {
+                continue;
+            }
+            for m in &route.spec.models {
+                let entry = ModelRoute {
+                    route: (*route).clone(),
+                    model_json: JsonStr::new(m),
+                    client: Some(ClientUsage {
+                        client: rt.clone(),
+                        route: carried(&mut maps.client_routes, (c.id.clone(), (*id).clone())),
+                    }),
+                };
+                if let Some(prev) = models.insert(m.clone(), entry) {
+                    return Err(PrepareError::ClientDuplicateModel {
+                        client: c.id.clone(),
+                        model: m.clone(),
+                        routes: Box::new([prev.route.spec.id.clone(), id.clone()]),
+                    });
+                }
+            }
+            callable.push((*route).clone());
+        }
+        callable.sort_by_key(|r| {
+            route_list
+                .iter()
+                .position(|x| Arc::ptr_eq(x, r))
+                .unwrap_or(usize::MAX)
+        });
+        tenants.insert(
+            key_hash,
+            Tenant {
+                id: c.id.clone(),
+                label: rt.label.clone(),
+                key_hash,
+                models,
+                route_list: callable,
+                rt,
+            },
+        );
+    }
+    Ok(tenants)
+}
+
+/// One client's runtime: its counters, this replica's share of its limits, and its
+/// budgets (the operator's verdict, or standalone the budget itself).
+fn client_rt(
+    c: &Client,
+    counters: Arc<ClientCounters>,
+    maps: &mut CarriedMaps,
+    env: ClientEnv,
+) -> ClientRt {
+    let shares = Limits::shares(c);
+    let limits = (shares != (None, None, None)).then(|| {
+        maps.client_limits
+            .entry((c.id.clone(), shares))
+            .or_insert_with(|| Arc::new(Limits::new(shares)))
+            .clone()
+    });
+    let exhausted =
+        c.exhausted
+            .as_ref()
+            .and_then(|e| match humantime::parse_rfc3339_weak(&e.until) {
+                Ok(until) => Some(Spent {
+                    budget: e.budget.as_str().into(),
+                    until,
+                }),
+                Err(err) => {
+                    tracing::warn!(client = %c.id, until = %e.until, error = %err,
+                    "exhausted.until is not an RFC 3339 time; the client is not held back");
+                    None
+                }
+            });
+    let budget = c.budget;
+    let has_budget = budget.tokens_per_day.is_some() || budget.usd_per_month.is_some();
+    ClientRt {
+        id: c.id.clone(),
+        label: c.id.to_string().into(),
+        counters,
+        limits,
+        exhausted,
+        standalone_budget: (env.standalone && has_budget).then_some(budget),
+        standalone: env.standalone,
+        clock: env.clock,
+    }
+}
+
+fn header_value(s: &str) -> HeaderValue {
+    // Object names are DNS labels: always valid header values.
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+fn prepare_credential(
+    c: &Credential,
+    compiled: &Compiled,
+    clients: &Clients,
+    limiter: Option<Arc<Limiter>>,
+    kept: &mut Kept,
+) -> Result<CredentialRt, PrepareError> {
+    let adapter = providers::adapter(c.provider);
+    let prepared = adapter
+        .prepare(c, compiled.keys.get(&c.id), kept)
+        .map_err(|e| PrepareError::Credential {
+            credential: c.id.clone(),
+            field: e.field,
+            message: e.message,
+        })?;
+    let host = c
+        .base_url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(Box::from))
+        .unwrap_or_default();
+    Ok(CredentialRt {
+        adapter,
+        endpoint: prepared.endpoint,
+        target_header: header_value(&c.id.to_string()),
+        host,
+        headers: prepared.headers,
+        secret: prepared.secret,
+        client: if c.allow_private_network {
+            clients.private.clone()
+        } else {
+            clients.public.clone()
+        },
+        limiter,
+        spec: c.clone(),
+    })
+}

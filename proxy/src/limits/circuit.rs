@@ -1,0 +1,314 @@
+//! The circuit breaker of one target (credential + upstream model): a small state
+//! machine over failover-safe failures.
+//!
+//! Closed counts consecutive failures; at the threshold it opens for `openFor`. Once
+//! that has passed, exactly one request is let through as a half-open probe: success
+//! closes the circuit (and resets the open time), failure reopens it with the open
+//! time doubled, capped at [`MAX_OPEN`]. The lock is held only for a state
+//! transition, never across an await; a probe whose request is dropped hands its
+//! turn back (see [`Probe`]).
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+/// Open time never grows past this.
+pub const MAX_OPEN: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Closed { failures: u32 },
+    Open { until: Instant, open_for: Duration },
+    HalfOpen { open_for: Duration },
+}
+
+/// What the breaker says about sending a request now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admit {
+    Yes,
+    /// Yes, as the one half-open probe: report its outcome through the [`Probe`].
+    Probe,
+    No,
+}
+
+#[derive(Debug)]
+pub struct Breaker {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    /// Wall-clock time of the last transition, for stats.
+    since: SystemTime,
+    /// Transitions so far (open/close events for logs and status).
+    opened: u64,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                state: State::Closed { failures: 0 },
+                since: SystemTime::now(),
+                opened: 0,
+            }),
+        }
+    }
+}
+
+/// How a transition changed the circuit, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    None,
+    Opened,
+    Reopened,
+    Closed,
+}
+
+impl Breaker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn state(&self) -> (State, SystemTime) {
+        let g = self.lock();
+        (g.state, g.since)
+    }
+
+    /// The state as stats report it: an open circuit whose time is up reads HalfOpen.
+    pub fn reported(&self, now: Instant) -> crate::limits::circuit::Reported {
+        match self.lock().state {
+            State::Closed { .. } => Reported::Closed,
+            State::Open { until, .. } if now < until => Reported::Open,
+            State::Open { .. } | State::HalfOpen { .. } => Reported::HalfOpen,
+        }
+    }
+
+    pub fn is_open(&self, now: Instant) -> bool {
+        matches!(self.lock().state, State::Open { until, .. } if now < until)
+            || matches!(self.lock().state, State::HalfOpen { .. })
+    }
+
+    pub fn admit(&self, now: Instant) -> Admit {
+        let mut g = self.lock();
+        match g.state {
+            State::Closed { .. } => Admit::Yes,
+            State::Open { until, open_for } if now >= until => {
+                g.state = State::HalfOpen { open_for };
+                g.since = SystemTime::now();
+                Admit::Probe
+            }
+            State::Open { .. } | State::HalfOpen { .. } => Admit::No,
+        }
+    }
+
+    /// A failover-safe failure (transport, attempt timeout, 5xx).
+    pub fn failure(
+        &self,
+        now: Instant,
+        threshold: u32,
+        base_open: Duration,
+        probe: bool,
+    ) -> Transition {
+        let mut g = self.lock();
+        let (next, transition) = match g.state {
+            State::HalfOpen { open_for } if probe => {
+                let open_for = (open_for * 2).min(MAX_OPEN);
+                (
+                    State::Open {
+                        until: now + open_for,
+                        open_for,
+                    },
+                    Transition::Reopened,
+                )
+            }
+            State::Closed { failures } if failures + 1 >= threshold.max(1) => (
+                State::Open {
+                    until: now + base_open,
+                    open_for: base_open,
+                },
+                Transition::Opened,
+            ),
+            State::Closed { failures } => (
+                State::Closed {
+                    failures: failures + 1,
+                },
+                Transition::None,
+            ),
+            // Failures of requests admitted before the circuit opened change nothing.
+            other => (other, Transition::None),
+        };
+        if transition != Transition::None {
+            g.since = SystemTime::now();
+            g.opened += 1;
+        }
+        g.state = next;
+        transition
+    }
+
+    /// A success (or any answer that says the provider is healthy).
+    pub fn success(&self, probe: bool) -> Transition {
+        let mut g = self.lock();
+        match g.state {
+            State::Closed { failures } => {
+                if failures != 0 {
+                    g.state = State::Closed { failures: 0 };
+                }
+                Transition::None
+            }
+            // A probe, or the request tried anyway because every circuit was open.
+            State::HalfOpen { .. } | State::Open { .. } if probe => {
+                g.state = State::Closed { failures: 0 };
+                g.since = SystemTime::now();
+                Transition::Closed
+            }
+            _ => Transition::None,
+        }
+    }
+
+    /// A probe that ended without a verdict (its request was dropped, or the answer
+    /// said nothing about the provider's health): let the next request probe.
+    pub fn release_probe(&self, now: Instant) {
+        let mut g = self.lock();
+        if let State::HalfOpen { open_for } = g.state {
+            g.state = State::Open {
+                until: now,
+                open_for,
+            };
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reported {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+/// The half-open probe's turn. Dropped without [`Probe::done`], it hands the turn back
+/// so a cancelled probe never wedges the circuit half-open.
+pub struct Probe<'a> {
+    breaker: &'a Breaker,
+    armed: bool,
+}
+
+impl<'a> Probe<'a> {
+    pub fn new(breaker: &'a Breaker) -> Self {
+        Self {
+            breaker,
+            armed: true,
+        }
+    }
+
+    pub fn done(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Probe<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.breaker.release_probe(Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: Duration = Duration::from_secs(30);
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_consecutive_failures_and_success_resets_the_count() {
+        let b = Breaker::default();
+        let now = Instant::now();
+        assert_eq!(b.failure(now, 3, BASE, false), Transition::None);
+        assert_eq!(b.failure(now, 3, BASE, false), Transition::None);
+        b.success(false);
+        assert_eq!(b.failure(now, 3, BASE, false), Transition::None);
+        assert_eq!(b.failure(now, 3, BASE, false), Transition::None);
+        assert_eq!(b.admit(now), Admit::Yes);
+        assert_eq!(b.failure(now, 3, BASE, false), Transition::Opened);
+        assert_eq!(b.admit(now), Admit::No);
+        assert_eq!(b.reported(now), Reported::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_probe_after_open_for_then_close_on_success() {
+        let b = Breaker::default();
+        let t0 = Instant::now();
+        b.failure(t0, 1, BASE, false);
+        assert_eq!(b.admit(t0 + BASE - Duration::from_millis(1)), Admit::No);
+        assert_eq!(b.reported(t0 + BASE), Reported::HalfOpen);
+        assert_eq!(b.admit(t0 + BASE), Admit::Probe);
+        assert_eq!(b.admit(t0 + BASE), Admit::No, "exactly one probe");
+        assert_eq!(b.success(true), Transition::Closed);
+        assert_eq!(b.admit(t0 + BASE), Admit::Yes);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_probe_reopens_with_the_open_time_doubled_up_to_five_minutes() {
+        let b = Breaker::default();
+        let mut now = Instant::now();
+        b.failure(now, 1, BASE, false);
+        let mut expected = BASE;
+        for _ in 0..6 {
+            now += expected;
+            assert_eq!(b.admit(now), Admit::Probe);
+            assert_eq!(b.failure(now, 1, BASE, true), Transition::Reopened);
+            expected = (expected * 2).min(MAX_OPEN);
+            assert_eq!(
+                b.admit(now + expected - Duration::from_millis(1)),
+                Admit::No
+            );
+        }
+        assert_eq!(expected, MAX_OPEN);
+        now += expected;
+        assert_eq!(b.admit(now), Admit::Probe);
+        b.success(true);
+        // Closed again: the next opening starts from the base time.
+        b.failure(now, 1, BASE, false);
+        assert_eq!(b.admit(now + BASE), Admit::Probe);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_hands_its_turn_back() {
+        let b = Breaker::default();
+        let now = Instant::now();
+        b.failure(now, 1, BASE, false);
+        assert_eq!(b.admit(now + BASE), Admit::Probe);
+        drop(Probe::new(&b));
+        assert_eq!(
+            b.admit(now + BASE),
+            Admit::Probe,
+            "the next request may probe"
+        );
+        let p = Probe::new(&b);
+        b.success(true);
+        p.done();
+        assert_eq!(b.admit(now + BASE), Admit::Yes);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_tried_while_open_closes_the_circuit_on_success() {
+        let b = Breaker::default();
+        let now = Instant::now();
+        b.failure(now, 1, BASE, false);
+        assert_eq!(b.admit(now), Admit::No);
+        assert_eq!(b.success(true), Transition::Closed);
+        assert_eq!(b.admit(now), Admit::Yes);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_failures_of_requests_admitted_earlier_do_not_extend_an_open_circuit() {
+        let b = Breaker::default();
+        let now = Instant::now();
+        b.failure(now, 1, BASE, false);
+        assert_eq!(b.failure(now, 1, BASE, false), Transition::None);
+        assert_eq!(b.admit(now + BASE), Admit::Probe);
+    }
+}

@@ -1,0 +1,65 @@
+//! What the pipeline is given and gives back: one client request as it needs it
+//! ([`Call`]), and its [`Outcome`] with the facts the answer's headers and the
+//! request log report ([`AttemptLog`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Response};
+use bytes::Bytes;
+
+use super::stream::LineSlot;
+use crate::limits::clients::ClientUsage;
+use crate::observe::reason::Reason;
+use crate::wire::rewrite::JsonStr;
+use crate::wire::surface::Surface;
+
+/// One client request, as the pipeline needs it.
+pub struct Call<'a> {
+    pub surface: Surface,
+    /// The model name the client sent, as a JSON string literal (responses get it back).
+    pub client_model: &'a str,
+    pub client_model_json: JsonStr,
+    pub body: Bytes,
+    pub stream: bool,
+    pub client_headers: &'a HeaderMap,
+    /// The client's `x-request-id`, or the one the gateway made up; forwarded too.
+    pub request_id: &'a HeaderValue,
+    /// The LLMClient the request comes from: where its usage is counted.
+    pub client: Option<&'a ClientUsage>,
+    /// An OpenAI stream: the client's own `stream_options.include_usage` when
+    /// already read (the body may then ask the provider for usage on the client's
+    /// behalf, see `http`); `None`: read from `body` when needed.
+    pub include_usage: Option<bool>,
+    /// The body asks for the usage chunk the client did not: strip it (relayed
+    /// streams; a translated stream answers as `include_usage` says anyway).
+    pub strip_usage: bool,
+}
+
+/// One line of the attempt log.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptLog {
+    pub target: u8,
+    pub status: Option<u16>,
+    pub reason: Reason,
+    pub duration: Duration,
+    pub retry_after: Option<Duration>,
+}
+
+/// What the pipeline answers, with the facts the response headers report.
+pub struct Outcome {
+    pub response: Response<Body>,
+    /// Upstream requests sent.
+    pub attempts: u32,
+    /// Targets moved past before the one that answered (or the last one considered).
+    pub fallbacks: u32,
+    /// The credential that answered, if one did.
+    pub target: Option<HeaderValue>,
+    /// Index of the target that answered (in the route's declared order), if one did.
+    pub answered_by: Option<u8>,
+    pub log: Vec<AttemptLog>,
+    /// For a committed stream: where to leave the request's log line, which the
+    /// stream writes when it ends (with its real duration and how it ended).
+    pub stream_line: Option<Arc<LineSlot>>,
+}

@@ -1,0 +1,29 @@
+//! One client request on one route: the walk along the route's targets in order
+//! (`walk`, `order`), each target tried with its retries, backoff and Retry-After
+//! inside the call's budget (`target`, `outcome`), each try sent upstream (`send`),
+//! and either one answer committed (`answer` for unary ones, `stream` for streams,
+//! `relay` for what reaches the client of both) or the last failure turned into the
+//! gateway's own error (`failure`).
+//!
+//! It reaches providers only through the `providers` interface (an adapter, a
+//! credential's endpoint, a dialect, the translation): it names none. It knows
+//! nothing of client connections, authentication or where the config comes from.
+//! Nothing here holds a lock across an await; per-target facts are atomics.
+//! Dropping the future (the client went away) drops the in-flight upstream request
+//! with it, so nothing more is sent upstream.
+
+mod answer;
+mod attempt;
+mod call;
+mod failure;
+pub mod order;
+pub mod outcome;
+mod relay;
+mod send;
+pub mod stream;
+mod target;
+mod walk;
+
+pub use call::{AttemptLog, Call, Outcome};
+pub use stream::{LineSlot, StreamEnd};
+pub use walk::run;

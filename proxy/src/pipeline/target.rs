@@ -1,0 +1,325 @@
+//! One target of the walk, tried with its retries. Before anything is sent: how the
+//! request reaches it (its adapter's exchange), whether it can take it (key, park,
+//! circuit) and its body (relayed or translated). Then each try: a concurrency slot,
+//! the try sent (`send`), and its outcome: a success closes a half-open circuit; a
+//! failure is counted and logged, may open the circuit, park the target after a 429,
+//! and is retried after its backoff or Retry-After while attempts and the budget
+//! allow (`outcome`).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Response;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, sleep_until};
+use tracing::Instrument;
+
+use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
+use super::call::AttemptLog;
+use super::outcome::{attempt_deadline, backoff, retryable};
+use super::stream::LineSlot;
+use super::walk::{Tried, Walk};
+use crate::config::snapshot::TargetRt;
+use crate::limits::circuit::{Admit, Probe, Transition};
+use crate::limits::concurrency::{Limiter, Refused};
+use crate::observe::counters;
+use crate::observe::reason::Reason;
+use crate::providers::Exchange;
+use crate::providers::classify;
+use crate::providers::translate::{self, Translation};
+
+/// After a failed try: give up on the target, or try it again after a wait.
+enum Next {
+    GiveUp,
+    RetryAfter(Duration),
+}
+
+impl<T: Transport> Walk<'_, '_, T> {
+    /// Try target `i` with its retries. `forced` ignores an open circuit.
+    pub(super) async fn target(&mut self, i: u8, forced: bool) -> Tried {
+        let route = self.route;
+        let t = &route.targets[i as usize];
+        counters::inc(&t.counters.requests);
+        let exchange = match self.exchange(t) {
+            Ok(exchange) => exchange,
+            Err(reason) => return self.skip(i, reason),
+        };
+        let breaker = &t.state.breaker;
+        let mut probe = match breaker.admit(Instant::now()) {
+            Admit::Yes => None,
+            Admit::Probe => Some(Probe::new(breaker)),
+            // Tried although open: its success closes the circuit like a probe's.
+            Admit::No if forced => Some(Probe::new(breaker)),
+            Admit::No => return self.skip(i, Reason::CircuitOpen),
+        };
+        let plan = match self.plan(t, exchange) {
+            Ok(plan) => plan,
+            Err(reason) => return self.skip(i, reason),
+        };
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            if Instant::now() >= self.budget {
+                return Tried::Failed(Failure::bare(Reason::Budget));
+            }
+            let permit = match &t.credential.limiter {
+                None => None,
+                Some(limiter) => match self.queue(limiter).await {
+                    Ok(permit) => Some(permit),
+                    // A full queue moves on at once, without spending a retry.
+                    Err(Refused::QueueFull) => return self.skip(i, Reason::QueueFull),
+                    Err(Refused::Deadline) => return Tried::Failed(Failure::bare(Reason::Budget)),
+                },
+            };
+            let (span, started) = self.counted(t, tries);
+            let attempt = Attempt {
+                gw: self.gw,
+                route,
+                target: t,
+                call: self.call,
+                plan: &plan,
+                deadline: attempt_deadline(started, &t.spec, self.budget),
+                budget: self.budget,
+                permit,
+                span: &span,
+            };
+            // Awaited here, not in a function of its own (a nested async fn is copied
+            // into its parent's state as it is built). Without traces the span is
+            // disabled: skip the wrapper; the future is made in each branch, not bound
+            // to a local (an awaited local is kept in the state twice).
+            let result = if span.is_disabled() {
+                self.transport.attempt(attempt).await
+            } else {
+                self.transport
+                    .attempt(attempt)
+                    .instrument(span.clone())
+                    .await
+            };
+            let elapsed = self.timed(t, &span, &result, started);
+            let failure = match result {
+                Attempted::Committed(response, line) => {
+                    return self.succeeded(t, probe, elapsed, response, line);
+                }
+                Attempted::Failed(f) => f,
+            };
+            self.note(i, &failure, elapsed, tries);
+            match self.after(t, &failure, tries, &mut probe) {
+                Next::GiveUp => return Tried::Failed(failure),
+                Next::RetryAfter(wait) => {
+                    let Some(resume) = Instant::now()
+                        .checked_add(wait)
+                        .filter(|r| *r < self.budget)
+                    else {
+                        // The wait does not fit the budget: let the next target try.
+                        return Tried::Failed(failure);
+                    };
+                    sleep_until(resume).await;
+                    self.waited += wait;
+                }
+            }
+        }
+    }
+
+    /// How the request reaches target `t`, or why it is passed over before anything
+    /// is sent to it, for a reason known without asking anyone. (Open circuits and
+    /// full queues are checked as the target is tried.)
+    fn exchange(&self, t: &TargetRt) -> Result<Exchange, Reason> {
+        let credential = &t.credential;
+        let model = t.model(self.call.client_model);
+        let Some(exchange) =
+            credential
+                .adapter
+                .exchange(self.call.surface, model, &credential.spec)
+        else {
+            return Err(Reason::UnsupportedSurface);
+        };
+        if credential.headers.is_none() {
+            return Err(Reason::MissingKey);
+        }
+        let cap = self.route.spec.fallback.max_retry_after_ms;
+        if t.state.parked(self.gw.now_ms(), cap) {
+            return Err(Reason::Parked);
+        }
+        Ok(exchange)
+    }
+
+    /// The body target `t` is sent: translated into its dialect, or the client's
+    /// with the target's model. A request the target cannot take is passed over.
+    fn plan(&mut self, t: &TargetRt, exchange: Exchange) -> Result<Plan, Reason> {
+        let call = self.call;
+        let adapter = t.credential.adapter;
+        let translation = exchange
+            .translated
+            .then(|| Translation::to(call.surface.wire(), exchange.dialect));
+        let body = match translation {
+            Some(tr) => {
+                let model = t.spec.upstream_model(call.client_model);
+                match translate::request(tr, &call.body, model, &adapter.defaults()) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Another target may speak the client's API natively.
+                        self.untranslatable = Some(e);
+                        return Err(Reason::UnsupportedParameter);
+                    }
+                }
+            }
+            None => {
+                let model = t.upstream_model_json(call.client_model);
+                adapter
+                    .relay_body(&call.body, model)
+                    .ok_or(Reason::UnsupportedParameter)?
+            }
+        };
+        Ok(Plan {
+            exchange,
+            translation,
+            body,
+        })
+    }
+
+    /// The credential's concurrency slot (`maxConcurrency`), waited for in its queue
+    /// within the budget; the wait is not the gateway's own time.
+    async fn queue(&mut self, limiter: &Limiter) -> Result<OwnedSemaphorePermit, Refused> {
+        let queued = Instant::now();
+        let got = limiter.acquire(self.budget).await;
+        self.waited += queued.elapsed();
+        got
+    }
+
+    /// A try about to be sent, counted; its trace span, and when it started.
+    fn counted(&mut self, t: &TargetRt, tries: u32) -> (tracing::Span, Instant) {
+        let started = Instant::now();
+        self.sent += 1;
+        counters::inc(&self.route.counters.attempts);
+        counters::inc(&t.counters.attempts);
+        if tries > 1 {
+            counters::inc(&t.counters.retries);
+        }
+        (attempt_span(t, self.call, tries), started)
+    }
+
+    /// A try's outcome on its span, and its duration (the provider's time, not the
+    /// gateway's).
+    fn timed(
+        &mut self,
+        t: &TargetRt,
+        span: &tracing::Span,
+        result: &Attempted,
+        started: Instant,
+    ) -> Duration {
+        match result {
+            Attempted::Committed(r, _) => {
+                span.record("http.response.status_code", r.status().as_u16())
+            }
+            Attempted::Failed(f) => span
+                .record("http.response.status_code", f.status)
+                .record("error.type", f.reason.as_str()),
+        };
+        let elapsed = started.elapsed();
+        self.waited += elapsed;
+        t.counters.attempt_duration.observe(elapsed);
+        elapsed
+    }
+
+    /// A committed answer. A stream's verdict (success or failure, for stats and the
+    /// circuit) comes at its end (see `stream::Ending`); its first content closes a
+    /// half-open circuit.
+    fn succeeded(
+        &self,
+        t: &TargetRt,
+        mut probe: Option<Probe<'_>>,
+        elapsed: Duration,
+        response: Response<Body>,
+        line: Option<std::sync::Arc<LineSlot>>,
+    ) -> Tried {
+        let streamed = line.is_some();
+        let verdict = !streamed || probe.is_some();
+        if verdict && t.state.breaker.success(probe.is_some()) == Transition::Closed {
+            tracing::info!(target_credential = %t.label,
+                model = t.model(self.call.client_model), "circuit closed");
+        }
+        if let Some(p) = probe.take() {
+            p.done();
+        }
+        t.state.observe_latency(elapsed);
+        t.state.latency.observe(elapsed);
+        if streamed {
+            t.counters.ttfb.observe(elapsed);
+        } else {
+            counters::inc(&t.counters.successes);
+        }
+        Tried::Answered(response, line)
+    }
+
+    /// A failed try of target `i`, counted and in the attempt log.
+    fn note(&mut self, i: u8, f: &Failure, elapsed: Duration, tries: u32) {
+        let route = self.route;
+        let t = &route.targets[i as usize];
+        t.counters.failures.inc(f.reason);
+        t.state.record_failure(f.status, f.reason);
+        self.log.push(AttemptLog {
+            target: i,
+            status: f.status,
+            reason: f.reason,
+            duration: elapsed,
+            retry_after: f.retry_after,
+        });
+        tracing::debug!(route = %self.route.spec.id, target = %t.label, status = ?f.status,
+            reason = f.reason.as_str(), try_no = tries, "attempt failed");
+    }
+
+    /// What a failed try means for the target: the circuit told (an opened one
+    /// advances at once), the target parked after a 429 (for later requests too,
+    /// never longer than `maxRetryAfter`), and whether and when it is tried again.
+    /// Retry-After is a provider's number: everything here saturates or is checked.
+    fn after(
+        &mut self,
+        t: &TargetRt,
+        f: &Failure,
+        tries: u32,
+        probe: &mut Option<Probe<'_>>,
+    ) -> Next {
+        if f.reason.trips_breaker(f.status) {
+            let cb = &self.route.spec.circuit_breaker;
+            let tr = t.state.breaker.failure(
+                Instant::now(),
+                cb.consecutive_failures,
+                Duration::from_millis(cb.open_for_ms),
+                probe.is_some(),
+            );
+            if let Some(p) = probe.take() {
+                p.done();
+            }
+            if matches!(tr, Transition::Opened | Transition::Reopened) {
+                tracing::warn!(target_credential = %t.label,
+                    model = t.model(self.call.client_model), reason = f.reason.as_str(),
+                    "circuit opened");
+                return Next::GiveUp;
+            }
+        } else {
+            // Says nothing about the provider's health: let another request probe.
+            drop(probe.take());
+        }
+        let cap = Duration::from_millis(self.route.spec.fallback.max_retry_after_ms);
+        if let Some(ra) = f.retry_after {
+            if f.reason == Reason::RateLimited {
+                let park = ra.min(cap);
+                let until = self.gw.now_ms().saturating_add(classify::millis(park));
+                t.state.park_until(until);
+                self.shortest_retry_after =
+                    Some(self.shortest_retry_after.map_or(park, |s| s.min(park)));
+            }
+            if ra > cap {
+                return Next::GiveUp; // abandon this target at once
+            }
+        }
+        let retry = &t.spec.retry;
+        if tries >= retry.attempts || !retryable(f.reason, f.status, retry) {
+            return Next::GiveUp;
+        }
+        Next::RetryAfter(match f.retry_after {
+            Some(ra) if retry.honour_retry_after => ra,
+            _ => backoff(tries, retry, rand::random::<f64>()),
+        })
+    }
+}

@@ -1,0 +1,37 @@
+//! `provider: anthropic`: the Messages API at `{baseURL}/messages`, the key as
+//! `x-api-key` with the `anthropic-version` it speaks.
+
+use switchback_crds::config::Credential;
+use switchback_crds::secret::Secret;
+
+use super::super::adapter::{Adapter, CredentialError, Kept, Prepared, SurfaceUrls};
+use super::super::dialect::Dialect;
+
+/// The `anthropic-version` header sent with every request.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// `provider: anthropic`.
+pub(crate) struct Anthropic;
+
+pub(crate) static ANTHROPIC: Anthropic = Anthropic;
+
+impl Adapter for Anthropic {
+    fn system(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn dialect(&self, _model: &str) -> &'static dyn Dialect {
+        &super::MESSAGES
+    }
+
+    fn prepare(
+        &self,
+        credential: &Credential,
+        key: Option<&Secret<String>>,
+        _kept: &mut Kept,
+    ) -> Result<Prepared, CredentialError> {
+        let endpoint = Box::new(SurfaceUrls::new(&credential.base_url, "")?);
+        let version = [("anthropic-version", ANTHROPIC_VERSION)];
+        Prepared::keyed(credential, key, endpoint, &version, ("x-api-key", ""))
+    }
+}

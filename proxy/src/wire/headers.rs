@@ -1,0 +1,21 @@
+//! The names of the headers the gateway itself sets: on every answer (SPEC §3), the
+//! request id it keeps or makes (and forwards to providers), and the provider's own
+//! request id as the client sees it.
+
+use http::HeaderName;
+
+/// The LLMRoute that served the request (`namespace/name`).
+pub const X_ROUTE: HeaderName = HeaderName::from_static("x-switchback-route");
+/// Upstream requests sent.
+pub const X_ATTEMPTS: HeaderName = HeaderName::from_static("x-switchback-attempts");
+/// Targets moved past, skipped ones included.
+pub const X_FALLBACKS: HeaderName = HeaderName::from_static("x-switchback-fallbacks");
+/// The credential that answered (`namespace/name`).
+pub const X_TARGET: HeaderName = HeaderName::from_static("x-switchback-target");
+/// The route's `metadata.generation`, or the config's load count before a route is
+/// chosen.
+pub const X_GENERATION: HeaderName = HeaderName::from_static("x-switchback-generation");
+/// Kept from the client or made; forwarded to providers.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The provider's `x-request-id`, as the client sees it.
+pub const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
