@@ -205,6 +205,16 @@ pub enum Behavior {
         arguments: Value,
         text: Option<String>,
     },
+    /// A streamed [`Behavior::ToolCall`] cut after its first `events` events (the
+    /// connection aborted): a tool call in progress when the stream breaks, if
+    /// `events` ends inside it. Unary calls get the whole tool call; Bedrock does not
+    /// know it.
+    BrokenToolCall {
+        name: String,
+        arguments: Value,
+        text: Option<String>,
+        events: usize,
+    },
     /// 200 `text/event-stream` whose content is [`stream_pieces`]`(name, chunks)`, one
     /// event per body chunk, `interval` between events (none before the first).
     Stream { chunks: usize, interval: Duration },
@@ -1276,7 +1286,13 @@ async fn respond(
             name,
             arguments,
             text,
-        } => tool_call(ctx, text.as_deref(), &name, &arguments, guard),
+        } => tool_call(ctx, text.as_deref(), &name, &arguments, None, guard),
+        Behavior::BrokenToolCall {
+            name,
+            arguments,
+            text,
+            events,
+        } => tool_call(ctx, text.as_deref(), &name, &arguments, Some(events), guard),
         Behavior::Stream { chunks, interval } => {
             let events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));
             sse(ctx, events, interval, StreamEnd::Finish, guard)
@@ -1803,6 +1819,7 @@ fn tool_call(
     text: Option<&str>,
     name: &str,
     arguments: &Value,
+    cut: Option<usize>,
     guard: CancelGuard,
 ) -> Response<Body> {
     let body = match (ctx.endpoint, ctx.flavor) {
@@ -1829,7 +1846,14 @@ fn tool_call(
                 Flavor::Gemini => gemini_tool_call_stream_events(&ctx.model, text, name, arguments),
                 Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             };
-            return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
+            return match cut {
+                Some(n) => {
+                    let mut events = events;
+                    events.truncate(n);
+                    sse(ctx, events, Duration::ZERO, StreamEnd::Break, guard)
+                }
+                None => sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard),
+            };
         }
         (Endpoint::Chat, _) => openai_tool_call_completion(&ctx.model, text, name, arguments),
         (Endpoint::Messages, _) => anthropic_tool_use_message(&ctx.model, text, name, arguments),
