@@ -16,6 +16,7 @@ use switchback_tests::harness::{TestProxy, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider, StreamFault};
 
 const ROUNDS: usize = 300;
+const BACKUP_TTFT: Duration = Duration::from_millis(20);
 const TEXT: &str = "one two three four five six seven eight nine ten";
 
 fn quantile(sorted: &[Duration], q: f64) -> Duration {
@@ -53,26 +54,14 @@ async fn direct_ttft(http: &reqwest::Client, url: &str, body: &serde_json::Value
     started.elapsed()
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let primary = SimProvider::start_named("primary", Flavor::Anthropic).await;
-    let backup = SimProvider::start_named("backup", Flavor::Anthropic).await;
-    backup.set_default(Behavior::AnswerText(TEXT.into()));
-    let manifests = format!(
-        "{}{}{}",
-        credential("primary", "anthropic", &primary.base_url(), "sk-test"),
-        credential("backup", "anthropic", &backup.base_url(), "sk-test"),
-        route(
-            "smart",
-            "  targets:
-    - credentialRef: { name: primary }
-    - credentialRef: { name: backup }
-  stream:
-    resume: { mode: Continue }
-"
-        )
-    );
-    let proxy = TestProxy::start(&manifests).await;
+/// Resumed streams through the proxy at `url`: the client-visible gap of each, and
+/// the continuation provider's own time to first token for the same request.
+async fn measure(
+    url: String,
+    primary: SimProvider,
+    backup: SimProvider,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let http = reqwest::Client::new();
     let body = json!({"model": "smart", "stream": true, "max_tokens": 64,
         "messages": [{"role": "user", "content": "count to ten"}]});
     let mut gaps = Vec::with_capacity(ROUNDS);
@@ -82,13 +71,20 @@ async fn main() {
             content: 4,
             fault: StreamFault::Cut,
         });
-        let r = proxy.post("/v1/messages", &body).await;
+        let r = http
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .expect("the proxy answers");
         let mut stream = r.bytes_stream();
         let (mut last_before, mut first_after) = (None, None);
         let mut resumed = false;
+        let mut seen = String::new();
         while let Some(chunk) = stream.next().await {
             let at = Instant::now();
             let chunk = String::from_utf8_lossy(&chunk.expect("the proxy's stream")).into_owned();
+            seen.push_str(&chunk);
             if let Some(i) = chunk.find(": switchback resumed") {
                 resumed = true;
                 if chunk[i..].contains("text_delta") {
@@ -110,7 +106,7 @@ async fn main() {
         while stream.next().await.is_some() {}
         if round >= 20 {
             let (Some(a), Some(b)) = (last_before, first_after) else {
-                panic!("round {round} was not resumed");
+                panic!("round {round} was not resumed: {seen}");
             };
             gaps.push(b - a);
         }
@@ -123,18 +119,63 @@ async fn main() {
         .json
         .unwrap();
     let url = format!("{}/messages", backup.base_url());
-    let http = reqwest::Client::new();
     let mut ttft = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         ttft.push(direct_ttft(&http, &url, &asked).await);
     }
-    println!("resume_cost: {ROUNDS} resumed streams (anthropic → anthropic, cut after 4 words)");
+    (gaps, ttft)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let primary = SimProvider::start_named("primary", Flavor::Anthropic).await;
+    let backup = SimProvider::start_named("backup", Flavor::Anthropic).await;
+    // The backup takes BACKUP_TTFT to its first token: the client reads the broken
+    // attempt's last bytes before the continuation's arrive, on a 2-core machine too.
+    backup.set_default(Behavior::AnswerText(TEXT.into()).after(BACKUP_TTFT));
+    let manifests = format!(
+        "{}{}{}",
+        credential("primary", "anthropic", &primary.base_url(), "sk-test"),
+        credential("backup", "anthropic", &backup.base_url(), "sk-test"),
+        route(
+            "smart",
+            "  targets:
+    - credentialRef: { name: primary }
+    - credentialRef: { name: backup }
+  # Every round breaks the primary: keep its circuit closed for the whole run.
+  circuitBreaker: { consecutiveFailures: 1000 }
+  stream:
+    resume: { mode: Continue }
+"
+        )
+    );
+    let proxy = TestProxy::start(&manifests).await;
+    let url = proxy.url("/v1/messages");
+    // The client on a thread and runtime of its own: its timestamps are taken when
+    // bytes arrive, not when the proxy's and the providers' tasks let it run.
+    let client = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(measure(url, primary, backup))
+    });
+    let (gaps, ttft) = client.join().expect("the client thread");
+    println!(
+        "resume_cost: {ROUNDS} resumed streams (anthropic → anthropic, cut after 4 words, \
+         the backup's first token after {BACKUP_TTFT:?})"
+    );
     let gaps = line("client-visible gap", gaps);
     let ttft = line("backup's own time to first token", ttft);
-    let cost: Vec<Duration> = gaps
-        .iter()
-        .zip(&ttft)
-        .map(|(g, t)| g.saturating_sub(*t))
-        .collect();
-    line("time to resume (gap − TTFT)", cost);
+    // Quantile by quantile (both lists are sorted), signed: a resume that costs less
+    // than the timers' resolution (about a millisecond) can come out below zero.
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let diff = |q: f64| ms(quantile(&gaps, q)) - ms(quantile(&ttft, q));
+    println!(
+        "resume_cost: {:<34} p50 {:>8.3} ms  p90 {:>8.3} ms  p99 {:>8.3} ms",
+        "time to resume (gap − TTFT)",
+        diff(0.5),
+        diff(0.9),
+        diff(0.99),
+    );
 }
