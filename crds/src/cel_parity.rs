@@ -275,6 +275,112 @@ fn route_rules_agree() {
             false,
         ),
         (
+            "stream with every field",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["stream"],
+                    "{idleTimeout: 20s, resume: {mode: Continue, maxResumes: 2, maxHeldBytes: 256Ki}}",
+                )
+            }),
+            true,
+        ),
+        (
+            "maxHeldBytes in bytes",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["stream"],
+                    "{resume: {mode: Continue, maxHeldBytes: 4096}}",
+                )
+            }),
+            true,
+        ),
+        (
+            "maxHeldBytes of 16Mi",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["stream"],
+                    "{resume: {mode: Continue, maxHeldBytes: 16Mi}}",
+                )
+            }),
+            true,
+        ),
+        (
+            "maxHeldBytes below 1Ki",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["stream"],
+                    "{resume: {mode: Continue, maxHeldBytes: 1000}}",
+                )
+            }),
+            false,
+        ),
+        (
+            "maxHeldBytes above 16Mi, as a quantity",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["stream"],
+                    "{resume: {mode: Continue, maxHeldBytes: 17Mi}}",
+                )
+            }),
+            false,
+        ),
+        (
+            "maxHeldBytes above 16Mi, in bytes",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["stream"],
+                    "{resume: {mode: Continue, maxHeldBytes: 16777217}}",
+                )
+            }),
+            false,
+        ),
+        (
+            "zero idleTimeout",
+            Box::new(|s| set(s, &["stream"], "{idleTimeout: 0s}")),
+            false,
+        ),
+        (
+            "idleTimeout above 10m",
+            Box::new(|s| set(s, &["stream"], "{idleTimeout: 10m1s}")),
+            false,
+        ),
+        (
+            "idleTimeout of 10m",
+            Box::new(|s| set(s, &["stream"], "{idleTimeout: 10m}")),
+            true,
+        ),
+        (
+            "hedge",
+            Box::new(|s| set(s, &["hedge"], "{after: 1500ms, maxPercent: 10}")),
+            true,
+        ),
+        (
+            "zero hedge after",
+            Box::new(|s| set(s, &["hedge"], "{after: 0s}")),
+            false,
+        ),
+        (
+            "rampUp",
+            Box::new(|s| set(s, &["circuitBreaker", "rampUp"], "30s")),
+            true,
+        ),
+        (
+            "zero rampUp",
+            Box::new(|s| set(s, &["circuitBreaker", "rampUp"], "0s")),
+            false,
+        ),
+        (
+            "rampUp above an hour",
+            Box::new(|s| set(s, &["circuitBreaker", "rampUp"], "1h1s")),
+            false,
+        ),
+        (
             "contentFilter in onFailures",
             Box::new(|s| set(s, &["fallback", "onFailures"], "[status5xx, contentFilter]")),
             true,
@@ -459,6 +565,28 @@ fn credential_rules_agree() {
         (
             "apiVersion on openai",
             Box::new(|s| set(s, &["apiVersion"], "v1")),
+            false,
+        ),
+        (
+            "openai-compatible declaring prefill",
+            Box::new(|s| {
+                set(s, &["provider"], "openai-compatible");
+                set(s, &["baseURL"], "https://llm.example.com/v1");
+                set(s, &["prefill"], "true");
+            }),
+            true,
+        ),
+        (
+            "prefill on anthropic",
+            Box::new(|s| {
+                set(s, &["provider"], "anthropic");
+                set(s, &["prefill"], "true");
+            }),
+            false,
+        ),
+        (
+            "prefill false on openai",
+            Box::new(|s| set(s, &["prefill"], "false")),
             false,
         ),
         (

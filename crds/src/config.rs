@@ -102,6 +102,57 @@ pub struct Route {
     /// revision does not change) = only clients of its own namespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_with: Vec<String>,
+    /// Committed streams (`spec.stream`, SPEC §13): `None` (and then absent from the
+    /// JSON, so existing revisions do not change) when neither a stall limit nor
+    /// resume is asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamPolicy>,
+    /// First-token hedging (`spec.hedge`, SPEC §13); `None` (absent from the JSON) =
+    /// no hedging.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<Hedge>,
+}
+
+/// What happens to a stream after its commit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StreamPolicy {
+    /// No event for this long after the commit is a stall. `None` = no stall limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Resume after commit (`mode: Continue`); `None` = `mode: Off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+/// Resume after commit: how often, and how much answer text may be held to do it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resume {
+    /// Resumes per request: 1..=5.
+    pub max_resumes: u32,
+    /// Most answer text held per stream (1 KiB ..= 16 MiB).
+    pub max_held_bytes: u64,
+}
+
+impl Resume {
+    pub const DEFAULT_MAX_RESUMES: u32 = 1;
+    pub const DEFAULT_MAX_HELD_BYTES: u64 = 256 * 1024;
+}
+
+/// First-token hedging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hedge {
+    /// No content from the current attempt by then starts the next eligible target.
+    pub after_ms: u64,
+    /// Most requests hedged, as a percentage of the route's requests started in the
+    /// last 60 s on this replica: 1..=100.
+    pub max_percent: u32,
+}
+
+impl Hedge {
+    pub const DEFAULT_MAX_PERCENT: u32 = 10;
 }
 
 impl Route {
@@ -273,6 +324,11 @@ impl Default for Fallback {
 pub struct CircuitBreaker {
     pub consecutive_failures: u32,
     pub open_for_ms: u64,
+    /// Failback ramp (`rampUp`, SPEC §13): after the circuit closes, the target's
+    /// share grows from 10 % to 100 % over this time. `None` (absent from the JSON, so
+    /// existing revisions do not change) = the full share at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ramp_up_ms: Option<u64>,
 }
 
 impl Default for CircuitBreaker {
@@ -280,6 +336,7 @@ impl Default for CircuitBreaker {
         Self {
             consecutive_failures: 5,
             open_for_ms: 30_000,
+            ramp_up_ms: None,
         }
     }
 }
@@ -373,6 +430,12 @@ pub struct Credential {
     /// serve it follows from the provider), and then absent from the JSON.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub responses_api: bool,
+    /// `openai-compatible` only (spec `prefill: true`): the server continues a final
+    /// assistant message (`continue_final_message`), so it may resume a broken
+    /// stream. Always `false` for other providers (whether they can follows from the
+    /// provider), and then absent from the JSON.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prefill: bool,
     /// `vertex` only (and always set there): the Google Cloud project ID. `None`
     /// for other providers, and then absent from the JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -49,7 +49,56 @@ fn document<T: serde::Serialize>(crd: &T) -> String {
     // Serializing a CRD built from our own types cannot fail: it is plain data with
     // string keys. A failure is a programming error caught by the tests.
     let body = serde_yaml_ng::to_string(crd).expect("a CRD serializes to YAML");
-    format!("---\n{body}")
+    format!("---\n{}", quote_yaml11_booleans(&body))
+}
+
+/// The scalars YAML 1.1 reads as booleans (kubectl and most GitOps tools read YAML
+/// 1.1); the YAML 1.2 writer leaves them plain.
+const YAML11_BOOLEANS: [&str; 22] = [
+    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE", "false",
+    "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF",
+];
+
+/// Quotes every plain string value (`key: Off`, `- Off`) that a YAML 1.1 reader would
+/// take for a boolean, such as the resume mode `Off`. The writer emits real booleans
+/// as `true`/`false` only, and the schema's booleans are never enum strings, so only
+/// string values are touched: `true` and `false` are left alone.
+fn quote_yaml11_booleans(yaml: &str) -> String {
+    let mut out = String::with_capacity(yaml.len());
+    // The indentation of the key whose block scalar (`|-`) the lines belong to.
+    let mut block: Option<usize> = None;
+    for line in yaml.split_inclusive('\n') {
+        let text = line.trim_end_matches('\n');
+        let indent = text.len() - text.trim_start().len();
+        if let Some(key_indent) = block {
+            if text.trim().is_empty() || indent > key_indent {
+                out.push_str(line);
+                continue;
+            }
+            block = None;
+        }
+        if text.ends_with(": |-") || text.ends_with(": |") || text.ends_with(": >-") {
+            block = Some(indent);
+        }
+        let value_at = match text.trim_start().strip_prefix("- ") {
+            Some(item) if !item.contains(": ") => Some(indent + 2),
+            _ => text.find(": ").map(|i| i + 2),
+        };
+        match value_at {
+            Some(at)
+                if YAML11_BOOLEANS.contains(&&text[at..])
+                    && !matches!(&text[at..], "true" | "false") =>
+            {
+                out.push_str(&text[..at]);
+                out.push('\'');
+                out.push_str(&text[at..]);
+                out.push('\'');
+                out.push_str(&line[text.len()..]);
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -70,6 +119,47 @@ mod tests {
                  Regenerate from the workspace root with:\n\n    {REGENERATE}\n"
             );
         }
+    }
+
+    /// kubectl reads YAML 1.1: a plain `Off` is the boolean false there, which the
+    /// API server refuses as an enum value of a string field.
+    #[test]
+    fn no_string_value_reads_as_a_boolean_in_yaml_1_1() {
+        for (name, yaml) in crd_files() {
+            let mut block: Option<usize> = None;
+            for line in yaml.lines() {
+                let indent = line.len() - line.trim_start().len();
+                if let Some(key) = block {
+                    if line.trim().is_empty() || indent > key {
+                        continue;
+                    }
+                    block = None;
+                }
+                if line.ends_with(": |-") {
+                    block = Some(indent);
+                }
+                let value = line
+                    .rsplit_once(": ")
+                    .map(|(_, v)| v)
+                    .or_else(|| line.trim_start().strip_prefix("- "));
+                if let Some(v) = value {
+                    assert!(
+                        !YAML11_BOOLEANS.contains(&v) || matches!(v, "true" | "false"),
+                        "{name}: {line}"
+                    );
+                }
+            }
+            assert!(
+                yaml.contains("- 'Off'") || !name.starts_with("llmroutes"),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            quote_yaml11_booleans(
+                "a:\n  - Off\n  - Continue\n  x: On\n  y: true\n  d: |-\n    z: no\n    - Off\n  e: no\n"
+            ),
+            "a:\n  - 'Off'\n  - Continue\n  x: 'On'\n  y: true\n  d: |-\n    z: no\n    - Off\n  e: 'no'\n"
+        );
     }
 
     #[test]
@@ -242,6 +332,33 @@ mod tests {
             ]
         );
 
+        assert_eq!(breaker["rampUp"]["pattern"], DURATION);
+        assert_eq!(
+            rules(&breaker["rampUp"]),
+            ["duration(self) > duration('0s') && duration(self) <= duration('1h')"]
+        );
+        let stream = &p["stream"]["properties"];
+        assert_eq!(stream["idleTimeout"]["pattern"], DURATION);
+        assert_eq!(
+            rules(&stream["idleTimeout"]),
+            ["duration(self) > duration('0s') && duration(self) <= duration('10m')"]
+        );
+        let resume = &stream["resume"]["properties"];
+        assert_eq!(resume["mode"]["enum"], json!(["Off", "Continue"]));
+        assert_eq!(resume["mode"]["default"], Value::Null, "absent is Off");
+        assert_eq!(range(&resume["maxResumes"]), (json!(1.0), json!(5.0)));
+        let held = &resume["maxHeldBytes"];
+        assert_eq!(held["x-kubernetes-int-or-string"], true);
+        assert_eq!(held["pattern"], "^[0-9]{1,9}(Ki|Mi)?$");
+        assert_eq!(rules(held), [crate::schema::BYTE_SIZE_RANGE_RULE]);
+        let hedge = &p["hedge"];
+        assert_eq!(hedge["required"], json!(["after"]));
+        assert_eq!(hedge["properties"]["after"]["pattern"], DURATION);
+        assert_eq!(
+            range(&hedge["properties"]["maxPercent"]),
+            (json!(1.0), json!(100.0))
+        );
+
         let shared_with = &p["sharedWith"];
         assert_eq!(shared_with["maxItems"], json!(64));
         assert_eq!(
@@ -402,6 +519,7 @@ mod tests {
         assert_eq!(p["headers"]["maxProperties"], json!(32));
         assert_eq!(p["allowPrivateNetwork"]["type"], "boolean");
         assert_eq!(p["responsesAPI"]["type"], "boolean");
+        assert_eq!(p["prefill"]["type"], "boolean");
         assert_eq!(p["project"]["pattern"], "^[a-z][a-z0-9-]{4,28}[a-z0-9]$");
         assert_eq!(p["location"]["pattern"], "^[a-z][a-z0-9-]{0,62}$");
         assert_eq!(
@@ -411,6 +529,7 @@ mod tests {
                 "self.provider != 'azure-openai' || has(self.baseURL)",
                 "!has(self.apiVersion) || self.provider == 'azure-openai'",
                 "!has(self.responsesAPI) || self.provider == 'openai-compatible'",
+                "!has(self.prefill) || self.provider == 'openai-compatible'",
                 "self.provider != 'vertex' || has(self.project)",
                 "self.provider != 'vertex' || has(self.location)",
                 "!has(self.project) || self.provider == 'vertex'",

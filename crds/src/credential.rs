@@ -38,6 +38,7 @@ use crate::schema;
 #[x_kube(validation = Rule::new("self.provider != 'azure-openai' || has(self.baseURL)").message("baseURL is required for provider azure-openai (https://RESOURCE.openai.azure.com/openai)").field_path(".baseURL"))]
 #[x_kube(validation = Rule::new("!has(self.apiVersion) || self.provider == 'azure-openai'").message("apiVersion is only meaningful for provider azure-openai").field_path(".apiVersion"))]
 #[x_kube(validation = Rule::new("!has(self.responsesAPI) || self.provider == 'openai-compatible'").message("responsesAPI is only meaningful for provider openai-compatible (openai and azure-openai serve the Responses API already)").field_path(".responsesAPI"))]
+#[x_kube(validation = Rule::new("!has(self.prefill) || self.provider == 'openai-compatible'").message("prefill is only meaningful for provider openai-compatible (anthropic, and Claude on vertex and bedrock, continue a prefilled answer already)").field_path(".prefill"))]
 #[x_kube(validation = Rule::new("self.provider != 'vertex' || has(self.project)").message("project is required for provider vertex").field_path(".project"))]
 #[x_kube(validation = Rule::new("self.provider != 'vertex' || has(self.location)").message("location is required for provider vertex").field_path(".location"))]
 #[x_kube(validation = Rule::new("!has(self.project) || self.provider == 'vertex'").message("project is only meaningful for provider vertex").field_path(".project"))]
@@ -133,6 +134,15 @@ pub struct ProviderCredentialSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub responses_api: Option<bool>,
+
+    /// openai-compatible only. true: the server continues a final assistant message
+    /// when asked with continue_final_message: true and add_generation_prompt: false
+    /// (the vLLM and SGLang convention), so a route's stream.resume may continue a
+    /// broken stream on it; false: it is skipped for resuming (reason cannotResume).
+    /// anthropic, and Claude on vertex and bedrock, continue a prefilled answer
+    /// without this field. Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<bool>,
 
     /// vertex only, and required there: the Google Cloud project ID (6 to 30
     /// lowercase letters, digits and hyphens, starting with a letter).

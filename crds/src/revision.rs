@@ -149,6 +149,7 @@ mod tests {
         Credential {
             api_version: None,
             responses_api: false,
+            prefill: false,
             project: None,
             location: None,
             region: None,
@@ -188,6 +189,8 @@ mod tests {
             circuit_breaker: CircuitBreaker::default(),
             timeout_ms: 60_000,
             shared_with: Vec::new(),
+            stream: None,
+            hedge: None,
         }
     }
 
@@ -291,4 +294,30 @@ mod tests {
         assert!(!json.contains("sharedWith"), "{json}");
         assert!(!serde_json::to_string(&config).unwrap().contains("clients"));
     }
+
+    #[test]
+    fn a_route_without_stream_hedge_or_ramp_digests_as_before_they_existed() {
+        // SPEC §13's fields are left out of the JSON when unset: the revision of every
+        // route that does not use them is the one an older operator computed. The
+        // digest below is that of `sample()`'s `smart` before the fields existed.
+        let (config, keys) = sample();
+        let route = String::from_utf8(json(&config.routes[0])).unwrap();
+        let credential = String::from_utf8(json(&config.credentials[0])).unwrap();
+        for field in ["stream", "hedge", "rampUp", "prefill"] {
+            assert!(!route.contains(field), "{route}");
+            assert!(!credential.contains(field), "{credential}");
+        }
+        assert_eq!(smart(&config, &keys).to_string(), PRE_STREAMS_REVISION);
+
+        let mut edited = config.clone();
+        edited.routes[0].circuit_breaker.ramp_up_ms = Some(30_000);
+        assert_ne!(smart(&edited, &keys), smart(&config, &keys), "rampUp");
+        let mut edited = config.clone();
+        edited.credentials[0].prefill = true;
+        assert_ne!(smart(&edited, &keys), smart(&config, &keys), "prefill");
+    }
+
+    /// `smart`'s revision in `sample()`, computed before `stream`, `hedge`, `rampUp`
+    /// and `prefill` were added.
+    const PRE_STREAMS_REVISION: &str = "3dc4e4d65183c173";
 }

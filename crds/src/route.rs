@@ -89,6 +89,94 @@ pub struct LLMRouteSpec {
     #[x_kube(validation = Rule::new("self.all(m, self.exists_one(n, n == m))").message("namespaces must be unique"))]
     #[x_kube(validation = Rule::new("!('*' in self) || self.size() == 1").message("\"*\" shares with every namespace and must be the only entry"))]
     pub shared_with: Option<Vec<String>>,
+
+    /// What happens to a stream after its first content event (the commit): a stall
+    /// limit, and resuming a broken stream on the next target. Default: no stall limit,
+    /// no resume (a stream that breaks after its commit ends with an SSE error event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamSpec>,
+
+    /// First-token hedging: when the current attempt has produced no content after
+    /// `after`, the next eligible target is started beside it and the first to answer
+    /// wins; the other is cancelled at once. Default: none (no hedging).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeSpec>,
+}
+
+/// Committed streams: stall detection and resume after commit.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StreamSpec {
+    /// A committed stream with no event from its provider for this long is a stall:
+    /// it is resumed (see resume) or ended with an SSE error event. A Gateway API
+    /// duration above 0 and at most 10m. Default: none (a stream may stay silent for
+    /// as long as the route's timeout allows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('10m')").message("must be above 0 and at most 10m"))]
+    pub idle_timeout: Option<String>,
+
+    /// Resume after commit: a committed stream that breaks, stalls (idleTimeout) or
+    /// gets an in-band error that would have failed over before the commit continues
+    /// on the next eligible target, in the same client stream. Default: mode Off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<ResumeSpec>,
+}
+
+/// Resume after commit.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResumeSpec {
+    /// Off: a committed stream that fails ends with an SSE error event. Continue: the
+    /// next eligible target (anthropic, Claude on vertex or bedrock, openai-compatible
+    /// with prefill: true; others are skipped as cannotResume) is asked to continue
+    /// the answer from the text the client already has, and its continuation is
+    /// relayed into the same stream after one SSE comment line
+    /// `: switchback resumed <namespace>/<credential>`. Not resumed (error event as
+    /// with Off): a tool call in progress, more than maxHeldBytes of text, maxResumes
+    /// used, no eligible target left, or the route's timeout spent. Default: Off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::resume_mode")]
+    pub mode: Option<String>,
+
+    /// Resumes allowed per request, 1 to 5. Default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 5))]
+    pub max_resumes: Option<i32>,
+
+    /// Most answer text held per stream to resume it, in bytes or as a quantity
+    /// (256Ki, 1Mi): from 1Ki to 16Mi. A stream whose text grows past it is not
+    /// resumed, and its held text is released. Default: 256Ki.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::byte_size")]
+    #[x_kube(validation = Rule::new(schema::BYTE_SIZE_RANGE_RULE).message("must be from 1Ki (1024) to 16Mi (16777216)"))]
+    pub max_held_bytes: Option<ByteSize>,
+}
+
+/// A size in bytes: an integer, or a quantity string with a binary suffix (`256Ki`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ByteSize {
+    Bytes(i64),
+    Quantity(String),
+}
+
+/// First-token hedging.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HedgeSpec {
+    /// How long the current attempt may go without content (stream: its first
+    /// content event; unary: its answer) before the next eligible target is started
+    /// beside it. A Gateway API duration above 0. Required.
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be above 0"))]
+    pub after: String,
+
+    /// At most this percentage of the route's requests started in the last 60 s
+    /// (this one included) are hedged, per proxy replica. 1 to 100. Default: 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_percent: Option<i32>,
 }
 
 /// How the order of targets is chosen.
@@ -254,6 +342,16 @@ pub struct CircuitBreakerSpec {
     #[schemars(schema_with = "schema::duration")]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("must be above 0"))]
     pub open_for: Option<String>,
+
+    /// Failback ramp: after a circuit closes (its half-open probe succeeded), the
+    /// target takes a share of the requests it would get that grows linearly from 10%
+    /// to 100% over this time; the others go to the next target (skip reason
+    /// rampingUp). A Gateway API duration above 0 and at most 1h. Default: none (the
+    /// full share at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1h')").message("must be above 0 and at most 1h"))]
+    pub ramp_up: Option<String>,
 }
 
 /// Observed state of an LLMRoute, written by the operator.
@@ -397,6 +495,10 @@ pub struct TotalStats {
     pub fallbacks: i64,
     /// Requests that got an error answer after every target was tried or skipped.
     pub failed: i64,
+    /// Streams that broke after their commit and were continued on another target
+    /// (spec.stream.resume).
+    #[serde(default)]
+    pub resumed: i64,
 }
 
 #[cfg(test)]

@@ -66,6 +66,36 @@ pub const FAILURE_CLASSES: [&str; 8] = [
     "contentFilter",
 ];
 
+/// `spec.stream.resume.mode`.
+pub const RESUME_MODES: [&str; 2] = ["Off", "Continue"];
+
+/// A size: decimal bytes, or a number with a binary suffix (`Ki`, `Mi`).
+pub const BYTE_SIZE_PATTERN: &str = "^[0-9]{1,9}(Ki|Mi)?$";
+/// `spec.stream.resume.maxHeldBytes`: from 1Ki to 16Mi.
+pub const MIN_HELD_BYTES: u64 = 1024;
+pub const MAX_HELD_BYTES: u64 = 16 * 1024 * 1024;
+/// The same range in CEL, for an int-or-string: `string(self)` is the text of either
+/// form, which `quantity` reads.
+pub const BYTE_SIZE_RANGE_RULE: &str = "quantity(string(self)).compareTo(quantity('1Ki')) >= 0 && quantity(string(self)).compareTo(quantity('16Mi')) <= 0";
+
+/// No `default`: an absent mode is Off, and a CRD default of `Off` would be read as
+/// `false` by a YAML 1.1 reader such as kubectl.
+pub(crate) fn resume_mode(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": RESUME_MODES,
+    })
+}
+
+/// An int-or-string size (the form of Kubernetes quantities), its string form
+/// limited to a plain or `Ki`/`Mi` number.
+pub(crate) fn byte_size(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "pattern": BYTE_SIZE_PATTERN,
+    })
+}
+
 pub(crate) fn duration(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",

@@ -77,6 +77,10 @@ pub struct RouteStats {
     pub fallbacks: u64,
     /// Requests answered with an error (gateway error or relayed upstream error).
     pub failed: u64,
+    /// Streams that broke after their commit and were continued on another target
+    /// (`spec.stream.resume`, SPEC §13). Absent (0) from a proxy older than the field.
+    #[serde(default)]
+    pub resumed: u64,
     pub targets: Vec<TargetStats>,
     /// Indexes of `targets` in the order a request takes them now (skipped targets in
     /// their place): for loadbalance, by weight, heaviest first (the most likely
@@ -105,10 +109,21 @@ pub struct TargetStats {
     /// `authError`, `clientError`,
     /// `budgetExhausted`, `missingKey`, `unsupportedSurface`, `parked`,
     /// `circuitOpen`, `queueFull`, `overloaded`: the answer did not fit the replica's
-    /// `--max-inflight-response-bytes`).
+    /// `--max-inflight-response-bytes`; `cannotResume`: passed over for resuming a
+    /// stream it cannot continue; `rampingUp`: its circuit closed moments ago and the
+    /// failback ramp gave this request to the next target).
     pub failures: BTreeMap<String, u64>,
     /// Requests that moved on from this target to a later one.
     pub fallbacks_away: u64,
+    /// Broken streams this target continued (`spec.stream.resume`, SPEC §13).
+    #[serde(default)]
+    pub resumed: u64,
+    /// Hedged attempts started on this target beside a slow one (`spec.hedge`).
+    #[serde(default)]
+    pub hedges: u64,
+    /// Hedged attempts on this target that answered first.
+    #[serde(default)]
+    pub hedge_wins: u64,
     /// The same, by the reason the request left it (its last failure there, or why it
     /// was skipped). Left out when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

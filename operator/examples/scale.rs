@@ -217,6 +217,7 @@ fn main() {
                     attempts: 110 * round,
                     fallbacks: 3 * round,
                     failed: round,
+                    resumed: 0,
                     order: Vec::new(),
                     targets: r
                         .spec

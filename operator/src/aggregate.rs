@@ -45,6 +45,8 @@ pub struct Counters {
     pub attempts: u64,
     pub fallbacks: u64,
     pub failed: u64,
+    /// Streams resumed on another target after their commit.
+    pub resumed: u64,
 }
 
 impl Counters {
@@ -54,6 +56,7 @@ impl Counters {
             attempts: r.attempts,
             fallbacks: r.fallbacks,
             failed: r.failed,
+            resumed: r.resumed,
         }
     }
 
@@ -62,6 +65,7 @@ impl Counters {
         self.attempts += o.attempts;
         self.fallbacks += o.fallbacks;
         self.failed += o.failed;
+        self.resumed += o.resumed;
     }
 
     /// `self - earlier`, or `self` when any counter went down (a reset).
@@ -70,6 +74,7 @@ impl Counters {
             || self.attempts < earlier.attempts
             || self.fallbacks < earlier.fallbacks
             || self.failed < earlier.failed
+            || self.resumed < earlier.resumed
         {
             return *self;
         }
@@ -78,6 +83,7 @@ impl Counters {
             attempts: self.attempts - earlier.attempts,
             fallbacks: self.fallbacks - earlier.fallbacks,
             failed: self.failed - earlier.failed,
+            resumed: self.resumed - earlier.resumed,
         }
     }
 }
@@ -679,6 +685,7 @@ mod tests {
                 attempts: requests * 2,
                 fallbacks: requests / 2,
                 failed: 0,
+                resumed: requests / 5,
                 targets: vec![TargetStats {
                     credential: ObjectId::new("team-a", "openai"),
                     model: Some("gpt-4o".into()),
@@ -791,6 +798,8 @@ mod tests {
         let view = &agg.snapshot().routes[&id()];
         assert_eq!(view.totals.requests, 31);
         assert_eq!(view.totals.attempts, 62);
+        // Resumed streams too: 5 (of 25), then 0 and 1 (of 4 and 6) after the restart.
+        assert_eq!(view.totals.resumed, 5 + 1);
         assert_eq!(view.window.requests, 31);
     }
 

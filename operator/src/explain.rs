@@ -272,6 +272,7 @@ mod tests {
                 attempts: 50,
                 fallbacks: 40,
                 failed: 0,
+                resumed: 0,
             },
             ..RouteView::default()
         };
@@ -311,6 +312,7 @@ mod tests {
                 attempts: 2,
                 fallbacks: 1,
                 failed: 0,
+                resumed: 0,
             },
             ..RouteView::default()
         };

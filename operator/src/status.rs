@@ -381,6 +381,7 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
             attempts: f.seed.attempts.saturating_add(clamp(counters.1.attempts)),
             fallbacks: f.seed.fallbacks.saturating_add(clamp(counters.1.fallbacks)),
             failed: f.seed.failed.saturating_add(clamp(counters.1.failed)),
+            resumed: f.seed.resumed.saturating_add(clamp(counters.1.resumed)),
         }),
     }
 }
@@ -799,6 +800,7 @@ mod tests {
             proxies: &proxies,
             seed: TotalStats {
                 requests: 100,
+                resumed: 3,
                 ..TotalStats::default()
             },
             now: time(10),
@@ -818,6 +820,11 @@ mod tests {
         assert_eq!(s.targets[0].circuit, CircuitState::Open);
         assert_eq!(s.window.as_ref().unwrap().requests, 7);
         assert_eq!(s.totals.as_ref().unwrap().requests, 109);
+        assert_eq!(
+            s.totals.as_ref().unwrap().resumed,
+            3,
+            "the seed, carried from status.totals"
+        );
 
         let proxies = replicas(&[("a", 4), ("b", 4)]);
         let s = route_status(&RouteFacts {

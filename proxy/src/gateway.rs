@@ -109,6 +109,9 @@ pub struct Gateway {
     /// travels with the answer's body to the client, hence the `Arc`.
     pub answers: Arc<Budget>,
     pub refused: Arc<Refusals>,
+    /// Answer text held now to resume broken streams (SPEC §13): each resumable
+    /// stream holds what its client received, up to its route's `maxHeldBytes`.
+    pub resume_held: std::sync::atomic::AtomicUsize,
     /// Data-port serving threads (`--threads`), each with its own upstream pool.
     pub lanes: usize,
     /// Random per process: lets the operator tell a restarted replica from a live one.
@@ -151,6 +154,7 @@ impl Gateway {
             upstream_limits: UpstreamLimits::default(),
             answers: Arc::new(Budget::new(DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES)),
             refused: Arc::default(),
+            resume_held: Default::default(),
             lanes,
             instance_id: uuid::Uuid::new_v4().to_string(),
             started_at: SystemTime::now(),

@@ -13,6 +13,12 @@
 //! [`Behavior::Answer`]) when the queue is empty. Requests are recorded on arrival,
 //! before their behaviour runs.
 //!
+//! Continuing: a request whose final message is the assistant's (a prefill, as a
+//! proxy resuming a broken stream sends it) is continued by the flavors whose real
+//! services do (see `continuation`): their answers say only what is left of their
+//! text after the prefill, under another id ([`CONTINUED_OPENAI_ID`],
+//! [`CONTINUED_ANTHROPIC_ID`]), and [`Received::prefill`] shows what was asked.
+//!
 //! Bodies follow the providers' real shapes; the pure functions that render them
 //! ([`openai_completion`], [`anthropic_message`], [`openai_stream_events`], …) are
 //! public so tests can build expected values. Identifiers and timestamps are fixed so
@@ -58,6 +64,18 @@ pub const CREATED: u64 = 1_700_000_000;
 pub const OPENAI_ID: &str = "chatcmpl-switchback-sim";
 /// Fixed id of every Anthropic message.
 pub const ANTHROPIC_ID: &str = "msg_switchback_sim";
+/// Id of an OpenAI stream that continues a prefilled answer (see [`Received::prefill`]):
+/// not [`OPENAI_ID`], so a test sees whether a proxy kept the first stream's id.
+pub const CONTINUED_OPENAI_ID: &str = "chatcmpl-switchback-sim-continued";
+/// Id of an Anthropic message that continues a prefilled answer.
+pub const CONTINUED_ANTHROPIC_ID: &str = "msg_switchback_sim_continued";
+/// Anthropic's refusal of a prefill (a final assistant message) that ends in
+/// whitespace; Bedrock words it its own way ([`BEDROCK_TRAILING_WHITESPACE`]).
+pub const TRAILING_WHITESPACE: &str =
+    "messages: final assistant content cannot end with trailing whitespace";
+/// vLLM's refusal of `continue_final_message` without `add_generation_prompt: false`.
+pub const CONTINUE_WITH_GENERATION_PROMPT: &str =
+    "continue_final_message and add_generation_prompt cannot both be true";
 /// `prompt_tokens` / `input_tokens` reported in every usage block.
 pub const PROMPT_TOKENS: u64 = 10;
 /// Model ids listed by `GET /v1/models`.
@@ -187,6 +205,16 @@ pub enum Behavior {
         arguments: Value,
         text: Option<String>,
     },
+    /// A streamed [`Behavior::ToolCall`] cut after its first `events` events (the
+    /// connection aborted): a tool call in progress when the stream breaks, if
+    /// `events` ends inside it. Unary calls get the whole tool call; Bedrock does not
+    /// know it.
+    BrokenToolCall {
+        name: String,
+        arguments: Value,
+        text: Option<String>,
+        events: usize,
+    },
     /// 200 `text/event-stream` whose content is [`stream_pieces`]`(name, chunks)`, one
     /// event per body chunk, `interval` between events (none before the first).
     Stream { chunks: usize, interval: Duration },
@@ -280,10 +308,33 @@ pub enum Behavior {
     /// 200 with the first `after` bytes of [`Behavior::Answer`]'s answer (unary, or
     /// the stream's events), then the connection aborted.
     ResetMidBody { after: usize },
+    /// 200 stream of `text` (default [`answer_text`]), one word per content event as
+    /// [`Behavior::Answer`] streams it, that fails after its first `content` content
+    /// events (the opening's events without content are sent first and not counted):
+    /// [`StreamFault::Cut`] aborts the connection, [`StreamFault::Stall`] sends
+    /// nothing more, ever, [`StreamFault::Error`] sends the flavor's in-band overload
+    /// error and ends. Continuing a prefill (see [`Received::prefill`]), `text` is
+    /// what is left of it after the prefill, as for [`Behavior::Answer`].
+    FailAfter {
+        text: Option<String>,
+        content: usize,
+        fault: StreamFault,
+    },
     /// Each request takes the next behaviour of the list, round and round: a default
     /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
     /// request. An empty list answers.
     Cycle(Vec<Behavior>),
+}
+
+/// How a [`Behavior::FailAfter`] stream fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamFault {
+    /// The connection is aborted: a transport error for the client.
+    Cut,
+    /// Nothing more is sent, and the connection stays open.
+    Stall,
+    /// An in-band error event (overloaded), then the end of the stream.
+    Error,
 }
 
 /// Kinds of 200 body that are not the API's JSON.
@@ -301,6 +352,15 @@ impl Behavior {
     /// `Delay(after, Box::new(self))`, for readable scripts.
     pub fn after(self, after: Duration) -> Behavior {
         Behavior::Delay(after, Box::new(self))
+    }
+
+    /// [`Behavior::FailAfter`] of the default answer.
+    pub fn fail_after(content: usize, fault: StreamFault) -> Behavior {
+        Behavior::FailAfter {
+            text: None,
+            content,
+            fault,
+        }
     }
 
     /// [`Behavior::ToolCall`] without any text before the call.
@@ -384,6 +444,14 @@ impl Received {
             .and_then(|j| j.get("messages"))
             .and_then(Value::as_array)
             .map_or(&[], Vec::as_slice)
+    }
+
+    /// The answer the request asks the model to continue: the text of its final
+    /// message when that is the assistant's (a prefill), in any wire format (a
+    /// string, or the `text` of its parts or blocks joined). Whether the provider
+    /// continues it or starts a new answer is its own rule (see the flavors).
+    pub fn prefill(&self) -> Option<String> {
+        prefill_of(self.json.as_ref()?)
     }
 
     /// Names of the tools the request declares, in order, in either wire format
@@ -481,6 +549,73 @@ impl Received {
             }
         }
         out
+    }
+}
+
+/// The final assistant message's text of a chat, messages or Converse body.
+fn prefill_of(json: &Value) -> Option<String> {
+    let last = json.get("messages")?.as_array()?.last()?;
+    if last.get("role").and_then(Value::as_str) != Some("assistant") {
+        return None;
+    }
+    match last.get("content")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// What a provider of `flavor` makes of a final assistant message on `endpoint`: the
+/// text it continues, or the refusal (status, body) it answers. Anthropic (Claude on
+/// Vertex too) continues any prefill but refuses one ending in whitespace; Bedrock's
+/// Converse likewise (its refusal is made by the caller); an OpenAI-compatible server
+/// continues only when asked with `continue_final_message: true` (vLLM's convention)
+/// and refuses that with `add_generation_prompt` left at its default, `true`; without
+/// it, a prefill is just history and a new answer starts.
+fn continuation(
+    flavor: Flavor,
+    endpoint: Endpoint,
+    json: Option<&Value>,
+) -> (Option<String>, Option<(u16, Value)>) {
+    let Some(json) = json else {
+        return (None, None);
+    };
+    let Some(prefill) = prefill_of(json) else {
+        return (None, None);
+    };
+    let flag = |k: &str| json.get(k).and_then(Value::as_bool);
+    match (flavor, endpoint) {
+        (Flavor::Anthropic, Endpoint::Messages) | (Flavor::Bedrock, Endpoint::Converse) => {
+            if prefill.ends_with(char::is_whitespace) {
+                let refusal = anthropic_error("invalid_request_error", TRAILING_WHITESPACE);
+                return (None, Some((400, refusal)));
+            }
+            (Some(prefill), None)
+        }
+        (Flavor::OpenAi, Endpoint::Chat) if flag("continue_final_message") == Some(true) => {
+            if flag("add_generation_prompt") != Some(false) {
+                let refusal =
+                    openai_error(CONTINUE_WITH_GENERATION_PROMPT, "BadRequestError", None);
+                return (None, Some((400, refusal)));
+            }
+            (Some(prefill), None)
+        }
+        _ => (None, None),
+    }
+}
+
+/// What is left of `text` to say after `prefill`, when `text` starts with it; all of
+/// `text` otherwise (a model continues with something; a test comparing the whole
+/// answer sees the repetition).
+fn rest_after(text: &str, prefill: Option<&str>) -> String {
+    match prefill {
+        Some(p) if text.starts_with(p) => text[p.len()..].to_owned(),
+        _ => text.to_owned(),
     }
 }
 
@@ -831,6 +966,9 @@ struct Ctx {
     /// The request takes gzip: its `accept-encoding` is absent (any coding) or names
     /// gzip or `*`.
     takes_gzip: bool,
+    /// The answer this request asks to continue, when the provider continues it (see
+    /// `continuation`): answers say what is left after it, under another id.
+    prefill: Option<String>,
 }
 
 async fn handle(
@@ -920,6 +1058,22 @@ async fn handle(
             .get(header::ACCEPT_ENCODING)
             .and_then(|v| v.to_str().ok())
             .is_none_or(|v| v.contains("gzip") || v.contains('*')),
+        prefill: None,
+    };
+    let (prefill, prefill_refusal) = continuation(flavor, endpoint, json.as_ref());
+    ctx.prefill = prefill;
+    let (refusal, bedrock_refusal) = match prefill_refusal {
+        Some(_) if bedrock_refusal.is_some() || refusal.is_some() => (refusal, bedrock_refusal),
+        Some(_) if flavor == Flavor::Bedrock => (
+            None,
+            Some((
+                400,
+                "ValidationException",
+                BEDROCK_TRAILING_WHITESPACE.to_string(),
+            )),
+        ),
+        Some(r) => (Some(r), None),
+        None => (refusal, bedrock_refusal),
     };
 
     if let Some((model, stream)) = from_path {
@@ -1101,13 +1255,44 @@ async fn respond(
     let flavor = ctx.flavor;
     let response = match behavior {
         Behavior::Delay(..) => unreachable!("unwrapped above"),
-        Behavior::Answer | Behavior::Cycle(_) => answer(ctx, &answer_text(&ctx.name), guard),
-        Behavior::AnswerText(text) => answer(ctx, &text, guard),
+        Behavior::Answer | Behavior::Cycle(_) => {
+            let text = rest_after(&answer_text(&ctx.name), ctx.prefill.as_deref());
+            answer(ctx, &text, guard)
+        }
+        Behavior::AnswerText(text) => {
+            answer(ctx, &rest_after(&text, ctx.prefill.as_deref()), guard)
+        }
+        Behavior::FailAfter {
+            text,
+            content,
+            fault,
+        } => {
+            let text = text.unwrap_or_else(|| answer_text(&ctx.name));
+            let pieces = split_words(&rest_after(&text, ctx.prefill.as_deref()));
+            let pieces = &pieces[..content.min(pieces.len())];
+            let mut events = stream_events(ctx, pieces);
+            events.truncate(opening_len(ctx) + pieces.len());
+            let end = match fault {
+                StreamFault::Cut => StreamEnd::Break,
+                StreamFault::Stall => StreamEnd::Stall,
+                StreamFault::Error => {
+                    events.push(overloaded_event(ctx));
+                    StreamEnd::Finish
+                }
+            };
+            sse(ctx, events, Duration::ZERO, end, guard)
+        }
         Behavior::ToolCall {
             name,
             arguments,
             text,
-        } => tool_call(ctx, text.as_deref(), &name, &arguments, guard),
+        } => tool_call(ctx, text.as_deref(), &name, &arguments, None, guard),
+        Behavior::BrokenToolCall {
+            name,
+            arguments,
+            text,
+            events,
+        } => tool_call(ctx, text.as_deref(), &name, &arguments, Some(events), guard),
         Behavior::Stream { chunks, interval } => {
             let events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));
             sse(ctx, events, interval, StreamEnd::Finish, guard)
@@ -1346,6 +1531,37 @@ async fn respond(
         }
     };
     Ok(response)
+}
+
+/// How many events of [`stream_events`] come before the first content event.
+fn opening_len(ctx: &Ctx) -> usize {
+    match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
+        _ if ctx.endpoint == Endpoint::Responses => 4,
+        Flavor::OpenAi => 1,
+        Flavor::Azure => 2,
+        Flavor::Anthropic => 3,
+        Flavor::Gemini => 0,
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
+    }
+}
+
+/// The flavor's in-band overload error, as one SSE event.
+fn overloaded_event(ctx: &Ctx) -> String {
+    match ctx.flavor {
+        Flavor::Vertex => unreachable!("{RENDERED_AS_PUBLISHER}"),
+        _ if ctx.endpoint == Endpoint::Responses => responses_overloaded(ctx, 0).concat(),
+        Flavor::OpenAi | Flavor::Azure => openai_sse(&openai_error(
+            "The server is overloaded. Please try again later.",
+            "server_error",
+            None,
+        )),
+        Flavor::Anthropic => {
+            anthropic_sse("error", &anthropic_error("overloaded_error", "Overloaded"))
+        }
+        Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
+        Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
+    }
 }
 
 /// The events of a stream's opening that carry no content. OpenAI: the role-only
@@ -1603,6 +1819,7 @@ fn tool_call(
     text: Option<&str>,
     name: &str,
     arguments: &Value,
+    cut: Option<usize>,
     guard: CancelGuard,
 ) -> Response<Body> {
     let body = match (ctx.endpoint, ctx.flavor) {
@@ -1629,7 +1846,14 @@ fn tool_call(
                 Flavor::Gemini => gemini_tool_call_stream_events(&ctx.model, text, name, arguments),
                 Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             };
-            return sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard);
+            return match cut {
+                Some(n) => {
+                    let mut events = events;
+                    events.truncate(n);
+                    sse(ctx, events, Duration::ZERO, StreamEnd::Break, guard)
+                }
+                None => sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard),
+            };
         }
         (Endpoint::Chat, _) => openai_tool_call_completion(&ctx.model, text, name, arguments),
         (Endpoint::Messages, _) => anthropic_tool_use_message(&ctx.model, text, name, arguments),
@@ -1641,6 +1865,19 @@ fn tool_call(
 }
 
 fn stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
+    let mut events = flavor_stream_events(ctx, pieces);
+    if ctx.prefill.is_some() {
+        // A continuation is another answer: another id.
+        for e in &mut events {
+            *e = e
+                .replace(OPENAI_ID, CONTINUED_OPENAI_ID)
+                .replace(ANTHROPIC_ID, CONTINUED_ANTHROPIC_ID);
+        }
+    }
+    events
+}
+
+fn flavor_stream_events(ctx: &Ctx, pieces: &[String]) -> Vec<String> {
     if ctx.endpoint == Endpoint::Responses {
         return responses::stream_events(&ctx.model, pieces);
     }

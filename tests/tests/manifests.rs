@@ -402,3 +402,51 @@ fn the_bedrock_example_compiles_to_a_bedrock_target_first() {
     );
     assert_eq!(first.upstream_model("fast"), "amazon.nova-lite-v1:0");
 }
+
+/// `crds/examples/streams.yaml` compiles to what its comments say: a stall limit,
+/// resume, hedging and a failback ramp on the route, and prefill declared on the
+/// openai-compatible credential only.
+#[test]
+fn the_streams_example_compiles_with_resume_hedge_and_ramp() {
+    use switchback_crds::config::{Hedge, Resume, StreamPolicy};
+    let file = workspace().join("crds/examples/streams.yaml");
+    let (compiled, warnings) = switchback_proxy::sources::standalone::compile_manifests_for(
+        &file,
+        &switchback_proxy::config::keys::Auth::default(),
+    )
+    .expect("compiles");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let prefill: Vec<(&str, bool)> = compiled
+        .config
+        .credentials
+        .iter()
+        .map(|c| (c.id.name.as_str(), c.prefill))
+        .collect();
+    assert_eq!(
+        prefill,
+        [
+            ("anthropic-prod", false),
+            ("openai-prod", false),
+            ("vllm-claude-like", true)
+        ]
+    );
+    let route = &compiled.config.routes[0];
+    assert_eq!(
+        route.stream,
+        Some(StreamPolicy {
+            idle_timeout_ms: Some(20_000),
+            resume: Some(Resume {
+                max_resumes: 1,
+                max_held_bytes: 256 * 1024
+            }),
+        })
+    );
+    assert_eq!(
+        route.hedge,
+        Some(Hedge {
+            after_ms: 1500,
+            max_percent: 10
+        })
+    );
+    assert_eq!(route.circuit_breaker.ramp_up_ms, Some(30_000));
+}

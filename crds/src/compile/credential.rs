@@ -142,6 +142,13 @@ pub(crate) fn compile(
         );
     }
 
+    if spec.prefill.is_some() && provider.is_some_and(|p| p != Provider::OpenaiCompatible) {
+        c.invalid(
+            "spec.prefill",
+            "is only meaningful for provider openai-compatible (anthropic, and Claude on vertex and bedrock, continue a prefilled answer already)",
+        );
+    }
+
     let max_concurrency = spec
         .max_concurrency
         .map(|v| fields::int_in_range(&mut c, "spec.maxConcurrency", Some(v), 1, i32::MAX, 1));
@@ -196,6 +203,7 @@ pub(crate) fn compile(
             },
             api_version,
             responses_api: spec.responses_api.unwrap_or(false),
+            prefill: spec.prefill.unwrap_or(false),
             project,
             location,
             region,

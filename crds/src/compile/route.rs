@@ -9,13 +9,17 @@ use crate::compile::credential::Outcome;
 use crate::compile::fields::{self, Checker};
 use crate::compile::{Diagnostic, Kind, reason};
 use crate::config::{
-    CircuitBreaker, FailureClass, Fallback, ObjectId, Price, Retry, Route, SHARED_WITH_ALL,
-    Strategy, Target,
+    CircuitBreaker, FailureClass, Fallback, Hedge, ObjectId, Price, Resume, Retry, Route,
+    SHARED_WITH_ALL, Strategy, StreamPolicy, Target,
 };
 use crate::duration::format_ms;
-use crate::route::{CircuitBreakerSpec, FallbackSpec, LLMRouteSpec, RetrySpec, TargetSpec};
+use crate::route::{
+    ByteSize, CircuitBreakerSpec, FallbackSpec, HedgeSpec, LLMRouteSpec, RetrySpec, StreamSpec,
+    TargetSpec,
+};
 use crate::schema::{
-    MAX_MODEL_LEN, MAX_MODELS, MAX_NAME_LEN, MAX_SHARED_WITH, MAX_STATUS_CODES, MAX_TARGETS,
+    MAX_HELD_BYTES, MAX_MODEL_LEN, MAX_MODELS, MAX_NAME_LEN, MAX_SHARED_WITH, MAX_STATUS_CODES,
+    MAX_TARGETS, MIN_HELD_BYTES,
 };
 
 const MODES: [(&str, Strategy); 4] = [
@@ -102,6 +106,8 @@ pub(crate) fn compile(
         true,
     );
     let shared_with = shared_with(&mut c, spec.shared_with.as_deref());
+    let stream = stream(&mut c, spec.stream.as_ref());
+    let hedge = hedge(&mut c, spec.hedge.as_ref());
 
     let route = (!c.has_errors()).then(|| Route {
         id: id.clone(),
@@ -113,6 +119,8 @@ pub(crate) fn compile(
         circuit_breaker,
         timeout_ms,
         shared_with,
+        stream,
+        hedge,
     });
     (route, c.diagnostics)
 }
@@ -444,7 +452,17 @@ fn circuit_breaker(c: &mut Checker, spec: Option<&CircuitBreakerSpec>) -> Circui
     let Some(spec) = spec else {
         return defaults;
     };
+    let ramp_up_ms = fields::optional_duration_ms(
+        c,
+        "spec.circuitBreaker.rampUp",
+        spec.ramp_up.as_deref(),
+        true,
+    );
+    if let Some(ms) = ramp_up_ms {
+        at_most(c, "spec.circuitBreaker.rampUp", ms, MAX_RAMP_UP_MS);
+    }
     CircuitBreaker {
+        ramp_up_ms,
         consecutive_failures: fields::int_in_range(
             c,
             "spec.circuitBreaker.consecutiveFailures",
@@ -461,4 +479,129 @@ fn circuit_breaker(c: &mut Checker, spec: Option<&CircuitBreakerSpec>) -> Circui
             true,
         ),
     }
+}
+
+const MAX_IDLE_TIMEOUT_MS: u64 = 10 * 60_000;
+const MAX_RAMP_UP_MS: u64 = 60 * 60_000;
+const RESUME_MODES: [(&str, bool); 2] = [("Off", false), ("Continue", true)];
+
+/// A duration's upper bound (the CEL rule `duration(self) <= duration(...)`).
+fn at_most(c: &mut Checker, field: &str, ms: u64, max_ms: u64) {
+    if ms > max_ms {
+        c.invalid(
+            field,
+            format!(
+                "{} is above the maximum {}",
+                format_ms(ms),
+                format_ms(max_ms)
+            ),
+        );
+    }
+}
+
+/// `spec.stream`: `None` unless it asks for a stall limit or resume, so a route that
+/// writes `stream: {}` or `resume: {mode: Off}` is served (and digested) as one that
+/// does not.
+fn stream(c: &mut Checker, spec: Option<&StreamSpec>) -> Option<StreamPolicy> {
+    let spec = spec?;
+    let idle_timeout_ms = fields::optional_duration_ms(
+        c,
+        "spec.stream.idleTimeout",
+        spec.idle_timeout.as_deref(),
+        true,
+    );
+    if let Some(ms) = idle_timeout_ms {
+        at_most(c, "spec.stream.idleTimeout", ms, MAX_IDLE_TIMEOUT_MS);
+    }
+    let resume = spec.resume.as_ref().and_then(|r| {
+        let on = match r.mode.as_deref() {
+            Some(mode) => {
+                fields::one_of(c, "spec.stream.resume.mode", mode, &RESUME_MODES).unwrap_or(false)
+            }
+            None => false,
+        };
+        let max_resumes = fields::int_in_range(
+            c,
+            "spec.stream.resume.maxResumes",
+            r.max_resumes,
+            1,
+            5,
+            Resume::DEFAULT_MAX_RESUMES,
+        );
+        let max_held_bytes = r
+            .max_held_bytes
+            .as_ref()
+            .and_then(|size| held_bytes(c, "spec.stream.resume.maxHeldBytes", size))
+            .unwrap_or(Resume::DEFAULT_MAX_HELD_BYTES);
+        on.then_some(Resume {
+            max_resumes,
+            max_held_bytes,
+        })
+    });
+    (idle_timeout_ms.is_some() || resume.is_some()).then_some(StreamPolicy {
+        idle_timeout_ms,
+        resume,
+    })
+}
+
+/// A byte size (an integer, or a number with `Ki` or `Mi`) within the held-text range.
+fn held_bytes(c: &mut Checker, field: &str, size: &ByteSize) -> Option<u64> {
+    let bytes = match size {
+        ByteSize::Bytes(n) => u64::try_from(*n).ok(),
+        ByteSize::Quantity(text) => parse_byte_size(text),
+    };
+    let shown = match size {
+        ByteSize::Bytes(n) => n.to_string(),
+        ByteSize::Quantity(text) => format!("{text:?}"),
+    };
+    match bytes {
+        None => {
+            c.invalid(
+                field,
+                format!("{shown} is not a size in bytes like 262144, 256Ki or 1Mi"),
+            );
+            None
+        }
+        Some(n) if !(MIN_HELD_BYTES..=MAX_HELD_BYTES).contains(&n) => {
+            c.invalid(
+                field,
+                format!("{shown} is not from 1Ki (1024) to 16Mi (16777216)"),
+            );
+            None
+        }
+        Some(n) => Some(n),
+    }
+}
+
+/// `^[0-9]{1,9}(Ki|Mi)?$` (the schema's pattern), in bytes.
+fn parse_byte_size(text: &str) -> Option<u64> {
+    let (digits, unit) = if let Some(d) = text.strip_suffix("Ki") {
+        (d, 1024)
+    } else if let Some(d) = text.strip_suffix("Mi") {
+        (d, 1024 * 1024)
+    } else {
+        (text, 1)
+    };
+    if digits.is_empty() || digits.len() > 9 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok().map(|n| n * unit)
+}
+
+/// `spec.hedge`.
+fn hedge(c: &mut Checker, spec: Option<&HedgeSpec>) -> Option<Hedge> {
+    let spec = spec?;
+    let after_ms = fields::duration_ms(c, "spec.hedge.after", Some(&spec.after), 0, true);
+    let max_percent = fields::int_in_range(
+        c,
+        "spec.hedge.maxPercent",
+        spec.max_percent,
+        1,
+        100,
+        Hedge::DEFAULT_MAX_PERCENT,
+    );
+    Some(Hedge {
+        after_ms,
+        max_percent,
+    })
 }

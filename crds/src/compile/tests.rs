@@ -345,9 +345,12 @@ fn sample_compiles_to_the_expected_config() {
                 circuit_breaker: CircuitBreaker {
                     consecutive_failures: 5,
                     open_for_ms: 30_000,
+                    ramp_up_ms: None,
                 },
                 timeout_ms: 60_000,
                 shared_with: vec![],
+                stream: None,
+                hedge: None,
             },
             Route {
                 id: id("smart"),
@@ -395,15 +398,19 @@ fn sample_compiles_to_the_expected_config() {
                 circuit_breaker: CircuitBreaker {
                     consecutive_failures: 3,
                     open_for_ms: 60_000,
+                    ramp_up_ms: None,
                 },
                 timeout_ms: 45_000,
                 shared_with: vec!["team-b".into()],
+                stream: None,
+                hedge: None,
             },
         ],
         credentials: vec![
             Credential {
                 api_version: None,
                 responses_api: false,
+                prefill: false,
                 project: None,
                 location: None,
                 region: None,
@@ -422,6 +429,7 @@ fn sample_compiles_to_the_expected_config() {
             Credential {
                 api_version: None,
                 responses_api: false,
+                prefill: false,
                 project: None,
                 location: None,
                 region: None,
@@ -2155,4 +2163,198 @@ fn bedrock_fields_are_checked_with_their_paths() {
             .any(|m| m.starts_with("team-a/openai-prod: spec.secretRef.key:")),
         "{m:?}"
     );
+}
+
+// SPEC §13: spec.stream, spec.hedge, circuitBreaker.rampUp and a credential's prefill.
+
+fn smart_of(compiled: &Compiled) -> &Route {
+    compiled
+        .config
+        .routes
+        .iter()
+        .find(|r| r.id == id("smart"))
+        .expect("smart compiled")
+}
+
+fn stream_spec(yaml: &str) -> crate::route::StreamSpec {
+    serde_yaml_ng::from_str(yaml).expect("stream spec")
+}
+
+#[test]
+fn streams_hedging_and_ramp_are_off_unless_asked_for() {
+    let compiled = sample().compile();
+    let smart = &smart_of(&compiled);
+    assert_eq!((&smart.stream, &smart.hedge), (&None, &None));
+    assert_eq!(smart.circuit_breaker.ramp_up_ms, None);
+    assert!(compiled.config.credentials.iter().all(|c| !c.prefill));
+
+    // Written out but switched off: compiled (and digested) as not written at all.
+    let mut s = sample();
+    s.smart().stream = Some(stream_spec("{ resume: { mode: Off, maxResumes: 3 } }"));
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    assert_eq!(smart_of(&compiled).stream, None);
+    let json = serde_json::to_string(&smart_of(&compiled)).unwrap();
+    for field in ["stream", "hedge", "rampUp", "prefill"] {
+        assert!(!json.contains(field), "{field} in {json}");
+    }
+}
+
+#[test]
+fn stream_resume_hedge_and_ramp_compile_with_their_defaults() {
+    use crate::config::{Hedge, Resume, StreamPolicy};
+    let mut s = sample();
+    s.smart().stream = Some(stream_spec(
+        "{ idleTimeout: 20s, resume: { mode: Continue } }",
+    ));
+    s.smart().hedge = Some(serde_yaml_ng::from_str("{ after: 1500ms }").unwrap());
+    s.smart().circuit_breaker.as_mut().unwrap().ramp_up = Some("30s".into());
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let smart = &smart_of(&compiled);
+    assert_eq!(
+        smart.stream,
+        Some(StreamPolicy {
+            idle_timeout_ms: Some(20_000),
+            resume: Some(Resume {
+                max_resumes: 1,
+                max_held_bytes: 256 * 1024
+            }),
+        })
+    );
+    assert_eq!(
+        smart.hedge,
+        Some(Hedge {
+            after_ms: 1500,
+            max_percent: 10
+        })
+    );
+    assert_eq!(smart.circuit_breaker.ramp_up_ms, Some(30_000));
+
+    for (size, bytes) in [
+        ("1Ki", 1024),
+        ("256Ki", 262_144),
+        ("16Mi", 16 << 20),
+        ("4096", 4096),
+        ("8192", 8192),
+    ] {
+        let mut s = sample();
+        let yaml =
+            format!("{{ resume: {{ mode: Continue, maxResumes: 5, maxHeldBytes: {size} }} }}");
+        s.smart().stream = Some(stream_spec(&yaml));
+        let compiled = s.compile();
+        assert_eq!(messages(&compiled), Vec::<String>::new(), "{size}");
+        let resume = smart_of(&compiled)
+            .stream
+            .as_ref()
+            .and_then(|p| p.resume)
+            .expect("resume");
+        assert_eq!(
+            (resume.max_resumes, resume.max_held_bytes),
+            (5, bytes),
+            "{size}"
+        );
+    }
+}
+
+#[test]
+fn stream_hedge_and_ramp_ranges() {
+    type Case = (&'static str, fn(&mut Sample), &'static str);
+    let cases: [Case; 9] = [
+        (
+            "idle timeout zero",
+            |s| s.smart().stream = Some(stream_spec("{ idleTimeout: 0s }")),
+            "team-a/smart: spec.stream.idleTimeout: \"0s\" must be above 0",
+        ),
+        (
+            "idle timeout above 10m",
+            |s| s.smart().stream = Some(stream_spec("{ idleTimeout: 11m }")),
+            "team-a/smart: spec.stream.idleTimeout: 11m is above the maximum 10m",
+        ),
+        (
+            "unknown mode",
+            |s| s.smart().stream = Some(stream_spec("{ resume: { mode: continue } }")),
+            "team-a/smart: spec.stream.resume.mode: \"continue\" is not one of Off, Continue",
+        ),
+        (
+            "six resumes",
+            |s| {
+                s.smart().stream =
+                    Some(stream_spec("{ resume: { mode: Continue, maxResumes: 6 } }"))
+            },
+            "team-a/smart: spec.stream.resume.maxResumes: 6 is above the maximum 5",
+        ),
+        (
+            "held bytes below 1Ki",
+            |s| {
+                s.smart().stream = Some(stream_spec(
+                    "{ resume: { mode: Continue, maxHeldBytes: 1023 } }",
+                ))
+            },
+            "team-a/smart: spec.stream.resume.maxHeldBytes: 1023 is not from 1Ki (1024) to 16Mi (16777216)",
+        ),
+        (
+            "held bytes above 16Mi",
+            |s| {
+                s.smart().stream = Some(stream_spec(
+                    "{ resume: { mode: Continue, maxHeldBytes: 17Mi } }",
+                ))
+            },
+            "team-a/smart: spec.stream.resume.maxHeldBytes: \"17Mi\" is not from 1Ki (1024) to 16Mi (16777216)",
+        ),
+        (
+            "held bytes in gigabytes",
+            |s| {
+                s.smart().stream = Some(stream_spec(
+                    "{ resume: { mode: Continue, maxHeldBytes: 1G } }",
+                ))
+            },
+            "team-a/smart: spec.stream.resume.maxHeldBytes: \"1G\" is not a size in bytes like 262144, 256Ki or 1Mi",
+        ),
+        (
+            "hedge percent above 100",
+            |s| {
+                s.smart().hedge =
+                    Some(serde_yaml_ng::from_str("{ after: 1s, maxPercent: 101 }").unwrap())
+            },
+            "team-a/smart: spec.hedge.maxPercent: 101 is above the maximum 100",
+        ),
+        (
+            "ramp above an hour",
+            |s| s.smart().circuit_breaker.as_mut().unwrap().ramp_up = Some("61m".into()),
+            "team-a/smart: spec.circuitBreaker.rampUp: 1h1m is above the maximum 1h",
+        ),
+    ];
+    for (name, change, expected) in cases {
+        let compiled = rejects(change, expected);
+        assert_eq!(route_ids(&compiled), ["team-a/fast"], "{name}");
+    }
+    rejects(
+        |s| s.smart().hedge = Some(serde_yaml_ng::from_str("{ after: 0ms }").unwrap()),
+        "team-a/smart: spec.hedge.after: \"0ms\" must be above 0",
+    );
+}
+
+#[test]
+fn prefill_is_for_openai_compatible_only() {
+    let mut s = sample();
+    let c = s.credential("openai-prod");
+    c.provider = "openai-compatible".into();
+    c.base_url = Some("https://llm.example.com/v1".into());
+    c.prefill = Some(true);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let credential = compiled
+        .config
+        .credentials
+        .iter()
+        .find(|c| c.id == id("openai-prod"))
+        .expect("compiled");
+    assert!(credential.prefill);
+
+    let mut s = sample();
+    s.credential("anthropic-prod").prefill = Some(true);
+    let m = messages(&s.compile());
+    let expected = "team-a/anthropic-prod: spec.prefill: is only meaningful for provider openai-compatible (anthropic, and Claude on vertex and bedrock, continue a prefilled answer already)";
+    assert!(m.iter().any(|m| m == expected), "{m:?}");
 }

@@ -10,6 +10,7 @@
 //! | `switchback_attempts_total` | counter | `route`, `target`, `model`, `result` (`success` or a failure reason; a committed stream's when it ends) |
 //! | `switchback_skips_total` | counter | `route`, `target`, `model`, `reason` (`missingKey`, `parked`, `circuitOpen`, ...) |
 //! | `switchback_fallbacks_away_total` | counter | `route`, `target`, `model`, `reason`: requests that left this target |
+//! | `switchback_stream_resumes_total` | counter | `route`, `target`, `model`, `outcome`: committed streams that failed on a route that resumes (SPEC §13): `resumed` on the target that continued one, or why one was not (`toolCallInProgress`, `heldBytesExceeded`, `maxResumesUsed`, `noEligibleTarget`, `budgetExhausted`) on the target whose stream broke |
 //! | `switchback_tokens_total` | counter | `route`, `target`, `model`, `direction` (`input`, `output`), from provider usage |
 //! | `switchback_client_tokens_total` | counter | `client` (`namespace/name`, never the key), `route`, `direction` (`input`, `output`): provider usage of the LLMClient's requests |
 //! | `switchback_client_throttled_total` | counter | `client`, `reason` (`rate_limited`, `budget_exhausted`): requests refused with 429 before anything was sent upstream |
@@ -24,6 +25,7 @@
 //! | `switchback_client_connections` | gauge | open client connections on the data port |
 //! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
 //! | `switchback_response_bytes_held` | gauge | unary provider answer bytes held in the in-flight budget (being read, or on their way to the client) |
+//! | `switchback_resume_held_bytes` | gauge | answer text held to resume broken streams (SPEC §13; each stream at most its route's `maxHeldBytes`) |
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -117,7 +119,13 @@ impl Collector for Metrics {
         latencies(&mut enc, routes)?;
         config_loads(&mut enc, gw)?;
         clients(&mut enc, gw)?;
-        limits(&mut enc, &gw.front, &gw.refused, gw.answers.held())?;
+        limits(
+            &mut enc,
+            &gw.front,
+            &gw.refused,
+            gw.answers.held(),
+            gw.resume_held.load(Ordering::Relaxed),
+        )?;
         Ok(())
     }
 }
@@ -194,6 +202,18 @@ fn target_counts(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fm
         |_, t, emit| {
             for (reason, n) in t.counters.fallbacks_away.nonzero() {
                 emit("reason", reason.as_str(), n)?;
+            }
+            Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_stream_resumes",
+        "Committed streams that failed on a route that resumes: resumed (on the target that continued), or why not (on the target whose stream broke)",
+        routes,
+        |_, t, emit| {
+            for (outcome, n) in t.counters.resumes.nonzero() {
+                emit("outcome", outcome.as_str(), n)?;
             }
             Ok(())
         },
@@ -379,6 +399,7 @@ fn limits(
     front: &crate::front::Front,
     upstream: &crate::limits::answers::Refusals,
     answers_held: usize,
+    resume_held: usize,
 ) -> Fmt {
     let r = &front.refusals;
     {
@@ -418,6 +439,11 @@ fn limits(
             "switchback_response_bytes_held",
             "Unary provider answer bytes held in the in-flight budget",
             answers_held,
+        ),
+        (
+            "switchback_resume_held_bytes",
+            "Answer text held to resume broken streams",
+            resume_held,
         ),
     ] {
         let m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;

@@ -12,7 +12,7 @@ use crate::config::snapshot::TargetRt;
 use crate::gateway::Gateway;
 use crate::limits::circuit::{Reported, State};
 use crate::observe::counters::get;
-use crate::observe::reason::Reason;
+use crate::observe::reason::{Reason, ResumeOutcome};
 
 /// What a request finds at `t` now, with since and until when known: a missing key
 /// first (nothing can be sent), then the circuit, a park, a full queue.
@@ -78,6 +78,7 @@ pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
             attempts: get(&r.counters.attempts),
             fallbacks: get(&r.counters.fallbacks),
             failed: get(&r.counters.failed),
+            resumed: get(&r.counters.resumed),
             targets: r
                 .targets
                 .iter()
@@ -89,6 +90,9 @@ pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
                     let (state, state_since, state_until) = target_state(t, now, now_ms, wall);
                     doc::TargetStats {
                         state: Some(state),
+                        resumed: c.resumes.get(ResumeOutcome::Resumed),
+                        hedges: 0,
+                        hedge_wins: 0,
                         state_since: state_since.map(rfc3339),
                         state_until: state_until.map(rfc3339),
                         fallbacks_away_by_reason: c

@@ -80,7 +80,7 @@ async fn responses(State(gw): State<Arc<Gateway>>, request: Request) -> Response
     handle(&gw, Surface::Responses, request).await
 }
 
-async fn handle(gw: &Gateway, surface: Surface, request: Request) -> Response<Body> {
+async fn handle(gw: &Arc<Gateway>, surface: Surface, request: Request) -> Response<Body> {
     // Only the headers are kept: the rest of the head (URI, extensions) would be held
     // in this future's state, and copied with it, until the answer.
     let (http::request::Parts { headers, .. }, body) = request.into_parts();

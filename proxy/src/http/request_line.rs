@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 
 use crate::config::snapshot::RouteRt;
-use crate::pipeline::AttemptLog;
+use crate::pipeline::{AttemptLog, ResumeLog};
 
 /// One structured line per request: the route, who answered, the fallback provider
 /// and model when it was not the first target, and the attempt log. A stream's is
@@ -24,9 +24,20 @@ pub(super) struct RequestLine {
     pub log: Vec<AttemptLog>,
     /// `x-request-id`: the client's, or the one made for the request.
     pub request_id: HeaderValue,
+    /// A stream whose route resumes: its resumes, who continued it last, and why its
+    /// last failure was not resumed (SPEC §13).
+    pub resume: Option<(u32, Option<u8>, Option<&'static str>)>,
 }
 
 impl RequestLine {
+    /// What the stream's resumes add: the failures after commit and the
+    /// continuations' attempts in the attempt log, the upstream requests they sent.
+    pub(super) fn resumed(&mut self, r: ResumeLog) {
+        self.attempts += r.sent;
+        self.log.extend(r.log);
+        self.resume = Some((r.resumes, r.resumed_by, r.outcome.map(|o| o.as_str())));
+    }
+
     pub(super) fn write(
         &self,
         route: &RouteRt,
@@ -40,6 +51,14 @@ impl RequestLine {
         let fallback_model = answered
             .filter(|_| fell_back)
             .map(|t| t.spec.upstream_model(model));
+        let (resumes, resumed_by, resume_outcome) = match self.resume {
+            Some((n, by, outcome)) => (
+                Some(n),
+                by.map(|i| route.targets[i as usize].label.as_str()),
+                outcome,
+            ),
+            None => (None, None, None),
+        };
         tracing::info!(
             target: "switchback::request",
             route = %route.spec.id,
@@ -55,6 +74,9 @@ impl RequestLine {
             fallbacks = self.fallbacks,
             duration_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
             stream,
+            resumes,
+            resumed_by,
+            resume_outcome,
             attempt_log = %AttemptLogView { route, log: &self.log },
             "request"
         );

@@ -5,6 +5,7 @@
 //! `x-switchback-*` headers stamped on the answer.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -36,7 +37,7 @@ struct Peek<'a> {
 }
 
 pub(super) async fn route_and_run(
-    gw: &Gateway,
+    gw: &Arc<Gateway>,
     snapshot: &Snapshot,
     tenant: Option<&Tenant>,
     surface: Surface,
@@ -89,9 +90,9 @@ pub(super) async fn route_and_run(
     // its own: an awaited local is kept in this future's state twice (before and after
     // the move into `.await`), and a nested async fn is copied into its parent's.
     let outcome = if span.is_disabled() {
-        pipeline::run(gw, route, &call).await
+        pipeline::run(gw, &served.route, &call).await
     } else {
-        pipeline::run(gw, route, &call)
+        pipeline::run(gw, &served.route, &call)
             .instrument(span.clone())
             .await
     };
@@ -221,17 +222,22 @@ fn log_line(
         answered_by: outcome.answered_by,
         log: outcome.log,
         request_id: call.request_id.clone(),
+        resume: None,
     };
     match outcome.stream_line {
         Some(slot) => {
             let (route, model) = (served.route.clone(), String::from(call.client_model));
             let front = gw.front.clone();
-            slot.write_when_ended(Box::new(move |end| {
+            slot.write_when_ended(Box::new(move |end, resume| {
                 let how = match end {
                     // Ended by the drain at the end of the shutdown grace.
                     StreamEnd::ClientGone if front.end_streams.is_set() => "shutdown",
                     end => end.as_str(),
                 };
+                let mut line = line;
+                if let Some(r) = resume {
+                    line.resumed(r);
+                }
                 line.write(&route, &model, started.elapsed(), Some(how));
             }));
         }

@@ -1,6 +1,6 @@
 //! What the request path counts per route and per (route, target): requests,
-//! attempts, retries, successes, failures and fallbacks by reason, tokens, and
-//! latency histograms. Read back by the admin port (`/admin/v1/stats` for the
+//! attempts, retries, successes, failures and fallbacks by reason, resumes by
+//! outcome, tokens, and latency histograms. Read back by the admin port (`/admin/v1/stats` for the
 //! operator, Prometheus `/metrics`), which walks the live snapshot at scrape time.
 //!
 //! The request path only ever touches atomics here (no lock, no allocation).
@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::observe::reason::Reason;
+use crate::observe::reason::{Reason, ResumeOutcome};
 use crate::wire::usage::Usage;
 
 /// Histogram upper bounds in seconds (Prometheus-style, `+Inf` implied).
@@ -110,6 +110,28 @@ impl ByReason {
     }
 }
 
+/// Committed streams that failed where their route resumes, by what became of them,
+/// indexed by [`ResumeOutcome::index`].
+#[derive(Debug, Default)]
+pub struct ByResume([AtomicU64; ResumeOutcome::COUNT]);
+
+impl ByResume {
+    pub fn inc(&self, o: ResumeOutcome) {
+        self.0[o.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, o: ResumeOutcome) -> u64 {
+        self.0[o.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn nonzero(&self) -> impl Iterator<Item = (ResumeOutcome, u64)> + '_ {
+        ResumeOutcome::ALL
+            .into_iter()
+            .map(|o| (o, self.get(o)))
+            .filter(|(_, n)| *n > 0)
+    }
+}
+
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
@@ -129,6 +151,8 @@ pub struct RouteCounters {
     pub attempts: AtomicU64,
     pub fallbacks: AtomicU64,
     pub failed: AtomicU64,
+    /// Committed streams continued on another target (SPEC §13).
+    pub resumed: AtomicU64,
     /// Client request to response head (for streams: to the first content event).
     pub duration: Histogram,
     /// `duration` minus time spent waiting on providers and in deliberate waits.
@@ -151,6 +175,9 @@ pub struct RouteTargetCounters {
     pub attempt_duration: Histogram,
     /// Time to the first content event of committed streams.
     pub ttfb: Histogram,
+    /// Resumes (SPEC §13): `resumed`, counted on the target that continued a broken
+    /// stream; the reasons one was not, on the target whose stream broke.
+    pub resumes: ByResume,
 }
 
 impl RouteTargetCounters {

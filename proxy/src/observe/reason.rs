@@ -44,10 +44,13 @@ pub enum Reason {
     QueueFull,
     /// The request uses a parameter the target's API cannot honour (translation).
     UnsupportedParameter,
+    /// Passed over for resuming a broken stream: the target cannot continue a
+    /// prefilled answer (SPEC §13).
+    CannotResume,
 }
 
 impl Reason {
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 20;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -68,6 +71,7 @@ impl Reason {
         Self::CircuitOpen,
         Self::QueueFull,
         Self::UnsupportedParameter,
+        Self::CannotResume,
     ];
 
     pub fn index(self) -> usize {
@@ -99,6 +103,7 @@ impl Reason {
                 | Self::CircuitOpen
                 | Self::QueueFull
                 | Self::UnsupportedParameter
+                | Self::CannotResume
         )
     }
 
@@ -123,6 +128,7 @@ impl Reason {
             Self::CircuitOpen => "circuitOpen",
             Self::QueueFull => "queueFull",
             Self::UnsupportedParameter => "unsupportedParameter",
+            Self::CannotResume => "cannotResume",
         }
     }
 
@@ -153,6 +159,51 @@ impl Reason {
     }
 }
 
+/// What became of a committed stream that failed in a way its route resumes (SPEC
+/// §13): `resumed` on another target, or why it was not. The `outcome` label of
+/// `switchback_stream_resumes_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResumeOutcome {
+    Resumed,
+    /// A tool call was streaming when it broke: its arguments cannot be continued.
+    ToolCallInProgress,
+    /// The client had been sent more text than `maxHeldBytes`.
+    HeldBytesExceeded,
+    /// `maxResumes` were used already.
+    MaxResumesUsed,
+    /// Every target left was skipped or failed before its continuation committed.
+    NoEligibleTarget,
+    /// The route's `timeout` (the whole call's budget) was spent.
+    BudgetExhausted,
+}
+
+impl ResumeOutcome {
+    pub const COUNT: usize = 6;
+    pub const ALL: [ResumeOutcome; Self::COUNT] = [
+        Self::Resumed,
+        Self::ToolCallInProgress,
+        Self::HeldBytesExceeded,
+        Self::MaxResumesUsed,
+        Self::NoEligibleTarget,
+        Self::BudgetExhausted,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Resumed => "resumed",
+            Self::ToolCallInProgress => "toolCallInProgress",
+            Self::HeldBytesExceeded => "heldBytesExceeded",
+            Self::MaxResumesUsed => "maxResumesUsed",
+            Self::NoEligibleTarget => "noEligibleTarget",
+            Self::BudgetExhausted => "budgetExhausted",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +211,9 @@ mod tests {
     #[test]
     fn reason_indexes_are_dense_and_ordered() {
         for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{r:?}");
+        }
+        for (i, r) in ResumeOutcome::ALL.iter().enumerate() {
             assert_eq!(r.index(), i, "{r:?}");
         }
     }

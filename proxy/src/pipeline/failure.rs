@@ -117,7 +117,9 @@ fn error_for(
         | Reason::UnsupportedSurface
         | Reason::CircuitOpen
         | Reason::QueueFull
-        | Reason::UnsupportedParameter => (
+        | Reason::UnsupportedParameter
+        // Only a resume's walk skips for it, and it ends in no error of its own.
+        | Reason::CannotResume => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no_available_target",
             "no target of this route can take the request".into(),

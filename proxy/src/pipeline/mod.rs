@@ -3,7 +3,8 @@
 //! inside the call's budget (`target`, `outcome`), each try sent upstream (`send`),
 //! and either one answer committed (`answer` for unary ones, `stream` for streams,
 //! `relay` for what reaches the client of both) or the last failure turned into the
-//! gateway's own error (`failure`).
+//! gateway's own error (`failure`). A committed stream of a route that resumes is
+//! continued on the next target when it breaks (`resume`, SPEC §13).
 //!
 //! It reaches providers only through the `providers` interface (an adapter, a
 //! credential's endpoint, a dialect, the translation): it names none. It knows
@@ -19,11 +20,13 @@ mod failure;
 pub mod order;
 pub mod outcome;
 mod relay;
+mod resume;
 mod send;
 pub mod stream;
 mod target;
 mod walk;
 
 pub use call::{AttemptLog, Call, Outcome};
+pub use resume::ResumeLog;
 pub use stream::{LineSlot, StreamEnd};
 pub use walk::run;

@@ -104,6 +104,7 @@ pub(crate) mod tests {
         let spec = Credential {
             api_version: None,
             responses_api: false,
+            prefill: false,
             project: None,
             location: None,
             region: None,
@@ -145,6 +146,8 @@ pub(crate) mod tests {
                 circuit_breaker: CircuitBreaker::default(),
                 timeout_ms: 1000,
                 shared_with: Vec::new(),
+                stream: None,
+                hedge: None,
             },
             route_header: HeaderValue::from_static("ns/r"),
             generation_header: HeaderValue::from_static("1"),

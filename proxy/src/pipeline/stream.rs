@@ -3,7 +3,9 @@
 //! does, or an error, SPEC §3), the commit, the committed stream forwarded event by
 //! event (given the client's `model`, or translated), the error event that ends a
 //! failed one, and the report of how it ended (stats, circuit, the request log
-//! line).
+//! line). A stream whose route resumes (SPEC §13) does not end itself on a failure
+//! the route would resume: it stops, and tells the body that resumes it
+//! (`resume`) how it ended ([`StreamReport`]).
 //!
 //! Nothing is buffered beyond the held-back prefix and one partial event, both
 //! bounded by `--max-event-bytes`.
@@ -24,6 +26,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::outcome::may_advance;
 use super::relay::{mask_key, masked, relay};
+use super::resume::{AttemptEnd, ResumeLog, Resuming, StreamReport};
 use crate::config::snapshot::{CredentialRt, RouteRt, TargetRt};
 use crate::config::target::TargetState;
 use crate::limits::answers::Refusals;
@@ -220,6 +223,7 @@ pub(crate) async fn start_stream(
     };
     let line = Arc::new(LineSlot::default());
     let state = committed(upstream, framer, a, line.clone());
+    let report = state.report.clone();
     if state.translator.is_some() {
         // The proxy writes a translated stream's events itself, as SSE, whatever
         // framing the upstream used (a binary one included).
@@ -228,7 +232,11 @@ pub(crate) async fn start_stream(
             HeaderValue::from_static("text/event-stream"),
         );
     }
-    let response = commit_stream(status, headers, &held, &first, state);
+    let mut response = commit_stream(status, headers, &held, &first, state);
+    if let Some(report) = report {
+        // For the walk's resume hook, which wraps the body (only routes that resume).
+        response.extensions_mut().insert(Resuming(report));
+    }
     Ok((response, line))
 }
 
@@ -243,6 +251,10 @@ fn committed<U>(
 ) -> Committed<U> {
     let (t, route) = (a.target, a.route);
     let cb = &route.spec.circuit_breaker;
+    // Only a route that resumes allocates anything for it.
+    let report = super::resume::resumes(route, a.surface)
+        .then(|| Arc::new(StreamReport::new(route.spec.fallback.clone())));
+    let policy = route.spec.stream.as_ref();
     let ending = Ending {
         state: t.state.clone(),
         counters: t.counters.clone(),
@@ -253,7 +265,8 @@ fn committed<U>(
         failure: None,
         completed: false,
         refused: a.refused.clone(),
-        line,
+        // Under a resuming body, the body writes the line when the answer ends.
+        line: report.is_none().then_some(line),
     };
     Committed {
         upstream,
@@ -263,8 +276,14 @@ fn committed<U>(
         translator: a
             .translator
             .map(|(d, model, usage)| StreamTranslator::new(d, model, usage)),
-        // A committed stream that sends nothing for this long has stalled.
-        idle: Duration::from_millis(t.spec.timeout_ms.unwrap_or(route.spec.timeout_ms)),
+        // A committed stream that sends nothing for this long has stalled:
+        // `spec.stream.idleTimeout`, else the attempt's timeout.
+        idle: Duration::from_millis(
+            policy
+                .and_then(|p| p.idle_timeout_ms)
+                .or(t.spec.timeout_ms)
+                .unwrap_or(route.spec.timeout_ms),
+        ),
         counters: t.counters.clone(),
         credential: Some(t.credential.clone()),
         permit: a.permit,
@@ -274,6 +293,8 @@ fn committed<U>(
         reported: Usage::default(),
         ending: Some(ending),
         done: false,
+        report,
+        held: false,
     }
 }
 
@@ -300,8 +321,9 @@ impl StreamEnd {
     }
 }
 
-/// A stream's request log line, written once the stream has ended.
-pub type LogLine = Box<dyn FnOnce(StreamEnd) + Send>;
+/// A stream's request log line, written once the stream has ended; with what the
+/// resumes of a resuming route's stream add to it.
+pub type LogLine = Box<dyn FnOnce(StreamEnd, Option<ResumeLog>) + Send>;
 
 /// Where a committed stream and the server meet: the server leaves the request's log
 /// line, the stream's end writes it with how it ended, whichever comes second (the
@@ -316,7 +338,7 @@ enum Slot {
     #[default]
     Empty,
     Line(LogLine),
-    Ended(StreamEnd),
+    Ended(StreamEnd, Option<ResumeLog>),
     Written,
 }
 
@@ -325,9 +347,9 @@ impl LineSlot {
     pub fn write_when_ended(&self, line: LogLine) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *g, Slot::Written) {
-            Slot::Ended(end) => {
+            Slot::Ended(end, resume) => {
                 drop(g);
-                line(end);
+                line(end, resume);
             }
             Slot::Empty => *g = Slot::Line(line),
             other => *g = other,
@@ -335,14 +357,14 @@ impl LineSlot {
     }
 
     /// The stream's half: it ended so.
-    fn ended(&self, end: StreamEnd) {
+    pub(super) fn ended(&self, end: StreamEnd, resume: Option<ResumeLog>) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *g, Slot::Written) {
             Slot::Line(line) => {
                 drop(g);
-                line(end);
+                line(end, resume);
             }
-            Slot::Empty => *g = Slot::Ended(end),
+            Slot::Empty => *g = Slot::Ended(end, resume),
             other => *g = other,
         }
     }
@@ -367,8 +389,9 @@ pub(crate) struct Ending {
     pub completed: bool,
     /// Where refusals by a limit are counted (for `/metrics`).
     pub refused: Arc<Refusals>,
-    /// The request log line, written when the stream ends.
-    pub line: Arc<LineSlot>,
+    /// The request log line, written when the stream ends; `None` under a resuming
+    /// body, which writes it (and counts the route's failure) when the answer ends.
+    pub line: Option<Arc<LineSlot>>,
 }
 
 impl Drop for Ending {
@@ -376,7 +399,9 @@ impl Drop for Ending {
         let end = match self.failure {
             Some((reason, status)) => {
                 self.counters.failures.inc(reason);
-                counters::inc(&self.route.failed);
+                if self.line.is_some() {
+                    counters::inc(&self.route.failed);
+                }
                 self.state.record_failure(status, reason);
                 if reason.trips_breaker(status)
                     && matches!(
@@ -405,7 +430,9 @@ impl Drop for Ending {
                 }
             }
         };
-        self.line.ended(end);
+        if let Some(line) = &self.line {
+            line.ended(end, None);
+        }
     }
 }
 
@@ -454,6 +481,11 @@ pub(crate) struct Committed<U = Upstream> {
     pub reported: Usage,
     pub ending: Option<Ending>,
     pub done: bool,
+    /// Set when the route resumes: a failure it would resume stops the stream
+    /// without the error event, and how the attempt ended is told here.
+    pub report: Option<Arc<StreamReport>>,
+    /// The stream stopped on a failure the client has not been told of (resume).
+    pub held: bool,
 }
 
 impl<U> Committed<U> {
@@ -491,7 +523,11 @@ impl<U> Committed<U> {
         let mut ev = ev;
         if ERROR_WORD.find(ev).is_some() {
             if let Some(e) = sse::error_event_for(self.surface, ev) {
-                self.fail(classify_status(e.status, &e.body), Some(e.status));
+                let (reason, status) = (classify_status(e.status, &e.body), Some(e.status));
+                if self.stop_to_resume(reason, status) {
+                    return;
+                }
+                self.fail(reason, status);
             }
             // Relayed like an error body: without the key, should it echo it.
             if let Some(key) = self.credential.as_ref().and_then(|c| c.secret.as_ref())
@@ -512,7 +548,8 @@ impl<U> Committed<U> {
     /// read in place while `forward` borrows the rest of the state.
     fn forward_framed(&mut self, out: &mut BytesMut) {
         let mut framer = std::mem::take(&mut self.framer);
-        loop {
+        // Stopped to be resumed: nothing after the failure is the client's.
+        while !self.done {
             match framer.next_in_place() {
                 Ok(Some(ev)) => self.forward(ev, out),
                 Ok(None) => break,
@@ -562,8 +599,40 @@ impl<U> Committed<U> {
         }
     }
 
+    /// A failure the route resumes, under a resuming body: the stream stops here,
+    /// without the error event (the body continues the answer elsewhere, or ends it
+    /// with the error event itself).
+    fn stop_to_resume(&mut self, reason: Reason, status: Option<u16>) -> bool {
+        if !self
+            .report
+            .as_ref()
+            .is_some_and(|r| r.resumes(reason, status))
+        {
+            return false;
+        }
+        self.done = true;
+        self.held = true;
+        self.fail(reason, status);
+        self.permit = None;
+        true
+    }
+
+    /// How the attempt ended, told to a resuming body (once, as the stream ends).
+    fn tell(&self) {
+        if let Some(r) = &self.report {
+            r.ended(AttemptEnd {
+                usage: self.reported,
+                failure: self.ending.as_ref().and_then(|e| e.failure),
+                held: self.held,
+            });
+        }
+    }
+
     /// End the stream with the error event.
     fn abort(&mut self, reason: Reason, message: &str, out: &mut BytesMut) {
+        if self.stop_to_resume(reason, None) {
+            return;
+        }
         self.done = true;
         self.fail(reason, None);
         out.extend_from_slice(&sse::failure_event_for(self.surface, message));
@@ -724,6 +793,7 @@ where
         if out.is_empty() {
             // Ended: the verdict is in, report it now rather than when the
             // client's connection lets go of the body.
+            st.tell();
             drop(st.ending.take());
             Poll::Ready(None)
         } else {
@@ -798,6 +868,8 @@ mod tests {
             reported: Default::default(),
             ending,
             done: false,
+            report: None,
+            held: false,
         }
     }
 
@@ -873,7 +945,7 @@ mod tests {
             failure: None,
             completed: false,
             refused: v.refused.clone(),
-            line: v.line.clone(),
+            line: Some(v.line.clone()),
         };
         (e, v)
     }
@@ -882,7 +954,7 @@ mod tests {
     fn line(slot: &LineSlot) -> Arc<std::sync::Mutex<Option<StreamEnd>>> {
         let seen = Arc::new(std::sync::Mutex::new(None));
         let s = seen.clone();
-        slot.write_when_ended(Box::new(move |end| *s.lock().unwrap() = Some(end)));
+        slot.write_when_ended(Box::new(move |end, _| *s.lock().unwrap() = Some(end)));
         seen
     }
 

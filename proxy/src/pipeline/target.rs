@@ -1,6 +1,7 @@
 //! One target of the walk, tried with its retries. Before anything is sent: how the
 //! request reaches it (its adapter's exchange), whether it can take it (key, park,
-//! circuit) and its body (relayed or translated). Then each try: a concurrency slot,
+//! circuit) and its body (relayed or translated; continuing a broken stream's answer
+//! when resuming one). Then each try: a concurrency slot,
 //! the try sent (`send`), and its outcome: a success closes a half-open circuit; a
 //! failure is counted and logged, may open the circuit, park the target after a 429,
 //! and is retried after its backoff or Retry-After while attempts and the budget
@@ -168,6 +169,19 @@ impl<T: Transport> Walk<'_, '_, T> {
                 adapter
                     .relay_body(&call.body, model)
                     .ok_or(Reason::UnsupportedParameter)?
+            }
+        };
+        // Resuming a broken stream: the target continues the client's text, or is
+        // passed over.
+        let body = match self.prefill {
+            None => body,
+            Some(text) => {
+                let model = t.model(call.client_model);
+                let p = adapter
+                    .prefill(&body, text, model, &t.credential.spec)
+                    .ok_or(Reason::CannotResume)?;
+                self.prefilled = p.sent;
+                p.body
             }
         };
         Ok(Plan {

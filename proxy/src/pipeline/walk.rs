@@ -19,6 +19,7 @@ use super::call::{AttemptLog, Call, Outcome};
 use super::failure::finish_failed;
 use super::order::order;
 use super::outcome::may_advance;
+use super::resume::{self, resumes};
 use super::send::Http;
 use super::stream::LineSlot;
 use crate::config::snapshot::RouteRt;
@@ -28,9 +29,17 @@ use crate::observe::reason::Reason;
 use crate::providers::translate::TranslateError;
 use crate::wire::surface;
 
-/// Walk `route`'s targets for `call`, sending over HTTP.
-pub async fn run(gw: &Gateway, route: &RouteRt, call: &Call<'_>) -> Outcome {
-    walk(&Http, gw, route, call, rand::random::<f64>()).await
+/// Walk `route`'s targets for `call`, sending over HTTP. A committed stream of a
+/// route that resumes gets the body that resumes it (`resume`).
+pub async fn run(gw: &Arc<Gateway>, route: &Arc<RouteRt>, call: &Call<'_>) -> Outcome {
+    let draw = rand::random::<f64>();
+    // Only a stream of a route that resumes reads the clock for it.
+    let resumes = (call.stream && resumes(route, call.surface)).then(Instant::now);
+    let outcome = walk(&Http, gw, route, call, draw).await;
+    match resumes {
+        None => outcome,
+        Some(started) => resume::hook(gw, route, call, outcome, order(route, draw), started),
+    }
 }
 
 /// [`run`] over any transport, with the strategy's draw in `[0, 1)` given.
@@ -43,18 +52,8 @@ pub(super) async fn walk<T: Transport>(
 ) -> Outcome {
     let started = Instant::now();
     counters::inc(&route.counters.requests);
-    let mut walk = Walk {
-        transport,
-        gw,
-        route,
-        call,
-        budget: started + Duration::from_millis(route.spec.timeout_ms),
-        log: Vec::new(),
-        sent: 0,
-        waited: Duration::ZERO,
-        shortest_retry_after: None,
-        untranslatable: None,
-    };
+    let budget = started + Duration::from_millis(route.spec.timeout_ms);
+    let mut walk = Walk::new(transport, gw, route, call, budget);
     let order = order(route, draw);
     let order = order.as_slice();
     // The walk's loop is here, not in a method of its own: a nested async fn would be
@@ -118,6 +117,36 @@ pub(super) struct Walk<'a, 'c, T> {
     pub shortest_retry_after: Option<Duration>,
     /// Why a target that needed translation could not take the request.
     pub untranslatable: Option<TranslateError>,
+    /// Resuming a broken stream (SPEC §13): the text the client has, which each
+    /// target is asked to continue (a target that cannot is skipped as
+    /// `cannotResume`); and how much of it the last target's prefill carried.
+    pub prefill: Option<&'a str>,
+    pub prefilled: usize,
+}
+
+impl<'a, 'c, T> Walk<'a, 'c, T> {
+    pub(super) fn new(
+        transport: &'a T,
+        gw: &'a Gateway,
+        route: &'a RouteRt,
+        call: &'a Call<'c>,
+        budget: Instant,
+    ) -> Self {
+        Walk {
+            transport,
+            gw,
+            route,
+            call,
+            budget,
+            log: Vec::new(),
+            sent: 0,
+            waited: Duration::ZERO,
+            shortest_retry_after: None,
+            untranslatable: None,
+            prefill: None,
+            prefilled: 0,
+        }
+    }
 }
 
 /// What trying one target came to.

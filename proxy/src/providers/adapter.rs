@@ -83,6 +83,21 @@ pub trait Adapter: Sync {
         kept: &mut Kept,
     ) -> Result<Prepared, CredentialError>;
 
+    /// The upstream `body` (in the dialect it answers `model` in, as any attempt is
+    /// sent) asking it to continue an answer whose client has received `text`
+    /// (resume after commit, SPEC §13): the text as the final assistant message, by
+    /// the provider's own rules. `None`: it cannot continue a prefilled answer (the
+    /// target is skipped as `cannotResume`).
+    fn prefill(
+        &self,
+        _body: &Bytes,
+        _text: &str,
+        _model: &str,
+        _credential: &Credential,
+    ) -> Option<Prefilled> {
+        None
+    }
+
     /// How a request of `surface` for the upstream `model` reaches it; `None` when
     /// it does not serve the surface.
     fn exchange(&self, surface: Surface, model: &str, credential: &Credential) -> Option<Exchange> {
@@ -126,6 +141,15 @@ impl Exchange {
             _ => client,
         }
     }
+}
+
+/// A request that continues an answer (see [`Adapter::prefill`]).
+#[derive(Debug)]
+pub struct Prefilled {
+    pub body: Bytes,
+    /// Bytes of the client's text the prefill carries (its start): the rest (trailing
+    /// whitespace a provider refuses) the client has, and is not sent again.
+    pub sent: usize,
 }
 
 /// A credential made ready for requests.

@@ -13,7 +13,7 @@
 //! | `vertex/` | `vertex` targets: publishers, paths, the OAuth token exchange |
 //! | `translate/` | the pairing of a client's API with an upstream's (requests, answers, errors, streams) |
 //! | `form`, `dialect` | the internal form every dialect speaks, and what a dialect is |
-//! | `adapter` | what an adapter and an endpoint are, and the pieces most are made of |
+//! | `adapter` | what an adapter and an endpoint are (a prefill that continues an answer included), and the pieces most are made of |
 //! | `classify` | every provider's words for failures and Retry-After |
 //!
 //! Adding a provider is a folder here with its adapter (and a dialect if it speaks
@@ -37,7 +37,7 @@ mod vocab;
 use switchback_crds::config::Provider;
 
 pub use adapter::{
-    Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prepared, Unsigned,
+    Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared, Unsigned,
 };
 pub use dialect::Dialect;
 
@@ -99,6 +99,7 @@ mod tests {
             },
             api_version: api_version.map(str::to_owned),
             responses_api,
+            prefill: false,
             project: None,
             location: None,
             region: None,

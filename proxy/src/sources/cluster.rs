@@ -342,10 +342,13 @@ mod tests {
                 circuit_breaker: CircuitBreaker::default(),
                 timeout_ms: 60_000,
                 shared_with: Vec::new(),
+                stream: None,
+                hedge: None,
             }],
             credentials: vec![Credential {
                 api_version: None,
                 responses_api: false,
+                prefill: false,
                 project: None,
                 location: None,
                 region: None,

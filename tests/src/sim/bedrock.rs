@@ -56,8 +56,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::{
-    Behavior, CancelGuard, Ctx, Endpoint, PROMPT_TOKENS, ResetConnection, StreamEnd, answer_text,
-    base_response, completion_tokens, split_words, stream_pieces,
+    Behavior, CancelGuard, Ctx, Endpoint, PROMPT_TOKENS, ResetConnection, StreamEnd, StreamFault,
+    answer_text, base_response, completion_tokens, rest_after, split_words, stream_pieces,
 };
 
 /// The long-term access key id the simulator knows (no session token).
@@ -100,6 +100,10 @@ const INFERENCE: [&str; 4] = ["maxTokens", "temperature", "topP", "stopSequences
 
 /// (status, `x-amzn-errortype`, message).
 pub type Refusal = (u16, &'static str, String);
+
+/// Bedrock's refusal of a Claude prefill (a final assistant message) that ends in
+/// whitespace.
+pub const BEDROCK_TRAILING_WHITESPACE: &str = "The model returned the following errors: final assistant content cannot end with trailing whitespace";
 
 fn validation(message: impl Into<String>) -> Refusal {
     (400, "ValidationException", message.into())
@@ -722,8 +726,34 @@ pub(super) async fn respond(
     }
     let name = &ctx.name;
     Ok(match behavior {
-        Behavior::Answer => text_answer(ctx, &answer_text(name), guard),
-        Behavior::AnswerText(t) => text_answer(ctx, &t, guard),
+        Behavior::Answer => text_answer(
+            ctx,
+            &rest_after(&answer_text(name), ctx.prefill.as_deref()),
+            guard,
+        ),
+        Behavior::AnswerText(t) => text_answer(ctx, &rest_after(&t, ctx.prefill.as_deref()), guard),
+        Behavior::FailAfter {
+            text,
+            content,
+            fault,
+        } => {
+            let text = text.unwrap_or_else(|| answer_text(name));
+            let pieces = split_words(&rest_after(&text, ctx.prefill.as_deref()));
+            let mut f = opening();
+            f.extend(text_deltas(&pieces[..content.min(pieces.len())]));
+            let end = match fault {
+                StreamFault::Cut => StreamEnd::Break,
+                StreamFault::Stall => StreamEnd::Stall,
+                StreamFault::Error => {
+                    f.push(bedrock_exception(
+                        "serviceUnavailableException",
+                        "Bedrock is unable to process your request.",
+                    ));
+                    StreamEnd::Finish
+                }
+            };
+            frames(ctx, f, Duration::ZERO, end, guard)
+        }
         Behavior::Stream { chunks, interval } => {
             let pieces = stream_pieces(name, chunks);
             if ctx.stream {

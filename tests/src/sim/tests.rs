@@ -1350,3 +1350,147 @@ async fn bedrock_checks_sigv4_and_streams_event_stream_frames() {
     assert_eq!(names[names.len() - 2..], ["messageStop", "metadata"]);
     assert!(names.iter().filter(|n| *n == "contentBlockDelta").count() >= 3);
 }
+
+// ---- SPEC §13: streams that fail after N content events, and prefills -----------
+
+/// The text deltas of an SSE body, in either flavor.
+fn streamed_text(body: &str) -> String {
+    parse_sse(body)
+        .iter()
+        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/content")
+                .or_else(|| v.pointer("/delta/text"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Reads a body until it ends, fails, or sends nothing for a minute (a stall, under a
+/// paused clock): what arrived, and how it stopped.
+async fn read_until_stopped(mut resp: reqwest::Response) -> (String, &'static str) {
+    let mut got = Vec::new();
+    let how = loop {
+        match timeout(Duration::from_secs(60), resp.chunk()).await {
+            Err(_) => break "stalled",
+            Ok(Ok(Some(chunk))) => got.extend_from_slice(&chunk),
+            Ok(Ok(None)) => break "ended",
+            Ok(Err(_)) => break "cut",
+        }
+    };
+    (String::from_utf8(got).unwrap(), how)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_fails_after_n_content_events_as_scripted() {
+    let text = "one two three four five";
+    for flavor in [Flavor::OpenAi, Flavor::Anthropic] {
+        let (path, body) = match flavor {
+            Flavor::OpenAi => ("/v1/chat/completions", chat_stream("m")),
+            _ => ("/v1/messages", message_stream("m")),
+        };
+        for (fault, how) in [
+            (StreamFault::Cut, "cut"),
+            (StreamFault::Stall, "stalled"),
+            (StreamFault::Error, "ended"),
+        ] {
+            let sim = SimProvider::start(flavor).await;
+            sim.push(Behavior::FailAfter {
+                text: Some(text.into()),
+                content: 2,
+                fault,
+            });
+            let resp = post(&sim, path, &body).await;
+            assert_eq!(resp.status(), 200);
+            let (got, stopped) = read_until_stopped(resp).await;
+            assert_eq!(
+                (stopped, streamed_text(&got)),
+                (how, "one two ".into()),
+                "{flavor:?} {fault:?}: {got}"
+            );
+            // The opening came first, the ending never did.
+            let events = parse_sse(&got);
+            let overloaded = events
+                .iter()
+                .filter(|(_, d)| d.contains("overloaded") || d.contains("server_error"))
+                .count();
+            assert_eq!(
+                overloaded,
+                usize::from(fault == StreamFault::Error),
+                "{got}"
+            );
+            assert!(
+                !got.contains("[DONE]") && !got.contains("message_stop"),
+                "{got}"
+            );
+            assert!(!got.contains("\"finish_reason\":\"stop\""), "{got}");
+            if flavor == Flavor::Anthropic {
+                assert_eq!(events[0].0.as_deref(), Some("message_start"));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn anthropic_continues_a_prefill_and_refuses_one_ending_in_whitespace() {
+    let sim = SimProvider::start(Flavor::Anthropic).await;
+    sim.set_default(Behavior::AnswerText("one two three".into()));
+    let mut body = message_stream("m");
+    body["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": [{"type": "text", "text": "one two"}]}));
+    let resp = post(&sim, "/v1/messages", &body).await;
+    assert_eq!(resp.status(), 200);
+    let got = resp.text().await.unwrap();
+    assert_eq!(streamed_text(&got), " three", "what is left: {got}");
+    assert!(
+        got.contains(CONTINUED_ANTHROPIC_ID),
+        "another message: {got}"
+    );
+    assert_eq!(sim.received()[0].prefill().as_deref(), Some("one two"));
+
+    body["messages"][1] = json!({"role": "assistant", "content": "one two "});
+    let resp = post(&sim, "/v1/messages", &body).await;
+    assert_eq!(resp.status(), 400);
+    let err = json_of(resp).await;
+    assert_eq!(err["error"]["message"], TRAILING_WHITESPACE, "{err}");
+    assert_eq!(sim.received()[1].prefill().as_deref(), Some("one two "));
+}
+
+#[tokio::test]
+async fn an_openai_compatible_server_continues_only_when_asked_the_vllm_way() {
+    let sim = SimProvider::start(Flavor::OpenAi).await;
+    sim.set_default(Behavior::AnswerText("one two three".into()));
+    let mut body = chat_stream("m");
+    body["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": "one two "}));
+    // History only: a new answer.
+    let got = post(&sim, "/v1/chat/completions", &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(streamed_text(&got), "one two three");
+    assert!(!got.contains(CONTINUED_OPENAI_ID));
+    // Asked to continue, but with the generation prompt vLLM adds by default.
+    body["continue_final_message"] = json!(true);
+    let resp = post(&sim, "/v1/chat/completions", &body).await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        json_of(resp).await["error"]["message"],
+        CONTINUE_WITH_GENERATION_PROMPT
+    );
+    body["add_generation_prompt"] = json!(false);
+    let got = post(&sim, "/v1/chat/completions", &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(streamed_text(&got), "three", "{got}");
+    assert!(got.contains(CONTINUED_OPENAI_ID), "{got}");
+    assert_eq!(sim.received()[2].prefill().as_deref(), Some("one two "));
+}

@@ -1,10 +1,11 @@
 //! `provider: anthropic`: the Messages API at `{baseURL}/messages`, the key as
 //! `x-api-key` with the `anthropic-version` it speaks.
 
+use bytes::Bytes;
 use switchback_crds::config::Credential;
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{Adapter, CredentialError, Kept, Prepared, SurfaceUrls};
+use super::super::adapter::{Adapter, CredentialError, Kept, Prefilled, Prepared, SurfaceUrls};
 use super::super::dialect::Dialect;
 
 /// The `anthropic-version` header sent with every request.
@@ -22,6 +23,17 @@ impl Adapter for Anthropic {
 
     fn dialect(&self, _model: &str) -> &'static dyn Dialect {
         &super::MESSAGES
+    }
+
+    /// Every Anthropic model continues a prefill (trailing whitespace left out).
+    fn prefill(
+        &self,
+        body: &Bytes,
+        text: &str,
+        _model: &str,
+        _credential: &Credential,
+    ) -> Option<Prefilled> {
+        super::prefill::prefilled(body, text)
     }
 
     fn prepare(

@@ -2,11 +2,13 @@
 //! answers, stream events and error bodies to and from the internal form, as a
 //! client surface (decode requests, encode answers, events and errors) and as a
 //! provider (the reverse); also what Claude on Vertex AI answers in, with its
-//! `rawPredict` body and Google-shaped refusals), and the provider's adapter
-//! (`adapter`: the messages URL, `x-api-key` and `anthropic-version`).
+//! `rawPredict` body and Google-shaped refusals), the provider's adapter
+//! (`adapter`: the messages URL, `x-api-key` and `anthropic-version`), and the
+//! prefill that continues an answer (`prefill`, SPEC §13; Claude on Vertex's too).
 
 pub(super) mod adapter;
 mod answer;
+pub(super) mod prefill;
 mod request;
 mod shapes;
 mod stream;

@@ -5,11 +5,13 @@
 
 use std::time::SystemTime;
 
+use bytes::Bytes;
+
 use switchback_crds::config::{AwsKeys, Credential};
 use switchback_crds::secret::Secret;
 
 use super::super::adapter::{
-    Adapter, Authorising, CredentialError, Endpoint, Kept, Prepared, Unsigned, headers,
+    Adapter, Authorising, CredentialError, Endpoint, Kept, Prefilled, Prepared, Unsigned, headers,
     push_segment,
 };
 use super::super::dialect::Dialect;
@@ -29,6 +31,20 @@ impl Adapter for Bedrock {
 
     fn dialect(&self, _model: &str) -> &'static dyn Dialect {
         &super::CONVERSE
+    }
+
+    /// Claude models continue a prefill (trailing whitespace left out); others are
+    /// not asked to.
+    fn prefill(
+        &self,
+        body: &Bytes,
+        text: &str,
+        model: &str,
+        _credential: &Credential,
+    ) -> Option<Prefilled> {
+        super::prefill::is_claude(model)
+            .then(|| super::prefill::prefilled(body, text))
+            .flatten()
     }
 
     /// Keys that do not decode leave the target without a key (skipped as

@@ -55,6 +55,7 @@
 
 pub(super) mod adapter;
 pub(super) mod eventstream;
+mod prefill;
 mod request;
 mod shapes;
 pub(super) mod sigv4;

@@ -3,10 +3,11 @@
 //! openai relays the Responses API, openai-compatible when it declares it
 //! (`responsesAPI: true`).
 
+use bytes::Bytes;
 use switchback_crds::config::{Credential, Provider};
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{Adapter, CredentialError, Kept, Prepared, SurfaceUrls};
+use super::super::adapter::{Adapter, CredentialError, Kept, Prefilled, Prepared, SurfaceUrls};
 use super::super::dialect::{Defaults, Dialect};
 use crate::wire::surface::Surface;
 
@@ -57,6 +58,21 @@ impl Adapter for OpenAi {
             openai_max_completion_tokens: self.max_completion_tokens,
             ..Defaults::default()
         }
+    }
+
+    /// Only a server that declares it (`prefill: true`, openai-compatible only): the
+    /// vLLM and SGLang convention. OpenAI's own API has none.
+    fn prefill(
+        &self,
+        body: &Bytes,
+        text: &str,
+        _model: &str,
+        credential: &Credential,
+    ) -> Option<Prefilled> {
+        credential
+            .prefill
+            .then(|| super::prefill::prefilled(body, text))
+            .flatten()
     }
 
     fn prepare(

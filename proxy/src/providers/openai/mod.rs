@@ -6,6 +6,7 @@
 
 pub(super) mod adapter;
 mod answer;
+pub(super) mod prefill;
 mod request;
 mod shapes;
 mod stream;

@@ -14,6 +14,8 @@
 //!   `secretRef.key` names another) is exchanged for an OAuth token, cached and
 //!   refreshed before it expires (`token`); each request is authorised with it
 //!   ([`Endpoint::authorise`]). A failed exchange is an `authError`.
+//! * **Prefills.** Claude continues a broken stream's answer as on Anthropic's API
+//!   (`anthropic::prefill`); Google's models cannot (SPEC §13).
 
 mod token;
 
@@ -25,7 +27,7 @@ use switchback_crds::secret::Secret;
 pub use token::{Auth, Signer, TokenCache, TokenError, unix_now};
 
 use super::adapter::{
-    Adapter, Authorising, CredentialError, Endpoint, Kept, Prepared, Unsigned, headers,
+    Adapter, Authorising, CredentialError, Endpoint, Kept, Prefilled, Prepared, Unsigned, headers,
     push_segment_keeping,
 };
 use super::dialect::{Defaults, Dialect};
@@ -136,6 +138,21 @@ impl Adapter for Vertex {
 
     fn relay_error(&self, status: u16, body: Bytes) -> Bytes {
         anthropic_error(status, &body).unwrap_or(body)
+    }
+
+    /// Claude continues a prefill as on Anthropic's API; Google's models are not
+    /// asked to.
+    fn prefill(
+        &self,
+        body: &Bytes,
+        text: &str,
+        model: &str,
+        _credential: &Credential,
+    ) -> Option<Prefilled> {
+        match Publisher::of(model) {
+            Publisher::Anthropic => anthropic::prefill::prefilled(body, text),
+            Publisher::Google => None,
+        }
     }
 
     /// Claude on Vertex takes its version in the body: of Anthropic's headers only

@@ -297,6 +297,7 @@ fn credential(location: &str, base_url: &str) -> Credential {
         },
         api_version: None,
         responses_api: false,
+        prefill: false,
         project: Some("my-project".into()),
         location: Some(location.into()),
         region: None,
