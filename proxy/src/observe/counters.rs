@@ -151,6 +151,13 @@ pub struct RouteTargetCounters {
     pub attempt_duration: Histogram,
     /// Time to the first content event of committed streams.
     pub ttfb: Histogram,
+    /// Hedged attempts started on this target beside a slow one (`spec.hedge`), and
+    /// how they ended: committed first (won), cancelled because the slow one
+    /// committed first (lost), or failed. One abandoned by its client is in none.
+    pub hedges: AtomicU64,
+    pub hedge_wins: AtomicU64,
+    pub hedge_losses: AtomicU64,
+    pub hedge_failures: AtomicU64,
 }
 
 impl RouteTargetCounters {

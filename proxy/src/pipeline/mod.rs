@@ -3,7 +3,8 @@
 //! inside the call's budget (`target`, `outcome`), each try sent upstream (`send`),
 //! and either one answer committed (`answer` for unary ones, `stream` for streams,
 //! `relay` for what reaches the client of both) or the last failure turned into the
-//! gateway's own error (`failure`).
+//! gateway's own error (`failure`). A route may hedge a slow try on the next
+//! target (`hedge`, SPEC §13).
 //!
 //! It reaches providers only through the `providers` interface (an adapter, a
 //! credential's endpoint, a dialect, the translation): it names none. It knows
@@ -16,6 +17,9 @@ mod answer;
 mod attempt;
 mod call;
 mod failure;
+mod hedge;
+#[cfg(test)]
+mod hedge_tests;
 pub mod order;
 pub mod outcome;
 mod relay;
