@@ -76,13 +76,20 @@ impl HedgeBudget {
         b.requests = b.requests.saturating_add(1);
     }
 
+    /// Would one more request be hedged at `now_ms`, `max_percent` of the window's
+    /// requests being the most? Nothing is taken (see [`HedgeBudget::take`]).
+    pub fn allows(&self, now_ms: u64, max_percent: u32) -> bool {
+        let (requests, hedges) = self.lock().totals(now_ms / 1000);
+        within(requests, hedges, max_percent)
+    }
+
     /// May one more request be hedged at `now_ms`, `max_percent` of the window's
     /// requests being the most? Taken when it may.
     pub fn take(&self, now_ms: u64, max_percent: u32) -> bool {
         let second = now_ms / 1000;
         let mut w = self.lock();
         let (requests, hedges) = w.totals(second);
-        if (hedges + 1) * 100 > u64::from(max_percent) * requests {
+        if !within(requests, hedges, max_percent) {
             return false;
         }
         let b = w.bucket(second);
@@ -94,6 +101,11 @@ impl HedgeBudget {
     pub fn window(&self, now_ms: u64) -> (u64, u64) {
         self.lock().totals(now_ms / 1000)
     }
+}
+
+/// One more hedge keeps `hedges` within `max_percent` of `requests`.
+fn within(requests: u64, hedges: u64, max_percent: u32) -> bool {
+    (hedges + 1) * 100 <= u64::from(max_percent) * requests
 }
 
 #[cfg(test)]
@@ -117,7 +129,9 @@ mod tests {
             assert!(!b.take(0, 10));
         }
         b.started(0);
+        assert!(b.allows(0, 10));
         assert!(b.take(0, 10), "this request included");
+        assert!(!b.allows(0, 10));
         assert!(!b.take(0, 10));
     }
 

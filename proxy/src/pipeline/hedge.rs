@@ -256,6 +256,10 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
         let (order, max_percent) = (h.order, h.policy.max_percent);
         let route = self.route;
         let budget = route.hedge.as_deref()?;
+        // Most requests of a route at its cap find it spent: say so before any work.
+        if !budget.allows(self.gw.now_ms(), max_percent) {
+            return None;
+        }
         let now = Instant::now();
         let from = order.as_slice().iter().position(|&k| k == i)? + 1;
         for (pos, &j) in order.as_slice().iter().enumerate().skip(from) {
