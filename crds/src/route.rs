@@ -109,8 +109,8 @@ pub struct LLMRouteSpec {
 pub struct StreamSpec {
     /// A committed stream with no event from its provider for this long is a stall:
     /// it is resumed (see resume) or ended with an SSE error event. A Gateway API
-    /// duration above 0 and at most 10m. Default: none (a stream may stay silent for
-    /// as long as the route's timeout allows).
+    /// duration above 0 and at most 10m. Default: none (a silence longer than the
+    /// attempt's timeout, the target's or else the route's, ends the stream as before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::duration")]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('10m')").message("must be above 0 and at most 10m"))]

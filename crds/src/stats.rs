@@ -111,7 +111,8 @@ pub struct TargetStats {
     /// `circuitOpen`, `queueFull`, `overloaded`: the answer did not fit the replica's
     /// `--max-inflight-response-bytes`; `cannotResume`: passed over for resuming a
     /// stream it cannot continue; `rampingUp`: its circuit closed moments ago and the
-    /// failback ramp gave this request to the next target).
+    /// failback ramp gave this request to the next target; `hedgeLost`: a try
+    /// cancelled because the other try of its hedge answered first).
     pub failures: BTreeMap<String, u64>,
     /// Requests that moved on from this target to a later one.
     pub fallbacks_away: u64,

@@ -320,6 +320,13 @@ pub enum Behavior {
         content: usize,
         fault: StreamFault,
     },
+    /// A slow first token: 200 stream (when the request asks for one) whose opening
+    /// events without content are sent at once, then, after this long, the answer's
+    /// content as [`Behavior::Answer`] streams it; a unary request gets its answer
+    /// after this long. A client that leaves meanwhile is counted by
+    /// [`SimProvider::cancelled`] and timed by [`SimProvider::cancelled_at`]. (Not
+    /// Bedrock's streams.)
+    FirstTokenAfter(Duration),
     /// Each request takes the next behaviour of the list, round and round: a default
     /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
     /// request. An empty list answers.
@@ -656,6 +663,8 @@ struct State {
     // which also keeps them deterministic under a paused clock.
     hits: watch::Sender<usize>,
     cancelled: watch::Sender<usize>,
+    /// When each cancellation happened (tokio's clock: paused in tests).
+    cancelled_at: Mutex<Vec<tokio::time::Instant>>,
 }
 
 // A poisoned lock only means another test thread panicked; the data is still usable.
@@ -699,6 +708,7 @@ impl SimProvider {
             cycle: AtomicUsize::new(0),
             hits: watch::Sender::new(0),
             cancelled: watch::Sender::new(0),
+            cancelled_at: Mutex::new(Vec::new()),
         });
         let server = tokio::spawn(serve(listener, state.clone())).abort_handle();
         SimProvider {
@@ -851,6 +861,12 @@ impl SimProvider {
         *self.inner.state.cancelled.borrow()
     }
 
+    /// When each request counted by [`SimProvider::cancelled`] was abandoned (tokio's
+    /// clock), in order.
+    pub fn cancelled_at(&self) -> Vec<tokio::time::Instant> {
+        lock(&self.inner.state.cancelled_at).clone()
+    }
+
     /// Waits until at least `n` requests have arrived. Wrap in a timeout.
     pub async fn wait_hits(&self, n: usize) {
         wait_at_least(&self.inner.state.hits, n).await;
@@ -930,6 +946,7 @@ impl CancelGuard {
 impl Drop for CancelGuard {
     fn drop(&mut self) {
         if let Some(state) = self.state.take() {
+            lock(&state.cancelled_at).push(tokio::time::Instant::now());
             state.cancelled.send_modify(|n| *n += 1);
         }
     }
@@ -1296,6 +1313,22 @@ async fn respond(
         Behavior::Stream { chunks, interval } => {
             let events = stream_events(ctx, &stream_pieces(&ctx.name, chunks));
             sse(ctx, events, interval, StreamEnd::Finish, guard)
+        }
+        Behavior::FirstTokenAfter(delay)
+            if ctx.stream
+                && matches!(
+                    ctx.endpoint,
+                    Endpoint::Chat | Endpoint::Messages | Endpoint::Responses | Endpoint::Generate
+                ) =>
+        {
+            let text = rest_after(&answer_text(&ctx.name), ctx.prefill.as_deref());
+            let events = stream_events(ctx, &split_words(&text));
+            first_token_after(ctx, events, delay, guard)
+        }
+        Behavior::FirstTokenAfter(delay) => {
+            tokio::time::sleep(delay).await;
+            let text = rest_after(&answer_text(&ctx.name), ctx.prefill.as_deref());
+            answer(ctx, &text, guard)
         }
         Behavior::StallMidStream { chunks } | Behavior::BreakMidStream { chunks } => {
             let end = if matches!(behavior, Behavior::StallMidStream { .. }) {
@@ -1956,6 +1989,46 @@ fn sse(
     };
     base_response(ctx, 200)
         .header(header::CONTENT_TYPE, content_type)
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .expect("sim: valid response")
+}
+
+/// [`Behavior::FirstTokenAfter`]'s stream: the opening's events without content at
+/// once, one chunk each, then `delay`, then the rest.
+fn first_token_after(
+    ctx: &Ctx,
+    events: Vec<String>,
+    delay: Duration,
+    guard: CancelGuard,
+) -> Response<Body> {
+    let opening = opening_len(ctx);
+    let chunks: VecDeque<Bytes> = events.into_iter().map(Bytes::from).collect();
+    let init = (chunks, opening, Some(delay), Some(guard));
+    let body = futures_util::stream::unfold(
+        init,
+        |(mut chunks, left, mut delay, mut guard)| async move {
+            if left == 0
+                && let Some(d) = delay.take()
+            {
+                tokio::time::sleep(d).await;
+            }
+            match chunks.pop_front() {
+                Some(chunk) => Some((
+                    Ok::<_, std::io::Error>(chunk),
+                    (chunks, left.saturating_sub(1), delay, guard),
+                )),
+                None => {
+                    if let Some(g) = guard.take() {
+                        g.finish();
+                    }
+                    None
+                }
+            }
+        },
+    );
+    base_response(ctx, 200)
+        .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
         .expect("sim: valid response")

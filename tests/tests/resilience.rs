@@ -403,3 +403,41 @@ async fn stats_and_metrics_after_a_scripted_run() {
         assert!(metrics.contains(line), "missing {line}\n{metrics}");
     }
 }
+
+/// SPEC §13, the failback ramp: a target whose circuit its probe just closed takes
+/// 10 % of its requests, 55 % half way through `rampUp` and all of them at its end;
+/// the others go on to the next target as skips with reason `rampingUp`, in the stats
+/// and the metrics. Its state stays Ready (SPEC §12's list has no ramp).
+#[tokio::test(start_paused = true)]
+async fn a_circuit_closed_by_its_probe_ramps_its_share_back_up() {
+    let spec = BREAKER.replace("openFor: 10s }", "openFor: 10s, rampUp: 30s }");
+    let (primary, backup, proxy) = setup_with("", &spec).await;
+    primary.set_default(Behavior::ServerError(503));
+    served_by(&proxy).await;
+    served_by(&proxy).await;
+    assert_eq!(circuit(&proxy).await, "Open");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    primary.set_default(Behavior::Answer);
+    assert_eq!(served_by(&proxy).await, "team-a/primary", "the probe");
+    let closed = tokio::time::Instant::now();
+    let mut shares = Vec::new();
+    for at in [0, 15, 30] {
+        tokio::time::sleep_until(closed + Duration::from_secs(at)).await;
+        let mut first = 0;
+        for _ in 0..100 {
+            first += usize::from(served_by(&proxy).await == "team-a/primary");
+        }
+        shares.push(first);
+    }
+    assert_eq!(shares, [10, 55, 100], "of 100 requests at 0 s, 15 s, 30 s");
+    assert_eq!(backup.hits(), 2 + 90 + 45);
+
+    let t = stats(&proxy).await["routes"][0]["targets"][0].clone();
+    assert_eq!(t["state"], "Ready", "{t}");
+    assert_eq!(t["circuit"], "Closed");
+    assert_eq!(t["failures"]["rampingUp"], 135, "{t}");
+    assert_eq!(t["fallbacksAwayByReason"]["rampingUp"], 135, "{t}");
+    let metrics = proxy.admin_text("/metrics").await;
+    let line = r#"switchback_skips_total{route="team-a/smart",target="team-a/primary",model="",reason="rampingUp"} 135"#;
+    assert!(metrics.contains(line), "missing {line}\n{metrics}");
+}

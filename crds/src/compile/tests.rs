@@ -2336,6 +2336,24 @@ fn stream_hedge_and_ramp_ranges() {
 }
 
 #[test]
+fn hedge_and_ramp_floors_are_refused_by_field() {
+    rejects(
+        |s| {
+            s.smart().hedge = Some(serde_yaml_ng::from_str("{ after: 1s, maxPercent: 0 }").unwrap())
+        },
+        "team-a/smart: spec.hedge.maxPercent: 0 is below the minimum 1",
+    );
+    rejects(
+        |s| s.smart().circuit_breaker.as_mut().unwrap().ramp_up = Some("0s".into()),
+        "team-a/smart: spec.circuitBreaker.rampUp: \"0s\" must be above 0",
+    );
+    rejects(
+        |s| s.smart().hedge = Some(serde_yaml_ng::from_str("{ after: soon }").unwrap()),
+        "team-a/smart: spec.hedge.after: \"soon\" is not a duration like 250ms, 10s, 1m30s or 1h",
+    );
+}
+
+#[test]
 fn prefill_is_for_openai_compatible_only() {
     let mut s = sample();
     let c = s.credential("openai-prod");

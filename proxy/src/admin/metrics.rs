@@ -11,6 +11,7 @@
 //! | `switchback_skips_total` | counter | `route`, `target`, `model`, `reason` (`missingKey`, `parked`, `circuitOpen`, ...) |
 //! | `switchback_fallbacks_away_total` | counter | `route`, `target`, `model`, `reason`: requests that left this target |
 //! | `switchback_stream_resumes_total` | counter | `route`, `target`, `model`, `outcome`: committed streams that failed on a route that resumes (SPEC §13): `resumed` on the target that continued one, or why one was not (`toolCallInProgress`, `heldBytesExceeded`, `maxResumesUsed`, `noEligibleTarget`, `budgetExhausted`) on the target whose stream broke |
+//! | `switchback_hedges_total` | counter | `route`, `target`, `model`, `outcome` (`won`: answered first, `lost`: cancelled because the slow try answered first, `failed`): hedged tries started on this target beside a slow one (`spec.hedge`) |
 //! | `switchback_tokens_total` | counter | `route`, `target`, `model`, `direction` (`input`, `output`), from provider usage |
 //! | `switchback_client_tokens_total` | counter | `client` (`namespace/name`, never the key), `route`, `direction` (`input`, `output`): provider usage of the LLMClient's requests |
 //! | `switchback_client_throttled_total` | counter | `client`, `reason` (`rate_limited`, `budget_exhausted`): requests refused with 429 before anything was sent upstream |
@@ -216,6 +217,21 @@ fn target_counts(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fm
                 emit("outcome", outcome.as_str(), n)?;
             }
             Ok(())
+        },
+    )?;
+    per_target(
+        enc,
+        "switchback_hedges",
+        "Hedged tries started on this target beside a slow one, by how they ended",
+        routes,
+        |r, t, emit| {
+            if r.hedge.is_none() && counters::get(&t.counters.hedges) == 0 {
+                return Ok(()); // a route that does not hedge (and never did)
+            }
+            let c = &t.counters;
+            emit("outcome", "won", counters::get(&c.hedge_wins))?;
+            emit("outcome", "lost", counters::get(&c.hedge_losses))?;
+            emit("outcome", "failed", counters::get(&c.hedge_failures))
         },
     )?;
     per_target(

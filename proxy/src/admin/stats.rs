@@ -91,8 +91,8 @@ pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
                     doc::TargetStats {
                         state: Some(state),
                         resumed: c.resumes.get(ResumeOutcome::Resumed),
-                        hedges: 0,
-                        hedge_wins: 0,
+                        hedges: get(&c.hedges),
+                        hedge_wins: get(&c.hedge_wins),
                         state_since: state_since.map(rfc3339),
                         state_until: state_until.map(rfc3339),
                         fallbacks_away_by_reason: c

@@ -23,6 +23,7 @@ use crate::limits::clients::{
     ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, Spent, WallClock,
 };
 use crate::limits::concurrency::Limiter;
+use crate::limits::hedge::HedgeBudget;
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{self, Kept};
 use crate::upstream::Clients;
@@ -37,6 +38,8 @@ pub struct Carried(Mutex<CarriedMaps>);
 struct CarriedMaps {
     targets: HashMap<TargetKey, Arc<TargetState>>,
     routes: HashMap<ObjectId, Arc<RouteCounters>>,
+    /// The hedge budgets of the routes that hedge.
+    hedges: HashMap<ObjectId, Arc<HedgeBudget>>,
     route_targets: HashMap<(ObjectId, TargetKey), Arc<RouteTargetCounters>>,
     /// Keyed by the limits too: changing them starts a fresh limiter.
     limiters: HashMap<(ObjectId, u32, u32), Arc<Limiter>>,
@@ -101,6 +104,7 @@ impl CarriedMaps {
     fn prune(&mut self) {
         prune(&mut self.targets);
         prune(&mut self.routes);
+        prune(&mut self.hedges);
         prune(&mut self.route_targets);
         prune(&mut self.limiters);
         prune(&mut self.client_limits);
@@ -162,6 +166,10 @@ pub fn prepare(
     for r in &compiled.config.routes {
         let route = Arc::new(RouteRt {
             counters: carried(&mut maps.routes, r.id.clone()),
+            hedge: r
+                .hedge
+                .is_some()
+                .then(|| carried(&mut maps.hedges, r.id.clone())),
             route_header: header_value(&r.id.to_string()),
             generation_header: HeaderValue::from(r.generation),
             revision: revisions.route(r),

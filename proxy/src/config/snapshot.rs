@@ -16,6 +16,7 @@ use switchback_crds::secret::Secret;
 use super::target::TargetState;
 use crate::limits::clients::{ClientRt, ClientUsage};
 use crate::limits::concurrency::Limiter;
+use crate::limits::hedge::HedgeBudget;
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{Adapter, Endpoint};
 use crate::upstream;
@@ -121,6 +122,9 @@ pub struct RouteRt {
     pub generation_header: HeaderValue,
     pub targets: Vec<TargetRt>,
     pub counters: Arc<RouteCounters>,
+    /// The share of its requests this replica may still hedge (`spec.hedge`), kept
+    /// across reloads; `None` when the route does not hedge.
+    pub hedge: Option<Arc<HedgeBudget>>,
 }
 
 /// The route serving one model name, with that name ready to splice into answers.

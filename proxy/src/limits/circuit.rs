@@ -7,6 +7,13 @@
 //! time doubled, capped at [`MAX_OPEN`]. The lock is held only for a state
 //! transition, never across an await; a probe whose request is dropped hands its
 //! turn back (see [`Probe`]).
+//!
+//! The failback ramp (`circuitBreaker.rampUp`, SPEC §13): a circuit closed by its
+//! probe lets through a share of the requests that grows linearly from 10 % to 100 %
+//! over `rampUp` ([`Breaker::ramp_admits`]). The share is counted, not drawn: each
+//! request adds it to a credit, and one is let through each time the credit reaches a
+//! whole request, so any `n` requests at share `s` let `s × n` through (rounded
+//! down). Only a route with `rampUp` asks.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -44,6 +51,23 @@ struct Inner {
     since: SystemTime,
     /// Transitions so far (open/close events for logs and status).
     opened: u64,
+    /// When a probe last closed the circuit, while a ramp may still run from it.
+    closed_at: Option<Instant>,
+    /// The ramp's credit, in thousandths of a request.
+    credit: u32,
+}
+
+/// The ramp's share at its start, in thousandths.
+pub const RAMP_FROM_PERMILLE: u32 = 100;
+
+/// The share of requests a target ramping up for `ramp_up` takes `elapsed` after its
+/// circuit closed, in thousandths: 100 at the close, growing linearly to 1000.
+pub fn ramp_share_permille(elapsed: Duration, ramp_up: Duration) -> u32 {
+    if elapsed >= ramp_up || ramp_up.is_zero() {
+        return 1000;
+    }
+    let growth = u128::from(1000 - RAMP_FROM_PERMILLE) * elapsed.as_micros() / ramp_up.as_micros();
+    RAMP_FROM_PERMILLE + growth as u32
 }
 
 impl Default for Breaker {
@@ -53,6 +77,8 @@ impl Default for Breaker {
                 state: State::Closed { failures: 0 },
                 since: SystemTime::now(),
                 opened: 0,
+                closed_at: None,
+                credit: 0,
             }),
         }
     }
@@ -143,6 +169,7 @@ impl Breaker {
         if transition != Transition::None {
             g.since = SystemTime::now();
             g.opened += 1;
+            g.closed_at = None;
         }
         g.state = next;
         transition
@@ -162,9 +189,34 @@ impl Breaker {
             State::HalfOpen { .. } | State::Open { .. } if probe => {
                 g.state = State::Closed { failures: 0 };
                 g.since = SystemTime::now();
+                g.closed_at = Some(Instant::now());
+                g.credit = 0;
                 Transition::Closed
             }
             _ => Transition::None,
+        }
+    }
+
+    /// The failback ramp: may a request that the circuit admits go to the target at
+    /// `now`, its route ramping up over `ramp_up`? Always, unless a probe closed the
+    /// circuit less than `ramp_up` ago; then as many as the ramp's share (see the
+    /// module's header).
+    pub fn ramp_admits(&self, now: Instant, ramp_up: Duration) -> bool {
+        let mut g = self.lock();
+        let Some(closed) = g.closed_at else {
+            return true;
+        };
+        let elapsed = now.saturating_duration_since(closed);
+        if elapsed >= ramp_up {
+            // Another route of the target may ramp for longer: keep the close.
+            return true;
+        }
+        g.credit += ramp_share_permille(elapsed, ramp_up);
+        if g.credit >= 1000 {
+            g.credit -= 1000;
+            true
+        } else {
+            false
         }
     }
 
@@ -310,5 +362,61 @@ mod tests {
         b.failure(now, 1, BASE, false);
         assert_eq!(b.failure(now, 1, BASE, false), Transition::None);
         assert_eq!(b.admit(now + BASE), Admit::Probe);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_circuit_closed_by_its_probe_ramps_its_share_from_ten_to_a_hundred_percent() {
+        let b = Breaker::default();
+        let ramp = Duration::from_secs(30);
+        let t0 = Instant::now();
+        assert!(
+            (0..100).all(|_| b.ramp_admits(t0, ramp)),
+            "no ramp before a close"
+        );
+        b.failure(t0, 1, BASE, false);
+        tokio::time::advance(BASE).await;
+        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        assert_eq!(b.success(true), Transition::Closed);
+        let closed = Instant::now();
+        // Of 1000 requests at each point of the ramp, how many the target takes.
+        let taken = |after: Duration| {
+            (0..1000)
+                .filter(|_| b.ramp_admits(closed + after, ramp))
+                .count()
+        };
+        assert_eq!(taken(Duration::ZERO), 100, "10 % at the close");
+        assert_eq!(taken(Duration::from_millis(7_500)), 325, "a quarter in");
+        assert_eq!(taken(Duration::from_secs(15)), 550, "half way");
+        assert_eq!(taken(Duration::from_secs(27)), 910);
+        assert_eq!(taken(ramp), 1000, "all of them at the end");
+        // Counted, not drawn: the first request at 10 % waits for nine others.
+        assert_eq!(
+            ramp_share_permille(Duration::from_secs(3), ramp),
+            190,
+            "linear"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_probe_that_closes_the_circuit_starts_a_ramp() {
+        let b = Breaker::default();
+        let ramp = Duration::from_secs(30);
+        let now = Instant::now();
+        b.failure(now, 3, BASE, false);
+        b.success(false);
+        assert!(b.ramp_admits(now, ramp), "a closed circuit's success");
+        b.failure(now, 1, BASE, false);
+        assert_eq!(b.success(true), Transition::Closed);
+        assert!(!b.ramp_admits(now, ramp), "ramping");
+        // Reopened during the ramp: the next close starts a ramp of its own.
+        b.failure(now, 1, BASE, false);
+        assert!(b.ramp_admits(now, ramp), "no ramp while open");
+        tokio::time::advance(BASE).await;
+        assert_eq!(b.admit(Instant::now()), Admit::Probe);
+        b.success(true);
+        let admitted = (0..10)
+            .filter(|_| b.ramp_admits(Instant::now(), ramp))
+            .count();
+        assert_eq!(admitted, 1, "10 % again");
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! | limit | what it bounds | module | enforced by |
 //! |---|---|---|---|
-//! | circuit breaker | a target that keeps failing is skipped for `openFor` | `circuit` | the pipeline, per try and at a stream's end |
+//! | circuit breaker | a target that keeps failing is skipped for `openFor`; one whose circuit just closed takes a share growing over `rampUp` | `circuit` | the pipeline, per try and at a stream's end |
+//! | `spec.hedge.maxPercent` | the share of a route's requests hedged in the last 60 s | `hedge` | the pipeline, as it starts a hedge |
 //! | `maxConcurrency`, `maxQueue` | requests in flight to one credential, and those waiting | `concurrency` | the pipeline, before each try |
 //! | `--max-inflight-body-bytes`, `--max-inflight-response-bytes` | bytes held at once, all requests together | `bytes` | `front::intake`, the pipeline's unary answers |
 //! | `--max-event-bytes`, `--max-response-bytes` | one provider answer | `answers` | the pipeline's streams and unary answers |
@@ -19,3 +20,4 @@ pub mod bytes;
 pub mod circuit;
 pub mod clients;
 pub mod concurrency;
+pub mod hedge;

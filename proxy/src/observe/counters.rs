@@ -178,6 +178,13 @@ pub struct RouteTargetCounters {
     /// Resumes (SPEC §13): `resumed`, counted on the target that continued a broken
     /// stream; the reasons one was not, on the target whose stream broke.
     pub resumes: ByResume,
+    /// Hedged attempts started on this target beside a slow one (`spec.hedge`), and
+    /// how they ended: committed first (won), cancelled because the slow one
+    /// committed first (lost), or failed. One abandoned by its client is in none.
+    pub hedges: AtomicU64,
+    pub hedge_wins: AtomicU64,
+    pub hedge_losses: AtomicU64,
+    pub hedge_failures: AtomicU64,
 }
 
 impl RouteTargetCounters {

@@ -36,11 +36,18 @@ pub enum Reason {
     /// holds as many answers as it may. Not the provider's failure (no class, no
     /// circuit); the chain stops and the client gets 503 `overloaded`.
     Overloaded,
+    /// The attempt was cancelled because the other attempt of a hedged request
+    /// (`spec.hedge`, SPEC §13) committed first. Not the provider's failure (no
+    /// class, no circuit); only ever in the attempt log and the counts.
+    HedgeLost,
     // Skipped before commitment:
     MissingKey,
     UnsupportedSurface,
     Parked,
     CircuitOpen,
+    /// The target's circuit closed moments ago and the failback ramp
+    /// (`circuitBreaker.rampUp`, SPEC §13) gave this request to the next target.
+    RampingUp,
     QueueFull,
     /// The request uses a parameter the target's API cannot honour (translation).
     UnsupportedParameter,
@@ -50,7 +57,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const COUNT: usize = 20;
+    pub const COUNT: usize = 22;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -65,10 +72,12 @@ impl Reason {
         Self::ResponseTooLarge,
         Self::EventTooLarge,
         Self::Overloaded,
+        Self::HedgeLost,
         Self::MissingKey,
         Self::UnsupportedSurface,
         Self::Parked,
         Self::CircuitOpen,
+        Self::RampingUp,
         Self::QueueFull,
         Self::UnsupportedParameter,
         Self::CannotResume,
@@ -101,6 +110,7 @@ impl Reason {
                 | Self::UnsupportedSurface
                 | Self::Parked
                 | Self::CircuitOpen
+                | Self::RampingUp
                 | Self::QueueFull
                 | Self::UnsupportedParameter
                 | Self::CannotResume
@@ -122,10 +132,12 @@ impl Reason {
             Self::ResponseTooLarge => "responseTooLarge",
             Self::EventTooLarge => "eventTooLarge",
             Self::Overloaded => "overloaded",
+            Self::HedgeLost => "hedgeLost",
             Self::MissingKey => "missingKey",
             Self::UnsupportedSurface => "unsupportedSurface",
             Self::Parked => "parked",
             Self::CircuitOpen => "circuitOpen",
+            Self::RampingUp => "rampingUp",
             Self::QueueFull => "queueFull",
             Self::UnsupportedParameter => "unsupportedParameter",
             Self::CannotResume => "cannotResume",
@@ -237,5 +249,19 @@ mod tests {
         }
         // The replica's own memory budget says nothing about the provider.
         assert!(!Reason::Overloaded.trips_breaker(None));
+    }
+
+    #[test]
+    fn a_ramp_skip_is_a_skip_and_a_lost_hedge_says_nothing_of_the_provider() {
+        assert!(Reason::RampingUp.is_skip());
+        assert!(!Reason::RampingUp.trips_breaker(None));
+        assert!(!Reason::HedgeLost.is_skip(), "it was sent");
+        assert!(!Reason::HedgeLost.trips_breaker(None));
+        assert_eq!(Reason::HedgeLost.class(), None);
+        assert!(!Reason::HedgeLost.returns_upstream_answer());
+        assert_eq!(
+            (Reason::RampingUp.as_str(), Reason::HedgeLost.as_str()),
+            ("rampingUp", "hedgeLost")
+        );
     }
 }

@@ -106,7 +106,9 @@ fn error_for(
         | Reason::ConnectionError
         | Reason::InvalidResponse
         | Reason::ResponseTooLarge
-        | Reason::EventTooLarge => (
+        | Reason::EventTooLarge
+        // Never what a chain ends on (a cancelled attempt of a hedge is only logged).
+        | Reason::HedgeLost => (
             StatusCode::BAD_GATEWAY,
             "all_providers_failed",
             "every target that was tried failed".into(),
@@ -116,6 +118,7 @@ fn error_for(
         Reason::MissingKey
         | Reason::UnsupportedSurface
         | Reason::CircuitOpen
+        | Reason::RampingUp
         | Reason::QueueFull
         | Reason::UnsupportedParameter
         // Only a resume's walk skips for it, and it ends in no error of its own.

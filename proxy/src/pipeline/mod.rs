@@ -4,7 +4,8 @@
 //! and either one answer committed (`answer` for unary ones, `stream` for streams,
 //! `relay` for what reaches the client of both) or the last failure turned into the
 //! gateway's own error (`failure`). A committed stream of a route that resumes is
-//! continued on the next target when it breaks (`resume`, SPEC §13).
+//! continued on the next target when it breaks (`resume`), and a route may hedge a
+//! slow try on the next target (`hedge`, both SPEC §13).
 //!
 //! It reaches providers only through the `providers` interface (an adapter, a
 //! credential's endpoint, a dialect, the translation): it names none. It knows
@@ -17,6 +18,9 @@ mod answer;
 mod attempt;
 mod call;
 mod failure;
+mod hedge;
+#[cfg(test)]
+mod hedge_tests;
 pub mod order;
 pub mod outcome;
 mod relay;

@@ -153,6 +153,7 @@ pub(crate) mod tests {
             generation_header: HeaderValue::from_static("1"),
             revision: Default::default(),
             counters: Default::default(),
+            hedge: None,
             targets: targets
                 .into_iter()
                 .map(|(weight, price)| TargetRt {

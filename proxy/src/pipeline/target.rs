@@ -5,7 +5,9 @@
 //! the try sent (`send`), and its outcome: a success closes a half-open circuit; a
 //! failure is counted and logged, may open the circuit, park the target after a 429,
 //! and is retried after its backoff or Retry-After while attempts and the budget
-//! allow (`outcome`).
+//! allow (`outcome`). A try on a route that hedges may be raced against the next
+//! target (`hedge`); on a route that ramps, a target whose circuit closed moments
+//! ago may pass the request on (`rampingUp`).
 
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use tracing::Instrument;
 
 use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
 use super::call::AttemptLog;
+use super::hedge::Raced;
 use super::outcome::{attempt_deadline, backoff, retryable};
 use super::stream::LineSlot;
 use super::walk::{Tried, Walk};
@@ -30,7 +33,7 @@ use crate::providers::classify;
 use crate::providers::translate::{self, Translation};
 
 /// After a failed try: give up on the target, or try it again after a wait.
-enum Next {
+pub(super) enum Next {
     GiveUp,
     RetryAfter(Duration),
 }
@@ -47,6 +50,7 @@ impl<T: Transport> Walk<'_, '_, T> {
         };
         let breaker = &t.state.breaker;
         let mut probe = match breaker.admit(Instant::now()) {
+            Admit::Yes if !forced && self.ramped_away(t) => return self.skip(i, Reason::RampingUp),
             Admit::Yes => None,
             Admit::Probe => Some(Probe::new(breaker)),
             // Tried although open: its success closes the circuit like a probe's.
@@ -84,22 +88,37 @@ impl<T: Transport> Walk<'_, '_, T> {
                 permit,
                 span: &span,
             };
+            let transport = self.transport;
             // Awaited here, not in a function of its own (a nested async fn is copied
             // into its parent's state as it is built). Without traces the span is
             // disabled: skip the wrapper; the future is made in each branch, not bound
-            // to a local (an awaited local is kept in the state twice).
-            let result = if span.is_disabled() {
-                self.transport.attempt(attempt).await
-            } else {
-                self.transport
-                    .attempt(attempt)
-                    .instrument(span.clone())
-                    .await
+            // to a local (an awaited local is kept in the state twice). A try that
+            // may be hedged is raced in a boxed future of its own (`hedge`).
+            let (result, ended) = match self.hedge_at(started) {
+                None => {
+                    let result = if span.is_disabled() {
+                        transport.attempt(attempt).await
+                    } else {
+                        transport.attempt(attempt).instrument(span.clone()).await
+                    };
+                    (result, Instant::now())
+                }
+                Some(at) => {
+                    let primary = transport.attempt(attempt).instrument(span.clone());
+                    let raced = self.raced(i, tries, &mut probe, &span, started, at, primary);
+                    match Box::pin(raced).await {
+                        Raced::Primary(result, ended) => (result, ended),
+                        Raced::HedgeWon(response, line, left) => {
+                            return Tried::HedgeWon(response, line, left);
+                        }
+                    }
+                }
             };
-            let elapsed = self.timed(t, &span, &result, started);
+            let elapsed = self.timed(t, &span, seen(&result), started, ended);
             let failure = match result {
                 Attempted::Committed(response, line) => {
-                    return self.succeeded(t, probe, elapsed, response, line);
+                    let (response, line) = self.succeeded(t, probe, elapsed, response, line);
+                    return Tried::Answered(response, line);
                 }
                 Attempted::Failed(f) => f,
             };
@@ -121,10 +140,25 @@ impl<T: Transport> Walk<'_, '_, T> {
         }
     }
 
+    /// The failback ramp (`circuitBreaker.rampUp`) gives this request to the next
+    /// target: on a route that ramps, with another target to go to, unless the walk
+    /// came back to this one (see `walk`).
+    pub(super) fn ramped_away(&self, t: &TargetRt) -> bool {
+        let Some(ms) = self.route.spec.circuit_breaker.ramp_up_ms else {
+            return false;
+        };
+        !self.unramped
+            && self.route.targets.len() > 1
+            && !t
+                .state
+                .breaker
+                .ramp_admits(Instant::now(), Duration::from_millis(ms))
+    }
+
     /// How the request reaches target `t`, or why it is passed over before anything
     /// is sent to it, for a reason known without asking anyone. (Open circuits and
     /// full queues are checked as the target is tried.)
-    fn exchange(&self, t: &TargetRt) -> Result<Exchange, Reason> {
+    pub(super) fn exchange(&self, t: &TargetRt) -> Result<Exchange, Reason> {
         let credential = &t.credential;
         let model = t.model(self.call.client_model);
         let Some(exchange) =
@@ -146,7 +180,7 @@ impl<T: Transport> Walk<'_, '_, T> {
 
     /// The body target `t` is sent: translated into its dialect, or the client's
     /// with the target's model. A request the target cannot take is passed over.
-    fn plan(&mut self, t: &TargetRt, exchange: Exchange) -> Result<Plan, Reason> {
+    pub(super) fn plan(&mut self, t: &TargetRt, exchange: Exchange) -> Result<Plan, Reason> {
         let call = self.call;
         let adapter = t.credential.adapter;
         let translation = exchange
@@ -201,7 +235,7 @@ impl<T: Transport> Walk<'_, '_, T> {
     }
 
     /// A try about to be sent, counted; its trace span, and when it started.
-    fn counted(&mut self, t: &TargetRt, tries: u32) -> (tracing::Span, Instant) {
+    pub(super) fn counted(&mut self, t: &TargetRt, tries: u32) -> (tracing::Span, Instant) {
         let started = Instant::now();
         self.sent += 1;
         counters::inc(&self.route.counters.attempts);
@@ -212,40 +246,33 @@ impl<T: Transport> Walk<'_, '_, T> {
         (attempt_span(t, self.call, tries), started)
     }
 
-    /// A try's outcome on its span, and its duration (the provider's time, not the
-    /// gateway's).
-    fn timed(
+    /// A try's outcome (see [`seen`]) on its span, and its duration from `started`
+    /// to `ended` (the provider's time, not the gateway's).
+    pub(super) fn timed(
         &mut self,
         t: &TargetRt,
         span: &tracing::Span,
-        result: &Attempted,
+        seen: (Option<u16>, Option<Reason>),
         started: Instant,
+        ended: Instant,
     ) -> Duration {
-        match result {
-            Attempted::Committed(r, _) => {
-                span.record("http.response.status_code", r.status().as_u16())
-            }
-            Attempted::Failed(f) => span
-                .record("http.response.status_code", f.status)
-                .record("error.type", f.reason.as_str()),
-        };
-        let elapsed = started.elapsed();
+        let elapsed = ended.saturating_duration_since(started);
+        recorded(t, span, seen, elapsed);
         self.waited += elapsed;
-        t.counters.attempt_duration.observe(elapsed);
         elapsed
     }
 
     /// A committed answer. A stream's verdict (success or failure, for stats and the
     /// circuit) comes at its end (see `stream::Ending`); its first content closes a
     /// half-open circuit.
-    fn succeeded(
+    pub(super) fn succeeded(
         &self,
         t: &TargetRt,
         mut probe: Option<Probe<'_>>,
         elapsed: Duration,
         response: Response<Body>,
         line: Option<std::sync::Arc<LineSlot>>,
-    ) -> Tried {
+    ) -> (Response<Body>, Option<std::sync::Arc<LineSlot>>) {
         let streamed = line.is_some();
         let verdict = !streamed || probe.is_some();
         if verdict && t.state.breaker.success(probe.is_some()) == Transition::Closed {
@@ -262,11 +289,11 @@ impl<T: Transport> Walk<'_, '_, T> {
         } else {
             counters::inc(&t.counters.successes);
         }
-        Tried::Answered(response, line)
+        (response, line)
     }
 
     /// A failed try of target `i`, counted and in the attempt log.
-    fn note(&mut self, i: u8, f: &Failure, elapsed: Duration, tries: u32) {
+    pub(super) fn note(&mut self, i: u8, f: &Failure, elapsed: Duration, tries: u32) {
         let route = self.route;
         let t = &route.targets[i as usize];
         t.counters.failures.inc(f.reason);
@@ -286,7 +313,7 @@ impl<T: Transport> Walk<'_, '_, T> {
     /// advances at once), the target parked after a 429 (for later requests too,
     /// never longer than `maxRetryAfter`), and whether and when it is tried again.
     /// Retry-After is a provider's number: everything here saturates or is checked.
-    fn after(
+    pub(super) fn after(
         &mut self,
         t: &TargetRt,
         f: &Failure,
@@ -336,4 +363,26 @@ impl<T: Transport> Walk<'_, '_, T> {
             _ => backoff(tries, retry, rand::random::<f64>()),
         })
     }
+}
+
+/// What a try came to, as its span and log see it: the status, and the failure.
+fn seen(result: &Attempted) -> (Option<u16>, Option<Reason>) {
+    match result {
+        Attempted::Committed(r, _) => (Some(r.status().as_u16()), None),
+        Attempted::Failed(f) => (f.status, Some(f.reason)),
+    }
+}
+
+/// A try's outcome on its span, and its duration in the target's histogram.
+pub(super) fn recorded(
+    t: &TargetRt,
+    span: &tracing::Span,
+    (status, failure): (Option<u16>, Option<Reason>),
+    elapsed: Duration,
+) {
+    span.record("http.response.status_code", status);
+    if let Some(reason) = failure {
+        span.record("error.type", reason.as_str());
+    }
+    t.counters.attempt_duration.observe(elapsed);
 }

@@ -2,7 +2,10 @@
 //! (`order`), each target is tried with its retries (`target`) until one answers;
 //! a target that fails over or is passed over counts as a fallback away from it;
 //! when every target that can serve the call was skipped for an open circuit, the
-//! first of them is tried anyway. It ends with the answer committed, or with the
+//! first of them is tried anyway; a target the failback ramp passed over is tried
+//! once the others could not answer (`rampingUp` only moves load, it never fails a
+//! request). A try may be hedged on the next target (`hedge`); a hedge won makes
+//! its target the one that answered. It ends with the answer committed, or with the
 //! gateway's error for the failure the chain ended on (`failure`), and records the
 //! route's counters: requests, fallbacks, failures, duration and the gateway's own
 //! overhead (everything but waiting on providers, backoff and queues).
@@ -17,6 +20,7 @@ use tokio::time::Instant;
 use super::attempt::{Failure, Transport};
 use super::call::{AttemptLog, Call, Outcome};
 use super::failure::finish_failed;
+use super::hedge::Hedging;
 use super::order::order;
 use super::outcome::may_advance;
 use super::resume::{self, resumes};
@@ -53,8 +57,9 @@ pub(super) async fn walk<T: Transport>(
     let started = Instant::now();
     counters::inc(&route.counters.requests);
     let budget = started + Duration::from_millis(route.spec.timeout_ms);
-    let mut walk = Walk::new(transport, gw, route, call, budget);
     let order = order(route, draw);
+    let mut walk = Walk::new(transport, gw, route, call, budget);
+    walk.hedge = Hedging::begin(gw, route, order);
     let order = order.as_slice();
     // The walk's loop is here, not in a method of its own: a nested async fn would be
     // copied into this future's state as it is built, once more per request.
@@ -63,9 +68,17 @@ pub(super) async fn walk<T: Transport>(
         for (pos, &i) in order.iter().enumerate() {
             passed.position = pos as u32;
             let last = pos + 1 == order.len();
+            if let Some(reason) = walk.hedge_failed_at(pos) {
+                // A hedge tried it already, and it failed.
+                walk.moved_past(i, reason, last);
+                continue;
+            }
             match walk.target(i, false).await {
                 Tried::Answered(response, line) => {
                     break 'walk walk.answered(response, line, pos as u32, i);
+                }
+                Tried::HedgeWon(response, line, left) => {
+                    break 'walk walk.hedge_won(response, line, i, left);
                 }
                 Tried::Skipped(reason) => {
                     passed.skipped(reason, pos, i);
@@ -80,6 +93,27 @@ pub(super) async fn walk<T: Transport>(
                     if Instant::now() >= walk.budget {
                         break;
                     }
+                }
+            }
+        }
+        if let Some(i) = passed.first_ramping.take()
+            && Instant::now() < walk.budget
+        {
+            // The ramp passed it over and no other target answered: it is healthy.
+            walk.unramped = true;
+            match walk.target(i, false).await {
+                Tried::Answered(response, line) => {
+                    break 'walk walk.answered(response, line, passed.position, i);
+                }
+                Tried::HedgeWon(response, line, left) => {
+                    break 'walk walk.hedge_won(response, line, i, left);
+                }
+                Tried::Skipped(_) => {}
+                Tried::Failed(failure) => {
+                    if !may_advance(failure.reason, failure.status, &route.spec.fallback) {
+                        break 'walk walk.failed(failure, passed.position);
+                    }
+                    passed.last_failure = Some(failure);
                 }
             }
         }
@@ -122,6 +156,10 @@ pub(super) struct Walk<'a, 'c, T> {
     /// `cannotResume`); and how much of it the last target's prefill carried.
     pub prefill: Option<&'a str>,
     pub prefilled: usize,
+    /// First-token hedging, on a route that hedges (see `hedge`).
+    pub hedge: Option<Box<Hedging>>,
+    /// The walk came back to a target the failback ramp passed over: no ramp now.
+    pub unramped: bool,
 }
 
 impl<'a, 'c, T> Walk<'a, 'c, T> {
@@ -145,6 +183,8 @@ impl<'a, 'c, T> Walk<'a, 'c, T> {
             untranslatable: None,
             prefill: None,
             prefilled: 0,
+            hedge: None,
+            unramped: false,
         }
     }
 }
@@ -152,6 +192,9 @@ impl<'a, 'c, T> Walk<'a, 'c, T> {
 /// What trying one target came to.
 pub(super) enum Tried {
     Answered(Response<Body>, Option<Arc<LineSlot>>),
+    /// A hedge beside the target's try answered first (see `hedge`); the request
+    /// left the target for this reason.
+    HedgeWon(Response<Body>, Option<Arc<LineSlot>>, Reason),
     Skipped(Reason),
     Failed(Failure),
 }
@@ -166,6 +209,8 @@ struct Passed {
     skipped_unserved: usize,
     /// The first target skipped for its open circuit, and its position.
     first_open: Option<(usize, u8)>,
+    /// The first target the failback ramp passed over.
+    first_ramping: Option<u8>,
     /// The last failure of a target that was tried.
     last_failure: Option<Failure>,
 }
@@ -177,6 +222,9 @@ impl Passed {
         self.skipped_unserved += usize::from(reason == Reason::UnsupportedSurface);
         if reason == Reason::CircuitOpen && self.first_open.is_none() {
             self.first_open = Some((pos, i));
+        }
+        if reason == Reason::RampingUp && self.first_ramping.is_none() {
+            self.first_ramping = Some(i);
         }
     }
 
@@ -203,6 +251,7 @@ impl<T: Transport> Walk<'_, '_, T> {
     async fn forced(&mut self, i: u8, pos: u32, last_position: u32) -> Outcome {
         match self.target(i, true).await {
             Tried::Answered(response, line) => self.answered(response, line, pos, i),
+            Tried::HedgeWon(response, line, left) => self.hedge_won(response, line, i, left),
             Tried::Failed(_) | Tried::Skipped(_) => {
                 self.failed(Failure::bare(Reason::CircuitOpen), last_position)
             }
@@ -246,6 +295,20 @@ impl<T: Transport> Walk<'_, '_, T> {
             log: std::mem::take(&mut self.log),
             stream_line,
         }
+    }
+
+    /// The hedge beside target `i`'s try answered: the request left `i` for `left`,
+    /// and the hedge's target answered (a fallback when it is not the first).
+    fn hedge_won(
+        &mut self,
+        response: Response<Body>,
+        stream_line: Option<Arc<LineSlot>>,
+        i: u8,
+        left: Reason,
+    ) -> Outcome {
+        self.moved_past(i, left, false);
+        let (pos, j) = self.hedge_target().unwrap_or((0, i));
+        self.answered(response, stream_line, pos, j)
     }
 
     fn failed(&mut self, failure: Failure, fallbacks: u32) -> Outcome {

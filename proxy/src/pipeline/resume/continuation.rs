@@ -87,6 +87,9 @@ pub(super) async fn find(
                 };
             }
             Tried::Skipped(_) => {}
+            // The continuation's walk never hedges (`Walk::new` leaves `hedge` empty):
+            // a continuation already waited for its first token once.
+            Tried::HedgeWon(..) => debug_assert!(false, "a continuation does not hedge"),
             Tried::Failed(f) => {
                 if f.reason == Reason::Budget || Instant::now() >= walk.budget {
                     why = ResumeOutcome::BudgetExhausted;
