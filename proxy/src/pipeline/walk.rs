@@ -64,14 +64,31 @@ pub(super) async fn walk<T: Transport>(
     // The walk's loop is here, not in a method of its own: a nested async fn would be
     // copied into this future's state as it is built, once more per request.
     let mut passed = Passed::default();
+    let mut next = 0;
     let outcome = 'walk: {
-        for (pos, &i) in order.iter().enumerate() {
-            passed.position = pos as u32;
+        loop {
+            // The order; then, once, a target the ramp passed over when no other
+            // answered (it is healthy). One await of `target` for both: each call
+            // site of an async fn is a variant of this future's state.
+            let (pos, i, again) = if next < order.len() {
+                next += 1;
+                (next - 1, order[next - 1], false)
+            } else if let Some(i) = passed.first_ramping.take()
+                && Instant::now() < walk.budget
+            {
+                walk.unramped = true;
+                (passed.position as usize, i, true)
+            } else {
+                break;
+            };
             let last = pos + 1 == order.len();
-            if let Some(reason) = walk.hedge_failed_at(pos) {
-                // A hedge tried it already, and it failed.
-                walk.moved_past(i, reason, last);
-                continue;
+            if !again {
+                passed.position = pos as u32;
+                if let Some(reason) = walk.hedge_failed_at(pos) {
+                    // A hedge tried it already, and it failed.
+                    walk.moved_past(i, reason, last);
+                    continue;
+                }
             }
             match walk.target(i, false).await {
                 Tried::Answered(response, line) => {
@@ -80,6 +97,7 @@ pub(super) async fn walk<T: Transport>(
                 Tried::HedgeWon(response, line, left) => {
                     break 'walk walk.hedge_won(response, line, i, left);
                 }
+                Tried::Skipped(_) if again => {}
                 Tried::Skipped(reason) => {
                     passed.skipped(reason, pos, i);
                     walk.moved_past(i, reason, last);
@@ -88,32 +106,13 @@ pub(super) async fn walk<T: Transport>(
                     if !may_advance(failure.reason, failure.status, &route.spec.fallback) {
                         break 'walk walk.failed(failure, pos as u32);
                     }
-                    walk.moved_past(i, failure.reason, last);
+                    if !again {
+                        walk.moved_past(i, failure.reason, last);
+                    }
                     passed.last_failure = Some(failure);
                     if Instant::now() >= walk.budget {
                         break;
                     }
-                }
-            }
-        }
-        if let Some(i) = passed.first_ramping.take()
-            && Instant::now() < walk.budget
-        {
-            // The ramp passed it over and no other target answered: it is healthy.
-            walk.unramped = true;
-            match walk.target(i, false).await {
-                Tried::Answered(response, line) => {
-                    break 'walk walk.answered(response, line, passed.position, i);
-                }
-                Tried::HedgeWon(response, line, left) => {
-                    break 'walk walk.hedge_won(response, line, i, left);
-                }
-                Tried::Skipped(_) => {}
-                Tried::Failed(failure) => {
-                    if !may_advance(failure.reason, failure.status, &route.spec.fallback) {
-                        break 'walk walk.failed(failure, passed.position);
-                    }
-                    passed.last_failure = Some(failure);
                 }
             }
         }
