@@ -3,15 +3,14 @@
 //! request log report ([`AttemptLog`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response};
 use bytes::Bytes;
 
+use super::log::AttemptLog;
 use super::stream::LineSlot;
 use crate::limits::clients::ClientUsage;
-use crate::observe::reason::Reason;
 use crate::wire::rewrite::JsonStr;
 use crate::wire::surface::Surface;
 
@@ -35,16 +34,6 @@ pub struct Call<'a> {
     /// The body asks for the usage chunk the client did not: strip it (relayed
     /// streams; a translated stream answers as `include_usage` says anyway).
     pub strip_usage: bool,
-}
-
-/// One line of the attempt log.
-#[derive(Debug, Clone, Copy)]
-pub struct AttemptLog {
-    pub target: u8,
-    pub status: Option<u16>,
-    pub reason: Reason,
-    pub duration: Duration,
-    pub retry_after: Option<Duration>,
 }
 
 /// What the pipeline answers, with the facts the response headers report.

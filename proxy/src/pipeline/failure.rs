@@ -12,7 +12,8 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 
 use super::attempt::Failure;
-use super::call::{AttemptLog, Call, Outcome};
+use super::call::{Call, Outcome};
+use super::log::AttemptLog;
 use super::relay::relay;
 use crate::config::snapshot::RouteRt;
 use crate::observe::reason::Reason;

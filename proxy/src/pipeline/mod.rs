@@ -1,11 +1,17 @@
-//! One client request on one route: the walk along the route's targets in order
-//! (`walk`, `order`), each target tried with its retries, backoff and Retry-After
+//! One client request on one route (`request`): the walk along the route's targets
+//! in order (`walk`, `order`), each target tried with its retries, backoff and Retry-After
 //! inside the call's budget (`target`, `outcome`), each try sent upstream (`send`),
 //! and either one answer committed (`answer` for unary ones, `stream` for streams,
 //! `relay` for what reaches the client of both) or the last failure turned into the
 //! gateway's own error (`failure`). A committed stream of a route that resumes is
 //! continued on the next target when it breaks (`resume`), and a route may hedge a
-//! slow try on the next target (`hedge`, both SPEC §13).
+//! slow try on the next target (`hedge`, both SPEC §13). What the request log line
+//! is told of the attempts is in `log`.
+//!
+//! No file here imports one that imports it back: `request` imports `walk` and
+//! `resume`; `target`, `hedge` and `resume` extend the walk and import it, never the
+//! other way round (what the walk holds of a hedge is in `hedge::state`); `stream`,
+//! `attempt`, `call` and `log` are below them all.
 //!
 //! It reaches providers only through the `providers` interface (an adapter, a
 //! credential's endpoint, a dialect, the translation): it names none. It knows
@@ -21,16 +27,18 @@ mod failure;
 mod hedge;
 #[cfg(test)]
 mod hedge_tests;
+mod log;
 pub mod order;
 pub mod outcome;
 mod relay;
+mod request;
 mod resume;
 mod send;
 pub mod stream;
 mod target;
 mod walk;
 
-pub use call::{AttemptLog, Call, Outcome};
-pub use resume::ResumeLog;
+pub use call::{Call, Outcome};
+pub use log::{AttemptLog, ResumeLog};
+pub use request::run;
 pub use stream::{LineSlot, StreamEnd};
-pub use walk::run;

@@ -11,8 +11,8 @@
 //! bounded by `--max-event-bytes`.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -24,9 +24,9 @@ use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until};
 
+use super::log::ResumeLog;
 use super::outcome::may_advance;
 use super::relay::{mask_key, masked, relay};
-use super::resume::{AttemptEnd, ResumeLog, Resuming, StreamReport};
 use crate::config::snapshot::{CredentialRt, RouteRt, TargetRt};
 use crate::config::target::TargetState;
 use crate::limits::answers::Refusals;
@@ -41,7 +41,69 @@ use crate::wire::rewrite::{JsonStr, replace_model_into};
 use crate::wire::sse::{self, EventTooLarge, Framer, Opening, StreamError};
 use crate::wire::surface::Surface;
 use crate::wire::usage::{self, Usage};
-use switchback_crds::config::Price;
+use switchback_crds::config::{Fallback, Price};
+
+/// Whether `route` resumes the streams of a client of `surface`: chat completions
+/// and messages streams, when the route asks for it.
+pub(crate) fn resumes(route: &RouteRt, surface: Surface) -> bool {
+    matches!(surface, Surface::ChatCompletions | Surface::Messages)
+        && route
+            .spec
+            .stream
+            .as_ref()
+            .is_some_and(|s| s.resume.is_some())
+}
+
+/// What a committed stream under a resuming body tells it, once, when it ends.
+#[derive(Debug)]
+pub(crate) struct StreamReport {
+    /// The route's `fallback`: which failures after commit are resumed.
+    fallback: Fallback,
+    end: OnceLock<AttemptEnd>,
+}
+
+/// How one committed attempt ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttemptEnd {
+    /// The usage its provider reported (the largest count of each kind).
+    pub usage: Usage,
+    /// Why it failed, if it did.
+    pub failure: Option<(Reason, Option<u16>)>,
+    /// It stopped on that failure without telling the client (a failure the route
+    /// resumes); otherwise the client had the error event, or the provider's.
+    pub held: bool,
+}
+
+impl StreamReport {
+    pub(crate) fn new(fallback: Fallback) -> Self {
+        Self {
+            fallback,
+            end: OnceLock::new(),
+        }
+    }
+
+    /// Whether a failure after commit is resumed rather than ending the stream: one
+    /// that would have failed over before the commit (a break, a stall, an in-band
+    /// error of a class the route fails over on), not one that speaks about the
+    /// request.
+    pub(crate) fn resumes(&self, reason: Reason, status: Option<u16>) -> bool {
+        !reason.returns_upstream_answer() && may_advance(reason, status, &self.fallback)
+    }
+
+    pub(crate) fn ended(&self, end: AttemptEnd) {
+        let _ = self.end.set(end);
+    }
+
+    /// How the attempt ended, once it has.
+    pub(crate) fn end(&self) -> Option<AttemptEnd> {
+        self.end.get().copied()
+    }
+}
+
+/// On a committed stream's response, for the walk's hook: the stream reports to a
+/// resuming body.
+#[derive(Clone, Debug)]
+pub(crate) struct Resuming(pub Arc<StreamReport>);
 
 /// A stream's upstream body, chunk by chunk as it arrives.
 pub(crate) type Upstream = BodyDataStream<Incoming>;
@@ -252,8 +314,8 @@ fn committed<U>(
     let (t, route) = (a.target, a.route);
     let cb = &route.spec.circuit_breaker;
     // Only a route that resumes allocates anything for it.
-    let report = super::resume::resumes(route, a.surface)
-        .then(|| Arc::new(StreamReport::new(route.spec.fallback.clone())));
+    let report =
+        resumes(route, a.surface).then(|| Arc::new(StreamReport::new(route.spec.fallback.clone())));
     let policy = route.spec.stream.as_ref();
     let ending = Ending {
         state: t.state.clone(),

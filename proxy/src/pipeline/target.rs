@@ -18,8 +18,8 @@ use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
-use super::call::AttemptLog;
-use super::hedge::Raced;
+use super::hedge::state::Raced;
+use super::log::AttemptLog;
 use super::outcome::{attempt_deadline, backoff, retryable};
 use super::stream::LineSlot;
 use super::walk::{Tried, Walk};

@@ -18,13 +18,12 @@ use axum::http::{Response, StatusCode};
 use tokio::time::Instant;
 
 use super::attempt::{Failure, Transport};
-use super::call::{AttemptLog, Call, Outcome};
+use super::call::{Call, Outcome};
 use super::failure::finish_failed;
-use super::hedge::Hedging;
+use super::hedge::state::Hedging;
+use super::log::AttemptLog;
 use super::order::order;
 use super::outcome::may_advance;
-use super::resume::{self, resumes};
-use super::send::Http;
 use super::stream::LineSlot;
 use crate::config::snapshot::RouteRt;
 use crate::gateway::Gateway;
@@ -33,20 +32,8 @@ use crate::observe::reason::Reason;
 use crate::providers::translate::TranslateError;
 use crate::wire::surface;
 
-/// Walk `route`'s targets for `call`, sending over HTTP. A committed stream of a
-/// route that resumes gets the body that resumes it (`resume`).
-pub async fn run(gw: &Arc<Gateway>, route: &Arc<RouteRt>, call: &Call<'_>) -> Outcome {
-    let draw = rand::random::<f64>();
-    // Only a stream of a route that resumes reads the clock for it.
-    let resumes = (call.stream && resumes(route, call.surface)).then(Instant::now);
-    let outcome = walk(&Http, gw, route, call, draw).await;
-    match resumes {
-        None => outcome,
-        Some(started) => resume::hook(gw, route, call, outcome, order(route, draw), started),
-    }
-}
-
-/// [`run`] over any transport, with the strategy's draw in `[0, 1)` given.
+/// The walk over any transport (`request::run` sends over HTTP), with the strategy's
+/// draw in `[0, 1)` given.
 pub(super) async fn walk<T: Transport>(
     transport: &T,
     gw: &Gateway,

@@ -10,11 +10,13 @@ use std::sync::Arc;
 use axum::body::Body;
 use tokio::time::Instant;
 
-use super::{Resuming, Seed, StreamReport};
+use super::Seed;
 use crate::observe::reason::{Reason, ResumeOutcome};
-use crate::pipeline::call::{AttemptLog, Call};
+use crate::pipeline::call::Call;
+use crate::pipeline::log::AttemptLog;
 use crate::pipeline::outcome::may_advance;
 use crate::pipeline::send::Http;
+use crate::pipeline::stream::{Resuming, StreamReport};
 use crate::pipeline::walk::{Tried, Walk};
 
 /// What the walk found.

@@ -18,8 +18,8 @@ mod transcript;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,14 +27,14 @@ use axum::body::{Body, BodyDataStream};
 use axum::http::{HeaderMap, HeaderValue};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use switchback_crds::config::{Fallback, Resume};
+use switchback_crds::config::Resume;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::call::{AttemptLog, Call, Outcome};
+use super::call::{Call, Outcome};
+use super::log::{AttemptLog, ResumeLog};
 use super::order::Order;
-use super::outcome::may_advance;
-use super::stream::{LineSlot, StreamEnd};
+use super::stream::{AttemptEnd, LineSlot, Resuming, StreamEnd, StreamReport};
 use crate::config::snapshot::RouteRt;
 use crate::gateway::Gateway;
 use crate::limits::clients::ClientUsage;
@@ -48,79 +48,6 @@ use crate::wire::usage::Usage;
 
 use continuation::Found;
 use transcript::{Transcript, Unresumable};
-
-/// Whether `route` resumes the streams of a client of `surface`: chat completions
-/// and messages streams, when the route asks for it.
-pub(crate) fn resumes(route: &RouteRt, surface: Surface) -> bool {
-    matches!(surface, Surface::ChatCompletions | Surface::Messages)
-        && route
-            .spec
-            .stream
-            .as_ref()
-            .is_some_and(|s| s.resume.is_some())
-}
-
-/// What a committed stream under a resuming body tells it, once, when it ends.
-#[derive(Debug)]
-pub(crate) struct StreamReport {
-    /// The route's `fallback`: which failures after commit are resumed.
-    fallback: Fallback,
-    end: OnceLock<AttemptEnd>,
-}
-
-/// How one committed attempt ended.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AttemptEnd {
-    /// The usage its provider reported (the largest count of each kind).
-    pub usage: Usage,
-    /// Why it failed, if it did.
-    pub failure: Option<(Reason, Option<u16>)>,
-    /// It stopped on that failure without telling the client (a failure the route
-    /// resumes); otherwise the client had the error event, or the provider's.
-    pub held: bool,
-}
-
-impl StreamReport {
-    pub(crate) fn new(fallback: Fallback) -> Self {
-        Self {
-            fallback,
-            end: OnceLock::new(),
-        }
-    }
-
-    /// Whether a failure after commit is resumed rather than ending the stream: one
-    /// that would have failed over before the commit (a break, a stall, an in-band
-    /// error of a class the route fails over on), not one that speaks about the
-    /// request.
-    pub(crate) fn resumes(&self, reason: Reason, status: Option<u16>) -> bool {
-        !reason.returns_upstream_answer() && may_advance(reason, status, &self.fallback)
-    }
-
-    pub(crate) fn ended(&self, end: AttemptEnd) {
-        let _ = self.end.set(end);
-    }
-}
-
-/// On a committed stream's response, for the walk's hook: the stream reports to a
-/// resuming body.
-#[derive(Clone, Debug)]
-pub(crate) struct Resuming(pub Arc<StreamReport>);
-
-/// What a resumed (or not resumed) stream adds to its request's log line.
-#[derive(Debug, Default)]
-pub struct ResumeLog {
-    /// The failures that stopped committed streams, and the continuations' skips
-    /// and failures, in order.
-    pub log: Vec<AttemptLog>,
-    /// Times the stream was resumed.
-    pub resumes: u32,
-    /// The target whose continuation was relayed last.
-    pub resumed_by: Option<u8>,
-    /// Why the last failure was not resumed.
-    pub outcome: Option<ResumeOutcome>,
-    /// Upstream requests the continuations sent.
-    pub sent: u32,
-}
 
 /// The walk's hook: a committed stream of a route that resumes gets the resuming
 /// body. `order` is the request's order of targets, `started` when its walk began
@@ -424,7 +351,7 @@ impl futures_util::Stream for Resumable {
                     let Some(a) = this.inner.take() else {
                         continue;
                     };
-                    let end = a.report.end.get().copied();
+                    let end = a.report.end();
                     let mut out = BytesMut::new();
                     this.after(a, end, &mut out);
                     if !out.is_empty() {

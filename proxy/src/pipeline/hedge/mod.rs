@@ -15,7 +15,12 @@
 //! started, won, lost or failed. A hedge won by a later target is a fallback.
 //!
 //! Only a route that hedges gets here: the rest of the walk sees an `Option` that is
-//! `None`, and no timer is set.
+//! `None`, and no timer is set. What the walk and a try hold of it (`Hedging`,
+//! `Raced`) is in `state`, so that they need nothing of this file.
+
+pub(super) mod state;
+
+use state::Raced;
 
 use std::future::Future;
 use std::pin::pin;
@@ -24,55 +29,17 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Response;
-use switchback_crds::config::Hedge;
 use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
-use super::attempt::{Attempt, Attempted, Failure, Plan, Transport};
-use super::order::Order;
-use super::outcome::attempt_deadline;
-use super::stream::LineSlot;
-use super::walk::Walk;
-use crate::config::snapshot::RouteRt;
-use crate::gateway::Gateway;
 use crate::limits::circuit::{Admit, Probe};
 use crate::limits::concurrency::Refused;
 use crate::observe::counters;
 use crate::observe::reason::Reason;
-
-/// A request of a route that hedges: its policy, its order, and its one hedge.
-pub(super) struct Hedging {
-    policy: Hedge,
-    order: Order,
-    /// The hedge, once started: its target's position in the order, and the target.
-    started: Option<(u32, u8)>,
-    /// Why the hedge failed, if it did.
-    failed: Option<Reason>,
-}
-
-impl Hedging {
-    /// For a route that hedges, the request counted in the route's budget.
-    pub(super) fn begin(gw: &Gateway, route: &RouteRt, order: Order) -> Option<Box<Self>> {
-        let (policy, budget) = (route.spec.hedge?, route.hedge.as_deref()?);
-        budget.started(gw.now_ms());
-        Some(Box::new(Self {
-            policy,
-            order,
-            started: None,
-            failed: None,
-        }))
-    }
-}
-
-/// What a raced try came to.
-pub(super) enum Raced {
-    /// The try's own result and when it came (no hedge won; the hedge, if one was
-    /// started, is counted and logged).
-    Primary(Attempted, Instant),
-    /// The hedge committed first: its answer, and why the request left the slow try's
-    /// target (its failure, counted and logged, or `hedgeLost`).
-    HedgeWon(Response<Body>, Option<Arc<LineSlot>>, Reason),
-}
+use crate::pipeline::attempt::{Attempt, Attempted, Failure, Plan, Transport};
+use crate::pipeline::outcome::attempt_deadline;
+use crate::pipeline::stream::LineSlot;
+use crate::pipeline::walk::Walk;
 
 /// The target a hedge goes to, ready to send.
 struct Beside<'p> {
@@ -308,7 +275,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
         }
         super::target::recorded(t, span, (None, Some(Reason::HedgeLost)), elapsed);
         t.counters.failures.inc(Reason::HedgeLost);
-        self.log.push(super::call::AttemptLog {
+        self.log.push(super::log::AttemptLog {
             target: i,
             status: None,
             reason: Reason::HedgeLost,
