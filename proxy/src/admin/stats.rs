@@ -82,56 +82,7 @@ pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
             targets: r
                 .targets
                 .iter()
-                .map(|t| {
-                    let c = &t.counters;
-                    let parked = t.state.parked_until_ms();
-                    let (_, since) = t.state.breaker.state();
-                    let ewma = t.state.latency_ewma_us();
-                    let (state, state_since, state_until) = target_state(t, now, now_ms, wall);
-                    doc::TargetStats {
-                        state: Some(state),
-                        resumed: c.resumes.get(ResumeOutcome::Resumed),
-                        hedges: get(&c.hedges),
-                        hedge_wins: get(&c.hedge_wins),
-                        state_since: state_since.map(rfc3339),
-                        state_until: state_until.map(rfc3339),
-                        fallbacks_away_by_reason: c
-                            .fallbacks_away
-                            .nonzero()
-                            .map(|(r, n)| (r.as_str().to_string(), n))
-                            .collect(),
-                        credential: t.spec.credential.clone(),
-                        model: t.spec.model.clone(),
-                        requests: get(&c.requests),
-                        attempts: get(&c.attempts),
-                        retries: get(&c.retries),
-                        successes: get(&c.successes),
-                        failures: c
-                            .failures
-                            .nonzero()
-                            .map(|(r, n)| (r.as_str().to_string(), n))
-                            .collect(),
-                        fallbacks_away: Reason::ALL.iter().map(|r| c.fallbacks_away.get(*r)).sum(),
-                        circuit: match t.state.breaker.reported(now) {
-                            Reported::Closed => doc::CircuitState::Closed,
-                            Reported::Open => doc::CircuitState::Open,
-                            Reported::HalfOpen => doc::CircuitState::HalfOpen,
-                        },
-                        circuit_since: Some(rfc3339(since)),
-                        parked_until: (parked > now_ms)
-                            .then(|| rfc3339(wall + Duration::from_millis(parked - now_ms))),
-                        last_failure: t.state.last_failure().map(|f| doc::LastFailure {
-                            status: f.status,
-                            reason: f.reason.as_str().to_string(),
-                            at: rfc3339(f.at),
-                        }),
-                        latency: doc::Latency {
-                            smoothed_ms: (ewma > 0).then(|| ewma as f64 / 1000.0),
-                            p50_ms: t.state.latency.quantile_ms(0.5),
-                            p99_ms: t.state.latency.quantile_ms(0.99),
-                        },
-                    }
-                })
+                .map(|t| target_stats(t, now, now_ms, wall))
                 .collect(),
         })
         .collect();
@@ -167,5 +118,65 @@ pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
                 }
             })
             .collect(),
+    }
+}
+
+/// One target's line of the report: its counters, circuit, park, last failure,
+/// latency, and its state now (see [`target_state`]).
+fn target_stats(
+    t: &TargetRt,
+    now: tokio::time::Instant,
+    now_ms: u64,
+    wall: std::time::SystemTime,
+) -> switchback_crds::stats::TargetStats {
+    use switchback_crds::stats as doc;
+    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_millis(t).to_string();
+    let c = &t.counters;
+    let parked = t.state.parked_until_ms();
+    let (_, since) = t.state.breaker.state();
+    let ewma = t.state.latency_ewma_us();
+    let (state, state_since, state_until) = target_state(t, now, now_ms, wall);
+    doc::TargetStats {
+        state: Some(state),
+        resumed: c.resumes.get(ResumeOutcome::Resumed),
+        hedges: get(&c.hedges),
+        hedge_wins: get(&c.hedge_wins),
+        state_since: state_since.map(rfc3339),
+        state_until: state_until.map(rfc3339),
+        fallbacks_away_by_reason: c
+            .fallbacks_away
+            .nonzero()
+            .map(|(r, n)| (r.as_str().to_string(), n))
+            .collect(),
+        credential: t.spec.credential.clone(),
+        model: t.spec.model.clone(),
+        requests: get(&c.requests),
+        attempts: get(&c.attempts),
+        retries: get(&c.retries),
+        successes: get(&c.successes),
+        failures: c
+            .failures
+            .nonzero()
+            .map(|(r, n)| (r.as_str().to_string(), n))
+            .collect(),
+        fallbacks_away: Reason::ALL.iter().map(|r| c.fallbacks_away.get(*r)).sum(),
+        circuit: match t.state.breaker.reported(now) {
+            Reported::Closed => doc::CircuitState::Closed,
+            Reported::Open => doc::CircuitState::Open,
+            Reported::HalfOpen => doc::CircuitState::HalfOpen,
+        },
+        circuit_since: Some(rfc3339(since)),
+        parked_until: (parked > now_ms)
+            .then(|| rfc3339(wall + Duration::from_millis(parked - now_ms))),
+        last_failure: t.state.last_failure().map(|f| doc::LastFailure {
+            status: f.status,
+            reason: f.reason.as_str().to_string(),
+            at: rfc3339(f.at),
+        }),
+        latency: doc::Latency {
+            smoothed_ms: (ewma > 0).then(|| ewma as f64 / 1000.0),
+            p50_ms: t.state.latency.quantile_ms(0.5),
+            p99_ms: t.state.latency.quantile_ms(0.99),
+        },
     }
 }
