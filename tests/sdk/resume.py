@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""Resumed streams (SPEC §13) as the official Python SDKs parse them.
+"""Resumed or hedged streams (SPEC §13) as the official Python SDKs parse them.
 
-Run by tests/tests/streams.rs against a proxy whose routes resume: each route's first
-target breaks its stream after a few words and the next continues it. Each SDK's
+Run by tests/tests/streams.rs against a proxy whose routes resume (each route's first
+target breaks its stream after a few words and the next continues it), and by
+tests/tests/hedging.rs against routes that hedge a slow first token. Each SDK's
 stream helper accumulates the stream into one message; this prints, as one JSON
 line, what each SDK made of it: the message's text, id, model, usage and how many
 content blocks (Anthropic) it holds. The Rust test compares them with the answer.
 
 Inputs (environment):
   SWITCHBACK_URL              http://127.0.0.1:PORT
-  SWITCHBACK_OPENAI_MODEL     chat route that resumes
-  SWITCHBACK_ANTHROPIC_MODEL  messages route that resumes
+  SWITCHBACK_OPENAI_MODEL     chat route that resumes or hedges
+  SWITCHBACK_ANTHROPIC_MODEL  messages route that resumes or hedges
 """
 
 import json

@@ -380,3 +380,28 @@ impl LogCapture {
         self.writer.stop();
     }
 }
+
+/// An interpreter that imports both official SDKs (`$SWITCHBACK_SDK_PYTHON`, else
+/// the workspace's `.venv`, made by `.ci/setup-python`). Without one a test skips
+/// with a printed reason, except under CI, where that is a failure.
+pub fn sdk_python() -> Option<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    let python = match std::env::var_os("SWITCHBACK_SDK_PYTHON") {
+        Some(p) if !p.is_empty() => std::path::PathBuf::from(p),
+        _ => root.join(".venv/bin/python"),
+    };
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import openai, anthropic"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    assert!(
+        !ci,
+        "CI is set but no Python with the SDKs: .ci/setup-python must run first"
+    );
+    eprintln!("SKIPPED: no Python with the openai and anthropic SDKs (.ci/setup-python)");
+    None
+}

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use switchback_tests::harness::{CapturedLog, TestProxy, credential, header, route};
+use switchback_tests::harness::{CapturedLog, TestProxy, credential, header, route, sdk_python};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider, answer_text};
 use tokio::time::Instant;
 
@@ -231,4 +231,94 @@ async fn a_hedge_never_starts_past_the_calls_budget() {
     );
     assert_eq!(backup.hits(), 0);
     assert_eq!(target_stats(&proxy, 1).await["hedges"], 0);
+}
+
+/// The official Python SDKs read a hedged stream as one ordinary answer: the backup's
+/// text, whole and once, and nothing of the slow primary, whose connection is closed.
+/// Real clock: the SDKs run in a child process; the primary would take 10 s, the hedge
+/// starts after 200 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_read_a_hedged_stream_as_one_answer() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    const TEXT: &str = "one two three four five";
+    let mut sims = Vec::new();
+    let mut manifests = String::new();
+    for (name, flavor, provider) in [
+        ("chat-primary", Flavor::OpenAi, "openai"),
+        ("chat-backup", Flavor::OpenAi, "openai"),
+        ("msg-primary", Flavor::Anthropic, "anthropic"),
+        ("msg-backup", Flavor::Anthropic, "anthropic"),
+    ] {
+        let sim = SimProvider::start_named(name, flavor).await;
+        manifests.push_str(&credential(name, provider, &sim.base_url(), "sk-test"));
+        sims.push(sim);
+    }
+    for (model, first, second) in [
+        ("hedged-chat", "chat-primary", "chat-backup"),
+        ("hedged-messages", "msg-primary", "msg-backup"),
+    ] {
+        manifests.push_str(&route(
+            model,
+            &format!(
+                "  hedge: {{ after: 200ms, maxPercent: 100 }}\n  targets:\n    - credentialRef: {{ name: {first} }}\n    - credentialRef: {{ name: {second} }}\n"
+            ),
+        ));
+    }
+    for (slow, fast) in [(0, 1), (2, 3)] {
+        sims[slow].set_default(Behavior::FirstTokenAfter(SLOW));
+        sims[fast].set_default(Behavior::AnswerText(TEXT.into()));
+    }
+    let proxy = TestProxy::start(&manifests).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/resume.py");
+    let out = tokio::process::Command::new(&python)
+        .arg(&script)
+        .env("SWITCHBACK_URL", proxy.url(""))
+        .env("SWITCHBACK_OPENAI_MODEL", "hedged-chat")
+        .env("SWITCHBACK_ANTHROPIC_MODEL", "hedged-messages")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the script finishes well before the slow primaries would answer")
+        .expect("the script runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}:\n{stdout}\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let o = &got["openai"];
+    assert_eq!(
+        (&o["text"], &o["deltas"]),
+        (&TEXT.into(), &TEXT.into()),
+        "{o}"
+    );
+    assert_eq!(o["finish_reason"], "stop");
+    assert_eq!(o["model"], "hedged-chat");
+    let a = &got["anthropic"];
+    assert_eq!(
+        (&a["text"], &a["deltas"]),
+        (&TEXT.into(), &TEXT.into()),
+        "{a}"
+    );
+    assert_eq!(a["blocks"], 1, "one text block: {a}");
+    assert_eq!(a["model"], "hedged-messages");
+    for slow in [&sims[0], &sims[2]] {
+        tokio::time::timeout(Duration::from_secs(5), slow.wait_cancelled(1))
+            .await
+            .expect("each slow primary sees its connection closed");
+    }
+    for (i, sim) in sims.iter().enumerate() {
+        assert_eq!(sim.hits(), 1, "target {i}: one request each");
+    }
 }
