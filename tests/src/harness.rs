@@ -405,3 +405,40 @@ pub fn sdk_python() -> Option<std::path::PathBuf> {
     eprintln!("SKIPPED: no Python with the openai and anthropic SDKs (.ci/setup-python)");
     None
 }
+
+/// Runs `tests/sdk/resume.py` (both official SDKs stream one answer each) with
+/// `python` against `proxy`, on the chat route `openai_model` and the messages route
+/// `anthropic_model`, and returns the JSON line it prints: what each SDK made of
+/// its stream.
+pub async fn sdk_stream_script(
+    python: &std::path::Path,
+    proxy: &TestProxy,
+    openai_model: &str,
+    anthropic_model: &str,
+) -> Value {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/resume.py");
+    let out = tokio::process::Command::new(python)
+        .arg(&script)
+        .env("SWITCHBACK_URL", proxy.url(""))
+        .env("SWITCHBACK_OPENAI_MODEL", openai_model)
+        .env("SWITCHBACK_ANTHROPIC_MODEL", anthropic_model)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), out)
+        .await
+        .expect("the script finishes")
+        .expect("the script runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}:\n{stdout}\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).expect("one JSON line")
+}

@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use switchback_tests::harness::{CapturedLog, TestProxy, credential, header, route, sdk_python};
+use switchback_tests::harness::{
+    CapturedLog, TestProxy, credential, header, route, sdk_python, sdk_stream_script,
+};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider, answer_text};
 use tokio::time::Instant;
 
@@ -272,31 +274,7 @@ async fn the_official_sdks_read_a_hedged_stream_as_one_answer() {
         sims[fast].set_default(Behavior::AnswerText(TEXT.into()));
     }
     let proxy = TestProxy::start(&manifests).await;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/resume.py");
-    let out = tokio::process::Command::new(&python)
-        .arg(&script)
-        .env("SWITCHBACK_URL", proxy.url(""))
-        .env("SWITCHBACK_OPENAI_MODEL", "hedged-chat")
-        .env("SWITCHBACK_ANTHROPIC_MODEL", "hedged-messages")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), out)
-        .await
-        .expect("the script finishes well before the slow primaries would answer")
-        .expect("the script runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}:\n{stdout}\n{}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let got = sdk_stream_script(&python, &proxy, "hedged-chat", "hedged-messages").await;
     let o = &got["openai"];
     assert_eq!(
         (&o["text"], &o["deltas"]),

@@ -4,7 +4,9 @@
 //! asked to continue. Paused clock throughout: a stall is a virtual wait.
 
 use serde_json::{Value, json};
-use switchback_tests::harness::{TestProxy, credential, header, route, sdk_python, streamed_text};
+use switchback_tests::harness::{
+    TestProxy, credential, header, route, sdk_python, sdk_stream_script, streamed_text,
+};
 use switchback_tests::sim::{
     ANTHROPIC_ID, Behavior, CONTINUED_ANTHROPIC_ID, CONTINUED_OPENAI_ID, Flavor, OPENAI_ID,
     PROMPT_TOKENS, SimProvider, StreamFault, openai_tool_call_stream_events,
@@ -671,31 +673,7 @@ async fn the_official_sdks_parse_a_resumed_stream_as_one_answer() {
     sims[2].push(fail_after(3, StreamFault::Error));
     sims[3].set_default(Behavior::AnswerText(TEXT.into()));
     let proxy = TestProxy::start(&manifests).await;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/resume.py");
-    let out = tokio::process::Command::new(&python)
-        .arg(&script)
-        .env("SWITCHBACK_URL", proxy.url(""))
-        .env("SWITCHBACK_OPENAI_MODEL", "resumed-chat")
-        .env("SWITCHBACK_ANTHROPIC_MODEL", "resumed-messages")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(std::time::Duration::from_secs(120), out)
-        .await
-        .expect("the script finishes")
-        .expect("the script runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}:\n{stdout}\n{}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let got = sdk_stream_script(&python, &proxy, "resumed-chat", "resumed-messages").await;
 
     let o = &got["openai"];
     assert_eq!(o["text"], TEXT, "{o}");

@@ -60,7 +60,6 @@ pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
     let snapshot = gw.snapshot();
     let now = tokio::time::Instant::now();
     let (now_ms, wall) = (gw.now_ms(), std::time::SystemTime::now());
-    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_millis(t).to_string();
     let load = gw.report();
     let routes = snapshot
         .route_list
@@ -130,7 +129,6 @@ fn target_stats(
     wall: std::time::SystemTime,
 ) -> switchback_crds::stats::TargetStats {
     use switchback_crds::stats as doc;
-    let rfc3339 = |t: std::time::SystemTime| humantime::format_rfc3339_millis(t).to_string();
     let c = &t.counters;
     let parked = t.state.parked_until_ms();
     let (_, since) = t.state.breaker.state();
@@ -179,4 +177,9 @@ fn target_stats(
             p99_ms: t.state.latency.quantile_ms(0.99),
         },
     }
+}
+
+/// A wall-clock time as the report writes it (RFC 3339, milliseconds).
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
 }

@@ -8,21 +8,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
+use axum::http::{Response, StatusCode};
 use switchback_crds::config::{Hedge, Strategy};
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::attempt::{Attempt, Attempted, Failure, Transport, timed_out};
-use super::call::{Call, Outcome};
-use super::walk::walk;
+use super::walk::tests::{reasons, walk_with};
 use crate::config::snapshot::RouteRt;
 use crate::gateway::Gateway;
 use crate::limits::hedge::HedgeBudget;
 use crate::observe::counters::{self, RouteTargetCounters};
 use crate::observe::reason::Reason;
 use crate::pipeline::order::tests::route;
-use crate::wire::rewrite::JsonStr;
-use crate::wire::surface::Surface;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -135,27 +132,6 @@ fn hedged(n: usize, after_ms: u64, max_percent: u32, timeout_ms: u64) -> RouteRt
 
 fn gateway() -> Gateway {
     Gateway::new(1024, "test".into(), 1).unwrap()
-}
-
-async fn walk_with(gw: &Gateway, route: &RouteRt, script: &Script<'_>) -> Outcome {
-    let (headers, id) = (HeaderMap::new(), HeaderValue::from_static("req-1"));
-    let call = Call {
-        surface: Surface::ChatCompletions,
-        client_model: "m",
-        client_model_json: JsonStr::new("m"),
-        body: bytes::Bytes::from_static(br#"{"model":"m","messages":[]}"#),
-        stream: false,
-        client_headers: &headers,
-        request_id: &id,
-        client: None,
-        include_usage: None,
-        strip_usage: false,
-    };
-    walk(script, gw, route, &call, 0.0).await
-}
-
-fn reasons(outcome: &Outcome) -> Vec<(u8, Reason)> {
-    outcome.log.iter().map(|l| (l.target, l.reason)).collect()
 }
 
 fn c(route: &RouteRt, i: usize) -> &RouteTargetCounters {

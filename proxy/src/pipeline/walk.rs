@@ -353,7 +353,7 @@ impl<T: Transport> Walk<'_, '_, T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     //! The walk on tokio's paused clock, its upstream a script: every wait (an
     //! answer's delay, a backoff, a Retry-After) is exact, and nothing is sent.
 
@@ -458,9 +458,23 @@ mod tests {
         }
     }
 
-    /// Walk `route` once with `script`, from now.
+    /// Walk `route` once with `script`, from now, on a gateway of its own.
     async fn walk_once(route: &RouteRt, script: &Script<'_>) -> Outcome {
-        let gw = Gateway::new(1024, "test".into(), 1).unwrap();
+        walk_with(
+            &Gateway::new(1024, "test".into(), 1).unwrap(),
+            route,
+            script,
+        )
+        .await
+    }
+
+    /// Walk `route` once over `transport` on `gw`: a unary chat completion for
+    /// model `m` (the hedging tests share it).
+    pub(in crate::pipeline) async fn walk_with<T: Transport>(
+        gw: &Gateway,
+        route: &RouteRt,
+        transport: &T,
+    ) -> Outcome {
         let (headers, id) = (HeaderMap::new(), HeaderValue::from_static("req-1"));
         let call = Call {
             surface: Surface::ChatCompletions,
@@ -474,10 +488,10 @@ mod tests {
             include_usage: None,
             strip_usage: false,
         };
-        walk(script, &gw, route, &call, 0.0).await
+        walk(transport, gw, route, &call, 0.0).await
     }
 
-    fn reasons(outcome: &Outcome) -> Vec<(u8, Reason)> {
+    pub(in crate::pipeline) fn reasons(outcome: &Outcome) -> Vec<(u8, Reason)> {
         outcome.log.iter().map(|l| (l.target, l.reason)).collect()
     }
 
