@@ -180,6 +180,7 @@ impl TestProxy {
             threads: 0,
             limits: Default::default(),
             allow_empty_config: false,
+            budgets: Default::default(),
             auth: None,
             client_key_hmac_file: None,
             admin_token_file: None,
