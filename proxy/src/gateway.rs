@@ -223,7 +223,6 @@ impl Gateway {
         }
         let env = ClientEnv {
             standalone: self.standalone,
-            replicas: self.standalone_replicas,
             reserve: self.reserve_budgets,
             clock: self.clock(),
             settling: self.settling.clone(),

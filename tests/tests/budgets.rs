@@ -409,7 +409,7 @@ async fn walking_away_is_in_the_request_log() {
     sim.push(Behavior::Answer.after(Duration::from_millis(800)));
     sim.push(Behavior::StallMidStream { chunks: 3 });
     let yaml = manifests(&sim, Flavor::OpenAi, "  budget: { tokensPerDay: 100000 }\n");
-    let (mut proxy, admin, data) = start_binary(dir.path(), &yaml, &[]);
+    let (mut proxy, admin, data) = start_binary(dir.path(), &yaml, &["--drain-delay", "0s"]);
     let http = reqwest::Client::new();
 
     let call = {
@@ -448,7 +448,17 @@ async fn walking_away_is_in_the_request_log() {
         sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(c["requests"], 2, "{c}");
-    proxy.stop();
+    // SIGTERM: the request log is flushed on the way out (a kill would lose its tail).
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &proxy.pid().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let start = Instant::now();
+    while proxy.exited().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "still running");
+        sleep(Duration::from_millis(50)).await;
+    }
     let log = std::fs::read_to_string(dir.path().join("proxy.log")).unwrap();
     let lines: Vec<Value> = log
         .lines()

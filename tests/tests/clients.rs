@@ -286,9 +286,21 @@ async fn a_rendered_exhausted_budget_refuses_until_the_period_ends() {
 
 #[tokio::test(start_paused = true)]
 async fn standalone_the_daily_token_budget_is_spent_then_renewed_at_utc_midnight() {
-    let (primary, proxy) = setup(&format!("  budget: {{ tokensPerDay: {} }}\n", TOKENS + 1)).await;
+    // A request without max_tokens reserves the default reservation (1 here) plus
+    // its input estimate (bytes / 4): a budget of one answer plus one reservation
+    // admits a second request after the first spent 13, not a third.
+    let reserves = 1 + (chat_body("smart", false).to_string().len() as u64).div_ceil(4);
+    let (primary, proxy) = setup(&format!(
+        "  budget: {{ tokensPerDay: {}, defaultReservation: 1 }}\n",
+        TOKENS + reserves
+    ))
+    .await;
     assert_eq!(ask(&proxy).await.status(), 200);
-    assert_eq!(ask(&proxy).await.status(), 200, "13 of 14 spent: admitted");
+    assert_eq!(
+        ask(&proxy).await.status(),
+        200,
+        "13 spent, room for a reservation"
+    );
     let retry_after = refused(ask(&proxy).await, "budget_exhausted").await;
     assert!(retry_after <= 86_400, "{retry_after}");
     assert_eq!(primary.hits(), 2);

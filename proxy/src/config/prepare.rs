@@ -85,9 +85,6 @@ fn sorted<K: Clone + Ord, V>(map: &HashMap<K, Arc<V>>) -> Vec<(K, Arc<V>)> {
 pub struct ClientEnv {
     /// No operator (manifests): budgets are enforced from this replica's own counts.
     pub standalone: bool,
-    /// Standalone: the replicas sharing every client's limits and budgets
-    /// (`--replicas`); in a cluster the operator renders it per client.
-    pub replicas: u32,
     /// Requests reserve their budget before they are sent (`--budget-reservation`).
     pub reserve: bool,
     pub clock: WallClock,
@@ -381,12 +378,7 @@ fn client_rt(
     maps: &mut CarriedMaps,
     env: &ClientEnv,
 ) -> ClientRt {
-    let replicas = if env.standalone {
-        env.replicas
-    } else {
-        c.replicas
-    }
-    .max(1);
+    let replicas = c.replicas.max(1);
     let shares = Limits::shares(c, replicas);
     let limits = (shares != (None, None, None)).then(|| {
         maps.client_limits
