@@ -849,6 +849,45 @@ mod tests {
     }
 
     #[test]
+    fn a_draining_replica_is_counted_until_it_exits_but_is_no_replica() {
+        let checkout = ObjectId::new("team-a", "checkout");
+        let mut agg = Aggregator::new(300_000, START);
+        let a = |tokens| {
+            with_client(
+                report("i1", &at(0), 10, CircuitState::Closed),
+                tokens,
+                0,
+                &at(1),
+            )
+        };
+        agg.observe(
+            START + 1_000,
+            &[
+                ok("a", a(100)),
+                ok("b", report("i2", &at(0), 5, CircuitState::Closed)),
+            ],
+        );
+        assert_eq!(agg.snapshot().replicas.len(), 2);
+        // SIGTERM: a keeps counting while it drains.
+        let mut draining = a(400);
+        draining.draining = true;
+        draining.routes[0].requests = 14;
+        agg.observe(
+            START + 2_000,
+            &[
+                ok("a", draining),
+                ok("b", report("i2", &at(0), 5, CircuitState::Closed)),
+            ],
+        );
+        let s = agg.snapshot();
+        assert_eq!(s.replicas.len(), 1, "shares and Programmed count b only");
+        assert_eq!(s.draining, 1);
+        assert_eq!(s.clients[&checkout].counted.today.usage.tokens(), 400);
+        assert_eq!(s.routes[&id()].totals.requests, 19, "its requests too");
+        assert_eq!(s.routes[&id()].generations.len(), 1);
+    }
+
+    #[test]
     fn instances_older_than_the_operator_are_a_baseline() {
         let mut agg = Aggregator::new(300_000, START + 10_000);
         agg.observe(

@@ -543,6 +543,52 @@ mod tests {
     }
 
     #[test]
+    fn what_is_left_is_rendered_again_once_half_a_share_moved() {
+        let budget = Budget::of(Some(&switchback_crds::client::BudgetSpec {
+            tokens_per_day: Some(1000),
+            usd_per_month: Some("2.00".into()),
+            ..Default::default()
+        }));
+        let mut c = Counted::default();
+        c.add(NOW, &spend(400, 500_000));
+        let now = current(&Seed::default(), Some(&c), NOW);
+        let left = budget.left(&now, 7, NOW);
+        assert_eq!(
+            left,
+            BudgetLeft {
+                round: 7,
+                day: NOW / DAY_MS,
+                tokens: Some(600),
+                micro_usd: Some(1_500_000),
+            }
+        );
+        let after = |tokens: u64, usd: u64| BudgetLeft {
+            round: 8,
+            tokens: Some(tokens),
+            micro_usd: Some(usd),
+            ..left
+        };
+        // Two replicas share 600: a re-rendering once 150 (half a share) went.
+        assert!(!rerender(&left, &after(451, 1_500_000), 2));
+        assert!(rerender(&left, &after(450, 1_500_000), 2));
+        assert!(
+            rerender(&left, &after(600, 1_100_000), 2),
+            "the dollars moved"
+        );
+        assert!(!rerender(&left, &after(600, 1_500_000), 8));
+        assert!(rerender(&left, &after(0, 1_500_000), 2000), "spent");
+        let tomorrow = BudgetLeft {
+            day: left.day + 1,
+            ..left
+        };
+        assert!(rerender(&left, &tomorrow, 2), "a new day");
+        // Spent beyond it (what was in flight when it ran out): 0 left, not less.
+        c.add(NOW, &spend(700, 0));
+        let now = current(&Seed::default(), Some(&c), NOW);
+        assert_eq!(budget.left(&now, 9, NOW).tokens, Some(0));
+    }
+
+    #[test]
     fn a_counter_that_shrinks_is_a_reset() {
         let a = spend(100, 10);
         let b = spend(40, 5);

@@ -780,3 +780,63 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
         .unwrap();
     finish(server).await;
 }
+
+/// SPEC §15: what is left of a budget is rendered as of the scrape round that summed
+/// it (the proxies reserve against their share of it), kept as rendered while it
+/// barely moves, rendered again once half a share was spent, and laid over the
+/// rendered client.
+#[tokio::test]
+async fn what_is_left_of_a_budget_is_rendered_as_of_its_round_while_it_matters() {
+    let mut t = Context::test();
+    let c = client("team-a", "checkout", "keys", "app", 1_000);
+    t.caches.add_client(c.clone());
+    let id = ObjectId::new("team-a", "checkout");
+    let now = Timestamp::now().as_millisecond() as u64;
+    let round = |tokens: u64, round: u64| {
+        let mut p = proxies_with_usage(tokens);
+        p.round = round;
+        p
+    };
+    // No round yet: nothing is known of what is left.
+    let overlay = client_overlay(&t.ctx, &proxies_with_usage(400), now);
+    assert!(overlay.left.is_empty());
+
+    let overlay = client_overlay(&t.ctx, &round(400, 42), now);
+    let left = overlay.left[&id];
+    assert_eq!(
+        (left.round, left.day, left.tokens, left.micro_usd),
+        (42, now / 86_400_000, Some(600), None)
+    );
+    *t.ctx.overlay.write().unwrap() = Arc::new(overlay.clone());
+    // 100 more of a 600 share: the rendering stands (no ConfigMap write).
+    let kept = client_overlay(&t.ctx, &round(500, 43), now);
+    assert_eq!(kept, overlay);
+    // 300 of it, half the share: rendered again.
+    let moved = client_overlay(&t.ctx, &round(700, 44), now);
+    assert_eq!(moved.left[&id].round, 44);
+    assert_eq!(moved.left[&id].tokens, Some(300));
+
+    let routes = [route("team-a", "smart", 1, &["openai"])];
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    let keys = secret(
+        "team-a",
+        "keys",
+        &[("openai", "sk-a"), ("app", "0123456789abcdef-app")],
+    );
+    let mut rendering = render(
+        &Inputs {
+            routes: &routes,
+            credentials: &creds,
+            clients: std::slice::from_ref(&c),
+            secrets: std::slice::from_ref(&keys),
+            ..Default::default()
+        },
+        &BTreeMap::new(),
+    );
+    rendering.lay_over(&moved);
+    assert_eq!(
+        rendering.namespaces["team-a"].config.clients[0].budget.left,
+        Some(moved.left[&id]),
+        "the ConfigMap of the client's namespace carries it"
+    );
+}

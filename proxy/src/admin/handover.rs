@@ -86,3 +86,35 @@ pub async fn hand_over(gw: &Gateway, within: Duration) -> bool {
     }
     handed
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_waits_for_the_operator_to_read_what_it_counted() {
+        let gw = std::sync::Arc::new(Gateway::new(1024, "test".into(), 1).unwrap());
+        // Never read by an operator (standalone): nothing to wait for.
+        assert!(hand_over(&gw, Duration::from_secs(10)).await);
+        // Read, then something counted (a continuation still running, here): the wait
+        // ends when it is done and a scrape has read its count.
+        gw.handover.read(fingerprint(&gw) + 1);
+        gw.settling
+            .spawn(tokio::time::sleep(Duration::from_secs(2)));
+        let read = {
+            let gw = gw.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                gw.handover.read(fingerprint(&gw));
+            })
+        };
+        let started = tokio::time::Instant::now();
+        assert!(hand_over(&gw, Duration::from_secs(10)).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        read.await.unwrap();
+        // Nobody reads it: the wait is bounded.
+        gw.handover.read(fingerprint(&gw) + 1);
+        assert!(!hand_over(&gw, Duration::from_secs(5)).await);
+        assert_eq!(started.elapsed(), Duration::from_secs(8));
+    }
+}

@@ -815,6 +815,177 @@ mod tests {
         assert_eq!(month_index(days(t("1970-01-01T00:00:00Z"))), 1970 * 12);
     }
 
+    /// A client with `budget`, `replicas` sharing it, at 2026-12-02T10:00:00Z.
+    fn client(budget: ClientBudget, replicas: u32, reserve: bool) -> ClientUsage {
+        counting(budget, replicas, reserve, Arc::default())
+    }
+
+    /// [`client`] on `counters` (a reload keeps them).
+    fn counting(
+        budget: ClientBudget,
+        replicas: u32,
+        reserve: bool,
+        counters: Arc<ClientCounters>,
+    ) -> ClientUsage {
+        let started = humantime::parse_rfc3339("2026-12-02T10:00:00Z").unwrap();
+        ClientUsage {
+            client: Arc::new(ClientRt {
+                id: ObjectId::new("team-a", "app"),
+                label: "team-a/app".into(),
+                counters,
+                limits: None,
+                exhausted: None,
+                budget: Some(budget),
+                replicas,
+                reserve,
+                standalone: false,
+                clock: WallClock::new(started, Instant::now()),
+                settling: Arc::default(),
+            }),
+            route: Arc::default(),
+        }
+    }
+
+    fn tokens(per_day: u64) -> ClientBudget {
+        ClientBudget {
+            tokens_per_day: Some(per_day),
+            ..Default::default()
+        }
+    }
+
+    fn spend(c: &ClientUsage, input: u64, output: u64) {
+        c.record(
+            Usage {
+                input_tokens: input,
+                output_tokens: output,
+            },
+            None,
+        );
+    }
+
+    fn need(c: &ClientUsage, cap: u64, body: usize) -> Need {
+        Need::of(
+            Some(("max_tokens", cap)),
+            body,
+            c.client.budget.as_ref().unwrap(),
+            None,
+            true,
+        )
+    }
+
+    fn admit(c: &ClientUsage, n: &Need) -> Result<Admitted, Throttled> {
+        c.client.admit(Instant::now(), n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_reserve_their_cap_and_input_and_settle_to_what_they_used() {
+        let c = client(tokens(1000), 1, true);
+        // max_tokens 100 and 80 bytes of request: 100 + 20 reserved each.
+        let n = need(&c, 100, 80);
+        assert_eq!((n.tokens, n.output, n.input), (120, 100, 20));
+        let mut held: Vec<Admitted> = (0..8).map(|_| admit(&c, &n).unwrap()).collect();
+        assert_eq!(c.client.counters.reserved_tokens(), 960);
+        let Err(Throttled::NotCovered(u)) = admit(&c, &n) else {
+            panic!("a ninth does not fit 1000");
+        };
+        assert_eq!(
+            (u.share, u.spent, u.reserved, u.retry_after),
+            (1000, 0, 960, 1)
+        );
+        assert!(!u.never_fits(), "room once the others settle");
+        // One answer used 110 of its 120: settled, 10 come back.
+        spend(&c, 10, 100);
+        held.pop();
+        assert_eq!(c.client.counters.reserved_tokens(), 840);
+        let Err(Throttled::NotCovered(_)) = admit(&c, &n) else {
+            panic!("110 + 840 + 120 is over 1000");
+        };
+        assert_eq!(
+            c.client.counters.budget_exhausted.load(Ordering::Relaxed),
+            2
+        );
+        // A cap that alone exceeds what is left never fits, whatever settles.
+        let Err(Throttled::NotCovered(u)) = admit(&c, &need(&c, 5000, 80)) else {
+            panic!("5020 of 1000");
+        };
+        assert!(u.never_fits());
+        assert_eq!(u.need.cap, Some(("max_tokens", 5000)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_cap_the_default_reservation_is_reserved_and_embeddings_reserve_input_only() {
+        let b = ClientBudget {
+            tokens_per_day: Some(10_000),
+            default_reservation: Some(300),
+            ..Default::default()
+        };
+        let n = Need::of(None, 40, &b, None, true);
+        assert_eq!((n.tokens, n.cap), (310, None));
+        let n = Need::of(Some(("max_tokens", 50)), 40, &b, None, false);
+        assert_eq!((n.tokens, n.output, n.cap), (10, 0, None), "an embedding");
+        let price = Price {
+            input_per_million: 2.5,
+            output_per_million: 10.0,
+        };
+        let n = Need::of(Some(("max_tokens", 100)), 400, &b, Some(&price), true);
+        assert_eq!(
+            n.micro_usd,
+            100 * 25 / 10 + 100 * 10,
+            "priced as the first target"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rendered_remainder_is_shared_and_counted_from_the_replicas_own_reading() {
+        let mut b = tokens(1000);
+        let c = client(b, 2, true);
+        // Before the operator's round 7, this replica had counted 300 tokens...
+        spend(&c, 100, 200);
+        c.client.counters.read_at(Counted {
+            round: 7,
+            tokens: 300,
+            micro_usd: 0,
+        });
+        // ...and since, 50 more.
+        spend(&c, 0, 50);
+        // The operator summed 600 over both replicas at round 7: 400 left, 200 each.
+        b.left = Some(switchback_crds::config::BudgetLeft {
+            round: 7,
+            day: day_of(c.client.clock.unix(Instant::now())),
+            tokens: Some(400),
+            micro_usd: None,
+        });
+        let c = counting(b, 2, true, c.client.counters.clone());
+        let ok = admit(&c, &need(&c, 130, 80)).expect("50 + 150 of 200");
+        let Err(Throttled::NotCovered(u)) = admit(&c, &need(&c, 0, 4)) else {
+            panic!("nothing left of the share");
+        };
+        assert_eq!((u.share, u.spent, u.reserved), (200, 50, 150));
+        drop(ok);
+        // A rendering of a round this replica did not answer counts from the last one
+        // it did before (what the operator had of it); a later replica from zero.
+        c.client.counters.read_at(Counted {
+            round: 9,
+            tokens: 350,
+            micro_usd: 0,
+        });
+        let l = c.client.counters.ledger();
+        assert_eq!(l.basis(8).tokens, 300);
+        assert_eq!(l.basis(9).tokens, 350);
+        assert_eq!(l.basis(6), Counted::default());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_reservation_only_what_was_counted_is_checked() {
+        let c = client(tokens(100), 1, false);
+        let n = need(&c, 1000, 80);
+        let ok = admit(&c, &n).expect("nothing reserved, nothing counted yet");
+        assert!(ok.reserved.is_none());
+        admit(&c, &n).expect("still nothing counted");
+        spend(&c, 50, 50);
+        assert!(matches!(admit(&c, &n), Err(Throttled::NotCovered(_))));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_bucket_refills_evenly_and_may_go_negative() {
         let b = Bucket::per_minute(2);
