@@ -137,7 +137,8 @@ impl ClientCounters {
         (tokens, self.micro_usd.load(Ordering::Relaxed))
     }
 
-    /// The operator's scrape round `round` read these counters (see [`BudgetLeft`]).
+    /// The operator's scrape round `round` read these counters (see
+    /// `switchback_crds::config::BudgetLeft`).
     pub fn read_at(&self, counted: Counted) {
         if counted.round == 0 {
             return;
