@@ -133,31 +133,19 @@ async fn run(
     let mut proxies: Vec<(Process, String, String)> = (0..replicas)
         .map(|i| {
             let log = dir.path().join(format!("proxy-{i}.log"));
-            let args = |[data, admin]: [u16; 2]| -> Vec<String> {
-                [
-                    "--manifests",
-                    manifests.to_str().unwrap(),
-                    "--listen",
-                    &format!("127.0.0.1:{data}"),
-                    "--admin-listen",
-                    &format!("127.0.0.1:{admin}"),
+            let n = replicas.to_string();
+            let (p, [data, admin]) = Process::start_proxy(
+                &bin.join("switchback-proxy"),
+                &manifests,
+                &log,
+                &[
                     "--threads",
                     "1",
                     "--replicas",
-                    &replicas.to_string(),
+                    &n,
                     "--budget-reservation",
                     reservation,
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
-            };
-            let (p, [data, admin]) = Process::start_listening(
-                "switchback-proxy",
-                &bin.join("switchback-proxy"),
-                args,
-                &log,
-                "switchback-proxy serving",
+                ],
             );
             (
                 p,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use switchback_tests::binaries::{Process, build};
-use switchback_tests::harness::{TestProxy, credential, route};
+use switchback_tests::harness::{TestProxy, priced_client};
 use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -28,32 +28,7 @@ fn manifests(sim: &SimProvider, flavor: Flavor, client_spec: &str) -> String {
         Flavor::Anthropic => "anthropic",
         _ => "openai",
     };
-    [
-        credential("primary", provider, &sim.base_url(), "sk-primary"),
-        route(
-            "smart",
-            "  timeout: 60s
-  targets:
-    - credentialRef: { name: primary }
-      price: { inputPerMillion: \"2.50\", outputPerMillion: \"10.00\" }
-",
-        ),
-        format!(
-            "---
-apiVersion: v1
-kind: Secret
-metadata: {{ name: app-llm, namespace: team-a }}
-stringData: {{ apiKey: \"{KEY}\" }}
----
-apiVersion: switchback.dev/v1alpha1
-kind: LLMClient
-metadata: {{ name: app, namespace: team-a }}
-spec:
-  keySecretRef: {{ name: app-llm, key: apiKey }}
-{client_spec}"
-        ),
-    ]
-    .concat()
+    priced_client(provider, &sim.base_url(), KEY, client_spec)
 }
 
 /// team-a/app as `/admin/v1/stats` at `admin` (a base URL) reports it.
@@ -89,32 +64,10 @@ fn start_binary(dir: &Path, manifests: &str, extra: &[&str]) -> (Process, String
     let file = dir.join("switchback.yaml");
     std::fs::write(&file, manifests).unwrap();
     let log = dir.join("proxy.log");
-    let args = |[data, admin]: [u16; 2]| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "--manifests",
-            file.to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{data}"),
-            "--admin-listen",
-            &format!("127.0.0.1:{admin}"),
-            "--threads",
-            "2",
-            "--log-format",
-            "json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
-    let (process, [data, admin]) = Process::start_listening(
-        "switchback-proxy",
-        &build().join("switchback-proxy"),
-        args,
-        &log,
-        "switchback-proxy serving",
-    );
+    let mut args = vec!["--threads", "2", "--log-format", "json"];
+    args.extend(extra);
+    let (process, [data, admin]) =
+        Process::start_proxy(&build().join("switchback-proxy"), &file, &log, &args);
     (
         process,
         format!("http://127.0.0.1:{admin}"),

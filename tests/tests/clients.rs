@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 use switchback_crds::config::Exhausted;
 use switchback_proxy::sources::standalone::compile_manifests_for;
-use switchback_tests::harness::{TestProxy, chat_body, credential, header, route};
+use switchback_tests::harness::{TestProxy, chat_body, header, priced_client};
 use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
 
 const KEY: &str = "sk-team-a-app-0123456789";
@@ -36,32 +36,7 @@ async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProx
         Flavor::Anthropic => "anthropic",
         Flavor::Vertex => "vertex",
     };
-    let manifests = [
-        credential("primary", provider, &primary.base_url(), "sk-primary"),
-        route(
-            "smart",
-            "  timeout: 60s
-  targets:
-    - credentialRef: { name: primary }
-      price: { inputPerMillion: \"2.50\", outputPerMillion: \"10.00\" }
-",
-        ),
-        format!(
-            "---
-apiVersion: v1
-kind: Secret
-metadata: {{ name: app-llm, namespace: team-a }}
-stringData: {{ apiKey: \"{KEY}\" }}
----
-apiVersion: switchback.dev/v1alpha1
-kind: LLMClient
-metadata: {{ name: app, namespace: team-a }}
-spec:
-  keySecretRef: {{ name: app-llm, key: apiKey }}
-{client_spec}"
-        ),
-    ]
-    .concat();
+    let manifests = priced_client(provider, &primary.base_url(), KEY, client_spec);
     let proxy = TestProxy::start(&manifests).await;
     (primary, proxy)
 }

@@ -17,7 +17,7 @@ use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::ObjectId;
 use switchback_crds::delivery;
 use switchback_crds::route::TotalStats;
-use switchback_crds::{LLMRoute, ProviderCredential};
+use switchback_crds::{LLMClient, LLMRoute, ProviderCredential};
 
 use super::client::{client_overlay, reconcile_client};
 use super::credential::{FINALIZER, reconcile_credential};
@@ -28,7 +28,7 @@ use super::{Context, RESYNC, error_policy};
 use crate::aggregate::{Aggregator, Snapshot};
 use crate::fixtures::{Expect, GATEWAY, client, credential, finish, route, secret};
 use crate::metrics::ErrorLabels;
-use crate::render::render;
+use crate::render::{Rendering, render};
 use crate::status::{self, RouteFacts};
 use crate::usage;
 
@@ -696,9 +696,9 @@ fn proxies_with_usage(tokens: u64) -> Snapshot {
     agg.snapshot().clone()
 }
 
-#[tokio::test]
-async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready() {
-    let mut t = Context::test();
+/// `c` rendered with team-a's route `smart` on credential `openai` (keys in Secret
+/// `keys`), and those two.
+fn rendered_with_smart(c: &LLMClient) -> (Rendering, [LLMRoute; 1], [ProviderCredential; 1]) {
     let keys = secret(
         "team-a",
         "keys",
@@ -706,18 +706,25 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
     );
     let routes = [route("team-a", "smart", 1, &["openai"])];
     let creds = [credential("team-a", "openai", "keys", "openai")];
-    let c = client("team-a", "checkout", "keys", "app", 1_000);
-    t.caches.add_client(c.clone());
     let rendering = render(
         &Inputs {
             routes: &routes,
             credentials: &creds,
-            clients: std::slice::from_ref(&c),
+            clients: std::slice::from_ref(c),
             secrets: std::slice::from_ref(&keys),
             ..Default::default()
         },
         &BTreeMap::new(),
     );
+    (rendering, routes, creds)
+}
+
+#[tokio::test]
+async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready() {
+    let mut t = Context::test();
+    let c = client("team-a", "checkout", "keys", "app", 1_000);
+    t.caches.add_client(c.clone());
+    let (rendering, routes, creds) = rendered_with_smart(&c);
     let world = World::new(rendering, &routes, &creds, std::slice::from_ref(&c));
     *t.ctx.world.write().unwrap() = Some(Arc::new(world));
 
@@ -816,23 +823,7 @@ async fn what_is_left_of_a_budget_is_rendered_as_of_its_round_while_it_matters()
     assert_eq!(moved.left[&id].round, 44);
     assert_eq!(moved.left[&id].tokens, Some(300));
 
-    let routes = [route("team-a", "smart", 1, &["openai"])];
-    let creds = [credential("team-a", "openai", "keys", "openai")];
-    let keys = secret(
-        "team-a",
-        "keys",
-        &[("openai", "sk-a"), ("app", "0123456789abcdef-app")],
-    );
-    let mut rendering = render(
-        &Inputs {
-            routes: &routes,
-            credentials: &creds,
-            clients: std::slice::from_ref(&c),
-            secrets: std::slice::from_ref(&keys),
-            ..Default::default()
-        },
-        &BTreeMap::new(),
-    );
+    let (mut rendering, _, _) = rendered_with_smart(&c);
     rendering.lay_over(&moved);
     assert_eq!(
         rendering.namespaces["team-a"].config.clients[0].budget.left,
