@@ -136,6 +136,8 @@ fn uncovered(client: &ClientRt, u: &Uncovered) -> String {
     let need = if usd { u.need.micro_usd } else { u.need.tokens };
     let what = match u.need.cap {
         Some((field, n)) => format!("{field} ({n}) plus the input estimate ({})", u.need.input),
+        // An embeddings request reserves its input only.
+        None if u.need.output == 0 => format!("the input estimate ({})", u.need.input),
         None => format!(
             "the default reservation ({}, budget.defaultReservation: the request sets no \
              max_tokens) plus the input estimate ({})",
@@ -144,11 +146,14 @@ fn uncovered(client: &ClientRt, u: &Uncovered) -> String {
     };
     let left = u.share.saturating_sub(u.spent);
     if u.never_fits() {
-        let lower = u.need.cap.map_or("set max_tokens", |(field, _)| field);
+        let advice = match u.need.cap {
+            Some((field, _)) => format!("lower {field}"),
+            None if u.need.output == 0 => "send less input".into(),
+            None => "set a max_tokens below it (or lower budget.defaultReservation)".into(),
+        };
         format!(
             "the LLMClient {} cannot reserve {} for this request ({what}): {} of \
-             budget.{} is left on this replica (its share); lower {lower}, or retry \
-             after {} s",
+             budget.{} is left on this replica (its share); {advice}, or retry after {} s",
             client.label,
             amount(need),
             amount(left),
