@@ -637,6 +637,33 @@ fn client_rules_agree() {
             true,
         ),
         (
+            "a default reservation within the day's tokens",
+            Box::new(|s| set(s, &["budget", "defaultReservation"], "4000")),
+            true,
+        ),
+        (
+            "a default reservation over the day's tokens",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["budget"],
+                    "{ tokensPerDay: 500, defaultReservation: 600 }",
+                )
+            }),
+            false,
+        ),
+        (
+            "a default reservation with a cost budget only",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["budget"],
+                    "{ usdPerMonth: '10', defaultReservation: 900000 }",
+                )
+            }),
+            true,
+        ),
+        (
             "no budget at all",
             Box::new(|s| {
                 if let Some(spec) = s.as_mapping_mut() {

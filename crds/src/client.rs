@@ -91,6 +91,7 @@ pub struct ClientLimitsSpec {
 /// Spending caps of one client.
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!has(self.defaultReservation) || !has(self.tokensPerDay) || self.defaultReservation <= self.tokensPerDay").message("defaultReservation must not exceed tokensPerDay: a request without an output cap could never be admitted").field_path(".defaultReservation"))]
 pub struct BudgetSpec {
     /// Input + output tokens per UTC day. 1 to 1000000000000. Default: no cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,6 +105,17 @@ pub struct BudgetSpec {
     #[schemars(schema_with = "schema::decimal")]
     #[x_kube(validation = Rule::new("self.matches('[1-9]')").message("must be above 0"))]
     pub usd_per_month: Option<String>,
+
+    /// Tokens a request reserves when it sets no output cap (max_tokens,
+    /// max_completion_tokens or max_output_tokens), besides its input estimate (request
+    /// bytes / 4). A request is sent upstream only while the budget left, less what
+    /// the requests in flight reserved, covers its reservation; the reservation is
+    /// settled to the usage the provider reports when the answer ends. Priced with the
+    /// route's first target for usdPerMonth. 1 to 1000000, and at most tokensPerDay.
+    /// Default: 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub default_reservation: Option<i64>,
 }
 
 /// Observed state of an LLMClient, written by the operator.

@@ -583,6 +583,51 @@ pub struct ClientBudget {
     pub tokens_per_day: Option<u64>,
     /// USD per UTC calendar month, from the targets' prices.
     pub usd_per_month: Option<f64>,
+    /// Tokens a request without an output cap reserves (`budget.defaultReservation`);
+    /// `None`: [`crate::schema::DEFAULT_RESERVATION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_reservation: Option<u64>,
+    /// Rendered by the operator from the usage summed over every replica: what is left
+    /// of each budget, cluster-wide, as of one scrape round. Each replica may spend
+    /// `left / replicas` of it from that round on (see [`BudgetLeft`]). `None`
+    /// standalone, and until the operator's first scrape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left: Option<BudgetLeft>,
+}
+
+impl ClientBudget {
+    /// Whether any budget is set.
+    pub fn is_set(&self) -> bool {
+        self.tokens_per_day.is_some() || self.usd_per_month.is_some()
+    }
+
+    /// Tokens a request without an output cap reserves.
+    pub fn default_reservation(&self) -> u64 {
+        self.default_reservation
+            .unwrap_or(crate::schema::DEFAULT_RESERVATION)
+    }
+}
+
+/// What is left of a client's budgets cluster-wide, as the operator summed the usage
+/// of scrape round `round` (the proxies' stats are read with `?round=`, and each
+/// replica remembers its own counters at the rounds it answered). A replica may spend
+/// `left / replicas` from its counters at that round on: the replicas together stay
+/// within what was left, however stale the rendering is by the time it arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BudgetLeft {
+    /// The scrape round (the operator's clock, ms since the Unix epoch, at its start).
+    pub round: u64,
+    /// The UTC day (days since 1970-01-01) the round fell in: `tokens` are that day's,
+    /// `microUsd` that day's month's. Past it, a replica goes back to `budget /
+    /// replicas` of its own counts until the next rendering.
+    pub day: u64,
+    /// Tokens of `tokensPerDay` left (0 when spent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// Millionths of a USD of `usdPerMonth` left (0 when spent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_usd: Option<u64>,
 }
 
 /// A `bedrock` credential's AWS access key pair and optional session token, read from

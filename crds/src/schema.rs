@@ -42,6 +42,11 @@ pub const MAX_REQUESTS_PER_MINUTE: i32 = 1_000_000;
 pub const MAX_TOKENS_PER_MINUTE: i32 = 1_000_000_000;
 pub const MAX_CLIENT_CONCURRENCY: i32 = 100_000;
 pub const MAX_TOKENS_PER_DAY: i64 = 1_000_000_000_000;
+/// `budget.defaultReservation`: tokens a request without an output cap reserves. The
+/// largest output of today's models is ~128k tokens; a million catches a misplaced digit.
+pub const MAX_DEFAULT_RESERVATION: i64 = 1_000_000;
+/// `budget.defaultReservation` when unset.
+pub const DEFAULT_RESERVATION: u64 = 1_000;
 
 pub const MODES: [&str; 4] = ["fallback", "loadbalance", "least-latency", "cost-optimized"];
 pub const PROVIDERS: [&str; 7] = [

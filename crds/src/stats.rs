@@ -34,6 +34,11 @@ pub struct StatsReport {
     /// (a proxy without clients reports what it did before clients existed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<ClientStats>,
+    /// The replica is shutting down (SIGTERM): it serves what it has but takes no new
+    /// clients. The operator keeps reading its counts until it exits, and leaves it
+    /// out of the ready replicas (limits' and budgets' shares, `Programmed`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// What one replica saw of one LLMClient, cumulative since the replica started.
@@ -57,6 +62,21 @@ pub struct ClientStats {
     /// RFC 3339: the last request of this client, let through or refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_request_at: Option<String>,
+    /// Requests whose usage was estimated, not reported by the provider: streams the
+    /// client left mid-answer (cancelled upstream at once), or whose usage did not
+    /// follow their content within 10 s. Their tokens (prompt and content relayed,
+    /// bytes / 4) are in the counts above, and in `estimatedTokens` too.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub estimated_requests: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub estimated_tokens: u64,
+    /// Tokens reserved now by this client's requests in flight (budgets, SPEC §15).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -202,6 +202,7 @@ fn main() {
         config_generation: 1,
         config_error: None,
         clients: Vec::new(),
+        draining: false,
         routes: routes
             .iter()
             .map(|r| {

@@ -232,8 +232,13 @@ pub struct ClientView {
 /// The outcome of the latest round.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// Every ready replica of the round, scraped or not.
+    /// Every ready replica of the round, scraped or not (not the draining ones: their
+    /// counts are taken, but they share no limit and serve no new generation).
     pub replicas: Vec<Replica>,
+    /// Replicas read this round that are shutting down.
+    pub draining: usize,
+    /// The scrape round's id (see `scrape::scrape`), set by the scrape loop.
+    pub round: u64,
     pub routes: BTreeMap<ObjectId, RouteView>,
     /// Clients any replica reported, or counted since this operator started.
     pub clients: BTreeMap<ObjectId, ClientView>,
@@ -326,6 +331,7 @@ impl Aggregator {
     pub fn observe(&mut self, now_ms: u64, scrapes: &[Scrape]) -> Vec<Transition> {
         let bucket = now_ms - now_ms % BUCKET_MS;
         let mut replicas = Vec::new();
+        let mut draining = 0;
         let mut per_route: BTreeMap<ObjectId, Vec<(&str, &RouteStats)>> = BTreeMap::new();
         for scrape in scrapes {
             let report = match &scrape.result {
@@ -339,12 +345,17 @@ impl Aggregator {
                     continue;
                 }
             };
+            self.take(now_ms, bucket, report);
+            if report.draining {
+                // Its counts matter until it exits (SPEC §15); nothing else does.
+                draining += 1;
+                continue;
+            }
             replicas.push(Replica {
                 endpoint: scrape.endpoint.clone(),
                 error: None,
                 config_error: report.config_error.clone(),
             });
-            self.take(now_ms, bucket, report);
             for route in &report.routes {
                 per_route
                     .entry(route.route.clone())
@@ -378,6 +389,8 @@ impl Aggregator {
             .collect();
         let next = Snapshot {
             replicas,
+            draining,
+            round: 0,
             routes,
             clients,
             window_seconds: self.window_ms / 1000,
@@ -677,6 +690,7 @@ mod tests {
             config_generation: 1,
             config_error: None,
             clients: Vec::new(),
+            draining: false,
             routes: vec![RouteStats {
                 route: id(),
                 generation: 3,
@@ -725,6 +739,7 @@ mod tests {
             rate_limited,
             budget_exhausted: 0,
             last_request_at: Some(last.into()),
+            ..Default::default()
         }];
         r
     }
@@ -831,6 +846,45 @@ mod tests {
             &[ok("b", report("i2", &at(0), 9, CircuitState::Closed))],
         );
         assert_eq!(agg.snapshot().routes[&id()].totals.requests, 22);
+    }
+
+    #[test]
+    fn a_draining_replica_is_counted_until_it_exits_but_is_no_replica() {
+        let checkout = ObjectId::new("team-a", "checkout");
+        let mut agg = Aggregator::new(300_000, START);
+        let a = |tokens| {
+            with_client(
+                report("i1", &at(0), 10, CircuitState::Closed),
+                tokens,
+                0,
+                &at(1),
+            )
+        };
+        agg.observe(
+            START + 1_000,
+            &[
+                ok("a", a(100)),
+                ok("b", report("i2", &at(0), 5, CircuitState::Closed)),
+            ],
+        );
+        assert_eq!(agg.snapshot().replicas.len(), 2);
+        // SIGTERM: a keeps counting while it drains.
+        let mut draining = a(400);
+        draining.draining = true;
+        draining.routes[0].requests = 14;
+        agg.observe(
+            START + 2_000,
+            &[
+                ok("a", draining),
+                ok("b", report("i2", &at(0), 5, CircuitState::Closed)),
+            ],
+        );
+        let s = agg.snapshot();
+        assert_eq!(s.replicas.len(), 1, "shares and Programmed count b only");
+        assert_eq!(s.draining, 1);
+        assert_eq!(s.clients[&checkout].counted.today.usage.tokens(), 400);
+        assert_eq!(s.routes[&id()].totals.requests, 19, "its requests too");
+        assert_eq!(s.routes[&id()].generations.len(), 1);
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub fn client(ns: &str, name: &str, secret: &str, key: &str, tokens_per_day: i64
             },
             budget: Some(switchback_crds::client::BudgetSpec {
                 tokens_per_day: Some(tokens_per_day),
-                usd_per_month: None,
+                ..Default::default()
             }),
             ..Default::default()
         },

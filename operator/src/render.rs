@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use switchback_crds::compile::{Compiled, Diagnostic, Inputs, Kind, Severity, compile, reason};
-use switchback_crds::config::{Client, CompiledConfig, Exhausted, ObjectId, Route};
+use switchback_crds::config::{BudgetLeft, Client, CompiledConfig, Exhausted, ObjectId, Route};
 use switchback_crds::delivery::{self, NamespaceConfig};
 use switchback_crds::revision::{Revision, Revisions};
 
@@ -42,12 +42,14 @@ pub struct Rendering {
 }
 
 /// What the operator lays over the rendered clients from the proxies' traffic: the
-/// ready replicas that share each limit, and the budgets spent.
+/// ready replicas that share each limit and budget, the budgets spent, and what is
+/// left of each budget (SPEC §15).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClientOverlay {
     /// Ready proxy replicas (0 before the first scrape: rendered as 1).
     pub replicas: u32,
     pub exhausted: BTreeMap<ObjectId, Exhausted>,
+    pub left: BTreeMap<ObjectId, BudgetLeft>,
 }
 
 impl Rendering {
@@ -62,6 +64,7 @@ impl Rendering {
         let apply = |c: &mut Client| {
             c.replicas = overlay.replicas.max(1);
             c.exhausted = overlay.exhausted.get(&c.id).cloned();
+            c.budget.left = overlay.left.get(&c.id).copied();
         };
         self.compiled.config.clients.iter_mut().for_each(apply);
         for part in self.namespaces.values_mut() {

@@ -1,6 +1,9 @@
 //! Finding the proxy replicas and reading their `/admin/v1/stats`: the ready
-//! endpoints of the proxy admin Service (EndpointSlices), or the fixed
-//! `--proxy-admin-url` list for proxies run outside the cluster.
+//! endpoints of the proxy admin Service (EndpointSlices), and the terminating ones
+//! until they are gone (a draining replica still counts usage: SPEC §15), or the
+//! fixed `--proxy-admin-url` list for proxies run outside the cluster. Each read
+//! names the scrape round it belongs to (`?round=`), which the proxies remember
+//! their client counters at (see `switchback_crds::config::BudgetLeft`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -16,6 +19,14 @@ use crate::aggregate::Scrape;
 /// One scrape may take this long.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A replica to read, as found: its admin base URL, and whether it is shutting down
+/// (scraped for its counts, not counted among the ready replicas).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub url: String,
+    pub terminating: bool,
+}
+
 /// Where the replicas are.
 #[derive(Clone, Debug)]
 pub enum Replicas {
@@ -30,12 +41,17 @@ pub enum Replicas {
 }
 
 impl Replicas {
-    /// Admin base URLs of the ready replicas.
-    pub async fn discover(&self, client: &Client) -> Result<Vec<String>, kube::Error> {
+    /// The replicas to read: ready ones, and terminating ones until they exit. A
+    /// fixed URL is read whatever its readiness; one that drains says so in its
+    /// stats.
+    pub async fn discover(&self, client: &Client) -> Result<Vec<Found>, kube::Error> {
         match self {
             Replicas::Urls(urls) => Ok(urls
                 .iter()
-                .map(|u| u.trim_end_matches('/').to_string())
+                .map(|u| Found {
+                    url: u.trim_end_matches('/').to_string(),
+                    terminating: false,
+                })
                 .collect()),
             Replicas::Service {
                 namespace,
@@ -49,14 +65,16 @@ impl Replicas {
                             .labels(&format!("kubernetes.io/service-name={name}")),
                     )
                     .await?;
-                Ok(ready_endpoints(&slices.items, port_name))
+                Ok(endpoints(&slices.items, port_name))
             }
         }
     }
 }
 
-/// Pure: `http://ip:port` of every ready endpoint in `slices` on `port_name`.
-pub fn ready_endpoints(slices: &[EndpointSlice], port_name: &str) -> Vec<String> {
+/// Pure: `http://ip:port` on `port_name` of every endpoint in `slices` that is ready,
+/// or terminating (serving or not: a replica that drains answers 503 on /readyz but
+/// still counts what its open requests spend, until it exits and leaves the slice).
+pub fn endpoints(slices: &[EndpointSlice], port_name: &str) -> Vec<Found> {
     let mut out = Vec::new();
     for slice in slices {
         let Some(port) = slice
@@ -69,12 +87,11 @@ pub fn ready_endpoints(slices: &[EndpointSlice], port_name: &str) -> Vec<String>
             continue;
         };
         for endpoint in slice.endpoints.iter().flatten() {
-            let ready = endpoint
-                .conditions
-                .as_ref()
-                .and_then(|c| c.ready)
-                .unwrap_or(true); // "unknown" is ready, per the EndpointSlice API
-            if !ready {
+            let conditions = endpoint.conditions.as_ref();
+            // "unknown" is ready, per the EndpointSlice API.
+            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+            if !ready && !terminating {
                 continue;
             }
             for address in endpoint.addresses.iter().take(1) {
@@ -83,21 +100,29 @@ pub fn ready_endpoints(slices: &[EndpointSlice], port_name: &str) -> Vec<String>
                 } else {
                     address.clone()
                 };
-                out.push(format!("http://{host}:{port}"));
+                out.push(Found {
+                    url: format!("http://{host}:{port}"),
+                    terminating,
+                });
             }
         }
     }
-    out.sort();
-    out.dedup();
+    out.sort_by(|a, b| a.url.cmp(&b.url));
+    out.dedup_by(|a, b| a.url == b.url);
     out
 }
 
-/// Scrapes one replica, with the admin token (`--proxy-admin-token-file`) as
-/// `Authorization: Bearer` when there is one.
-pub async fn scrape(http: &reqwest::Client, base: &str, token: Option<&AdminToken>) -> Scrape {
+/// Scrapes one replica in scrape round `round`, with the admin token
+/// (`--proxy-admin-token-file`) as `Authorization: Bearer` when there is one.
+pub async fn scrape(
+    http: &reqwest::Client,
+    base: &str,
+    token: Option<&AdminToken>,
+    round: u64,
+) -> Scrape {
     let result = async {
         let mut request = http
-            .get(format!("{base}/admin/v1/stats"))
+            .get(format!("{base}/admin/v1/stats?round={round}"))
             .timeout(SCRAPE_TIMEOUT);
         if let Some(token) = token {
             // Marked sensitive: never shown in reqwest's Debug output.
@@ -178,21 +203,25 @@ mod tests {
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 
     #[test]
-    fn only_ready_endpoints_on_the_admin_port() {
-        let endpoint = |ip: &str, ready: Option<bool>| Endpoint {
+    fn ready_and_terminating_endpoints_on_the_admin_port() {
+        let endpoint = |ip: &str, ready: Option<bool>, terminating: Option<bool>| Endpoint {
             addresses: vec![ip.to_string()],
             conditions: Some(EndpointConditions {
                 ready,
-                ..EndpointConditions::default()
+                serving: ready,
+                terminating,
             }),
             ..Endpoint::default()
         };
         let slice = EndpointSlice {
             address_type: "IPv4".into(),
             endpoints: Some(vec![
-                endpoint("10.0.0.1", Some(true)),
-                endpoint("10.0.0.2", Some(false)),
-                endpoint("10.0.0.3", None),
+                endpoint("10.0.0.1", Some(true), None),
+                // Not ready, not terminating: starting, or failing its probe.
+                endpoint("10.0.0.2", Some(false), Some(false)),
+                endpoint("10.0.0.3", None, None),
+                // Draining after SIGTERM: /readyz says 503, its counts still matter.
+                endpoint("10.0.0.4", Some(false), Some(true)),
             ]),
             ports: Some(vec![
                 EndpointPort {
@@ -208,9 +237,17 @@ mod tests {
             ]),
             ..EndpointSlice::default()
         };
+        let found = |url: &str, terminating| Found {
+            url: url.into(),
+            terminating,
+        };
         assert_eq!(
-            ready_endpoints(&[slice], "admin"),
-            ["http://10.0.0.1:9090", "http://10.0.0.3:9090"]
+            endpoints(&[slice], "admin"),
+            [
+                found("http://10.0.0.1:9090", false),
+                found("http://10.0.0.3:9090", false),
+                found("http://10.0.0.4:9090", true),
+            ]
         );
     }
 
@@ -254,7 +291,7 @@ mod tests {
         let (base, seen) = admin_port(TOKEN).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let token = AdminToken::new(TOKEN.as_bytes()).unwrap();
-        let s = scrape(&http, &base, Some(&token)).await;
+        let s = scrape(&http, &base, Some(&token), 7).await;
         assert_eq!(s.result.unwrap().instance_id, "i");
         assert_eq!(
             seen.lock().unwrap().as_slice(),
@@ -267,11 +304,14 @@ mod tests {
         let (base, _) = admin_port("the-proxys-own-token-0123").await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let token = AdminToken::new(TOKEN.as_bytes()).unwrap();
-        let e = scrape(&http, &base, Some(&token)).await.result.unwrap_err();
+        let e = scrape(&http, &base, Some(&token), 7)
+            .await
+            .result
+            .unwrap_err();
         assert!(e.starts_with(UNAUTHORIZED), "{e}");
         assert!(e.contains("token mismatch"), "{e}");
         assert!(!e.contains(TOKEN), "{e}");
-        let e = scrape(&http, &base, None).await.result.unwrap_err();
+        let e = scrape(&http, &base, None, 7).await.result.unwrap_err();
         assert!(
             e.starts_with(UNAUTHORIZED) && e.contains("--proxy-admin-token-file"),
             "{e}"

@@ -773,6 +773,8 @@ mod tests {
             routes: [(ObjectId::new("team-a", "smart"), view)].into(),
             clients: BTreeMap::new(),
             window_seconds: 300,
+            draining: 0,
+            round: 0,
         }
     }
 

@@ -11,7 +11,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{Timestamp, ToSpan, tz::TimeZone};
 use switchback_crds::client::{LLMClientStatus, Throttled, UsagePeriod};
-use switchback_crds::config::Exhausted;
+use switchback_crds::config::{BudgetLeft, Exhausted};
 use switchback_crds::stats::ClientStats;
 
 /// Budget names, as in `spec.budget` and `Exhausted.budget`.
@@ -322,6 +322,22 @@ impl Budget {
         None
     }
 
+    /// What is left of each budget, cluster-wide, with `usage` summed as of scrape
+    /// round `round` at `now_ms` (0 when spent): what the proxies reserve against,
+    /// each its share (SPEC §15).
+    pub fn left(&self, usage: &Current, round: u64, now_ms: u64) -> BudgetLeft {
+        BudgetLeft {
+            round,
+            day: now_ms / DAY_MS,
+            tokens: self
+                .tokens_per_day
+                .map(|cap| cap.saturating_sub(usage.today.usage.tokens())),
+            micro_usd: self
+                .micro_usd_per_month
+                .map(|cap| cap.saturating_sub(usage.month.usage.micro_usd)),
+        }
+    }
+
     /// Percent used of the budget closest to exhaustion (rounded down); `None`
     /// without a budget.
     pub fn used_percent(&self, usage: &Current) -> Option<i32> {
@@ -335,6 +351,27 @@ impl Budget {
         let worst = tokens.into_iter().chain(usd).max()?;
         Some(worst.min(i32::MAX as u64) as i32)
     }
+}
+
+/// Whether what is left of a client's budgets, `now`, is worth rendering again in
+/// place of what was rendered, `before` (each rendering is a ConfigMap write). A
+/// rendering stays valid however old it is: each replica spends its share of it
+/// from its own counters at that round, so together they stay within it. A new one
+/// moves the shares to where the traffic is: it is rendered once half of a
+/// replica's share has been spent anywhere, when a budget runs out, and for a new
+/// day (or month).
+pub fn rerender(before: &BudgetLeft, now: &BudgetLeft, replicas: u32) -> bool {
+    if before.day != now.day {
+        return true;
+    }
+    let moved = |b: Option<u64>, n: Option<u64>| match (b, n) {
+        (Some(b), Some(n)) => {
+            let spent = b.saturating_sub(n);
+            (n == 0 && b > 0) || spent.saturating_mul(2 * u64::from(replicas.max(1))) >= b.max(1)
+        }
+        (b, n) => b.is_some() != n.is_some(),
+    };
+    moved(before.tokens, now.tokens) || moved(before.micro_usd, now.micro_usd)
 }
 
 /// A decimal USD string ("200.00", "0.0015") as millionths; `None` when it is not a
@@ -476,6 +513,7 @@ mod tests {
         let budget = Budget::of(Some(&switchback_crds::client::BudgetSpec {
             tokens_per_day: Some(1000),
             usd_per_month: Some("2.00".into()),
+            ..Default::default()
         }));
         let mut c = Counted::default();
         c.add(NOW, &spend(999, 1_000_000));
@@ -502,6 +540,52 @@ mod tests {
                 until: "2027-01-01T00:00:00Z".into()
             })
         );
+    }
+
+    #[test]
+    fn what_is_left_is_rendered_again_once_half_a_share_moved() {
+        let budget = Budget::of(Some(&switchback_crds::client::BudgetSpec {
+            tokens_per_day: Some(1000),
+            usd_per_month: Some("2.00".into()),
+            ..Default::default()
+        }));
+        let mut c = Counted::default();
+        c.add(NOW, &spend(400, 500_000));
+        let now = current(&Seed::default(), Some(&c), NOW);
+        let left = budget.left(&now, 7, NOW);
+        assert_eq!(
+            left,
+            BudgetLeft {
+                round: 7,
+                day: NOW / DAY_MS,
+                tokens: Some(600),
+                micro_usd: Some(1_500_000),
+            }
+        );
+        let after = |tokens: u64, usd: u64| BudgetLeft {
+            round: 8,
+            tokens: Some(tokens),
+            micro_usd: Some(usd),
+            ..left
+        };
+        // Two replicas share 600: a re-rendering once 150 (half a share) went.
+        assert!(!rerender(&left, &after(451, 1_500_000), 2));
+        assert!(rerender(&left, &after(450, 1_500_000), 2));
+        assert!(
+            rerender(&left, &after(600, 1_100_000), 2),
+            "the dollars moved"
+        );
+        assert!(!rerender(&left, &after(600, 1_500_000), 8));
+        assert!(rerender(&left, &after(0, 1_500_000), 2000), "spent");
+        let tomorrow = BudgetLeft {
+            day: left.day + 1,
+            ..left
+        };
+        assert!(rerender(&left, &tomorrow, 2), "a new day");
+        // Spent beyond it (what was in flight when it ran out): 0 left, not less.
+        c.add(NOW, &spend(700, 0));
+        let now = current(&Seed::default(), Some(&c), NOW);
+        assert_eq!(budget.left(&now, 9, NOW).tokens, Some(0));
     }
 
     #[test]

@@ -881,6 +881,7 @@ fn values_reach_their_flags_and_fields() {
         "--idle-timeout=90s",
         "--drain-delay=0s",
         "--shutdown-grace=30s",
+        "--usage-handover=10s",
     ] {
         assert!(
             proxy_args.iter().any(|a| a == flag),

@@ -159,11 +159,43 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// LLMClient budgets (SPEC §15): a request is sent upstream only once it has
+    /// reserved its output cap (or the client's budget.defaultReservation) plus its
+    /// input estimate against what is left of the budget; settled to the real usage
+    /// when the answer ends. `off`: budgets are checked against what was counted only,
+    /// so requests in flight together can overshoot them.
+    #[arg(long, env = "SWITCHBACK_BUDGET_RESERVATION", value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    pub budget_reservation: bool,
+
+    /// Standalone (`--manifests`): how many replicas of this proxy serve the same
+    /// clients (behind one load balancer, without an operator); each enforces 1/N of
+    /// every LLMClient's limits and budgets, from its own counts. In a cluster the
+    /// operator renders the ready replicas instead.
+    #[arg(long, env = "SWITCHBACK_REPLICAS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub replicas: u32,
+
+    /// At shutdown, after the drain: how long to wait for the operator to read this
+    /// replica's final usage counts (and for the counting of answers clients walked
+    /// away from to finish), so that nothing counted while draining is lost from
+    /// LLMClient status.usage. Only once an operator has read this replica's stats;
+    /// 0s exits at once.
+    #[arg(long, env = "SWITCHBACK_USAGE_HANDOVER", value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub usage_handover: Duration,
+
     /// Threads serving the data port, each with its own event loop, listening socket
     /// and upstream connections, so a request stays on one thread from start to end.
     /// Default: one per CPU core available to the process.
     #[arg(long, env = "SWITCHBACK_THREADS", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
+}
+
+/// `on` or `off` (also `true`/`false`).
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("{s:?} is neither on nor off")),
+    }
 }
 
 impl Cli {
@@ -314,6 +346,9 @@ mod tests {
         assert_eq!(cli.drain_delay, Duration::from_secs(5));
         assert_eq!(cli.shutdown_grace, Duration::from_secs(30));
         assert!(!cli.allow_empty_config);
+        assert!(cli.budget_reservation);
+        assert_eq!(cli.replicas, 1);
+        assert_eq!(cli.usage_handover, Duration::from_secs(10));
         let cli = Cli::try_parse_from([
             "switchback-proxy",
             "--manifests",
@@ -323,8 +358,24 @@ mod tests {
             "--shutdown-grace",
             "1m",
             "--allow-empty-config",
+            "--budget-reservation",
+            "off",
+            "--replicas",
+            "3",
+            "--usage-handover",
+            "0s",
         ])
         .unwrap();
+        assert!(!cli.budget_reservation);
+        assert_eq!(cli.replicas, 3);
+        assert_eq!(cli.usage_handover, Duration::ZERO);
+        for bad in [["--budget-reservation", "maybe"], ["--replicas", "0"]] {
+            let e =
+                Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml", bad[0], bad[1]])
+                    .unwrap_err()
+                    .to_string();
+            assert!(e.contains(bad[0]), "{e}");
+        }
         assert_eq!(cli.header_read_timeout, Duration::from_millis(250));
         assert_eq!(cli.shutdown_grace, Duration::from_secs(60));
         assert!(cli.allow_empty_config);

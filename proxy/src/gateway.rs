@@ -15,7 +15,7 @@ use crate::config::prepare::{Carried, ClientEnv, PrepareError, prepare};
 use crate::config::snapshot::{ConfigGeneration, Snapshot};
 use crate::limits::answers::{DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES, Refusals, UpstreamLimits};
 use crate::limits::bytes::Budget;
-use crate::limits::clients::WallClock;
+use crate::limits::clients::{Settling, WallClock};
 use crate::upstream::Clients;
 
 /// One problem with a config, located as precisely as known.
@@ -134,6 +134,17 @@ pub struct Gateway {
     pub standalone: bool,
     /// Said once that standalone budgets count only this process's usage.
     pub said_standalone_budgets: AtomicBool,
+    /// Standalone: how many replicas share every client's limits and budgets
+    /// (`--replicas`).
+    pub standalone_replicas: u32,
+    /// Requests reserve their client's budget before they are sent
+    /// (`--budget-reservation`).
+    pub reserve_budgets: bool,
+    /// Continuations counting what clients walked away from (SPEC §15).
+    pub settling: Arc<Settling>,
+    /// What the operator last read of the clients' counters, for the handover at
+    /// shutdown.
+    pub handover: crate::admin::handover::Handover,
 }
 
 impl Gateway {
@@ -166,6 +177,10 @@ impl Gateway {
             auth: Default::default(),
             standalone: false,
             said_standalone_budgets: AtomicBool::new(false),
+            standalone_replicas: 1,
+            reserve_budgets: true,
+            settling: Arc::default(),
+            handover: Default::default(),
         })
     }
 
@@ -208,7 +223,9 @@ impl Gateway {
         }
         let env = ClientEnv {
             standalone: self.standalone,
+            reserve: self.reserve_budgets,
             clock: self.clock(),
+            settling: self.settling.clone(),
         };
         let mut snapshot = prepare(
             compiled,

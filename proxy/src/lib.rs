@@ -55,6 +55,8 @@ pub struct Options {
     pub limits: front::ClientLimits,
     /// Serve a manifest set with no LLMRoute instead of refusing it.
     pub allow_empty_config: bool,
+    /// How LLMClient budgets are kept (SPEC §15).
+    pub budgets: BudgetOptions,
     /// `--auth`; `None` decides: standalone, `required` when the manifests hold an
     /// LLMClient at start, else `off`; in a cluster `off` (the chart sets the operator's
     /// and the proxies' `--auth` together).
@@ -65,6 +67,25 @@ pub struct Options {
     /// `--admin-token-file`: the admin port's bearer token (SPEC §9). `None`: the admin
     /// port is open to whoever reaches it (said at start-up).
     pub admin_token_file: Option<PathBuf>,
+}
+
+/// How LLMClient budgets are kept (SPEC §15): `--budget-reservation`, and
+/// standalone `--replicas`.
+#[derive(Clone, Debug)]
+pub struct BudgetOptions {
+    /// Requests reserve before they are sent.
+    pub reservation: bool,
+    /// Standalone: the replicas sharing every client's limits and budgets.
+    pub replicas: u32,
+}
+
+impl Default for BudgetOptions {
+    fn default() -> Self {
+        Self {
+            reservation: true,
+            replicas: 1,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +141,18 @@ impl Running {
     pub async fn drain(self, delay: std::time::Duration, grace: std::time::Duration) {
         front::drain::drain(&self.gateway.front, delay, grace).await;
     }
+
+    /// [`Running::drain`], then the handover of the final usage counts: up to
+    /// `handover` for the operator to read them (see [`admin::handover`]).
+    pub async fn drain_and_hand_over(
+        self,
+        delay: std::time::Duration,
+        grace: std::time::Duration,
+        handover: std::time::Duration,
+    ) {
+        front::drain::drain(&self.gateway.front, delay, grace).await;
+        admin::handover::hand_over(&self.gateway, handover).await;
+    }
 }
 
 impl Drop for Running {
@@ -140,6 +173,8 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     let mut gw = Gateway::new(opts.max_body_bytes, source, opts.threads)?;
     gw.front = Arc::new(front::Front::new(opts.limits.clone(), opts.threads));
     gw.allow_empty_config = opts.allow_empty_config;
+    gw.reserve_budgets = opts.budgets.reservation;
+    gw.standalone_replicas = opts.budgets.replicas.max(1);
     gw.empty_until_routed = matches!(opts.source, Source::Cluster { .. });
     gw.set_upstream_limits(opts.upstream_limits);
     gw.auth = auth_settings(&opts)?;
@@ -316,6 +351,7 @@ mod tests {
             threads: 0,
             limits: Default::default(),
             allow_empty_config: false,
+            budgets: Default::default(),
             upstream_limits: Default::default(),
             auth,
             client_key_hmac_file: hmac,

@@ -29,6 +29,7 @@ async fn main() -> std::process::ExitCode {
     let threads = cli.threads();
     let limits = cli.client_limits();
     let (drain_delay, shutdown_grace) = (cli.drain_delay, cli.shutdown_grace);
+    let usage_handover = cli.usage_handover;
     let upstream_limits = cli.upstream_limits();
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),
@@ -44,6 +45,10 @@ async fn main() -> std::process::ExitCode {
         threads,
         limits,
         allow_empty_config: cli.allow_empty_config,
+        budgets: switchback_proxy::BudgetOptions {
+            reservation: cli.budget_reservation,
+            replicas: cli.replicas,
+        },
         auth: cli.auth,
         client_key_hmac_file: cli.client_key_hmac_file,
         admin_token_file: cli.admin_token_file,
@@ -63,7 +68,7 @@ async fn main() -> std::process::ExitCode {
                 () = shutdown.next() => {}
             }
             tokio::select! {
-                () = running.drain(drain_delay, shutdown_grace) => {}
+                () = running.drain_and_hand_over(drain_delay, shutdown_grace, usage_handover) => {}
                 () = shutdown.next() => tracing::warn!("second signal: exiting without waiting"),
             }
             // `_telemetry` is dropped on the way out: the request log is flushed.

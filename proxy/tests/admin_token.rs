@@ -27,6 +27,7 @@ fn options(dir: &Path, token_file: Option<PathBuf>) -> Options {
         threads: 0,
         limits: Default::default(),
         allow_empty_config: true,
+        budgets: Default::default(),
         auth: None,
         client_key_hmac_file: None,
         admin_token_file: token_file,

@@ -18,7 +18,7 @@ use switchback_crds::config::ObjectId;
 use switchback_crds::keyhash::{KeyHash, KeyHasher};
 use switchback_proxy::config::snapshot::ByKeyHash;
 use switchback_proxy::http::auth::presented_key;
-use switchback_proxy::limits::clients::{ClientCounters, ClientRt, WallClock};
+use switchback_proxy::limits::clients::{ClientCounters, ClientRt, Need, WallClock};
 
 const ROUNDS: u32 = 1_000_000;
 const TRIES: usize = 7;
@@ -71,9 +71,12 @@ fn main() {
         counters: Arc::new(ClientCounters::default()),
         limits: None,
         exhausted: None,
-        standalone_budget: None,
+        budget: None,
+        replicas: 1,
+        reserve: true,
         standalone: true,
         clock: WallClock::new(SystemTime::now(), tokio::time::Instant::now()),
+        settling: Arc::default(),
     };
 
     let now = tokio::time::Instant::now();
@@ -131,7 +134,7 @@ fn main() {
         (
             "ClientRt::admit (no limits; its clock read not included)",
             ns_per_call(|| {
-                black_box(client.admit(black_box(now)).is_ok());
+                black_box(client.admit(black_box(now), &Need::default()).is_ok());
             }),
         ),
         (

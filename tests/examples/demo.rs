@@ -64,6 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         threads: 0,
         limits: Default::default(),
         allow_empty_config: false,
+        budgets: Default::default(),
         auth: None,
         client_key_hmac_file: None,
         admin_token_file: None,

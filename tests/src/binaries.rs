@@ -207,6 +207,37 @@ impl Process {
         }
     }
 
+    /// Starts the `switchback-proxy` binary `bin` standalone on `manifests`, on
+    /// loopback ports of its own (see [`Process::start_listening`]), with `extra`
+    /// arguments, its output appended to `log`; returns it with its data and admin
+    /// ports once it serves.
+    pub fn start_proxy(
+        bin: &Path,
+        manifests: &Path,
+        log: &Path,
+        extra: &[&str],
+    ) -> (Process, [u16; 2]) {
+        let args = |[data, admin]: [u16; 2]| -> Vec<String> {
+            let mut a = vec![
+                "--manifests".to_string(),
+                manifests.display().to_string(),
+                "--listen".to_string(),
+                format!("127.0.0.1:{data}"),
+                "--admin-listen".to_string(),
+                format!("127.0.0.1:{admin}"),
+            ];
+            a.extend(extra.iter().map(|s| s.to_string()));
+            a
+        };
+        Self::start_listening(
+            "switchback-proxy",
+            bin,
+            args,
+            log,
+            "switchback-proxy serving",
+        )
+    }
+
     pub fn stop(&mut self) {
         self.stopped = true;
         let _ = self.child.kill();

@@ -108,6 +108,39 @@ spec:
     )
 }
 
+/// A provider credential `primary` (of `provider`, at `base_url`), the route `smart`
+/// to it priced at $2.50 / $10.00 per million tokens, and the LLMClient team-a/app
+/// authenticating with `key` (its Secret included), `client_spec` (indented spec
+/// lines: limits, budget) added to its spec.
+pub fn priced_client(provider: &str, base_url: &str, key: &str, client_spec: &str) -> String {
+    [
+        credential("primary", provider, base_url, "sk-primary"),
+        route(
+            "smart",
+            "  timeout: 60s
+  targets:
+    - credentialRef: { name: primary }
+      price: { inputPerMillion: \"2.50\", outputPerMillion: \"10.00\" }
+",
+        ),
+        format!(
+            "---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: app-llm, namespace: {NS} }}
+stringData: {{ apiKey: \"{key}\" }}
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMClient
+metadata: {{ name: app, namespace: {NS} }}
+spec:
+  keySecretRef: {{ name: app-llm, key: apiKey }}
+{client_spec}"
+        ),
+    ]
+    .concat()
+}
+
 /// The proxy's default `--max-body-bytes`.
 const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
@@ -180,6 +213,7 @@ impl TestProxy {
             threads: 0,
             limits: Default::default(),
             allow_empty_config: false,
+            budgets: Default::default(),
             auth: None,
             client_key_hmac_file: None,
             admin_token_file: None,

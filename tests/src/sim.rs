@@ -327,6 +327,14 @@ pub enum Behavior {
     /// [`SimProvider::cancelled`] and timed by [`SimProvider::cancelled_at`]. (Not
     /// Bedrock's streams.)
     FirstTokenAfter(Duration),
+    /// 200 stream of [`Behavior::Answer`]'s answer whose content ends (OpenAI: the
+    /// `finish_reason` chunk; Anthropic: `content_block_stop`) at once, and whose
+    /// usage follows after this long (OpenAI: the usage chunk, asked for or not, then
+    /// `[DONE]`; Anthropic: `message_delta`, `message_stop`): what a client that
+    /// leaves after the last content chunk walks away from. A client that leaves
+    /// during the wait is counted by [`SimProvider::cancelled`]. (OpenAI and
+    /// Anthropic flavors; others stream as [`Behavior::Answer`].)
+    UsageAfter(Duration),
     /// Each request takes the next behaviour of the list, round and round: a default
     /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
     /// request. An empty list answers.
@@ -1325,6 +1333,20 @@ async fn respond(
             let events = stream_events(ctx, &split_words(&text));
             first_token_after(ctx, events, delay, guard)
         }
+        Behavior::UsageAfter(delay)
+            if ctx.stream && matches!(ctx.endpoint, Endpoint::Chat | Endpoint::Messages) =>
+        {
+            let events = stream_events(ctx, &split_words(&answer_text(&ctx.name)));
+            // The usage, and what follows it, come after the pause.
+            let end_of_content = events
+                .iter()
+                .position(|e| {
+                    e.contains("\"finish_reason\":\"") || e.starts_with("event: content_block_stop")
+                })
+                .map_or(events.len(), |i| i + 1);
+            paused_at(ctx, events, end_of_content, delay, guard)
+        }
+        Behavior::UsageAfter(_) => answer(ctx, &answer_text(&ctx.name), guard),
         Behavior::FirstTokenAfter(delay) => {
             tokio::time::sleep(delay).await;
             let text = rest_after(&answer_text(&ctx.name), ctx.prefill.as_deref());
@@ -2002,9 +2024,20 @@ fn first_token_after(
     delay: Duration,
     guard: CancelGuard,
 ) -> Response<Body> {
-    let opening = opening_len(ctx);
+    paused_at(ctx, events, opening_len(ctx), delay, guard)
+}
+
+/// A 200 SSE stream of `events`, one chunk each, with a pause of `delay` before
+/// event `at` ([`Behavior::FirstTokenAfter`], [`Behavior::UsageAfter`]).
+fn paused_at(
+    ctx: &Ctx,
+    events: Vec<String>,
+    at: usize,
+    delay: Duration,
+    guard: CancelGuard,
+) -> Response<Body> {
     let chunks: VecDeque<Bytes> = events.into_iter().map(Bytes::from).collect();
-    let init = (chunks, opening, Some(delay), Some(guard));
+    let init = (chunks, at, Some(delay), Some(guard));
     let body = futures_util::stream::unfold(
         init,
         |(mut chunks, left, mut delay, mut guard)| async move {

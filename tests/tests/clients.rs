@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 use switchback_crds::config::Exhausted;
 use switchback_proxy::sources::standalone::compile_manifests_for;
-use switchback_tests::harness::{TestProxy, chat_body, credential, header, route};
+use switchback_tests::harness::{TestProxy, chat_body, header, priced_client};
 use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
 
 const KEY: &str = "sk-team-a-app-0123456789";
@@ -36,32 +36,7 @@ async fn setup_with(flavor: Flavor, client_spec: &str) -> (SimProvider, TestProx
         Flavor::Anthropic => "anthropic",
         Flavor::Vertex => "vertex",
     };
-    let manifests = [
-        credential("primary", provider, &primary.base_url(), "sk-primary"),
-        route(
-            "smart",
-            "  timeout: 60s
-  targets:
-    - credentialRef: { name: primary }
-      price: { inputPerMillion: \"2.50\", outputPerMillion: \"10.00\" }
-",
-        ),
-        format!(
-            "---
-apiVersion: v1
-kind: Secret
-metadata: {{ name: app-llm, namespace: team-a }}
-stringData: {{ apiKey: \"{KEY}\" }}
----
-apiVersion: switchback.dev/v1alpha1
-kind: LLMClient
-metadata: {{ name: app, namespace: team-a }}
-spec:
-  keySecretRef: {{ name: app-llm, key: apiKey }}
-{client_spec}"
-        ),
-    ]
-    .concat();
+    let manifests = priced_client(provider, &primary.base_url(), KEY, client_spec);
     let proxy = TestProxy::start(&manifests).await;
     (primary, proxy)
 }
@@ -286,9 +261,21 @@ async fn a_rendered_exhausted_budget_refuses_until_the_period_ends() {
 
 #[tokio::test(start_paused = true)]
 async fn standalone_the_daily_token_budget_is_spent_then_renewed_at_utc_midnight() {
-    let (primary, proxy) = setup(&format!("  budget: {{ tokensPerDay: {} }}\n", TOKENS + 1)).await;
+    // A request without max_tokens reserves the default reservation (1 here) plus
+    // its input estimate (bytes / 4): a budget of one answer plus one reservation
+    // admits a second request after the first spent 13, not a third.
+    let reserves = 1 + (chat_body("smart", false).to_string().len() as u64).div_ceil(4);
+    let (primary, proxy) = setup(&format!(
+        "  budget: {{ tokensPerDay: {}, defaultReservation: 1 }}\n",
+        TOKENS + reserves
+    ))
+    .await;
     assert_eq!(ask(&proxy).await.status(), 200);
-    assert_eq!(ask(&proxy).await.status(), 200, "13 of 14 spent: admitted");
+    assert_eq!(
+        ask(&proxy).await.status(),
+        200,
+        "13 spent, room for a reservation"
+    );
     let retry_after = refused(ask(&proxy).await, "budget_exhausted").await;
     assert!(retry_after <= 86_400, "{retry_after}");
     assert_eq!(primary.hits(), 2);

@@ -80,31 +80,22 @@ async fn sigterm_drains_in_flight_calls_and_streams_then_exits_0() {
     )
     .unwrap();
     let log = dir.path().join("proxy.log");
-    let args = |[data, admin]: [u16; 2]| -> Vec<String> {
-        [
-            "--manifests",
-            manifest.to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{data}"),
-            "--admin-listen",
-            &format!("127.0.0.1:{admin}"),
+    let (delay, grace) = (
+        format!("{}ms", DRAIN_DELAY.as_millis()),
+        format!("{}ms", GRACE.as_millis()),
+    );
+    let (mut proxy, [data, admin]) = Process::start_proxy(
+        &bin,
+        &manifest,
+        &log,
+        &[
             "--threads",
             "2",
             "--drain-delay",
-            &format!("{}ms", DRAIN_DELAY.as_millis()),
+            &delay,
             "--shutdown-grace",
-            &format!("{}ms", GRACE.as_millis()),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
-    let (mut proxy, [data, admin]) = Process::start_listening(
-        "switchback-proxy",
-        &bin,
-        args,
-        &log,
-        "switchback-proxy serving",
+            &grace,
+        ],
     );
     let http = reqwest::Client::new();
     let (data_url, admin_url) = (

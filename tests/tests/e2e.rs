@@ -22,6 +22,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use switchback_tests::binaries::{Process, workspace};
 use switchback_tests::kubectl::{
@@ -280,9 +281,12 @@ impl Stack {
             format!("127.0.0.1:{operator_admin}"),
             format!("--proxy-admin-token-file={}", admin_token_file.display()),
         ];
-        for p in &proxies {
-            args.push("--proxy-admin-url".into());
-            args.push(p.admin_url());
+        // A test that finds the replicas through EndpointSlices names the Service.
+        if !extra_operator_args.contains(&"--proxy-admin-service") {
+            for p in &proxies {
+                args.push("--proxy-admin-url".into());
+                args.push(p.admin_url());
+            }
         }
         // Traffic facts reach status within a second unless the test sets its own
         // interval (the benchmark runs with the default).
@@ -1286,15 +1290,17 @@ async fn clients_authenticate_against_a_real_api_server() {
         took.as_secs_f64()
     );
 
-    // A small daily token budget: usage grows in status, and once it is spent both
-    // replicas refuse the client with 429 budget_exhausted (the operator renders the
-    // verdict back), while the other client of the namespace goes on.
+    // A small daily token budget: usage grows in status, and once what is left on a
+    // replica cannot cover a request's reservation (SPEC §15: its default reservation
+    // here, the request sets no max_tokens, plus its input estimate) both replicas
+    // refuse the client with 429 budget_exhausted, without ever going past the budget,
+    // while the other client of the namespace goes on.
     let capped = format!("sk-app-capped-{id}-0123456789");
     const BUDGET: i64 = 100;
     apply(&format!(
         "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: capped-llm, namespace: {b} }}\nstringData: {{ apiKey: {capped} }}\n\
          ---\napiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{ name: capped, namespace: {b} }}\n\
-         spec: {{ keySecretRef: {{ name: capped-llm, key: apiKey }}, budget: {{ tokensPerDay: {BUDGET} }} }}\n"
+         spec: {{ keySecretRef: {{ name: capped-llm, key: apiKey }}, budget: {{ tokensPerDay: {BUDGET}, defaultReservation: 1 }} }}\n"
     ));
     for replica in 0..2 {
         eventually_async(
@@ -1329,35 +1335,37 @@ async fn clients_authenticate_against_a_real_api_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let c = eventually(
-        "the spent budget in status",
+        "the refusals and the usage in status",
         Duration::from_secs(15),
         || {
             let c = get_json(&["llmclient", "-n", &b, "capped"])?;
-            let spent = condition(&c, "Ready")?["reason"] == "BudgetExhausted";
             let throttled = c["status"]["throttled"]["budgetExhausted"].as_i64()? >= 2;
-            (spent && throttled).then_some(c)
+            let requests = c["status"]["usage"]["today"]["requests"].as_u64()?;
+            (throttled && requests == served).then_some(c)
         },
     )
     .await;
     let usage = &c["status"]["usage"]["today"];
     let tokens = usage["tokens"].as_i64().unwrap();
-    assert_eq!(usage["requests"].as_u64(), Some(served), "{usage}");
-    assert!(tokens >= BUDGET, "{usage}");
+    assert!(
+        tokens <= BUDGET,
+        "reserved before sending: never past it: {usage}"
+    );
     println!(
-        "e2e: budget of {BUDGET} tokens/day spent after {served} requests ({tokens} tokens, \
-         overshoot {} tokens, {:.2} s from the first request, scrape interval 500 ms)",
+        "e2e: budget of {BUDGET} tokens/day: {served} requests served ({tokens} tokens, \
+         overshoot {} tokens) before both replicas refused, {:.2} s from the first request, \
+         scrape interval 500 ms",
         tokens - BUDGET,
         spent_at.elapsed().as_secs_f64()
     );
     let out = ok(&["get", "llmc", "-n", &b]);
-    println!("e2e: kubectl get llmc once the budget is spent\n{out}");
+    println!("e2e: kubectl get llmc once the budget is (nearly) spent\n{out}");
     let capped_row: Vec<&str> = out
         .lines()
         .find(|l| l.starts_with("capped "))
         .unwrap_or_default()
         .split_whitespace()
         .collect();
-    assert!(capped_row.contains(&"False"), "{out}");
     assert!(capped_row.contains(&tokens.to_string().as_str()), "{out}");
     // The other client of the namespace is not affected.
     let r = stack.chat_as(0, Some(&key_b), "smart").await;
@@ -1426,6 +1434,175 @@ async fn clients_authenticate_against_a_real_api_server() {
 /// the primary shows CircuitOpen with `until`; after `openFor` the probe succeeds and
 /// it is Ready again. A 429 with Retry-After parks a target (Parked, `until`); a
 /// credential whose Secret lacks the key shows NoKey. `kubectl describe` is printed.
+/// The EndpointSlice of one proxy replica's admin port, as the EndpointSlice
+/// controller writes it: ready, or terminating once the pod is being deleted.
+fn admin_slice(gateway: &str, service: &str, admin: u16, terminating: bool) -> String {
+    let ready = !terminating;
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{ name: {service}-0, namespace: {gateway}, labels: {{ kubernetes.io/service-name: {service} }} }}\n\
+         addressType: IPv4\n\
+         ports: [ {{ name: admin, port: {admin}, protocol: TCP }} ]\n\
+         endpoints: [ {{ addresses: [127.0.0.1], conditions: {{ ready: {ready}, serving: {ready}, terminating: {terminating} }} }} ]\n"
+    )
+}
+
+/// SPEC §15, "nothing counted is lost": a stream of 400 output tokens that finishes
+/// while its proxy drains after SIGTERM reaches the client's `status.usage`. The
+/// operator finds the replica through its admin Service's EndpointSlice, as in a
+/// cluster; once the pod is terminating (not ready, not serving) it is still read
+/// until it exits, and the replica waits for that read of its final counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_counted_while_a_replica_drains_reaches_status() {
+    if !enabled("usage_counted_while_a_replica_drains_reaches_status") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let (gw, ns) = (
+        format!("sb-e2e-drain-gw-{id}"),
+        format!("sb-e2e-drain-{id}"),
+    );
+    let _namespaces = Namespaces::create(&[gw.clone(), ns.clone()]);
+    let hmac_dir = tempfile::tempdir().unwrap();
+    let hmac = hmac_dir.path().join("client-key-hmac");
+    std::fs::write(&hmac, format!("{}\n", "e2e-cluster-secret-".repeat(3))).unwrap();
+    let hmac = hmac.to_str().unwrap();
+    let service = "sb-proxy-admin";
+    let operator_args = [
+        "--auth",
+        "required",
+        "--client-key-hmac-file",
+        hmac,
+        "--proxy-admin-service",
+        service,
+    ];
+    let proxy_args = [
+        "--auth",
+        "required",
+        "--client-key-hmac-file",
+        hmac,
+        "--drain-delay",
+        "1s",
+    ];
+    let mut stack = Stack::start_with(
+        switchback_tests::binaries::build(),
+        &gw,
+        1,
+        &operator_args,
+        &proxy_args,
+    );
+    apply(&admin_slice(&gw, service, stack.proxies[0].admin, false));
+    let sim = SimProvider::start_named("long", Flavor::OpenAi).await;
+    let key = format!("sk-app-drain-{id}-0123456789");
+    let mut yaml = secret(&ns, "sk-provider");
+    yaml.push_str(&credential(&ns, "steady", &sim.base_url()));
+    yaml.push_str(&route(
+        &ns,
+        "smart",
+        "smart",
+        "[ { credentialRef: { name: steady } } ]",
+    ));
+    yaml.push_str(&format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: app-llm, namespace: {ns} }}\nstringData: {{ apiKey: {key} }}\n\
+         ---\napiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{ name: app, namespace: {ns} }}\n\
+         spec: {{ keySecretRef: {{ name: app-llm, key: apiKey }}, budget: {{ tokensPerDay: 1000000 }} }}\n"
+    ));
+    apply(&yaml);
+    wait_programmed(&ns, "smart");
+    eventually_async("the client served", Duration::from_secs(15), || async {
+        let r = stack.chat_as(0, Some(&key), "smart").await;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    // What the short call spent is in status before the drain: the long stream's
+    // tokens are what is looked for after it.
+    let output = |c: &Value| c["status"]["usage"]["today"]["outputTokens"].as_i64();
+    let before = eventually("the first call's usage", Duration::from_secs(15), || {
+        let c = get_json(&["llmclient", "-n", &ns, "app"])?;
+        output(&c).filter(|n| *n > 0)
+    })
+    .await;
+
+    // 400 one-word events, 10 ms apart: 400 output tokens over 4 s.
+    sim.push(Behavior::Stream {
+        chunks: 400,
+        interval: Duration::from_millis(10),
+    });
+    let stream = stack
+        .http
+        .post(format!(
+            "http://127.0.0.1:{}/v1/chat/completions",
+            stack.proxies[0].data
+        ))
+        .bearer_auth(&key)
+        .json(&json!({"model": "smart", "stream": true,
+                      "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("the proxy answers");
+    assert_eq!(stream.status(), 200);
+    let mut body = stream.bytes_stream();
+    let first = body.next().await.expect("a first chunk").unwrap();
+    assert!(!first.is_empty());
+    // The pod is deleted: SIGTERM, and the EndpointSlice controller marks it
+    // terminating (its /readyz now says 503).
+    let pid = stack.proxies[0].process.pid();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    apply(&admin_slice(&gw, service, stack.proxies[0].admin, true));
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    while let Some(chunk) = body.next().await {
+        text.push_str(&String::from_utf8_lossy(
+            &chunk.expect("the stream goes on"),
+        ));
+    }
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "finished while draining: {text}"
+    );
+    let exited = Instant::now();
+    while stack.proxies[0].process.exited().is_none() {
+        assert!(
+            exited.elapsed() < Duration::from_secs(30),
+            "the proxy never exited"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Gone: the EndpointSlice controller drops the endpoint.
+    ok(&[
+        "delete",
+        "endpointslice",
+        "-n",
+        &gw,
+        &format!("{service}-0"),
+    ]);
+    let after = eventually(
+        "the stream's tokens in status",
+        Duration::from_secs(20),
+        || {
+            let c = get_json(&["llmclient", "-n", &ns, "app"])?;
+            output(&c).filter(|n| *n >= before + 400)
+        },
+    )
+    .await;
+    let log = std::fs::read_to_string(&stack.proxies[0].log).unwrap_or_default();
+    assert!(
+        log.contains("the operator has read this replica's final usage counts"),
+        "handed over: {}",
+        switchback_tests::binaries::tail(&stack.proxies[0].log, 20)
+    );
+    println!(
+        "e2e: a 400-token stream that finished while its replica drained: status.usage \
+         outputTokens {before} -> {after}"
+    );
+    stack.stop_proxy(0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn status_says_why_requests_go_where_they_go() {
     if !enabled("status_says_why_requests_go_where_they_go") {
@@ -1630,6 +1807,30 @@ async fn schema_and_cel_refusals_name_the_field() {
         !accepted && err.contains(".spec.fallback.true: field not declared in schema"),
         "{err}"
     );
+    // A reservation that cannot be honoured (SPEC §15): out of range, or more than
+    // the whole day's tokens.
+    for (budget, field) in [
+        (
+            "{ tokensPerDay: 1000, defaultReservation: -5 }",
+            "spec.budget.defaultReservation",
+        ),
+        (
+            "{ defaultReservation: 5000000 }",
+            "spec.budget.defaultReservation",
+        ),
+        (
+            "{ tokensPerDay: 500, defaultReservation: 600 }",
+            "spec.budget.defaultReservation",
+        ),
+    ] {
+        let yaml = format!(
+            "apiVersion: switchback.dev/v1alpha1\nkind: LLMClient\nmetadata: {{ name: bad, namespace: {ns} }}\n\
+             spec: {{ keySecretRef: {{ name: k, key: apiKey }}, budget: {budget} }}\n"
+        );
+        let (accepted, _, err) = kubectl(&["apply", "--server-side", "-f", "-"], Some(&yaml));
+        assert!(!accepted, "accepted:\n{yaml}");
+        assert!(err.contains(field), "the refusal names {field}: {err}");
+    }
 }
 
 /// CPU time (user + system) of the operator, the proxies and, on the loopback server

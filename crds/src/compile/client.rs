@@ -15,8 +15,8 @@ use crate::compile::{Diagnostic, Kind, SecretIndex, reason};
 use crate::config::{Client, ClientBudget, ClientLimits, ObjectId, SHARED_WITH_ALL, SecretKeyRef};
 use crate::keyhash::KeyHasher;
 use crate::schema::{
-    MAX_CLIENT_CONCURRENCY, MAX_CLIENT_ROUTES, MAX_NAME_LEN, MAX_REQUESTS_PER_MINUTE,
-    MAX_ROUTE_REF_LEN, MAX_TOKENS_PER_DAY, MAX_TOKENS_PER_MINUTE,
+    MAX_CLIENT_CONCURRENCY, MAX_CLIENT_ROUTES, MAX_DEFAULT_RESERVATION, MAX_NAME_LEN,
+    MAX_REQUESTS_PER_MINUTE, MAX_ROUTE_REF_LEN, MAX_TOKENS_PER_DAY, MAX_TOKENS_PER_MINUTE,
 };
 use crate::secret::Secret;
 
@@ -281,8 +281,29 @@ fn budget(c: &mut Checker, spec: Option<&BudgetSpec>) -> ClientBudget {
         }
         Some(usd)
     });
+    let default_reservation = fields::int64_in_range(
+        c,
+        "spec.budget.defaultReservation",
+        spec.default_reservation,
+        1,
+        MAX_DEFAULT_RESERVATION,
+    );
+    // The CRD's CEL rule, again: a request without a cap could never be admitted.
+    if let (Some(r), Some(day)) = (default_reservation, tokens_per_day)
+        && r > day
+    {
+        c.invalid(
+            "spec.budget.defaultReservation",
+            format!(
+                "{r} is above tokensPerDay ({day}): a request without an output cap could \
+                 never be admitted"
+            ),
+        );
+    }
     ClientBudget {
         tokens_per_day,
         usd_per_month,
+        default_reservation,
+        left: None,
     }
 }

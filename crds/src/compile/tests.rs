@@ -479,6 +479,7 @@ fn sample_compiles_to_the_expected_config() {
                 budget: ClientBudget {
                     tokens_per_day: Some(5_000_000),
                     usd_per_month: Some(200.0),
+                    ..Default::default()
                 },
                 replicas: 1,
                 exhausted: None,
@@ -1197,6 +1198,23 @@ fn client_budget_out_of_range() {
         |s| budget(s).usd_per_month = Some("200,00".into()),
         "team-a/checkout: spec.budget.usdPerMonth: \"200,00\" is not a decimal number like \"2.50\"",
     );
+    rejects(
+        |s| budget(s).default_reservation = Some(-5),
+        "team-a/checkout: spec.budget.defaultReservation: -5 is below the minimum 1",
+    );
+    rejects(
+        |s| budget(s).default_reservation = Some(1_000_000_001),
+        "team-a/checkout: spec.budget.defaultReservation: 1000000001 is above the maximum 1000000",
+    );
+    rejects(
+        |s| {
+            let b = budget(s);
+            b.tokens_per_day = Some(500);
+            b.default_reservation = Some(600);
+        },
+        "team-a/checkout: spec.budget.defaultReservation: 600 is above tokensPerDay (500): a \
+         request without an output cap could never be admitted",
+    );
 }
 
 #[test]
@@ -1226,8 +1244,10 @@ fn client_budget_and_limits_may_be_partial() {
         ClientBudget {
             tokens_per_day: None,
             usd_per_month: Some(0.01),
+            ..Default::default()
         }
     );
+    assert_eq!(checkout.budget.default_reservation(), 1_000, "the default");
 }
 
 #[test]

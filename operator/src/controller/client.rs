@@ -1,7 +1,9 @@
 //! The LLMClient controller: writes a client's status (Ready, usage), and the client
 //! overlay: after each scrape round, the clients' usage (their status' seed plus what
 //! was counted, [`crate::usage`]) decides which budgets are spent; those, and the
-//! ready replica count the limits are shared by, are laid over the rendered clients.
+//! ready replica count the limits are shared by, and what is left of each budget as
+//! of the round (the proxies reserve against their share of it), are laid over the
+//! rendered clients.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -87,9 +89,14 @@ pub(super) fn refresh_overlay(ctx: &Context, proxies: &Snapshot) -> bool {
 }
 
 /// After a scrape round: the budgets spent (usage = each client's seed plus what was
-/// counted) and the ready replicas, as laid over the rendered clients.
+/// counted), what is left of them as of this round (kept as rendered until it is
+/// worth re-rendering, see [`usage::rerender`]), and the ready replicas, as laid
+/// over the rendered clients.
 pub(super) fn client_overlay(ctx: &Context, proxies: &Snapshot, now_ms: u64) -> ClientOverlay {
+    let rendered = ctx.overlay();
+    let replicas = u32::try_from(proxies.replicas.len()).unwrap_or(u32::MAX);
     let mut exhausted = BTreeMap::new();
+    let mut left = BTreeMap::new();
     for client in ctx.stores.clients.state() {
         let budget = Budget::of(client.spec.budget.as_ref());
         if !budget.is_set() {
@@ -99,11 +106,23 @@ pub(super) fn client_overlay(ctx: &Context, proxies: &Snapshot, now_ms: u64) -> 
         let counted = proxies.clients.get(&id).map(|v| &v.counted);
         let current = usage::current(&ctx.client_seed(&client), counted, now_ms);
         if let Some(spent) = budget.exhausted(&current, now_ms) {
-            exhausted.insert(id, spent);
+            exhausted.insert(id.clone(), spent);
         }
+        // Before the first round nothing is known of what is left.
+        if proxies.round == 0 {
+            continue;
+        }
+        let now = budget.left(&current, proxies.round, now_ms);
+        let before = rendered
+            .left
+            .get(&id)
+            .filter(|_| rendered.replicas == replicas);
+        let keep = before.filter(|b| !usage::rerender(b, &now, replicas));
+        left.insert(id, *keep.unwrap_or(&now));
     }
     ClientOverlay {
-        replicas: u32::try_from(proxies.replicas.len()).unwrap_or(u32::MAX),
+        replicas,
         exhausted,
+        left,
     }
 }

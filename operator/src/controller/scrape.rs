@@ -21,7 +21,7 @@ use switchback_crds::admintoken::AdminToken;
 
 use crate::circuit_events::CircuitEvents;
 use crate::metrics::ResultLabels;
-use crate::scrape::{self, Refusals, Replicas};
+use crate::scrape::{self, Found, Refusals, Replicas};
 
 /// How the proxies are found and their stats read.
 #[derive(Clone, Debug)]
@@ -60,11 +60,24 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
             }
         };
         let token = opts.admin_token.as_ref().and_then(|t| t.current());
-        let scrapes = scrape_all(&ctx, &http, &endpoints, token.as_deref(), &mut refusals).await;
+        // The round's id: this operator's clock at its start (later rounds, and a
+        // later leader's, have larger ones).
+        let round = Timestamp::now().as_millisecond().max(1) as u64;
+        let scrapes = scrape_all(
+            &ctx,
+            &http,
+            &endpoints,
+            token.as_deref(),
+            round,
+            &mut refusals,
+        )
+        .await;
         let before = ctx.proxies();
         let transitions = agg.observe(Timestamp::now().as_millisecond() as u64, &scrapes);
         forget_deleted(&ctx, &mut agg, &mut events);
-        let after = Arc::new(agg.snapshot().clone());
+        let mut after = agg.snapshot().clone();
+        after.round = round;
+        let after = Arc::new(after);
         *ctx.proxies.write().unwrap_or_else(|p| p.into_inner()) = after.clone();
         let overlay_changed = refresh_overlay(&ctx, &after);
         queue_changed(&ctx, &before, &after, overlay_changed);
@@ -73,19 +86,34 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     }
 }
 
-/// Scrapes every replica at once, counted by result (each scrape, and the replicas of
-/// the round: `switchback_operator_proxy_replicas`); a replica that starts refusing
-/// the token is logged once.
+/// Scrapes every replica at once in round `round`, counted by result (each scrape,
+/// and the replicas of the round: `switchback_operator_proxy_replicas`); a replica
+/// that starts refusing the token is logged once. A terminating replica is read for
+/// its counts (its report marked draining); once it does not answer, it has exited
+/// and is no replica any more.
 async fn scrape_all(
     ctx: &Context,
     http: &reqwest::Client,
-    endpoints: &[String],
+    endpoints: &[Found],
     token: Option<&AdminToken>,
+    round: u64,
     refusals: &mut Refusals,
 ) -> Vec<Scrape> {
-    let scrapes =
-        futures_util::future::join_all(endpoints.iter().map(|e| scrape::scrape(http, e, token)))
-            .await;
+    let scrapes = futures_util::future::join_all(endpoints.iter().map(|e| async move {
+        let mut s = scrape::scrape(http, &e.url, token, round).await;
+        if e.terminating {
+            match &mut s.result {
+                Ok(report) => report.draining = true,
+                Err(error) => {
+                    tracing::debug!(replica = %e.url, %error, "a terminating proxy replica is gone");
+                    return None;
+                }
+            }
+        }
+        Some(s)
+    }))
+    .await;
+    let scrapes: Vec<Scrape> = scrapes.into_iter().flatten().collect();
     for s in refusals.observe(&scrapes) {
         if let Err(e) = &s.result {
             tracing::warn!(replica = %s.endpoint, "scraping a proxy replica: {e}");
@@ -288,19 +316,38 @@ mod tests {
                 .get_or_create(&ResultLabels { result })
                 .get()
         };
+        let found = |url: &String, terminating| Found {
+            url: url.clone(),
+            terminating,
+        };
         let scrapes = scrape_all(
             &t.ctx,
             &http,
-            &[up.clone(), down.clone()],
+            &[found(&up, false), found(&down, false)],
             None,
+            1,
             &mut Refusals::default(),
         )
         .await;
         assert_eq!(scrapes.len(), 2);
         assert_eq!((replicas(&t.ctx, "ok"), replicas(&t.ctx, "error")), (1, 1));
 
+        // A terminating replica is read, marked draining; one gone is no error.
+        let scrapes = scrape_all(
+            &t.ctx,
+            &http,
+            &[found(&up, true), found(&down, true)],
+            None,
+            2,
+            &mut Refusals::default(),
+        )
+        .await;
+        assert_eq!(scrapes.len(), 1);
+        assert!(scrapes[0].result.as_ref().unwrap().draining);
+        assert_eq!((replicas(&t.ctx, "ok"), replicas(&t.ctx, "error")), (1, 0));
+
         // No ready replica at all: 0 read, which the "no ready proxy" alert reads.
-        scrape_all(&t.ctx, &http, &[], None, &mut Refusals::default()).await;
+        scrape_all(&t.ctx, &http, &[], None, 3, &mut Refusals::default()).await;
         assert_eq!((replicas(&t.ctx, "ok"), replicas(&t.ctx, "error")), (0, 0));
     }
 

@@ -17,7 +17,7 @@ use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::ObjectId;
 use switchback_crds::delivery;
 use switchback_crds::route::TotalStats;
-use switchback_crds::{LLMRoute, ProviderCredential};
+use switchback_crds::{LLMClient, LLMRoute, ProviderCredential};
 
 use super::client::{client_overlay, reconcile_client};
 use super::credential::{FINALIZER, reconcile_credential};
@@ -28,7 +28,7 @@ use super::{Context, RESYNC, error_policy};
 use crate::aggregate::{Aggregator, Snapshot};
 use crate::fixtures::{Expect, GATEWAY, client, credential, finish, route, secret};
 use crate::metrics::ErrorLabels;
-use crate::render::render;
+use crate::render::{Rendering, render};
 use crate::status::{self, RouteFacts};
 use crate::usage;
 
@@ -696,9 +696,9 @@ fn proxies_with_usage(tokens: u64) -> Snapshot {
     agg.snapshot().clone()
 }
 
-#[tokio::test]
-async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready() {
-    let mut t = Context::test();
+/// `c` rendered with team-a's route `smart` on credential `openai` (keys in Secret
+/// `keys`), and those two.
+fn rendered_with_smart(c: &LLMClient) -> (Rendering, [LLMRoute; 1], [ProviderCredential; 1]) {
     let keys = secret(
         "team-a",
         "keys",
@@ -706,18 +706,25 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
     );
     let routes = [route("team-a", "smart", 1, &["openai"])];
     let creds = [credential("team-a", "openai", "keys", "openai")];
-    let c = client("team-a", "checkout", "keys", "app", 1_000);
-    t.caches.add_client(c.clone());
     let rendering = render(
         &Inputs {
             routes: &routes,
             credentials: &creds,
-            clients: std::slice::from_ref(&c),
+            clients: std::slice::from_ref(c),
             secrets: std::slice::from_ref(&keys),
             ..Default::default()
         },
         &BTreeMap::new(),
     );
+    (rendering, routes, creds)
+}
+
+#[tokio::test]
+async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready() {
+    let mut t = Context::test();
+    let c = client("team-a", "checkout", "keys", "app", 1_000);
+    t.caches.add_client(c.clone());
+    let (rendering, routes, creds) = rendered_with_smart(&c);
     let world = World::new(rendering, &routes, &creds, std::slice::from_ref(&c));
     *t.ctx.world.write().unwrap() = Some(Arc::new(world));
 
@@ -779,4 +786,48 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
         .await
         .unwrap();
     finish(server).await;
+}
+
+/// SPEC §15: what is left of a budget is rendered as of the scrape round that summed
+/// it (the proxies reserve against their share of it), kept as rendered while it
+/// barely moves, rendered again once half a share was spent, and laid over the
+/// rendered client.
+#[tokio::test]
+async fn what_is_left_of_a_budget_is_rendered_as_of_its_round_while_it_matters() {
+    let mut t = Context::test();
+    let c = client("team-a", "checkout", "keys", "app", 1_000);
+    t.caches.add_client(c.clone());
+    let id = ObjectId::new("team-a", "checkout");
+    let now = Timestamp::now().as_millisecond() as u64;
+    let round = |tokens: u64, round: u64| {
+        let mut p = proxies_with_usage(tokens);
+        p.round = round;
+        p
+    };
+    // No round yet: nothing is known of what is left.
+    let overlay = client_overlay(&t.ctx, &proxies_with_usage(400), now);
+    assert!(overlay.left.is_empty());
+
+    let overlay = client_overlay(&t.ctx, &round(400, 42), now);
+    let left = overlay.left[&id];
+    assert_eq!(
+        (left.round, left.day, left.tokens, left.micro_usd),
+        (42, now / 86_400_000, Some(600), None)
+    );
+    *t.ctx.overlay.write().unwrap() = Arc::new(overlay.clone());
+    // 100 more of a 600 share: the rendering stands (no ConfigMap write).
+    let kept = client_overlay(&t.ctx, &round(500, 43), now);
+    assert_eq!(kept, overlay);
+    // 300 of it, half the share: rendered again.
+    let moved = client_overlay(&t.ctx, &round(700, 44), now);
+    assert_eq!(moved.left[&id].round, 44);
+    assert_eq!(moved.left[&id].tokens, Some(300));
+
+    let (mut rendering, _, _) = rendered_with_smart(&c);
+    rendering.lay_over(&moved);
+    assert_eq!(
+        rendering.namespaces["team-a"].config.clients[0].budget.left,
+        Some(moved.left[&id]),
+        "the ConfigMap of the client's namespace carries it"
+    );
 }

@@ -1,10 +1,12 @@
 //! The admin port (default 9090): `/healthz`, `/readyz` (ready once a config is
 //! loaded, and not while draining), `/admin/v1/config` (the config served, no key
 //! material, and the limits in effect), `/admin/v1/stats` (`stats`, for the
-//! operator) and `/metrics` (`metrics`, Prometheus), behind the admin token's guard
-//! (`guard`). It reads the gateway's state; it serves no client.
+//! operator; `handover`: what it last read, for the final counts at shutdown) and
+//! `/metrics` (`metrics`, Prometheus), behind the admin token's guard (`guard`). It
+//! reads the gateway's state; it serves no client.
 
 pub mod guard;
+pub mod handover;
 pub mod metrics;
 pub mod stats;
 
@@ -53,8 +55,18 @@ fn endpoints(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
-async fn stats_doc(State(gw): State<Arc<Gateway>>) -> Response<Body> {
-    pretty_json(StatusCode::OK, &stats::report(&gw))
+/// `?round=N`: the operator's scrape round (see `stats::report_for`); anything else
+/// in the query is ignored.
+async fn stats_doc(
+    State(gw): State<Arc<Gateway>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response<Body> {
+    let round = query.as_deref().and_then(|q| {
+        q.split('&')
+            .find_map(|pair| pair.strip_prefix("round="))
+            .and_then(|n| n.parse::<u64>().ok())
+    });
+    pretty_json(StatusCode::OK, &stats::report_for(&gw, round))
 }
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> (StatusCode, Cow<'static, str>) {

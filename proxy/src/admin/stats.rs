@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::config::snapshot::TargetRt;
 use crate::gateway::Gateway;
 use crate::limits::circuit::{Reported, State};
+use crate::limits::clients::Counted;
 use crate::observe::counters::get;
 use crate::observe::reason::{Reason, ResumeOutcome};
 
@@ -56,6 +57,14 @@ fn target_state(
 /// `/admin/v1/stats`: the live snapshot's routes with their counters and the state of
 /// their targets.
 pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
+    report_for(gw, None)
+}
+
+/// [`report`], read by the operator's scrape round `round` (`?round=`): each
+/// client's counters are remembered as of that round (what the operator's rendered
+/// `budget.left` counts from, see `limits::clients`), and what was reported is
+/// noted for the handover at shutdown (`handover`).
+pub fn report_for(gw: &Gateway, round: Option<u64>) -> switchback_crds::stats::StatsReport {
     use switchback_crds::stats as doc;
     let snapshot = gw.snapshot();
     let now = tokio::time::Instant::now();
@@ -98,26 +107,65 @@ pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
                 .join("; ")
         }),
         routes,
-        clients: gw
-            .carried()
-            .clients()
-            .into_iter()
-            .map(|(client, c)| {
-                let last = get(&c.last_request_ms);
-                doc::ClientStats {
-                    client,
-                    requests: get(&c.requests),
-                    input_tokens: get(&c.input_tokens),
-                    output_tokens: get(&c.output_tokens),
-                    micro_usd: get(&c.micro_usd),
-                    rate_limited: get(&c.rate_limited),
-                    budget_exhausted: get(&c.budget_exhausted),
-                    last_request_at: (last > 0)
-                        .then(|| rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(last))),
-                }
-            })
-            .collect(),
+        clients: client_stats(gw, round),
+        draining: gw.front.is_draining(),
     }
+}
+
+/// Every client's counters since start; remembered as of `round`, and noted as
+/// read for the handover, when the operator's scrape asks.
+fn client_stats(gw: &Gateway, round: Option<u64>) -> Vec<switchback_crds::stats::ClientStats> {
+    use switchback_crds::stats as doc;
+    let clients: Vec<doc::ClientStats> = gw
+        .carried()
+        .clients()
+        .into_iter()
+        .map(|(client, c)| {
+            let last = get(&c.last_request_ms);
+            let s = doc::ClientStats {
+                client,
+                requests: get(&c.requests),
+                input_tokens: get(&c.input_tokens),
+                output_tokens: get(&c.output_tokens),
+                micro_usd: get(&c.micro_usd),
+                rate_limited: get(&c.rate_limited),
+                budget_exhausted: get(&c.budget_exhausted),
+                last_request_at: (last > 0)
+                    .then(|| rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(last))),
+                estimated_requests: get(&c.estimated_requests),
+                estimated_tokens: get(&c.estimated_tokens),
+                reserved_tokens: c.reserved_tokens(),
+            };
+            if let Some(round) = round {
+                // The very numbers reported: what the operator sums at this round.
+                c.read_at(Counted {
+                    round,
+                    tokens: s.input_tokens + s.output_tokens,
+                    micro_usd: s.micro_usd,
+                });
+            }
+            s
+        })
+        .collect();
+    if round.is_some() {
+        let reported = clients
+            .iter()
+            .map(|s| {
+                [
+                    s.requests,
+                    s.input_tokens,
+                    s.output_tokens,
+                    s.micro_usd,
+                    s.rate_limited,
+                    s.budget_exhausted,
+                ]
+                .into_iter()
+                .fold(0u64, u64::wrapping_add)
+            })
+            .fold(0u64, u64::wrapping_add);
+        gw.handover.read(reported);
+    }
+    clients
 }
 
 /// One target's line of the report: its counters, circuit, park, last failure,

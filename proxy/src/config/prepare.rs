@@ -20,7 +20,7 @@ use super::snapshot::{
 };
 use super::target::{TargetKey, TargetState};
 use crate::limits::clients::{
-    ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Shares, Spent, WallClock,
+    ClientCounters, ClientRt, ClientUsage, Limits, RouteTokens, Settling, Shares, Spent, WallClock,
 };
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
@@ -81,11 +81,14 @@ fn sorted<K: Clone + Ord, V>(map: &HashMap<K, Arc<V>>) -> Vec<(K, Arc<V>)> {
 }
 
 /// How the clients of a snapshot are served, fixed for the process.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ClientEnv {
     /// No operator (manifests): budgets are enforced from this replica's own counts.
     pub standalone: bool,
+    /// Requests reserve their budget before they are sent (`--budget-reservation`).
+    pub reserve: bool,
     pub clock: WallClock,
+    pub settling: Arc<Settling>,
 }
 
 fn carried<K: std::hash::Hash + Eq, V: Default>(map: &mut HashMap<K, Arc<V>>, key: K) -> Arc<V> {
@@ -319,7 +322,7 @@ fn prepare_tenants(
         // Counted (and reported) even while the key is missing: zeros, not absent.
         let counters = carried(&mut maps.clients, c.id.clone());
         let Some(key_hash) = c.key_hash else { continue };
-        let rt = Arc::new(client_rt(c, counters, maps, env));
+        let rt = Arc::new(client_rt(c, counters, maps, &env));
         let mut models = HashMap::new();
         let mut callable: Vec<Arc<RouteRt>> = Vec::new();
         for id in &c.routes {
@@ -373,9 +376,10 @@ fn client_rt(
     c: &Client,
     counters: Arc<ClientCounters>,
     maps: &mut CarriedMaps,
-    env: ClientEnv,
+    env: &ClientEnv,
 ) -> ClientRt {
-    let shares = Limits::shares(c);
+    let replicas = c.replicas.max(1);
+    let shares = Limits::shares(c, replicas);
     let limits = (shares != (None, None, None)).then(|| {
         maps.client_limits
             .entry((c.id.clone(), shares))
@@ -396,17 +400,18 @@ fn client_rt(
                     None
                 }
             });
-    let budget = c.budget;
-    let has_budget = budget.tokens_per_day.is_some() || budget.usd_per_month.is_some();
     ClientRt {
         id: c.id.clone(),
         label: c.id.to_string().into(),
         counters,
         limits,
         exhausted,
-        standalone_budget: (env.standalone && has_budget).then_some(budget),
+        budget: c.budget.is_set().then_some(c.budget),
+        replicas,
+        reserve: env.reserve,
         standalone: env.standalone,
         clock: env.clock,
+        settling: env.settling.clone(),
     }
 }
 

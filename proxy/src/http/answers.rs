@@ -10,7 +10,7 @@ use super::auth;
 use crate::config::snapshot::RouteRt;
 use crate::front::intake::Refused;
 use crate::gateway::Gateway;
-use crate::limits::clients::{ClientRt, Throttled};
+use crate::limits::clients::{ClientRt, Throttled, USD_PER_MONTH, Uncovered};
 use crate::wire::headers::{X_ATTEMPTS, X_FALLBACKS, X_GENERATION, X_ROUTE};
 use crate::wire::surface::{self, Wire};
 
@@ -103,6 +103,7 @@ pub(super) fn throttled(
                 client.label
             ),
         ),
+        Throttled::NotCovered(u) => ("budget_exhausted", u.retry_after, uncovered(client, u)),
     };
     tracing::info!(
         target: "switchback::request",
@@ -119,6 +120,58 @@ pub(super) fn throttled(
     h.insert(X_ROUTE, route.route_header.clone());
     h.insert(X_GENERATION, route.generation_header.clone());
     r
+}
+
+/// Why a request's reservation did not fit (SPEC §15), naming the output cap that
+/// makes it up when one does.
+fn uncovered(client: &ClientRt, u: &Uncovered) -> String {
+    let usd = u.budget == USD_PER_MONTH;
+    let amount = |n: u64| {
+        if usd {
+            format!("{:.6} USD", n as f64 / 1e6)
+        } else {
+            format!("{n} tokens")
+        }
+    };
+    let need = if usd { u.need.micro_usd } else { u.need.tokens };
+    let what = match u.need.cap {
+        Some((field, n)) => format!("{field} ({n}) plus the input estimate ({})", u.need.input),
+        // An embeddings request reserves its input only.
+        None if u.need.output == 0 => format!("the input estimate ({})", u.need.input),
+        None => format!(
+            "the default reservation ({}, budget.defaultReservation: the request sets no \
+             max_tokens) plus the input estimate ({})",
+            u.need.output, u.need.input
+        ),
+    };
+    let left = u.share.saturating_sub(u.spent);
+    if u.never_fits() {
+        let advice = match u.need.cap {
+            Some((field, _)) => format!("lower {field}"),
+            None if u.need.output == 0 => "send less input".into(),
+            None => "set a max_tokens below it (or lower budget.defaultReservation)".into(),
+        };
+        format!(
+            "the LLMClient {} cannot reserve {} for this request ({what}): {} of \
+             budget.{} is left on this replica (its share); {advice}, or retry after {} s",
+            client.label,
+            amount(need),
+            amount(left),
+            u.budget,
+            u.retry_after,
+        )
+    } else {
+        format!(
+            "the LLMClient {} cannot reserve {} for this request ({what}): of the {} of \
+             budget.{} left on this replica, requests in flight hold {}; retry after {} s",
+            client.label,
+            amount(need),
+            amount(left),
+            u.budget,
+            amount(u.reserved),
+            u.retry_after,
+        )
+    }
 }
 
 pub(super) fn gateway_error(

@@ -2,7 +2,7 @@
 //! `switchback::request`), with the route, the client (never its key), who
 //! answered, the fallback provider and model when it was not the first target, and
 //! the attempt log as compact JSON. A stream's is written when the stream ends, and
-//! says how.
+//! says how (and `usage = "estimated"` when its usage was estimated).
 
 use std::sync::Arc;
 
@@ -27,6 +27,9 @@ pub(super) struct RequestLine {
     /// A stream whose route resumes: its resumes, who continued it last, and why its
     /// last failure was not resumed (SPEC §13).
     pub resume: Option<(u32, Option<u8>, Option<&'static str>)>,
+    /// `estimated`: the usage was estimated (a stream its client left mid-answer,
+    /// SPEC §15); absent when the providers reported it.
+    pub usage: Option<&'static str>,
 }
 
 impl RequestLine {
@@ -77,6 +80,7 @@ impl RequestLine {
             resumes,
             resumed_by,
             resume_outcome,
+            usage = self.usage,
             attempt_log = %AttemptLogView { route, log: &self.log },
             "request"
         );

@@ -5,7 +5,9 @@
 //! `x-switchback-*` headers stamped on the answer.
 
 use std::borrow::Cow;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -18,7 +20,7 @@ use super::answers::{gateway_error, throttled};
 use super::request_line::RequestLine;
 use crate::config::snapshot::{ModelRoute, RouteRt, Snapshot, Tenant};
 use crate::gateway::Gateway;
-use crate::limits::clients::{Admitted, ClientUsage};
+use crate::limits::clients::{Admitted, ClientUsage, HeldReservation, Need};
 use crate::observe::telemetry::{self, TRACE_TARGET};
 use crate::pipeline::{self, Call, Outcome, StreamEnd};
 use crate::providers::translate;
@@ -26,14 +28,78 @@ use crate::wire::headers::{X_ATTEMPTS, X_FALLBACKS, X_GENERATION, X_ROUTE, X_TAR
 use crate::wire::rewrite;
 use crate::wire::surface::{Surface, Wire};
 
-/// The two fields the proxy reads from a request body; everything else is forwarded
-/// untouched.
+/// The fields the proxy reads from a request body (`model`, `stream`, and the output
+/// caps a budget's reservation counts); everything else is forwarded untouched.
 #[derive(Deserialize)]
 struct Peek<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    max_tokens: Cap,
+    #[serde(default)]
+    max_completion_tokens: Cap,
+    #[serde(default)]
+    max_output_tokens: Cap,
+}
+
+/// An output cap as a client wrote it: a number of tokens (a fraction rounded up, a
+/// negative one as 0), or anything else (a string, `null`, an object: the provider
+/// refuses those, and the reservation falls back to the client's default).
+#[derive(Default, Clone, Copy)]
+struct Cap(Option<u64>);
+
+impl<'de> Deserialize<'de> for Cap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Cap;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Cap, E> {
+                Ok(Cap(Some(n)))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Cap, E> {
+                Ok(Cap(Some(n.max(0) as u64)))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Cap, E> {
+                // `as` saturates: NaN is 0, an absurd one u64::MAX.
+                Ok(Cap(Some(n.ceil() as u64)))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Cap, E> {
+                Ok(Cap(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Cap, E> {
+                Ok(Cap(None))
+            }
+            fn visit_unit<E>(self) -> Result<Cap, E> {
+                Ok(Cap(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Cap, A::Error> {
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Cap(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Cap, A::Error> {
+                while a
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Cap(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What the body says of itself: its `model`, whether it streams, its output cap.
+struct Peeked<'a> {
+    model: Cow<'a, str>,
+    stream: bool,
+    /// The largest output cap set (the API reads one of them; the reservation takes
+    /// the largest), and its field.
+    cap: Option<(&'static str, u64)>,
 }
 
 pub(super) async fn route_and_run(
@@ -46,7 +112,7 @@ pub(super) async fn route_and_run(
     body: Bytes,
 ) -> Response<Body> {
     let wire = surface.wire();
-    let (model, stream) = match peek(&body) {
+    let Peeked { model, stream, cap } = match peek(&body) {
         Ok(peeked) => peeked,
         Err(why) => return why.answer(wire),
     };
@@ -64,13 +130,21 @@ pub(super) async fn route_and_run(
     let started = Instant::now();
     // Limits and budgets before anything is sent upstream; the slot (if any) is held
     // until the answer is out (a stream's until it ends).
-    let admitted = match client {
+    let mut admitted = match client {
         None => None,
-        Some(c) => match c.client.admit(started) {
-            Ok(a) => Some(a),
-            Err(t) => return throttled(wire, route, &c.client, t),
-        },
+        Some(c) => {
+            let need = need(c, route, surface, cap, body.len());
+            match c.client.admit(started, &need) {
+                Ok(a) => Some(a),
+                Err(t) => return throttled(wire, route, &c.client, t),
+            }
+        }
     };
+    // Settled when the answer ends: a committed stream takes it along, a
+    // continuation counting an abandoned answer too; otherwise it goes with this.
+    let reserved = admitted.as_mut().and_then(|a| a.reserved.take());
+    let reservation = reserved.is_some().then_some(HeldReservation::new(reserved));
+    let abandoned = AtomicBool::new(false);
     let usage = Usage::asked(client, stream, surface, &body);
     let call = Call {
         surface,
@@ -83,16 +157,24 @@ pub(super) async fn route_and_run(
         client,
         include_usage: usage.include,
         strip_usage: usage.strip,
+        reservation: reservation.as_ref(),
+        abandoned: &abandoned,
     };
     let span = request_span(route, &call, tenant);
+    let left = Left {
+        served,
+        tenant,
+        call: &call,
+        started,
+    };
     // Without traces the span is disabled: skip the wrapper. The future is built in
     // each branch, not bound to a local first, and awaited here, not in a function of
     // its own: an awaited local is kept in this future's state twice (before and after
     // the move into `.await`), and a nested async fn is copied into its parent's.
     let outcome = if span.is_disabled() {
-        pipeline::run(gw, &served.route, &call).await
+        Abandonable::new(pipeline::run(gw, &served.route, &call), left).await
     } else {
-        pipeline::run(gw, &served.route, &call)
+        Abandonable::new(pipeline::run(gw, &served.route, &call), left)
             .instrument(span.clone())
             .await
     };
@@ -117,11 +199,109 @@ impl Unreadable {
     }
 }
 
-/// The body's `model` and `stream`.
-fn peek(body: &[u8]) -> Result<(Cow<'_, str>, bool), Unreadable> {
+/// The body's `model`, `stream` and output cap.
+fn peek(body: &[u8]) -> Result<Peeked<'_>, Unreadable> {
     let peek: Peek<'_> = serde_json::from_slice(body).map_err(Unreadable::NotJson)?;
     let model = peek.model.ok_or(Unreadable::NoModel)?;
-    Ok((model, peek.stream.unwrap_or(false)))
+    let cap = [
+        ("max_tokens", peek.max_tokens),
+        ("max_completion_tokens", peek.max_completion_tokens),
+        ("max_output_tokens", peek.max_output_tokens),
+    ]
+    .into_iter()
+    .filter_map(|(field, Cap(n))| Some((field, n?)))
+    .max_by_key(|(_, n)| *n);
+    Ok(Peeked {
+        model,
+        stream: peek.stream.unwrap_or(false),
+        cap,
+    })
+}
+
+/// What a request of client `c` reserves of its budgets (SPEC §15): nothing without
+/// a budget; else its output cap (or the default reservation) and its input
+/// estimate, priced with the route's first target.
+fn need(
+    c: &ClientUsage,
+    route: &RouteRt,
+    surface: Surface,
+    cap: Option<(&'static str, u64)>,
+    body: usize,
+) -> Need {
+    let Some(budget) = &c.client.budget else {
+        return Need::default();
+    };
+    let price = route.targets.first().and_then(|t| t.spec.price.as_ref());
+    Need::of(cap, body, budget, price, surface != Surface::Embeddings)
+}
+
+/// What the request log line says of a request whose client went away before its
+/// answer: which, on what route, since when.
+struct Left<'a, 'c> {
+    served: &'a ModelRoute,
+    tenant: Option<&'a Tenant>,
+    call: &'a Call<'c>,
+    started: Instant,
+}
+
+pin_project_lite::pin_project! {
+    /// The pipeline's future, and what becomes of the request if the client goes away
+    /// first (the server drops this future): `Call::abandoned` is set before anything
+    /// underneath is dropped (so that a unary answer in flight is read to its end and
+    /// counted, see `pipeline::answer::Unanswered`), and the request's log line is
+    /// written (status 499, as nginx logs a request its client closed).
+    struct Abandonable<'a, 'c, F> {
+        #[pin]
+        inner: F,
+        left: Option<Left<'a, 'c>>,
+    }
+
+    impl<'a, 'c, F> PinnedDrop for Abandonable<'a, 'c, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(left) = this.left.take() {
+                left.call.abandoned.store(true, Ordering::Release);
+                let line = RequestLine {
+                    client: left.tenant.map(|t| t.label.clone()),
+                    status: 499,
+                    attempts: 0,
+                    fallbacks: 0,
+                    answered_by: None,
+                    log: Vec::new(),
+                    request_id: left.call.request_id.clone(),
+                    resume: None,
+                    usage: None,
+                };
+                line.write(
+                    &left.served.route,
+                    left.call.client_model,
+                    left.started.elapsed(),
+                    Some(StreamEnd::ClientGone.as_str()).filter(|_| left.call.stream),
+                );
+            }
+        }
+    }
+}
+
+impl<'a, 'c, F> Abandonable<'a, 'c, F> {
+    fn new(inner: F, left: Left<'a, 'c>) -> Self {
+        Self {
+            inner,
+            left: Some(left),
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Abandonable<'_, '_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.inner.poll(cx));
+        // Answered: whatever happens to the answer now is the stream's business.
+        *this.left = None;
+        std::task::Poll::Ready(out)
+    }
 }
 
 /// The route serving `model` for this client. A route the client may not call is
@@ -223,12 +403,13 @@ fn log_line(
         log: outcome.log,
         request_id: call.request_id.clone(),
         resume: None,
+        usage: None,
     };
     match outcome.stream_line {
         Some(slot) => {
             let (route, model) = (served.route.clone(), String::from(call.client_model));
             let front = gw.front.clone();
-            slot.write_when_ended(Box::new(move |end, resume| {
+            slot.write_when_ended(Box::new(move |end, resume, estimated| {
                 let how = match end {
                     // Ended by the drain at the end of the shutdown grace.
                     StreamEnd::ClientGone if front.end_streams.is_set() => "shutdown",
@@ -238,6 +419,7 @@ fn log_line(
                 if let Some(r) = resume {
                     line.resumed(r);
                 }
+                line.usage = estimated.then_some("estimated");
                 line.write(&route, &model, started.elapsed(), Some(how));
             }));
         }
@@ -267,7 +449,10 @@ fn finish(
         let surface = call.surface;
         response = response.map(|b| crate::front::drain::until_shutdown(front, surface, b));
         // The client's concurrency slot goes with the stream.
-        if let Some(Admitted(Some(slot))) = admitted {
+        if let Some(Admitted {
+            slot: Some(slot), ..
+        }) = admitted
+        {
             response = response.map(|inner| Body::new(HoldingSlot { inner, _slot: slot }));
         }
     }

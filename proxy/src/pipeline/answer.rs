@@ -13,17 +13,21 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body_util::BodyDataStream;
 use hyper::body::Incoming;
+use tokio::time::Instant;
 
 use super::attempt::{Attempt, Attempted, Failure, UpstreamAnswer, timed_out};
-use super::relay::relay;
+use super::call::Call;
+use super::relay::{self, relay};
+use crate::config::snapshot::TargetRt;
+use crate::gateway::Gateway;
 use crate::limits::bytes::{Budget, Held};
 use crate::observe::reason::Reason;
-use crate::providers::translate;
+use crate::providers::translate::{self, Translation};
 use crate::wire::json;
 use crate::wire::rewrite::replace_model;
 use crate::wire::usage;
 
-/// A unary answer's read within the attempt's deadline (`read_capped`), as the
+/// A unary answer's read within the attempt's deadline ([`Capping`]), as the
 /// bytes and their reservation, or why it is unusable (a limit's refusal counted).
 pub(super) fn capped(
     a: &Attempt<'_, '_>,
@@ -112,7 +116,7 @@ pub(super) fn unary(
 /// A unary answer's reservation in the answer budget (`--max-inflight-response-bytes`).
 pub(crate) type AnswerHeld = Held<Arc<Budget>>;
 
-/// What [`read_capped`] made of a unary answer.
+/// What [`Capping::read`] made of a unary answer.
 pub(crate) enum Capped {
     /// The whole answer, and its bytes' reservation in the answer budget.
     Whole(Bytes, AnswerHeld),
@@ -122,64 +126,207 @@ pub(crate) enum Capped {
     OverBudget,
 }
 
-/// Read a unary answer whole, up to `cap` bytes, every byte of buffer it takes
-/// reserved in `budget` first: the answer's declared length up front, else the
-/// buffer as it grows (doubling, never past `cap`).
-pub(crate) async fn read_capped(
-    response: Incoming,
+/// A unary answer being read whole, up to `cap` bytes, every byte of buffer it
+/// takes reserved in the answer budget first: the answer's declared length up
+/// front, else the buffer as it grows (doubling, never past `cap`). Everything read
+/// so far is kept here between awaits, so a read dropped half-way (the client went
+/// away, see [`Unanswered`]) can be taken up again where it stopped.
+pub(crate) struct Capping {
+    body: BodyDataStream<Incoming>,
     cap: usize,
-    budget: &Arc<Budget>,
-) -> Result<Capped, hyper::Error> {
-    // A declared length over the cap is refused before reading a byte.
-    let declared = hyper::body::Body::size_hint(&response).exact();
-    if declared.is_some_and(|n| n > cap as u64) {
-        return Ok(Capped::TooLarge);
+    declared: usize,
+    /// Taken with the whole answer.
+    held: Option<AnswerHeld>,
+    /// The first chunk, kept as it is until a second comes (the usual answer
+    /// arrives in one: handed on without a copy).
+    first: Option<Bytes>,
+    /// A Vec, whose `reserve_exact` keeps to what the budget covers.
+    buf: Vec<u8>,
+}
+
+impl Capping {
+    /// Starts reading `response`; a declared length over `cap` is refused before
+    /// reading a byte, one over the budget's room likewise.
+    pub(crate) fn start(
+        response: Incoming,
+        cap: usize,
+        budget: &Arc<Budget>,
+    ) -> Result<Self, Capped> {
+        let declared = hyper::body::Body::size_hint(&response).exact();
+        if declared.is_some_and(|n| n > cap as u64) {
+            return Err(Capped::TooLarge);
+        }
+        let declared = declared.map_or(0, |n| n as usize);
+        let mut held = Held::new(budget.clone());
+        if !held.grow(declared) {
+            return Err(Capped::OverBudget);
+        }
+        Ok(Self {
+            body: BodyDataStream::new(response),
+            cap,
+            declared,
+            held: Some(held),
+            first: None,
+            buf: Vec::new(),
+        })
     }
-    let declared = declared.map_or(0, |n| n as usize);
-    let mut held = Held::new(budget.clone());
-    if !held.grow(declared) {
-        return Ok(Capped::OverBudget);
+
+    /// Reads on to the end of the answer.
+    pub(crate) async fn read(&mut self) -> Result<Capped, hyper::Error> {
+        loop {
+            let Some(chunk) = self.body.next().await.transpose()? else {
+                // Read once to its end: taken again, it has nothing more to give.
+                let Some(held) = self.held.take() else {
+                    return Ok(Capped::TooLarge);
+                };
+                let whole = match self.first.take() {
+                    Some(first) => first,
+                    None => Bytes::from(std::mem::take(&mut self.buf)),
+                };
+                return Ok(Capped::Whole(whole, held));
+            };
+            if let Some(refused) = self.take(chunk) {
+                return Ok(refused);
+            }
+        }
     }
-    let mut body = BodyDataStream::new(response);
-    let Some(first) = body.next().await.transpose()? else {
-        return Ok(Capped::Whole(Bytes::new(), held));
-    };
-    if first.len() > cap {
-        return Ok(Capped::TooLarge);
+
+    /// One more chunk of the answer, or why the answer is refused.
+    fn take(&mut self, chunk: Bytes) -> Option<Capped> {
+        if self.first.is_none() && self.buf.is_empty() {
+            if chunk.len() > self.cap {
+                return Some(Capped::TooLarge);
+            }
+            if !self.held.as_mut().is_some_and(|h| h.grow_to(chunk.len())) {
+                return Some(Capped::OverBudget);
+            }
+            self.first = Some(chunk);
+            return None;
+        }
+        if let Some(first) = self.first.take()
+            && let Some(refused) = self.append(&first)
+        {
+            return Some(refused);
+        }
+        self.append(&chunk)
     }
-    if !held.grow_to(first.len()) {
-        return Ok(Capped::OverBudget);
-    }
-    // The usual answer arrives in one chunk: handed on without a copy.
-    let Some(second) = body.next().await.transpose()? else {
-        return Ok(Capped::Whole(first, held));
-    };
-    // A Vec, whose `reserve_exact` keeps to what the budget covers.
-    let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = first;
-    let mut next = Some(second);
-    loop {
-        if chunk.len() > cap.saturating_sub(buf.len()) {
-            return Ok(Capped::TooLarge);
+
+    fn append(&mut self, chunk: &[u8]) -> Option<Capped> {
+        let buf = &mut self.buf;
+        if chunk.len() > self.cap.saturating_sub(buf.len()) {
+            return Some(Capped::TooLarge);
         }
         let need = buf.len() + chunk.len();
         if need > buf.capacity() {
             // Room for the declared length at once, else double: amortised copies,
             // and the budget always covers the whole buffer.
-            let room = need.max(declared).max(buf.capacity() * 2).min(cap);
-            if !held.grow_to(room) {
-                return Ok(Capped::OverBudget);
+            let room = need
+                .max(self.declared)
+                .max(buf.capacity() * 2)
+                .min(self.cap);
+            if !self.held.as_mut().is_some_and(|h| h.grow_to(room)) {
+                return Some(Capped::OverBudget);
             }
             buf.reserve_exact(room - buf.len());
         }
-        buf.extend_from_slice(&chunk);
-        match next.take() {
-            Some(c) => chunk = c,
-            None => match body.next().await.transpose()? {
-                Some(c) => chunk = c,
-                None => return Ok(Capped::Whole(Bytes::from(buf), held)),
-            },
+        buf.extend_from_slice(chunk);
+        None
+    }
+}
+
+/// A unary try in flight for a client that is billed (SPEC §15). The upstream
+/// call is polled through here (its response future, then the answer's read), so
+/// that when the client goes away meanwhile (the call is dropped with
+/// `Call::abandoned` set) what is in flight is handed to a continuation: it reads
+/// the answer to its end, within the try's deadline and the response size limit,
+/// forwards nothing, and counts its usage, keeping the request's reservation until
+/// then. Dropped for any other reason (a timeout, a hedge lost), the upstream call
+/// is cancelled as before.
+pub(super) struct Unanswered<'a, 'c> {
+    call: &'a Call<'c>,
+    target: &'a TargetRt,
+    gw: &'a Gateway,
+    translation: Option<Translation>,
+    deadline: Instant,
+    pub response: Option<ResponseFuture>,
+    pub reading: Option<Capping>,
+}
+
+/// The upstream response on its way (hyper-util's future: boxed, so `Unpin`).
+pub(super) type ResponseFuture = hyper_util::client::legacy::ResponseFuture;
+
+impl<'a, 'c> Unanswered<'a, 'c> {
+    pub(super) fn new(a: &Attempt<'a, 'c>) -> Self {
+        Self {
+            call: a.call,
+            target: a.target,
+            gw: a.gw,
+            translation: a.plan.translation,
+            deadline: a.deadline,
+            response: None,
+            reading: None,
         }
+    }
+}
+
+impl Drop for Unanswered<'_, '_> {
+    fn drop(&mut self) {
+        if self.response.is_none() && self.reading.is_none() {
+            return;
+        }
+        // A stream left before its first content produced nothing the client had:
+        // cancelled, as before.
+        let Some(client) = self.call.client.filter(|_| !self.call.stream) else {
+            return;
+        };
+        if !self.call.abandoned.load(Ordering::Acquire) {
+            return;
+        }
+        let (response, reading) = (self.response.take(), self.reading.take());
+        let reserved = self.call.reservation.and_then(|r| r.take());
+        let client = client.clone();
+        let counters = self.target.counters.clone();
+        let price = self.target.spec.price;
+        let (translation, deadline) = (self.translation, self.deadline);
+        let cap = self.gw.upstream_limits.max_response_bytes;
+        let answers = self.gw.answers.clone();
+        let label = self.target.label.clone();
+        client.settling().clone().spawn(async move {
+            // Settles once the answer is counted.
+            let _reserved = reserved;
+            let reading = match (reading, response) {
+                (Some(r), _) => r,
+                (None, Some(future)) => match tokio::time::timeout_at(deadline, future).await {
+                    Ok(Ok(r)) if r.status().is_success() && !relay::is_encoded(r.headers()) => {
+                        match Capping::start(r.into_body(), cap, &answers) {
+                            Ok(c) => c,
+                            Err(_) => return,
+                        }
+                    }
+                    // An error answer carries no usage; nothing came, nothing to count.
+                    _ => return,
+                },
+                (None, None) => return,
+            };
+            let mut reading = reading;
+            let Ok(Ok(Capped::Whole(bytes, _held))) =
+                tokio::time::timeout_at(deadline, reading.read()).await
+            else {
+                return;
+            };
+            let usage = match translation {
+                Some(tr) => tr.upstream().usage(&bytes),
+                None => usage::usage(&bytes),
+            };
+            if let Some(u) = usage {
+                counters.add_usage(u);
+                client.record(u, price.as_ref());
+            }
+            tracing::debug!(target_credential = %label, client = &*client.client.label,
+                input_tokens = usage.map(|u| u.input_tokens),
+                output_tokens = usage.map(|u| u.output_tokens),
+                "counted the answer of a unary call its client walked away from");
+        });
     }
 }
 

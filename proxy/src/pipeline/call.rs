@@ -3,6 +3,7 @@
 //! request log report ([`AttemptLog`]).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response};
@@ -10,7 +11,7 @@ use bytes::Bytes;
 
 use super::log::AttemptLog;
 use super::stream::LineSlot;
-use crate::limits::clients::ClientUsage;
+use crate::limits::clients::{ClientUsage, HeldReservation};
 use crate::wire::rewrite::JsonStr;
 use crate::wire::surface::Surface;
 
@@ -34,7 +35,19 @@ pub struct Call<'a> {
     /// The body asks for the usage chunk the client did not: strip it (relayed
     /// streams; a translated stream answers as `include_usage` says anyway).
     pub strip_usage: bool,
+    /// The request's budget reservation (SPEC §15), for whoever settles it: a
+    /// committed stream takes it, so does a continuation that counts an answer the
+    /// client walked away from; otherwise it settles with the request. `None`
+    /// without a budget.
+    pub reservation: Option<&'a HeldReservation>,
+    /// Set when the client went away while the call was running (`http` sets it
+    /// before the call's future is dropped): a unary answer in flight for a billed
+    /// client is then read to its end and counted (`answer::Unanswered`).
+    pub abandoned: &'a AtomicBool,
 }
+
+/// A call nobody abandons (continuations and tests).
+pub static STAYS: AtomicBool = AtomicBool::new(false);
 
 /// What the pipeline answers, with the facts the response headers report.
 pub struct Outcome {

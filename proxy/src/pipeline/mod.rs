@@ -38,7 +38,7 @@ pub mod stream;
 mod target;
 mod walk;
 
-pub use call::{Call, Outcome};
+pub use call::{Call, Outcome, STAYS};
 pub use log::{AttemptLog, ResumeLog};
 pub use request::run;
 pub use stream::{LineSlot, StreamEnd};

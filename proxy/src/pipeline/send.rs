@@ -16,6 +16,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use tokio::time::{Instant, timeout_at};
 
+use super::answer::{Capping, Unanswered};
 use super::attempt::{Attempt, Attempted, Failure, Transport, UpstreamAnswer, timed_out};
 use super::stream::{self, LineSlot, NotCommitted, StreamAttempt};
 use super::{answer, relay};
@@ -75,7 +76,11 @@ impl Transport for Http {
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
         let client = t.credential.client.here();
-        let response = match timeout_at(a.deadline, client.request(request)).await {
+        // A unary call for a billed client goes through `Unanswered`: should the
+        // client go away, what is in flight is read to its end and counted.
+        let mut unanswered = Unanswered::new(&a);
+        let future = unanswered.response.insert(client.request(request));
+        let response = match timeout_at(a.deadline, future).await {
             Err(_) => return Attempted::Failed(Failure::bare(timed_out(a.budget))),
             Ok(Err(e)) => {
                 tracing::debug!(target = %t.label, error = %e, "upstream transport error");
@@ -83,6 +88,8 @@ impl Transport for Http {
             }
             Ok(Ok(r)) => r,
         };
+        // Answered: from here on the read is what a client walking away leaves.
+        unanswered.response = None;
         let (parts, body) = response.into_parts();
         let (status, headers) = (parts.status, parts.headers);
         if !status.is_success() {
@@ -106,8 +113,16 @@ impl Transport for Http {
             .await;
             return committed(opened, budget);
         }
-        let read = answer::read_capped(body, gw.upstream_limits.max_response_bytes, &gw.answers);
-        match answer::capped(&a, timeout_at(a.deadline, read).await) {
+        let read = match Capping::start(body, gw.upstream_limits.max_response_bytes, &gw.answers) {
+            Ok(reading) => {
+                let reading = unanswered.reading.insert(reading);
+                let read = timeout_at(a.deadline, reading.read()).await;
+                unanswered.reading = None;
+                read
+            }
+            Err(refused) => Ok(Ok(refused)),
+        };
+        match answer::capped(&a, read) {
             Ok((bytes, held)) => answer::unary(&a, status, headers, bytes, held),
             Err(reason) => Attempted::Failed(Failure::bare(reason)),
         }
@@ -188,6 +203,8 @@ fn stream_attempt<'a>(a: Attempt<'a, '_>) -> StreamAttempt<'a> {
         client: call.client.cloned(),
         price: t.spec.price,
         strip_usage: call.strip_usage && plan.translation.is_none(),
+        reservation: call.reservation,
+        prompt_bytes: call.body.len(),
     }
 }
 

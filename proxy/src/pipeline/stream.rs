@@ -31,12 +31,13 @@ use crate::config::snapshot::{CredentialRt, RouteRt, TargetRt};
 use crate::config::target::TargetState;
 use crate::limits::answers::Refusals;
 use crate::limits::circuit::Transition;
-use crate::limits::clients::ClientUsage;
+use crate::limits::clients::{ClientUsage, HeldReservation, Reserved};
 use crate::observe::counters::{self, RouteCounters, RouteTargetCounters};
 use crate::observe::reason::Reason;
 use crate::providers::Dialect;
 use crate::providers::classify::classify_status;
 use crate::providers::translate::{StreamTranslator, Translation};
+use crate::wire::content;
 use crate::wire::rewrite::{JsonStr, replace_model_into};
 use crate::wire::sse::{self, EventTooLarge, Framer, Opening, StreamError};
 use crate::wire::surface::Surface;
@@ -72,6 +73,8 @@ pub(crate) struct AttemptEnd {
     /// It stopped on that failure without telling the client (a failure the route
     /// resumes); otherwise the client had the error event, or the provider's.
     pub held: bool,
+    /// Its usage was estimated, not (all) reported.
+    pub estimated: bool,
 }
 
 impl StreamReport {
@@ -215,7 +218,16 @@ pub(crate) struct StreamAttempt<'a> {
     pub price: Option<Price>,
     /// Drop the usage-only chunk (asked for on the client's behalf).
     pub strip_usage: bool,
+    /// The request's budget reservation, taken when the stream commits.
+    pub reservation: Option<&'a HeldReservation>,
+    /// The request body's size: the prompt's estimate (bytes / 4), should the usage
+    /// have to be estimated.
+    pub prompt_bytes: usize,
 }
+
+/// How long a stream whose content has ended is read on for its usage after the
+/// client went away (SPEC §15).
+pub(crate) const READ_ON: Duration = Duration::from_secs(10);
 
 /// Why a 2xx stream was not committed.
 pub(crate) enum NotCommitted {
@@ -329,6 +341,7 @@ fn committed<U>(
         refused: a.refused.clone(),
         // Under a resuming body, the body writes the line when the answer ends.
         line: report.is_none().then_some(line),
+        estimated: false,
     };
     Committed {
         upstream,
@@ -349,10 +362,13 @@ fn committed<U>(
         counters: t.counters.clone(),
         credential: Some(t.credential.clone()),
         permit: a.permit,
+        reserved: a.reservation.and_then(|r| r.take()),
+        prompt_estimate: (a.prompt_bytes as u64).div_ceil(4),
         client: a.client,
         price: a.price,
         strip_usage: a.strip_usage,
         reported: Usage::default(),
+        relayed: Relayed::default(),
         ending: Some(ending),
         done: false,
         report,
@@ -385,7 +401,8 @@ impl StreamEnd {
 
 /// A stream's request log line, written once the stream has ended; with what the
 /// resumes of a resuming route's stream add to it.
-pub type LogLine = Box<dyn FnOnce(StreamEnd, Option<ResumeLog>) + Send>;
+/// Its last argument: the stream's usage was estimated, not reported (SPEC §15).
+pub type LogLine = Box<dyn FnOnce(StreamEnd, Option<ResumeLog>, bool) + Send>;
 
 /// Where a committed stream and the server meet: the server leaves the request's log
 /// line, the stream's end writes it with how it ended, whichever comes second (the
@@ -400,7 +417,7 @@ enum Slot {
     #[default]
     Empty,
     Line(LogLine),
-    Ended(StreamEnd, Option<ResumeLog>),
+    Ended(StreamEnd, Option<ResumeLog>, bool),
     Written,
 }
 
@@ -409,9 +426,9 @@ impl LineSlot {
     pub fn write_when_ended(&self, line: LogLine) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *g, Slot::Written) {
-            Slot::Ended(end, resume) => {
+            Slot::Ended(end, resume, estimated) => {
                 drop(g);
-                line(end, resume);
+                line(end, resume, estimated);
             }
             Slot::Empty => *g = Slot::Line(line),
             other => *g = other,
@@ -419,14 +436,14 @@ impl LineSlot {
     }
 
     /// The stream's half: it ended so.
-    pub(super) fn ended(&self, end: StreamEnd, resume: Option<ResumeLog>) {
+    pub(super) fn ended(&self, end: StreamEnd, resume: Option<ResumeLog>, estimated: bool) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *g, Slot::Written) {
             Slot::Line(line) => {
                 drop(g);
-                line(end, resume);
+                line(end, resume, estimated);
             }
-            Slot::Empty => *g = Slot::Ended(end, resume),
+            Slot::Empty => *g = Slot::Ended(end, resume, estimated),
             other => *g = other,
         }
     }
@@ -454,6 +471,8 @@ pub(crate) struct Ending {
     /// The request log line, written when the stream ends; `None` under a resuming
     /// body, which writes it (and counts the route's failure) when the answer ends.
     pub line: Option<Arc<LineSlot>>,
+    /// The stream's usage was estimated (SPEC §15), as its log line says.
+    pub estimated: bool,
 }
 
 impl Drop for Ending {
@@ -493,7 +512,7 @@ impl Drop for Ending {
             }
         };
         if let Some(line) = &self.line {
-            line.ended(end, None);
+            line.ended(end, None, self.estimated);
         }
     }
 }
@@ -511,6 +530,20 @@ fn is_usage_only(ev: &[u8]) -> bool {
         .data
         .and_then(|d| serde_json::from_slice::<Choices>(d).ok())
         .is_some_and(|c| c.choices.is_none_or(|c| c.is_empty()))
+}
+
+/// What a billed client's stream relayed of the answer, and whether its usage is in
+/// (SPEC §15): what a client that walks away mid-answer is charged from.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Relayed {
+    /// Bytes of content (text, arguments, reasoning) sent to the client.
+    pub content_bytes: u64,
+    /// An event said the content is over (what follows is the usage and the end).
+    pub content_ended: bool,
+    /// A usage report came with or after the end of the content: the final one.
+    pub usage_final: bool,
+    /// What was estimated on top of the reports (see `Committed::estimate`).
+    pub estimated: Usage,
 }
 
 /// Looked for in every event of a committed stream: built once, not per event
@@ -537,10 +570,16 @@ pub(crate) struct Committed<U = Upstream> {
     /// The LLMClient whose usage the events count to, and the target's price.
     pub client: Option<ClientUsage>,
     pub price: Option<Price>,
+    /// The request's budget reservation, settled once the stream's usage is in.
+    pub reserved: Option<Reserved>,
+    /// The prompt's size in tokens, estimated (request bytes / 4).
+    pub prompt_estimate: u64,
     /// Drop the usage-only chunk: the client did not ask for it.
     pub strip_usage: bool,
     /// The usage reported so far (the largest count seen of each kind).
     pub reported: Usage,
+    /// What the client was sent of the answer (billed clients only).
+    pub relayed: Relayed,
     pub ending: Option<Ending>,
     pub done: bool,
     /// Set when the route resumes: a failure it would resume stops the stream
@@ -556,6 +595,20 @@ impl<U> Committed<U> {
     /// API or given the client's `model` name. May append nothing (an event the
     /// client's API has no counterpart for).
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
+        let mark = out.len();
+        let usage = self.forward_counted(ev, out);
+        // Only a billed client's stream is read for what it relayed.
+        if self.client.is_some() {
+            let sent = &out[mark..];
+            let r = &mut self.relayed;
+            r.content_bytes += content::content_len(self.surface, sent);
+            r.content_ended = r.content_ended || content::ends_content(self.surface, sent);
+            r.usage_final = r.usage_final || (usage && r.content_ended);
+        }
+    }
+
+    /// [`Self::forward`]'s work; whether the event reported usage.
+    fn forward_counted(&mut self, ev: &[u8], out: &mut BytesMut) -> bool {
         let usage = match &self.translator {
             Some(t) => t.upstream().usage(ev),
             None => usage::usage(ev),
@@ -577,7 +630,7 @@ impl<U> Committed<U> {
             }
             // Asked for on the client's behalf: counted, not forwarded.
             if self.strip_usage && is_usage_only(ev) {
-                return;
+                return true;
             }
         }
         // Cheap test first: most events never mention an error.
@@ -587,7 +640,7 @@ impl<U> Committed<U> {
             if let Some(e) = sse::error_event_for(self.surface, ev) {
                 let (reason, status) = (classify_status(e.status, &e.body), Some(e.status));
                 if self.stop_to_resume(reason, status) {
-                    return;
+                    return usage.is_some();
                 }
                 self.fail(reason, status);
             }
@@ -603,6 +656,7 @@ impl<U> Committed<U> {
             None => replace_model_into(ev, &self.model, out),
             Some(t) => t.event(ev, out),
         }
+        usage.is_some()
     }
 
     /// Every whole event the framer holds forwarded into `out`; one over the size
@@ -686,8 +740,101 @@ impl<U> Committed<U> {
                 usage: self.reported,
                 failure: self.ending.as_ref().and_then(|e| e.failure),
                 held: self.held,
+                estimated: self.ending.as_ref().is_some_and(|e| e.estimated),
             });
         }
+    }
+
+    /// The stream is over for its client (it ended, failed, or the client went
+    /// away) without the usage that ends an answer: what the client was sent is
+    /// charged from the prompt and the content relayed (bytes / 4), on top of what
+    /// was reported, and marked estimated (SPEC §15). Nothing relayed, nothing
+    /// charged; a second call charges nothing more.
+    fn estimate(&mut self) {
+        let Some(c) = &self.client else {
+            return;
+        };
+        let r = self.relayed;
+        if r.usage_final || r.content_bytes == 0 {
+            return;
+        }
+        let have = Usage {
+            input_tokens: self.reported.input_tokens + r.estimated.input_tokens,
+            output_tokens: self.reported.output_tokens + r.estimated.output_tokens,
+        };
+        let new = Usage {
+            // A reported input count (Anthropic's `message_start`) is the real one.
+            input_tokens: if have.input_tokens == 0 {
+                self.prompt_estimate
+            } else {
+                0
+            },
+            output_tokens: r
+                .content_bytes
+                .div_ceil(4)
+                .saturating_sub(have.output_tokens),
+        };
+        if new == Usage::default() {
+            return;
+        }
+        // Kept apart from `reported`: a resumed answer's usage, as its client sees
+        // it, sums what the providers reported.
+        self.relayed.estimated.input_tokens += new.input_tokens;
+        self.relayed.estimated.output_tokens += new.output_tokens;
+        self.counters.add_usage(new);
+        c.record_estimate(new, self.price.as_ref());
+        if let Some(e) = &mut self.ending {
+            e.estimated = true;
+        }
+    }
+
+    /// The client went away before the stream ended (SPEC §15). A stream whose
+    /// content has ended is read on for the usage that follows, in a task of its
+    /// own, for up to [`READ_ON`], forwarding nothing; one left mid-answer is
+    /// cancelled at once (dropped with `self`) and its usage estimated. The
+    /// reservation settles, the verdict is counted and the log line written, when
+    /// that is done.
+    fn left_by_client(mut self)
+    where
+        U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+    {
+        let Some(c) = &self.client else {
+            return;
+        };
+        if !self.done && self.relayed.content_ended && !self.relayed.usage_final {
+            let settling = c.settling().clone();
+            settling.spawn(self.read_on());
+            return;
+        }
+        self.estimate();
+        self.tell();
+    }
+
+    /// Reads the rest of a stream its client left after the content, for its usage.
+    async fn read_on(mut self)
+    where
+        U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
+    {
+        let deadline = Instant::now() + READ_ON;
+        let mut sink = BytesMut::new();
+        while !self.done && !self.relayed.usage_final {
+            match tokio::time::timeout_at(deadline, self.upstream.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    self.framer.push(&chunk);
+                    self.forward_framed(&mut sink);
+                    sink.clear();
+                }
+                Ok(None) => {
+                    if let Some(tail) = self.framer.take_rest() {
+                        self.forward(&tail, &mut sink);
+                    }
+                    break;
+                }
+                Ok(Some(Err(_))) | Err(_) => break,
+            }
+        }
+        self.estimate();
+        self.tell();
     }
 
     /// End the stream with the error event.
@@ -750,8 +897,12 @@ const EMPTY_TURNS: u8 = 3;
 /// chunk (one write instead of one per event; nothing waits for data not yet read).
 /// The idle limit is one timer re-armed lazily: arriving data only moves
 /// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
-pub(crate) struct CommittedStream<U = Upstream> {
-    state: Committed<U>,
+pub(crate) struct CommittedStream<U = Upstream>
+where
+    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+{
+    /// Taken when the client goes away first (see [`Committed::left_by_client`]).
+    state: Option<Committed<U>>,
     /// Forwarded, not yet sent: the opening, checked before commit, or events
     /// held while the upstream's connection task is let run (see `poll_next`).
     pending: BytesMut,
@@ -761,7 +912,10 @@ pub(crate) struct CommittedStream<U = Upstream> {
     idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
-impl<U> CommittedStream<U> {
+impl<U> CommittedStream<U>
+where
+    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+{
     /// `held`: the events held back before commit; `first`: the event that
     /// committed. Both are sent first.
     pub(crate) fn new(held: &[u8], first: &[u8], mut state: Committed<U>) -> Self {
@@ -775,14 +929,25 @@ impl<U> CommittedStream<U> {
             empty_turns: 0,
             idle_since: Instant::now(),
             idle_timer: Box::pin(sleep_until(Instant::now() + state.idle)),
-            state,
+            state: Some(state),
+        }
+    }
+}
+
+impl<U> Drop for CommittedStream<U>
+where
+    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(state) = self.state.take() {
+            state.left_by_client();
         }
     }
 }
 
 impl<U> futures_util::Stream for CommittedStream<U>
 where
-    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
+    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
 {
     type Item = Result<Bytes, Infallible>;
 
@@ -792,7 +957,9 @@ where
     ) -> std::task::Poll<Option<Self::Item>> {
         use std::task::Poll;
         let this = self.get_mut();
-        let st = &mut this.state;
+        let Some(st) = this.state.as_mut() else {
+            return Poll::Ready(None);
+        };
         let mut out = std::mem::take(&mut this.pending);
         loop {
             st.forward_framed(&mut out);
@@ -853,8 +1020,11 @@ where
         this.empty_turns = 0;
         // Empty here only when the upstream is done and nothing is left to send.
         if out.is_empty() {
-            // Ended: the verdict is in, report it now rather than when the
-            // client's connection lets go of the body.
+            // Ended: the usage is in (or estimated), the reservation settles, and
+            // the verdict is in: report it now rather than when the client's
+            // connection lets go of the body.
+            st.estimate();
+            st.reserved = None;
             st.tell();
             drop(st.ending.take());
             Poll::Ready(None)
@@ -926,8 +1096,11 @@ mod tests {
             permit: None,
             client: None,
             price: None,
+            reserved: None,
+            prompt_estimate: 0,
             strip_usage: false,
             reported: Default::default(),
+            relayed: Default::default(),
             ending,
             done: false,
             report: None,
@@ -1008,6 +1181,7 @@ mod tests {
             completed: false,
             refused: v.refused.clone(),
             line: Some(v.line.clone()),
+            estimated: false,
         };
         (e, v)
     }
@@ -1016,7 +1190,7 @@ mod tests {
     fn line(slot: &LineSlot) -> Arc<std::sync::Mutex<Option<StreamEnd>>> {
         let seen = Arc::new(std::sync::Mutex::new(None));
         let s = seen.clone();
-        slot.write_when_ended(Box::new(move |end, _| *s.lock().unwrap() = Some(end)));
+        slot.write_when_ended(Box::new(move |end, _, _| *s.lock().unwrap() = Some(end)));
         seen
     }
 
@@ -1038,7 +1212,7 @@ mod tests {
         );
         let mut text = Vec::new();
         while let Some(Ok(chunk)) = body.next().await {
-            assert!(body.state.framer.buffered() <= LIMIT + 4096);
+            assert!(body.state.as_ref().unwrap().framer.buffered() <= LIMIT + 4096);
             text.extend_from_slice(&chunk);
         }
         let text = String::from_utf8(text).unwrap();
@@ -1047,10 +1221,14 @@ mod tests {
             "{text}"
         );
         assert!(
-            body.state.upstream.chunks.len() > 9_000,
+            body.state.as_ref().unwrap().upstream.chunks.len() > 9_000,
             "stopped reading at the limit"
         );
-        assert_eq!(body.state.framer.buffered(), 0, "buffer freed");
+        assert_eq!(
+            body.state.as_ref().unwrap().framer.buffered(),
+            0,
+            "buffer freed"
+        );
         assert_eq!(v.counters.failures.get(Reason::EventTooLarge), 1);
         assert_eq!(counters::get(&v.counters.successes), 0);
         assert_eq!(

@@ -487,6 +487,8 @@ pub(super) mod tests {
             client: None,
             include_usage: None,
             strip_usage: false,
+            reservation: None,
+            abandoned: &crate::pipeline::STAYS,
         };
         walk(transport, gw, route, &call, 0.0).await
     }

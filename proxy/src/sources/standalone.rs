@@ -106,7 +106,12 @@ fn locate(set: &ManifestSet, d: &switchback_crds::Diagnostic) -> Problem {
 
 /// Load once; on success the gateway serves it. Returns the problems otherwise.
 pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
-    let (compiled, warnings) = compile_manifests_for(path, &gw.auth)?;
+    let (mut compiled, warnings) = compile_manifests_for(path, &gw.auth)?;
+    // No operator renders the replicas sharing each client's limits and budgets:
+    // `--replicas` says how many serve these manifests.
+    for c in &mut compiled.config.clients {
+        c.replicas = gw.standalone_replicas;
+    }
     for w in &warnings {
         tracing::warn!(problem = %w, "config warning");
     }
@@ -133,9 +138,11 @@ pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
         {
             tracing::warn!(
                 clients = budgets,
+                replicas = gw.standalone_replicas,
                 "standalone (no operator): LLMClient budgets are enforced from this process's \
-                 own usage since it started; other replicas' and earlier processes' usage is not \
-                 counted, and a restart starts from zero"
+                 own usage since it started, each request reserving its share before it is sent; \
+                 this replica takes 1/--replicas of each budget, other replicas' and earlier \
+                 processes' usage is not counted, and a restart starts from zero"
             );
         }
     } else if !clients.is_empty() {

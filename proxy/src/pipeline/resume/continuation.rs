@@ -61,6 +61,10 @@ pub(super) async fn find(
         client: seed.client.as_ref(),
         include_usage: seed.include_usage,
         strip_usage: seed.strip_usage,
+        // The request's reservation went with the stream that broke (it settled
+        // as that stream ended); the client that leaves a continuation cancels it.
+        reservation: None,
+        abandoned: &crate::pipeline::STAYS,
     };
     let mut walk = Walk::new(&Http, &seed.gw, &seed.route, &call, seed.budget);
     walk.prefill = Some(&text);

@@ -152,6 +152,8 @@ pub(crate) struct Resumable {
     /// Text held, as counted in the replica's figure (`Gateway::resume_held`).
     counted: usize,
     ended: bool,
+    /// An attempt's usage was estimated (SPEC §15), as the log line says.
+    estimated: bool,
 }
 
 impl Resumable {
@@ -167,6 +169,7 @@ impl Resumable {
             carried: Usage::default(),
             counted: 0,
             ended: false,
+            estimated: false,
         }
     }
 
@@ -185,10 +188,12 @@ impl Resumable {
     /// The attempt relayed so far ended, as `end` says (`None`: it said nothing,
     /// which a committed stream always does; read as a completion).
     fn after(&mut self, a: Attempt, end: Option<AttemptEnd>, out: &mut BytesMut) {
+        self.estimated |= end.is_some_and(|e| e.estimated);
         let Some(AttemptEnd {
             usage,
             failure: Some((reason, status)),
             held,
+            ..
         }) = end
         else {
             self.finish(StreamEnd::Completed);
@@ -299,10 +304,15 @@ impl Resumable {
     fn finish(&mut self, end: StreamEnd) {
         if !self.ended {
             self.ended = true;
+            // Dropping the attempt relayed now settles its usage (estimated when its
+            // client left it mid-answer).
+            let report = self.inner.as_ref().map(|a| a.report.clone());
             self.inner = None;
+            self.estimated |= report.and_then(|r| r.end()).is_some_and(|e| e.estimated);
             self.transcript.release();
             self.count_held();
-            self.line.ended(end, Some(std::mem::take(&mut self.log)));
+            self.line
+                .ended(end, Some(std::mem::take(&mut self.log)), self.estimated);
         }
     }
 }
