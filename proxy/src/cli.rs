@@ -155,6 +155,15 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_ADMIN_TOKEN_FILE", value_name = "PATH")]
     pub admin_token_file: Option<PathBuf>,
 
+    /// Images and documents a client sends by URL to a target that reads only inline
+    /// bytes (Bedrock) are fetched by the proxy: `public` addresses only (names
+    /// resolving to, and IP literals of, private, loopback or link-local networks are
+    /// refused), `any` address, or `off` (such targets are then skipped as
+    /// unsupportedFeature). Each fetch is capped by --max-response-bytes, held in
+    /// --max-inflight-response-bytes, given at most 30 s, and follows no redirect.
+    #[arg(long, env = "SWITCHBACK_FETCH_MEDIA", value_enum, value_name = "WHICH", default_value_t = crate::pipeline::fetch::MediaFetch::Public)]
+    pub fetch_media: crate::pipeline::fetch::MediaFetch,
+
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -134,6 +134,9 @@ pub struct Gateway {
     pub standalone: bool,
     /// Said once that standalone budgets count only this process's usage.
     pub said_standalone_budgets: AtomicBool,
+    /// Which URLs of images and documents the gateway fetches for targets that
+    /// cannot (`--fetch-media`, SPEC §17).
+    pub media_fetch: crate::pipeline::fetch::MediaFetch,
 }
 
 impl Gateway {
@@ -166,7 +169,18 @@ impl Gateway {
             auth: Default::default(),
             standalone: false,
             said_standalone_budgets: AtomicBool::new(false),
+            media_fetch: Default::default(),
         })
+    }
+
+    /// The calling thread's upstream client for fetching a client's URL: the one
+    /// that refuses private networks unless `private`.
+    pub fn media_client(&self, private: bool) -> &crate::upstream::Client {
+        if private {
+            self.clients.private.here()
+        } else {
+            self.clients.public.here()
+        }
     }
 
     /// Set the limits on provider answers (and size the answer budget by them).

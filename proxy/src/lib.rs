@@ -65,6 +65,9 @@ pub struct Options {
     /// `--admin-token-file`: the admin port's bearer token (SPEC §9). `None`: the admin
     /// port is open to whoever reaches it (said at start-up).
     pub admin_token_file: Option<PathBuf>,
+    /// `--fetch-media`: which image and document URLs the gateway fetches for targets
+    /// that cannot (SPEC §17).
+    pub fetch_media: pipeline::fetch::MediaFetch,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +145,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     gw.allow_empty_config = opts.allow_empty_config;
     gw.empty_until_routed = matches!(opts.source, Source::Cluster { .. });
     gw.set_upstream_limits(opts.upstream_limits);
+    gw.media_fetch = opts.fetch_media;
     gw.auth = auth_settings(&opts)?;
     let admin_token = admin_token(&opts)?;
     // Manifests have no operator to sum usage and render spent budgets.
@@ -319,6 +323,7 @@ mod tests {
             upstream_limits: Default::default(),
             auth,
             client_key_hmac_file: hmac,
+            fetch_media: Default::default(),
             admin_token_file: None,
         }
     }

@@ -183,6 +183,7 @@ impl TestProxy {
             auth: None,
             client_key_hmac_file: None,
             admin_token_file: None,
+            fetch_media: Default::default(),
         };
         configure(&mut options);
         let running = switchback_proxy::start(options).await?;

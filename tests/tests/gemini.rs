@@ -292,7 +292,8 @@ async fn tools_go_both_ways_on_both_surfaces() {
         json_of(r).await["error"]["param"],
         "messages[1].tool_call_id"
     );
-    // So is an image by URL (Gemini reads inline bytes only).
+    assert_eq!(gemini.hits(), 3, "refused requests are never sent");
+    // An image by URL goes as a file Google fetches, typed by its name (SPEC §17).
     let r = proxy
         .post(
             "/v1/chat/completions",
@@ -300,12 +301,16 @@ async fn tools_go_both_ways_on_both_surfaces() {
                 {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}),
         )
         .await;
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 200);
+    let sent = gemini.received();
+    let sent = sent
+        .last()
+        .and_then(|r| r.json.clone())
+        .expect("a JSON body");
     assert_eq!(
-        json_of(r).await["error"]["param"],
-        "messages[0].content[0].image_url.url"
+        sent["contents"][0]["parts"][0],
+        json!({"fileData": {"mimeType": "image/png", "fileUri": "https://example.com/a.png"}})
     );
-    assert_eq!(gemini.hits(), 3, "refused requests are never sent");
 }
 
 #[tokio::test]

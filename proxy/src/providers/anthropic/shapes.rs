@@ -28,6 +28,9 @@ pub(in crate::providers) const TARGET: Target = Target {
     top_k: true,
     image_urls: true,
     tool_result_names: false,
+    document_urls: true,
+    tool_result_media: true,
+    url_media_type: false,
 };
 
 /// A bare id → `msg_X`.

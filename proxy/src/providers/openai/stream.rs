@@ -42,6 +42,12 @@ struct ChoiceIn<'a> {
 struct DeltaIn<'a> {
     #[serde(default, borrow)]
     content: Option<Cow<'a, str>>,
+    /// Reasoning text as vLLM, DeepSeek and others send it (`reasoning_content`;
+    /// `reasoning` in newer vLLM): no OpenAI field.
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     refusal: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
@@ -113,6 +119,10 @@ impl StreamDecoder {
         }
         for choice in chunk.choices.iter().flatten().filter(|c| c.index == 0) {
             if let Some(d) = &choice.delta {
+                let reasoning = d.reasoning_content.as_deref().or(d.reasoning.as_deref());
+                if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+                    emit(Event::Reasoning(r));
+                }
                 if let Some(t) = d.content.as_deref().filter(|t| !t.is_empty()) {
                     emit(Event::Text(t));
                 }
@@ -315,6 +325,8 @@ impl StreamEncoder {
                 };
                 self.tool_chunk(out, call);
             }
+            // The official SDKs read no reasoning field (see docs/translation.md).
+            Event::Reasoning(_) | Event::ReasoningSignature(_) | Event::RedactedReasoning(_) => {}
             Event::Usage(u) => self.usage.update(&u),
             Event::Stop(stop) => {
                 if self.stop.is_none() {

@@ -177,6 +177,7 @@ use super::{anthropic, bedrock, gemini, openai, vocab};
 use crate::wire::surface::{Surface, Wire};
 
 pub use super::dialect::{Defaults, TranslateError};
+pub use super::form::Fetched;
 pub use stream::StreamTranslator;
 pub use translation::Translation;
 
@@ -283,9 +284,30 @@ pub fn request(
     upstream_model: &str,
     defaults: &Defaults,
 ) -> Result<Bytes, TranslateError> {
+    request_with(
+        translation,
+        body,
+        upstream_model,
+        defaults,
+        &Fetched::default(),
+    )
+}
+
+/// [`request`], with the images and documents the gateway fetched for a target that
+/// cannot fetch them itself. A URL still missing is refused naming it
+/// ([`TranslateError::fetch`]): fetch it and call again.
+pub fn request_with(
+    translation: impl Into<Translation>,
+    body: &[u8],
+    upstream_model: &str,
+    defaults: &Defaults,
+    fetched: &Fetched,
+) -> Result<Bytes, TranslateError> {
     let t = translation.into();
     let parsed = vocab::parse_object(body)?;
-    let form = t.client.decode_request(&parsed, t.upstream.target())?;
+    let form = t
+        .client
+        .decode_request(&parsed, t.upstream.target(), fetched)?;
     let out = t.upstream.encode_request(&form, upstream_model, defaults)?;
     Ok(to_bytes(&out))
 }
