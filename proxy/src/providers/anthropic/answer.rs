@@ -68,11 +68,31 @@ pub(in super::super) fn encode_answer(a: &Answer<'_>, client_model: &str) -> Val
         "type": "message",
         "role": "assistant",
         "model": client_model,
-        "content": a.content.iter().map(answer_block).collect::<Vec<_>>(),
+        "content": answer_blocks(&a.content),
         "stop_reason": a.stop.map_or("end_turn", stop_reason),
         "stop_sequence": null,
         "usage": usage,
     })
+}
+
+/// An answer's blocks for an Anthropic client. Adjacent texts (parts a provider
+/// splits its answer's text into, a JSON answer among them) are one text block, as
+/// Anthropic writes one: the SDKs' `parse` reads a JSON answer from one block.
+fn answer_blocks(parts: &[Part<'_>]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(parts.len());
+    for p in parts {
+        let block = answer_block(p);
+        if let (Some(prev), Some(more)) = (out.last_mut(), block["text"].as_str())
+            && block["type"] == "text"
+            && prev["type"] == "text"
+            && let Some(Value::String(text)) = prev.get_mut("text")
+        {
+            text.push_str(more);
+            continue;
+        }
+        out.push(block);
+    }
+    out
 }
 
 /// One block of an answer to an Anthropic client: reasoning with the signature it

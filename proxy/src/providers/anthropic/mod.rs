@@ -22,7 +22,10 @@ use crate::wire::surface::{Surface, Wire};
 
 pub(super) use answer::{decode_answer, encode_answer};
 pub(super) use request::{decode_request, encode_request, fit_budget, reasoning_gives_way};
-pub(super) use shapes::{TARGET, decode_error, encode_error, is_google_error, to_raw_predict};
+pub(super) use shapes::{
+    TARGET, decode_error, drop_unsigned_thinking, encode_error, is_google_error, to_raw_predict,
+    without_unsigned_thinking,
+};
 /// The words the translation's tests compose across dialects.
 #[cfg(test)]
 pub(super) use shapes::{bare_id, stop_of, stop_reason, wire_id};
