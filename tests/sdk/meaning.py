@@ -77,6 +77,14 @@ out["openai-stream/so-claude"] = {
     "parsed": final.choices[0].message.parsed.model_dump(),
 }
 
+# The Responses API: text.format travels as sent to the targets that serve it.
+r = oa.responses.parse(
+    model="so-responses",
+    input="Alice and Bob are going to a science fair on Friday.",
+    text_format=Event,
+)
+out["openai-responses-parse"] = {"parsed": r.output_parsed.model_dump()}
+
 # JSON mode without a schema on Bedrock (a forced tool), unary and streamed.
 c = oa.chat.completions.create(
     model="so-json-bedrock",

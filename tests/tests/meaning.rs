@@ -1,7 +1,8 @@
 //! A fallback keeps the request's meaning (SPEC §17), through the official Python
 //! SDKs (`tests/sdk/meaning.py`): structured output by each SDK's `parse` helpers on
 //! translated routes (Anthropic, Gemini and Bedrock targets for the OpenAI SDK;
-//! OpenAI, Gemini and Bedrock for the Anthropic SDK; unary and streamed), JSON mode
+//! OpenAI, Gemini and Bedrock for the Anthropic SDK; unary and streamed) and the
+//! Responses API's `text.format` relayed (`responses.parse`), JSON mode
 //! through Bedrock's forced tool, a target skipped as `unsupportedFeature` for a
 //! schema it cannot express and the 400 when no target can, reasoning (thinking
 //! blocks from Gemini and Bedrock, signatures relayed byte for byte, an OpenAI
@@ -122,6 +123,7 @@ async fn sims() -> Sims {
         ("so-gemini", Flavor::Gemini),
         ("so-bedrock", Flavor::Bedrock),
         ("so-gpt", Flavor::OpenAi),
+        ("so-responses", Flavor::OpenAi),
         ("so-json-bedrock", Flavor::Bedrock),
         ("skip-gemini", Flavor::Gemini),
         ("skip-gpt", Flavor::OpenAi),
@@ -146,6 +148,8 @@ async fn sims() -> Sims {
     }
     s.get("so-gpt")
         .set_default(Behavior::AnswerText(CONTACT.into()));
+    s.get("so-responses")
+        .set_default(Behavior::AnswerText(EVENT.into()));
     s.get("so-json-bedrock").set_default(Behavior::tool_call(
         "switchback_json_answer",
         json!({"name": "Grace Hopper", "year": 1952}),
@@ -193,6 +197,7 @@ fn manifests(s: &Sims) -> String {
         ("so-gemini", vec![("so-gemini", "gemini-2.5-flash")]),
         ("so-bedrock", vec![("so-bedrock", claude)]),
         ("so-gpt", vec![("so-gpt", "gpt-4o")]),
+        ("so-responses", vec![("so-responses", "gpt-4o")]),
         ("so-json-bedrock", vec![("so-json-bedrock", claude)]),
         (
             "so-skip",
@@ -284,6 +289,11 @@ fn structured_output(s: &Sims, got: &Value, event: &Value, contact: &Value) {
     let o = &got["anthropic-stream/so-gpt"];
     assert_eq!(o["deltas"], CONTACT, "{o}");
     assert_eq!(&o["parsed"], contact);
+    assert_eq!(&got["openai-responses-parse"]["parsed"], event);
+    let sent = s.get("so-responses").received();
+    let format = &body(&sent[0])["text"]["format"];
+    assert_eq!(format["type"], "json_schema", "relayed as sent: {format}");
+    assert_eq!(format["name"], "Event");
     let json_answer = json!({"name": "Grace Hopper", "year": 1952});
     for case in ["unary", "stream"] {
         let o = &got[format!("openai-json-object/{case}")];
