@@ -661,3 +661,41 @@ async fn the_model_is_one_path_segment() {
         ]
     );
 }
+
+/// A Gemini stream whose function takes no arguments (`"args": {}`): an OpenAI
+/// client's streamed arguments make `{}`, which it parses as JSON (OpenAI sends it
+/// so; an empty string would not parse).
+#[tokio::test]
+async fn a_streamed_call_without_arguments_reaches_an_openai_client_as_an_empty_object() {
+    let (gemini, _, proxy) = setup(None, "").await;
+    gemini.push(Behavior::tool_call("get_time", json!({})));
+    let r = proxy
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "smart", "stream": true, "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "get_time",
+                    "parameters": {"type": "object", "properties": {}}}}],
+                "messages": [{"role": "user", "content": "What time is it?"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let sent = gemini.received()[0].json.clone().unwrap();
+    assert!(text.contains("get_time"), "{text}");
+    let args: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| {
+            let v: Value = serde_json::from_str(d).ok()?;
+            v["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap_or(Value::Null),
+        json!({}),
+        "arguments {args:?} in {text}; Gemini was sent {sent}"
+    );
+}

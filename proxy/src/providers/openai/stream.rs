@@ -257,6 +257,11 @@ pub(in super::super) struct StreamEncoder {
     usage: Usage,
     /// The stop reason, once the finish chunk has been written.
     stop: Option<Stop>,
+    /// The tool call begun last, while none of its arguments has been written: a
+    /// call without arguments (Gemini's `"args": {}`, Anthropic's and Bedrock's
+    /// empty input) gets `{}` before the stream moves on, as OpenAI sends it; an
+    /// empty string is no JSON (`json.loads` refuses it).
+    bare_tool: Option<u32>,
 }
 
 impl StreamEncoder {
@@ -268,6 +273,7 @@ impl StreamEncoder {
             include_usage,
             usage: Usage::default(),
             stop: None,
+            bare_tool: None,
         }
     }
 
@@ -282,6 +288,12 @@ impl StreamEncoder {
 
     /// Returns whether the client stream is complete.
     pub(in super::super) fn encode(&mut self, ev: Event<'_>, out: &mut BytesMut) -> bool {
+        match &ev {
+            Event::ToolArgs { tool, .. } if self.bare_tool == Some(*tool) => self.bare_tool = None,
+            // An error ends the stream as it is: no arguments made up for it.
+            Event::ToolArgs { .. } | Event::Usage(_) | Event::Error(_) => {}
+            _ => self.close_bare_tool(out),
+        }
         match ev {
             Event::Start { id } => {
                 if let Some(id) = id {
@@ -312,6 +324,7 @@ impl StreamEncoder {
                     },
                 };
                 self.tool_chunk(out, call);
+                self.bare_tool = Some(tool);
             }
             Event::ToolArgs { tool, json } => {
                 let call = ToolCallDelta {
@@ -346,6 +359,22 @@ impl StreamEncoder {
             }
         }
         false
+    }
+
+    /// `{}` for the tool call begun last, if none of its arguments came.
+    fn close_bare_tool(&mut self, out: &mut BytesMut) {
+        if let Some(tool) = self.bare_tool.take() {
+            let call = ToolCallDelta {
+                index: tool,
+                id: None,
+                kind: None,
+                function: FunctionDelta {
+                    name: None,
+                    arguments: Some("{}"),
+                },
+            };
+            self.tool_chunk(out, call);
+        }
     }
 
     fn tool_chunk(&mut self, out: &mut BytesMut, call: ToolCallDelta<'_>) {
