@@ -76,6 +76,20 @@ async fn chain(
     (sims, proxy)
 }
 
+/// The answer an OpenAI target gives to the recursive schema's request.
+const TREE: &str = r#"{"title": "Plan", "children": []}"#;
+
+/// An OpenAI client asking for the recursive schema.
+async fn ask_for_a_tree(proxy: &TestProxy) -> reqwest::Response {
+    proxy
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "smart", "response_format": recursive_format(),
+                "messages": [{"role": "user", "content": "Outline the plan."}]}),
+        )
+        .await
+}
+
 fn failures(stats: &Value, target: usize) -> Value {
     stats["routes"][0]["targets"][target]["failures"].clone()
 }
@@ -88,16 +102,8 @@ async fn a_target_that_cannot_serve_a_feature_is_skipped_and_the_walk_goes_on() 
         |_| {},
     )
     .await;
-    sims[2].set_default(Behavior::AnswerText(
-        r#"{"title": "Plan", "children": []}"#.into(),
-    ));
-    let r = proxy
-        .post(
-            "/v1/chat/completions",
-            &json!({"model": "smart", "response_format": recursive_format(),
-                "messages": [{"role": "user", "content": "Outline the plan."}]}),
-        )
-        .await;
+    sims[2].set_default(Behavior::AnswerText(TREE.into()));
+    let r = ask_for_a_tree(&proxy).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-switchback-target"), format!("{NS}/t2"));
     assert_eq!(
@@ -111,10 +117,7 @@ async fn a_target_that_cannot_serve_a_feature_is_skipped_and_the_walk_goes_on() 
         "nothing was sent to them"
     );
     let body = json_of(r).await;
-    assert_eq!(
-        body["choices"][0]["message"]["content"],
-        r#"{"title": "Plan", "children": []}"#
-    );
+    assert_eq!(body["choices"][0]["message"]["content"], TREE);
     assert_eq!((sims[0].hits(), sims[1].hits()), (0, 0));
     // The OpenAI target got the schema as the client sent it (a relay).
     assert_eq!(
@@ -182,16 +185,8 @@ async fn a_circuit_open_target_is_still_tried_when_the_others_cannot_serve_the_r
     sims[0].push(Behavior::ServerError(503));
     assert_eq!(proxy.chat("smart", false).await.status(), 200);
     // Now only the open target could express the schema: it is tried anyway.
-    sims[0].set_default(Behavior::AnswerText(
-        r#"{"title": "Plan", "children": []}"#.into(),
-    ));
-    let r = proxy
-        .post(
-            "/v1/chat/completions",
-            &json!({"model": "smart", "response_format": recursive_format(),
-                "messages": [{"role": "user", "content": "Outline the plan."}]}),
-        )
-        .await;
+    sims[0].set_default(Behavior::AnswerText(TREE.into()));
+    let r = ask_for_a_tree(&proxy).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-switchback-target"), format!("{NS}/t0"));
     assert_eq!(sims[1].hits(), 1, "Gemini was never sent the schema");

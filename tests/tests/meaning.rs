@@ -18,7 +18,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use switchback_proxy::pipeline::fetch::MediaFetch;
 use switchback_tests::harness::{
-    NS, TestProxy, bedrock_credential, credential, route, sdk_python, vertex_credential,
+    NS, TestProxy, bedrock_credential, credential, route, sdk_python, sdk_script, vertex_credential,
 };
 use switchback_tests::sim::{
     BEDROCK_ACCESS_KEY_ID, BEDROCK_SECRET_ACCESS_KEY, Behavior, Flavor, Received, SimProvider,
@@ -221,33 +221,6 @@ fn manifests(s: &Sims) -> String {
     m
 }
 
-async fn run_script(python: &std::path::Path, proxy: &TestProxy, doc: &str) -> Value {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/meaning.py");
-    let out = tokio::process::Command::new(python)
-        .arg(&script)
-        .env("SWITCHBACK_URL", proxy.url(""))
-        .env("SWITCHBACK_DOC", doc)
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(std::time::Duration::from_secs(180), out)
-        .await
-        .expect("the script finishes")
-        .expect("the script runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}:\n{stdout}\n{}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.trim()).expect("one JSON line")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_keep_the_meaning_across_providers() {
     let Some(python) = sdk_python() else {
@@ -259,7 +232,13 @@ async fn the_official_sdks_keep_the_meaning_across_providers() {
     // The document server is on loopback, as every simulator: fetch from any address.
     let proxy =
         TestProxy::start_configured(&manifests(&s), |o| o.fetch_media = MediaFetch::Any).await;
-    let got = run_script(&python, &proxy, &doc_url).await;
+    let got = sdk_script(
+        &python,
+        &proxy,
+        "meaning.py",
+        &[("SWITCHBACK_DOC", &doc_url)],
+    )
+    .await;
     let event: Value = serde_json::from_str(EVENT).unwrap();
     let contact: Value = serde_json::from_str(CONTACT).unwrap();
 

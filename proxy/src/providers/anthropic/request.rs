@@ -297,6 +297,25 @@ fn decode_messages<'a>(
     Ok(())
 }
 
+/// A block's `source.url` (at `at`), as the target takes it (see `vocab::at_url`).
+fn source_url<'a>(
+    url: &'a str,
+    at: &str,
+    by_url: bool,
+    fetched: &'a Fetched,
+    what: &str,
+    target: &Target,
+) -> Result<AtUrl<'a>, TranslateError> {
+    at_url(
+        url,
+        by_url,
+        fetched,
+        format!("{at}.source.url"),
+        what,
+        target,
+    )
+}
+
 fn image<'a>(
     b: &'a Value,
     at: &str,
@@ -310,16 +329,19 @@ fn image<'a>(
             media_type: field("media_type"),
             data: field("data"),
         }),
-        Some("url") => {
-            let url = field("url");
-            let param = format!("{at}.source.url");
-            Ok(
-                match at_url(url, target.image_urls, fetched, param, IMAGE_URL, target)? {
-                    AtUrl::Url(u) => Image::Url(u),
-                    AtUrl::Inline(media_type, data) => Image::Base64 { media_type, data },
-                },
-            )
-        }
+        Some("url") => Ok(
+            match source_url(
+                field("url"),
+                at,
+                target.image_urls,
+                fetched,
+                IMAGE_URL,
+                target,
+            )? {
+                AtUrl::Url(u) => Image::Url(u),
+                AtUrl::Inline(media_type, data) => Image::Base64 { media_type, data },
+            },
+        ),
         _ => Err(refuse(
             format!("{at}.source.type"),
             "an image source other than base64 or url",
@@ -358,15 +380,7 @@ fn document<'a>(
         }
         (Some("url"), _) => {
             let url = get("url").unwrap_or("");
-            let param = format!("{at}.source.url");
-            match at_url(
-                url,
-                target.document_urls,
-                fetched,
-                param,
-                DOCUMENT_URL,
-                target,
-            )? {
+            match source_url(url, at, target.document_urls, fetched, DOCUMENT_URL, target)? {
                 AtUrl::Url(u) => DocumentSource::Url(u),
                 AtUrl::Inline(media_type, data) => DocumentSource::Base64 { media_type, data },
             }

@@ -326,18 +326,7 @@ impl StreamEncoder {
                 self.tool_chunk(out, call);
                 self.bare_tool = Some(tool);
             }
-            Event::ToolArgs { tool, json } => {
-                let call = ToolCallDelta {
-                    index: tool,
-                    id: None,
-                    kind: None,
-                    function: FunctionDelta {
-                        name: None,
-                        arguments: Some(json),
-                    },
-                };
-                self.tool_chunk(out, call);
-            }
+            Event::ToolArgs { tool, json } => self.args_chunk(out, tool, json),
             // The official SDKs read no reasoning field (see docs/translation.md).
             Event::Reasoning(_) | Event::ReasoningSignature(_) | Event::RedactedReasoning(_) => {}
             Event::Usage(u) => self.usage.update(&u),
@@ -364,17 +353,22 @@ impl StreamEncoder {
     /// `{}` for the tool call begun last, if none of its arguments came.
     fn close_bare_tool(&mut self, out: &mut BytesMut) {
         if let Some(tool) = self.bare_tool.take() {
-            let call = ToolCallDelta {
-                index: tool,
-                id: None,
-                kind: None,
-                function: FunctionDelta {
-                    name: None,
-                    arguments: Some("{}"),
-                },
-            };
-            self.tool_chunk(out, call);
+            self.args_chunk(out, tool, "{}");
         }
+    }
+
+    /// More arguments of tool call `tool`.
+    fn args_chunk(&mut self, out: &mut BytesMut, tool: u32, json: &str) {
+        let call = ToolCallDelta {
+            index: tool,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: Some(json),
+            },
+        };
+        self.tool_chunk(out, call);
     }
 
     fn tool_chunk(&mut self, out: &mut BytesMut, call: ToolCallDelta<'_>) {
