@@ -12,7 +12,7 @@ use super::super::form::{
     ToolOutput,
 };
 use super::super::schema::{Inexpressible, recursive_ref};
-use super::super::vocab::{inexpressible, media_type_of_url, schema};
+use super::super::vocab::{inexpressible, media_type_of_url, refuse, schema};
 use super::shapes::TARGET;
 
 /// The largest thinking budget sent: what Gemini 2.5 Flash takes (Pro takes
@@ -80,6 +80,14 @@ pub(in super::super) fn encode_request(
         generation.insert("stopSequences".into(), req.stop.clone().into());
     }
     if let Some(f) = &req.format {
+        // Gemini models before 3 take function calling or a JSON answer, not both.
+        if !req.tools.is_empty() && !model.starts_with("gemini-3") {
+            return Err(refuse(
+                f.param,
+                "a JSON answer together with tools (Gemini models before Gemini 3 take one or the other)",
+                &TARGET,
+            ));
+        }
         generation.insert("responseMimeType".into(), "application/json".into());
         if let FormatKind::JsonSchema(js) = &f.kind {
             // JSON Schema as the client wrote it; Gemini unrolls recursion only to a
