@@ -164,6 +164,17 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_FETCH_MEDIA", value_enum, value_name = "WHICH", default_value_t = crate::pipeline::fetch::MediaFetch::Public)]
     pub fetch_media: crate::pipeline::fetch::MediaFetch,
 
+    /// The longest one fetch of --fetch-media may take (less when the call's budget
+    /// ends sooner); past it the target that needed it is skipped as
+    /// unsupportedFeature.
+    #[arg(long, env = "SWITCHBACK_FETCH_MEDIA_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub fetch_media_timeout: Duration,
+
+    /// URLs one request may have fetched by --fetch-media at most; past it the targets
+    /// that needed more are skipped as unsupportedFeature.
+    #[arg(long, env = "SWITCHBACK_MAX_FETCHED_URLS", value_name = "N", default_value_t = crate::pipeline::fetch::DEFAULT_MAX_FETCHED_URLS)]
+    pub max_fetched_urls: usize,
+
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -193,6 +204,14 @@ impl Cli {
             max_event_bytes: self.max_event_bytes,
             max_response_bytes: self.max_response_bytes,
             max_inflight_response_bytes: self.max_inflight_response_bytes,
+        }
+    }
+
+    /// The limits on fetching media for targets that cannot (SPEC §17).
+    pub fn fetch_limits(&self) -> crate::pipeline::fetch::FetchLimits {
+        crate::pipeline::fetch::FetchLimits {
+            timeout: self.fetch_media_timeout,
+            max_urls: self.max_fetched_urls,
         }
     }
 

@@ -137,6 +137,8 @@ pub struct Gateway {
     /// Which URLs of images and documents the gateway fetches for targets that
     /// cannot (`--fetch-media`, SPEC §17).
     pub media_fetch: crate::pipeline::fetch::MediaFetch,
+    /// `--fetch-media-timeout`, `--max-fetched-urls`.
+    pub fetch_limits: crate::pipeline::fetch::FetchLimits,
 }
 
 impl Gateway {
@@ -170,6 +172,7 @@ impl Gateway {
             standalone: false,
             said_standalone_budgets: AtomicBool::new(false),
             media_fetch: Default::default(),
+            fetch_limits: Default::default(),
         })
     }
 

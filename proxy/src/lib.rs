@@ -68,6 +68,8 @@ pub struct Options {
     /// `--fetch-media`: which image and document URLs the gateway fetches for targets
     /// that cannot (SPEC §17).
     pub fetch_media: pipeline::fetch::MediaFetch,
+    /// `--fetch-media-timeout`, `--max-fetched-urls`.
+    pub fetch_limits: pipeline::fetch::FetchLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +148,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     gw.empty_until_routed = matches!(opts.source, Source::Cluster { .. });
     gw.set_upstream_limits(opts.upstream_limits);
     gw.media_fetch = opts.fetch_media;
+    gw.fetch_limits = opts.fetch_limits;
     gw.auth = auth_settings(&opts)?;
     let admin_token = admin_token(&opts)?;
     // Manifests have no operator to sum usage and render spent budgets.
@@ -324,6 +327,7 @@ mod tests {
             auth,
             client_key_hmac_file: hmac,
             fetch_media: Default::default(),
+            fetch_limits: Default::default(),
             admin_token_file: None,
         }
     }

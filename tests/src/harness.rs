@@ -184,6 +184,7 @@ impl TestProxy {
             client_key_hmac_file: None,
             admin_token_file: None,
             fetch_media: Default::default(),
+            fetch_limits: Default::default(),
         };
         configure(&mut options);
         let running = switchback_proxy::start(options).await?;

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 use switchback_proxy::limits::answers::UpstreamLimits;
-use switchback_proxy::pipeline::fetch::MediaFetch;
+use switchback_proxy::pipeline::fetch::{FetchLimits, MediaFetch};
 use switchback_tests::harness::{
     NS, TestProxy, bedrock_credential, credential, header, json_of, route,
 };
@@ -192,24 +192,25 @@ async fn a_circuit_open_target_is_still_tried_when_the_others_cannot_serve_the_r
     assert_eq!(sims[1].hits(), 1, "Gemini was never sent the schema");
 }
 
-/// A server holding one PDF at `/report.pdf`, counting its requests.
+/// A server of PDFs, counting its requests.
 async fn document_server() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use axum::http::header;
     use std::sync::atomic::{AtomicUsize, Ordering};
     let hits = std::sync::Arc::new(AtomicUsize::new(0));
     let counted = hits.clone();
-    let app = axum::Router::new().route(
-        "/report.pdf",
-        axum::routing::get(move || {
-            counted.fetch_add(1, Ordering::Relaxed);
-            async {
-                (
-                    [(header::CONTENT_TYPE, "application/pdf")],
-                    "%PDF-1.4\n% a report of 40 bytes or so\n",
-                )
+    // Every path is a PDF; `/slow/...` answers after ten seconds.
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        async move {
+            if uri.path().starts_with("/slow/") {
+                tokio::time::sleep(std::time::Duration::from_secs(10)).await;
             }
-        }),
-    );
+            (
+                [(header::CONTENT_TYPE, "application/pdf")],
+                "%PDF-1.4\n% a report of 40 bytes or so\n",
+            )
+        }
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -295,4 +296,61 @@ async fn a_fetched_document_is_bounded_by_the_answer_size_limit() {
         failures(&proxy.admin_stats().await, 0)["unsupportedFeature"],
         1
     );
+}
+
+#[tokio::test]
+async fn a_request_has_at_most_max_fetched_urls_fetched_and_each_within_the_fetch_timeout() {
+    let (docs, fetched) = document_server().await;
+    let limits = FetchLimits {
+        timeout: std::time::Duration::from_millis(300),
+        max_urls: 1,
+    };
+    let (sims, proxy) = chain(&[Flavor::Bedrock], "", |o| {
+        o.fetch_media = MediaFetch::Any;
+        o.fetch_limits = limits;
+    })
+    .await;
+    // Two documents: the second is past --max-fetched-urls.
+    let request = json!({"model": "smart", "max_tokens": 256, "messages": [{"role": "user",
+        "content": [
+            {"type": "document", "source": {"type": "url", "url": format!("http://{docs}/a.pdf")}},
+            {"type": "document", "source": {"type": "url", "url": format!("http://{docs}/b.pdf")}},
+            {"type": "text", "text": "Compare them."}]}]});
+    let r = proxy.post("/v1/messages", &request).await;
+    assert_eq!(r.status(), 400);
+    let message = json_of(r).await["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("messages[0].content[1].source.url"),
+        "{message}"
+    );
+    assert_eq!(fetched.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // A slow one is given up after --fetch-media-timeout.
+    let r = proxy
+        .post(
+            "/v1/messages",
+            &document_request(&format!("http://{docs}/slow/c.pdf")),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let message = json_of(r).await["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("the gateway could not fetch it: no answer within 300ms"),
+        "{message}"
+    );
+    assert_eq!(sims[0].hits(), 0);
+    let metrics = proxy.admin_text("/metrics").await;
+    for limit in ["max_fetched_urls", "fetch_media_timeout"] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&format!(
+                "switchback_limit_refusals_total{{limit=\"{limit}\"}}"
+            )) && l.ends_with(" 1")),
+            "{limit}: {metrics}"
+        );
+    }
 }

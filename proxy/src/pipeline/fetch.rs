@@ -5,10 +5,10 @@
 //! to private, loopback or link-local addresses, and here private IP literals too
 //! (`--fetch-media public`, the default); no redirect is followed; the answer is
 //! capped at `--max-response-bytes` and held in the answer budget
-//! (`--max-inflight-response-bytes`) while the walk lasts; at most [`MAX_FETCHES`]
-//! URLs per request, each within the call's budget and [`FETCH_TIMEOUT`]. A URL
-//! that cannot be fetched leaves the target skipped as `unsupportedFeature`, saying
-//! why.
+//! (`--max-inflight-response-bytes`) while the walk lasts; at most
+//! `--max-fetched-urls` URLs per request, each within the call's budget and
+//! `--fetch-media-timeout` ([`FetchLimits`]). A URL that cannot be fetched leaves the
+//! target skipped as `unsupportedFeature`, saying why.
 
 use std::time::Duration;
 
@@ -19,12 +19,31 @@ use tokio::time::{Instant, timeout_at};
 use super::answer::{AnswerHeld, Capped, read_capped};
 use super::attempt::Transport;
 use super::walk::Walk;
+use crate::observe::counters;
 
-/// URLs fetched (or tried) per request at most.
-pub const MAX_FETCHES: usize = 8;
+/// How much fetching one request may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FetchLimits {
+    /// `--fetch-media-timeout`: the longest one fetch may take (less when the call's
+    /// budget ends sooner).
+    pub timeout: Duration,
+    /// `--max-fetched-urls`: URLs fetched (or tried) per request at most.
+    pub max_urls: usize,
+}
 
-/// The longest one fetch may take (less when the call's budget ends sooner).
-pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+impl Default for FetchLimits {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_FETCH_MEDIA_TIMEOUT,
+            max_urls: DEFAULT_MAX_FETCHED_URLS,
+        }
+    }
+}
+
+/// The default `--fetch-media-timeout`.
+pub const DEFAULT_FETCH_MEDIA_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default `--max-fetched-urls`.
+pub const DEFAULT_MAX_FETCHED_URLS: usize = 8;
 
 /// Which URLs the gateway fetches for a target that cannot (`--fetch-media`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -43,18 +62,34 @@ impl<T: Transport> Walk<'_, '_, T> {
     /// Whether `url` may be fetched now: fetching is on, it was not tried, and the
     /// request's count allows another.
     pub(super) fn may_fetch(&self, url: &str) -> bool {
-        self.gw.media_fetch != MediaFetch::Off
-            && !self.unfetched.iter().any(|(u, _)| u == url)
-            && self.fetched.get(url).is_none()
-            && self.unfetched.len() + self.fetched_held.len() < MAX_FETCHES
+        if self.gw.media_fetch == MediaFetch::Off
+            || self.unfetched.iter().any(|(u, _)| u == url)
+            || self.fetched.get(url).is_some()
+        {
+            return false;
+        }
+        if self.unfetched.len() + self.fetched_held.len() >= self.gw.fetch_limits.max_urls {
+            counters::inc(&self.gw.refused.fetches_over_count);
+            return false;
+        }
+        true
     }
 
     /// Fetch `url` into the walk's media, or note why it could not be.
     pub(super) async fn fetch_media(&mut self, url: String) {
-        let deadline = self.budget.min(Instant::now() + FETCH_TIMEOUT);
+        let limit = self.gw.fetch_limits.timeout;
+        let deadline = self.budget.min(Instant::now() + limit);
         let got = match timeout_at(deadline, fetch(self, &url)).await {
             Ok(got) => got,
-            Err(_) => Err("no answer in time".to_owned()),
+            Err(_) => {
+                if deadline < self.budget {
+                    counters::inc(&self.gw.refused.fetch_timeouts);
+                }
+                Err(format!(
+                    "no answer within {}",
+                    humantime::format_duration(limit)
+                ))
+            }
         };
         match got {
             Ok((media_type, data, held)) => {
