@@ -90,6 +90,16 @@ async fn ask_for_a_tree(proxy: &TestProxy) -> reqwest::Response {
         .await
 }
 
+/// A 400's error message.
+async fn refusal(r: reqwest::Response) -> String {
+    assert_eq!(r.status(), 400);
+    let body = json_of(r).await;
+    body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 fn failures(stats: &Value, target: usize) -> Value {
     stats["routes"][0]["targets"][target]["failures"].clone()
 }
@@ -244,11 +254,7 @@ async fn a_url_on_a_private_network_is_not_fetched_by_default_and_the_next_targe
     // Bedrock alone: the 400 says why it could not be served.
     let (_, proxy) = chain(&[Flavor::Bedrock], "", |_| {}).await;
     let r = proxy.post("/v1/messages", &document_request(&url)).await;
-    assert_eq!(r.status(), 400);
-    let message = json_of(r).await["error"]["message"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let message = refusal(r).await;
     assert!(
         message.contains("a document by URL (the target reads inline bytes only) cannot be served by a Bedrock target; the gateway could not fetch it: a private, loopback or link-local address"),
         "{message}"
@@ -317,11 +323,7 @@ async fn a_request_has_at_most_max_fetched_urls_fetched_and_each_within_the_fetc
             {"type": "document", "source": {"type": "url", "url": format!("http://{docs}/b.pdf")}},
             {"type": "text", "text": "Compare them."}]}]});
     let r = proxy.post("/v1/messages", &request).await;
-    assert_eq!(r.status(), 400);
-    let message = json_of(r).await["error"]["message"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let message = refusal(r).await;
     assert!(
         message.contains("messages[0].content[1].source.url"),
         "{message}"
@@ -334,11 +336,7 @@ async fn a_request_has_at_most_max_fetched_urls_fetched_and_each_within_the_fetc
             &document_request(&format!("http://{docs}/slow/c.pdf")),
         )
         .await;
-    assert_eq!(r.status(), 400);
-    let message = json_of(r).await["error"]["message"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let message = refusal(r).await;
     assert!(
         message.contains("the gateway could not fetch it: no answer within 300ms"),
         "{message}"
