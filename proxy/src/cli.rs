@@ -155,6 +155,26 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_ADMIN_TOKEN_FILE", value_name = "PATH")]
     pub admin_token_file: Option<PathBuf>,
 
+    /// Images and documents a client sends by URL to a target that reads only inline
+    /// bytes (Bedrock) are fetched by the proxy: `public` addresses only (names
+    /// resolving to, and IP literals of, private, loopback or link-local networks are
+    /// refused), `any` address, or `off` (such targets are then skipped as
+    /// unsupportedFeature). Each fetch is capped by --max-response-bytes, held in
+    /// --max-inflight-response-bytes, given at most 30 s, and follows no redirect.
+    #[arg(long, env = "SWITCHBACK_FETCH_MEDIA", value_enum, value_name = "WHICH", default_value_t = crate::pipeline::fetch::MediaFetch::Public)]
+    pub fetch_media: crate::pipeline::fetch::MediaFetch,
+
+    /// The longest one fetch of --fetch-media may take (less when the call's budget
+    /// ends sooner); past it the target that needed it is skipped as
+    /// unsupportedFeature.
+    #[arg(long, env = "SWITCHBACK_FETCH_MEDIA_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub fetch_media_timeout: Duration,
+
+    /// URLs one request may have fetched by --fetch-media at most; past it the targets
+    /// that needed more are skipped as unsupportedFeature.
+    #[arg(long, env = "SWITCHBACK_MAX_FETCHED_URLS", value_name = "N", default_value_t = crate::pipeline::fetch::DEFAULT_MAX_FETCHED_URLS)]
+    pub max_fetched_urls: usize,
+
     /// Log format: human-readable text or one JSON object per line.
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -216,6 +236,14 @@ impl Cli {
             max_event_bytes: self.max_event_bytes,
             max_response_bytes: self.max_response_bytes,
             max_inflight_response_bytes: self.max_inflight_response_bytes,
+        }
+    }
+
+    /// The limits on fetching media for targets that cannot (SPEC §17).
+    pub fn fetch_limits(&self) -> crate::pipeline::fetch::FetchLimits {
+        crate::pipeline::fetch::FetchLimits {
+            timeout: self.fetch_media_timeout,
+            max_urls: self.max_fetched_urls,
         }
     }
 

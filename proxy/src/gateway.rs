@@ -145,6 +145,11 @@ pub struct Gateway {
     /// What the operator last read of the clients' counters, for the handover at
     /// shutdown.
     pub handover: crate::admin::handover::Handover,
+    /// Which URLs of images and documents the gateway fetches for targets that
+    /// cannot (`--fetch-media`, SPEC §17).
+    pub media_fetch: crate::pipeline::fetch::MediaFetch,
+    /// `--fetch-media-timeout`, `--max-fetched-urls`.
+    pub fetch_limits: crate::pipeline::fetch::FetchLimits,
 }
 
 impl Gateway {
@@ -181,7 +186,19 @@ impl Gateway {
             reserve_budgets: true,
             settling: Arc::default(),
             handover: Default::default(),
+            media_fetch: Default::default(),
+            fetch_limits: Default::default(),
         })
+    }
+
+    /// The calling thread's upstream client for fetching a client's URL: the one
+    /// that refuses private networks unless `private`.
+    pub fn media_client(&self, private: bool) -> &crate::upstream::Client {
+        if private {
+            self.clients.private.here()
+        } else {
+            self.clients.public.here()
+        }
     }
 
     /// Set the limits on provider answers (and size the answer budget by them).

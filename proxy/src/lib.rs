@@ -67,6 +67,11 @@ pub struct Options {
     /// `--admin-token-file`: the admin port's bearer token (SPEC §9). `None`: the admin
     /// port is open to whoever reaches it (said at start-up).
     pub admin_token_file: Option<PathBuf>,
+    /// `--fetch-media`: which image and document URLs the gateway fetches for targets
+    /// that cannot (SPEC §17).
+    pub fetch_media: pipeline::fetch::MediaFetch,
+    /// `--fetch-media-timeout`, `--max-fetched-urls`.
+    pub fetch_limits: pipeline::fetch::FetchLimits,
 }
 
 /// How LLMClient budgets are kept (SPEC §15): `--budget-reservation`, and
@@ -177,6 +182,8 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     gw.standalone_replicas = opts.budgets.replicas.max(1);
     gw.empty_until_routed = matches!(opts.source, Source::Cluster { .. });
     gw.set_upstream_limits(opts.upstream_limits);
+    gw.media_fetch = opts.fetch_media;
+    gw.fetch_limits = opts.fetch_limits;
     gw.auth = auth_settings(&opts)?;
     let admin_token = admin_token(&opts)?;
     // Manifests have no operator to sum usage and render spent budgets.
@@ -355,6 +362,8 @@ mod tests {
             upstream_limits: Default::default(),
             auth,
             client_key_hmac_file: hmac,
+            fetch_media: Default::default(),
+            fetch_limits: Default::default(),
             admin_token_file: None,
         }
     }

@@ -31,6 +31,7 @@ async fn main() -> std::process::ExitCode {
     let (drain_delay, shutdown_grace) = (cli.drain_delay, cli.shutdown_grace);
     let usage_handover = cli.usage_handover;
     let upstream_limits = cli.upstream_limits();
+    let fetch_limits = cli.fetch_limits();
     let source = match (cli.manifests, cli.namespace) {
         (Some(path), _) => Source::Manifests(path),
         (None, Some(namespace)) => Source::Cluster { namespace },
@@ -52,6 +53,8 @@ async fn main() -> std::process::ExitCode {
         auth: cli.auth,
         client_key_hmac_file: cli.client_key_hmac_file,
         admin_token_file: cli.admin_token_file,
+        fetch_media: cli.fetch_media,
+        fetch_limits,
     };
     let started = tokio::select! {
         r = start(opts) => r,

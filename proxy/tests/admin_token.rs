@@ -31,6 +31,8 @@ fn options(dir: &Path, token_file: Option<PathBuf>) -> Options {
         auth: None,
         client_key_hmac_file: None,
         admin_token_file: token_file,
+        fetch_media: Default::default(),
+        fetch_limits: Default::default(),
     }
 }
 

@@ -552,6 +552,51 @@ fn absurd_provider_numbers_in_a_stream_do_not_panic() {
 }
 
 /// Feed `chunks` through a framer and a translator, as the proxy does.
+/// A tool that takes no arguments, streamed by Gemini (`"args": {}`), Anthropic
+/// (`input: {}` and an empty `input_json_delta`) and Bedrock (an empty `toolUse`
+/// input): an OpenAI client's arguments are `{}` (what OpenAI sends, and what
+/// `json.loads` takes), never the empty string.
+#[test]
+fn a_tool_call_without_arguments_streams_to_openai_clients_as_an_empty_object() {
+    for (sub, direction) in [
+        ("chat-client", Direction::OpenAiToAnthropic),
+        ("chat-client-gemini", Direction::OpenAiToGemini),
+        ("chat-client-bedrock", Direction::OpenAiToBedrock),
+    ] {
+        let input = std::fs::read(fixtures().join(sub).join("stream-tool-no-args.in.sse")).unwrap();
+        let out = translate_chunks(direction, false, &[&input]);
+        let events = sse_events(&out);
+        let calls: Vec<&Value> = events
+            .iter()
+            .filter_map(|(_, c)| {
+                c["choices"][0]["delta"]["tool_calls"][0]
+                    .as_object()
+                    .map(|_| c)
+            })
+            .collect();
+        assert!(
+            !calls.is_empty(),
+            "{sub}: {}",
+            String::from_utf8_lossy(&out)
+        );
+        let call = &calls[0]["choices"][0]["delta"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_time", "{sub}");
+        let args: String = calls
+            .iter()
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            })
+            .collect();
+        assert_eq!(args, "{}", "{sub}: {}", String::from_utf8_lossy(&out));
+        // Every chunk of the call names it by the same index.
+        assert!(
+            calls
+                .iter()
+                .all(|c| c["choices"][0]["delta"]["tool_calls"][0]["index"] == 0)
+        );
+    }
+}
+
 fn translate_chunks(direction: Direction, usage: bool, chunks: &[&[u8]]) -> BytesMut {
     let mut t = StreamTranslator::new(direction, CLIENT_MODEL, usage).with_created(CREATED);
     let mut framer = Framer::default();

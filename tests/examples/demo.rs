@@ -68,6 +68,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         auth: None,
         client_key_hmac_file: None,
         admin_token_file: None,
+        fetch_media: Default::default(),
+        fetch_limits: Default::default(),
     })
     .await?;
     let base = format!("http://{}", proxy.data_addr);

@@ -217,6 +217,8 @@ impl TestProxy {
             auth: None,
             client_key_hmac_file: None,
             admin_token_file: None,
+            fetch_media: Default::default(),
+            fetch_limits: Default::default(),
         };
         configure(&mut options);
         let running = switchback_proxy::start(options).await?;
@@ -450,12 +452,28 @@ pub async fn sdk_stream_script(
     openai_model: &str,
     anthropic_model: &str,
 ) -> Value {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sdk/resume.py");
+    let env = [
+        ("SWITCHBACK_OPENAI_MODEL", openai_model),
+        ("SWITCHBACK_ANTHROPIC_MODEL", anthropic_model),
+    ];
+    sdk_script(python, proxy, "resume.py", &env).await
+}
+
+/// Runs `tests/sdk/<script>` with `python` against `proxy` (`SWITCHBACK_URL`) and
+/// `env`, loopback only, within two minutes, and returns the one JSON line it prints.
+pub async fn sdk_script(
+    python: &std::path::Path,
+    proxy: &TestProxy,
+    script: &str,
+    env: &[(&str, &str)],
+) -> Value {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("sdk")
+        .join(script);
     let out = tokio::process::Command::new(python)
         .arg(&script)
         .env("SWITCHBACK_URL", proxy.url(""))
-        .env("SWITCHBACK_OPENAI_MODEL", openai_model)
-        .env("SWITCHBACK_ANTHROPIC_MODEL", anthropic_model)
+        .envs(env.iter().copied())
         .env("NO_PROXY", "127.0.0.1,localhost")
         .env_remove("HTTP_PROXY")
         .env_remove("HTTPS_PROXY")

@@ -339,6 +339,13 @@ pub enum Behavior {
     /// of `Cycle(vec![ServerError(503), Answer])` is a provider that fails every other
     /// request. An empty list answers.
     Cycle(Vec<Behavior>),
+    /// A recorded answer, replayed: `unary` as the 200 body of a unary request, or,
+    /// when the request streams, `events` in the flavor's framing: SSE `data:` lines
+    /// (named `event: <type>` after each event's `type` for Anthropic), or for
+    /// Bedrock one event-stream frame per event, its `:event-type` the event's one key
+    /// (`{"contentBlockDelta": {...}}`). Tests write them after the providers' real
+    /// shapes: thinking blocks, thought parts, reasoning content, JSON answers.
+    Replay { unary: Value, events: Vec<Value> },
 }
 
 /// How a [`Behavior::FailAfter`] stream fails.
@@ -1415,6 +1422,20 @@ async fn respond(
                 Flavor::Gemini => gemini_sse(&gemini_error_body(503)),
                 Flavor::Bedrock => unreachable!("sim: bedrock answers in sim::bedrock"),
             });
+            sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
+        }
+        Behavior::Replay { unary, events } => {
+            if !ctx.stream {
+                guard.finish();
+                return Ok(json_response(ctx, 200, &unary));
+            }
+            let events = events
+                .iter()
+                .map(|e| match flavor {
+                    Flavor::Anthropic => anthropic_sse(e["type"].as_str().unwrap_or(""), e),
+                    _ => openai_sse(e),
+                })
+                .collect();
             sse(ctx, events, Duration::ZERO, StreamEnd::Finish, guard)
         }
         Behavior::OpeningThen(event) => {

@@ -292,7 +292,8 @@ async fn tools_go_both_ways_on_both_surfaces() {
         json_of(r).await["error"]["param"],
         "messages[1].tool_call_id"
     );
-    // So is an image by URL (Gemini reads inline bytes only).
+    assert_eq!(gemini.hits(), 3, "refused requests are never sent");
+    // An image by URL goes as a file Google fetches, typed by its name (SPEC §17).
     let r = proxy
         .post(
             "/v1/chat/completions",
@@ -300,12 +301,16 @@ async fn tools_go_both_ways_on_both_surfaces() {
                 {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}),
         )
         .await;
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 200);
+    let sent = gemini.received();
+    let sent = sent
+        .last()
+        .and_then(|r| r.json.clone())
+        .expect("a JSON body");
     assert_eq!(
-        json_of(r).await["error"]["param"],
-        "messages[0].content[0].image_url.url"
+        sent["contents"][0]["parts"][0],
+        json!({"fileData": {"mimeType": "image/png", "fileUri": "https://example.com/a.png"}})
     );
-    assert_eq!(gemini.hits(), 3, "refused requests are never sent");
 }
 
 #[tokio::test]
@@ -654,5 +659,43 @@ async fn the_model_is_one_path_segment() {
             "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
             "/v1beta/models/tuned%2Fv1%20beta:generateContent",
         ]
+    );
+}
+
+/// A Gemini stream whose function takes no arguments (`"args": {}`): an OpenAI
+/// client's streamed arguments make `{}`, which it parses as JSON (OpenAI sends it
+/// so; an empty string would not parse).
+#[tokio::test]
+async fn a_streamed_call_without_arguments_reaches_an_openai_client_as_an_empty_object() {
+    let (gemini, _, proxy) = setup(None, "").await;
+    gemini.push(Behavior::tool_call("get_time", json!({})));
+    let r = proxy
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "smart", "stream": true, "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "get_time",
+                    "parameters": {"type": "object", "properties": {}}}}],
+                "messages": [{"role": "user", "content": "What time is it?"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let sent = gemini.received()[0].json.clone().unwrap();
+    assert!(text.contains("get_time"), "{text}");
+    let args: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| {
+            let v: Value = serde_json::from_str(d).ok()?;
+            v["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&args).unwrap_or(Value::Null),
+        json!({}),
+        "arguments {args:?} in {text}; Gemini was sent {sent}"
     );
 }

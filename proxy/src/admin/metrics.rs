@@ -22,7 +22,7 @@
 //! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams, to the first content event |
 //! | `switchback_config_generation` | gauge | configs applied since start |
 //! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
-//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget) |
+//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget; fetched media (SPEC §17): `fetch_media_timeout`: fetches that took too long, `max_fetched_urls`: URLs past the request's count) |
 //! | `switchback_client_connections` | gauge | open client connections on the data port |
 //! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
 //! | `switchback_response_bytes_held` | gauge | unary provider answer bytes held in the in-flight budget (being read, or on their way to the client) |
@@ -435,6 +435,8 @@ fn limits(
             ("max_event_bytes", &upstream.events),
             ("max_response_bytes", &upstream.responses),
             ("max_inflight_response_bytes", &upstream.over_budget),
+            ("fetch_media_timeout", &upstream.fetch_timeouts),
+            ("max_fetched_urls", &upstream.fetches_over_count),
         ] {
             ConstCounter::new(n.load(Ordering::Relaxed))
                 .encode(m.encode_family(&[("limit", limit)])?)?;

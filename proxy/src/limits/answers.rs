@@ -47,4 +47,9 @@ pub struct Refusals {
     pub responses: AtomicU64,
     /// Unary answers that did not fit in `max_inflight_response_bytes`.
     pub over_budget: AtomicU64,
+    /// Media fetches for a target that cannot fetch a URL (SPEC §17) that took longer
+    /// than `--fetch-media-timeout`.
+    pub fetch_timeouts: AtomicU64,
+    /// URLs not fetched because the request had fetched `--max-fetched-urls` already.
+    pub fetches_over_count: AtomicU64,
 }

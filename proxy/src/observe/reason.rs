@@ -54,10 +54,14 @@ pub enum Reason {
     /// Passed over for resuming a broken stream: the target cannot continue a
     /// prefilled answer (SPEC §13).
     CannotResume,
+    /// The request needs something the target's API has no equivalent for (a JSON
+    /// schema it cannot express, reasoning settings of a model family it cannot
+    /// carry, ...: SPEC §17); the walk goes on to a target that can.
+    UnsupportedFeature,
 }
 
 impl Reason {
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 23;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -81,6 +85,7 @@ impl Reason {
         Self::QueueFull,
         Self::UnsupportedParameter,
         Self::CannotResume,
+        Self::UnsupportedFeature,
     ];
 
     pub fn index(self) -> usize {
@@ -114,6 +119,7 @@ impl Reason {
                 | Self::QueueFull
                 | Self::UnsupportedParameter
                 | Self::CannotResume
+                | Self::UnsupportedFeature
         )
     }
 
@@ -141,6 +147,7 @@ impl Reason {
             Self::QueueFull => "queueFull",
             Self::UnsupportedParameter => "unsupportedParameter",
             Self::CannotResume => "cannotResume",
+            Self::UnsupportedFeature => "unsupportedFeature",
         }
     }
 

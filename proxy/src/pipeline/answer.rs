@@ -144,6 +144,19 @@ pub(crate) struct Capping {
     buf: Vec<u8>,
 }
 
+/// Reads a unary answer whole in one go ([`Capping`] without taking it up again):
+/// for answers no client waits on, such as media fetched for a target.
+pub(crate) async fn read_capped(
+    response: Incoming,
+    cap: usize,
+    budget: &Arc<Budget>,
+) -> Result<Capped, hyper::Error> {
+    match Capping::start(response, cap, budget) {
+        Ok(mut capping) => capping.read().await,
+        Err(refused) => Ok(refused),
+    }
+}
+
 impl Capping {
     /// Starts reading `response`; a declared length over `cap` is refused before
     /// reading a byte, one over the budget's room likewise.

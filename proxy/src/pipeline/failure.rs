@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Response, StatusCode, header};
 
 use super::attempt::Failure;
 use super::call::{Call, Outcome};
@@ -18,7 +18,8 @@ use super::relay::relay;
 use crate::config::snapshot::RouteRt;
 use crate::observe::reason::Reason;
 use crate::providers::classify;
-use crate::wire::surface::{self, AttemptView, Surface};
+use crate::providers::translate::TranslateError;
+use crate::wire::surface::{self, AttemptView, Surface, Wire};
 
 pub(super) fn finish_failed(
     route: &RouteRt,
@@ -123,7 +124,10 @@ fn error_for(
         | Reason::QueueFull
         | Reason::UnsupportedParameter
         // Only a resume's walk skips for it, and it ends in no error of its own.
-        | Reason::CannotResume => (
+        | Reason::CannotResume
+        // With other skips beside it (a 400 when every target refused, see
+        // `unservable_request`).
+        | Reason::UnsupportedFeature => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no_available_target",
             "no target of this route can take the request".into(),
@@ -193,5 +197,64 @@ fn unsupported_surface(route: &RouteRt, surface: Surface, log: &[AttemptLog]) ->
         route.spec.id,
         surface.endpoint(),
         why.join("; ")
+    )
+}
+
+/// No target of the route can serve what the request needs (SPEC §17): each one
+/// refused it in translation (`refused`: a feature its API lacks, a malformed body)
+/// or cannot serve the API called. A 400 in the client's shape naming the field (the
+/// first refusal's, OpenAI's `param`) and every target tried with why, with the
+/// attempt log as `attempts`.
+pub(super) fn unservable_request(
+    route: &RouteRt,
+    call: &Call<'_>,
+    refused: &[(u8, TranslateError)],
+    log: &[AttemptLog],
+) -> Response<Body> {
+    let why: Vec<String> = log
+        .iter()
+        .map(|l| {
+            let t = &route.targets[l.target as usize];
+            match refused.iter().find(|(i, _)| *i == l.target) {
+                Some((_, e)) => match e.param() {
+                    Some(p) => format!("{}: {} ({p})", t.label, e.message()),
+                    None => format!("{}: {}", t.label, e.message()),
+                },
+                None => format!(
+                    "{}: {} is {}",
+                    t.label,
+                    call.surface.endpoint(),
+                    t.credential
+                        .adapter
+                        .refusal(call.surface, &t.credential.spec)
+                ),
+            }
+        })
+        .collect();
+    let first = &refused[0].1;
+    let message = format!(
+        "no target of route {} can serve this request: {}",
+        route.spec.id,
+        why.join("; ")
+    );
+    let views = attempt_views(route, call, log);
+    let body = match call.surface.wire() {
+        Wire::OpenAi => serde_json::json!({"error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": first.param(),
+            "code": first.code(),
+            "attempts": views,
+        }}),
+        Wire::Anthropic => serde_json::json!({"type": "error", "error": {
+            "type": "invalid_request_error",
+            "message": message,
+            "code": first.code(),
+            "attempts": views,
+        }}),
+    };
+    surface::json_response(
+        StatusCode::BAD_REQUEST,
+        serde_json::to_vec(&body).unwrap_or_default(),
     )
 }

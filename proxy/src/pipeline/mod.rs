@@ -3,7 +3,8 @@
 //! inside the call's budget (`target`, `outcome`), each try sent upstream (`send`),
 //! and either one answer committed (`answer` for unary ones, `stream` for streams,
 //! `relay` for what reaches the client of both) or the last failure turned into the
-//! gateway's own error (`failure`). A committed stream of a route that resumes is
+//! gateway's own error (`failure`); an image or document by URL is fetched for a
+//! target that cannot fetch it (`fetch`). A committed stream of a route that resumes is
 //! continued on the next target when it breaks (`resume`), and a route may hedge a
 //! slow try on the next target (`hedge`, both SPEC §13). What the request log line
 //! is told of the attempts is in `log`.
@@ -24,6 +25,7 @@ mod answer;
 mod attempt;
 mod call;
 mod failure;
+pub mod fetch;
 mod hedge;
 #[cfg(test)]
 mod hedge_tests;

@@ -30,7 +30,14 @@ use crate::observe::counters;
 use crate::observe::reason::Reason;
 use crate::providers::Exchange;
 use crate::providers::classify;
-use crate::providers::translate::{self, Translation};
+use crate::providers::translate::{self, TranslateError, Translation};
+
+/// Why a target got no plan: a reason to pass it over, or its translation's
+/// refusal (which the walk may resolve by fetching a URL for it).
+pub(super) enum Unplanned {
+    Skip(Reason),
+    Untranslatable(TranslateError),
+}
 
 /// After a failed try: give up on the target, or try it again after a wait.
 pub(super) enum Next {
@@ -57,9 +64,21 @@ impl<T: Transport> Walk<'_, '_, T> {
             Admit::No if forced => Some(Probe::new(breaker)),
             Admit::No => return self.skip(i, Reason::CircuitOpen),
         };
-        let plan = match self.plan(t, exchange) {
-            Ok(plan) => plan,
-            Err(reason) => return self.skip(i, reason),
+        let plan = loop {
+            match self.plan(t, exchange) {
+                Ok(plan) => break plan,
+                Err(Unplanned::Skip(reason)) => return self.skip(i, reason),
+                // An image or document by URL the target cannot fetch: the gateway
+                // fetches it (once for the whole walk) and translates again. Boxed:
+                // the fetch's state stays out of this future's unless it is needed.
+                Err(Unplanned::Untranslatable(e)) => match e.fetch() {
+                    Some(url) if self.may_fetch(url) => {
+                        let url = url.to_owned();
+                        Box::pin(self.fetch_media(url)).await;
+                    }
+                    _ => return self.untranslatable(i, e),
+                },
+            }
         };
         let mut tries = 0u32;
         loop {
@@ -178,9 +197,34 @@ impl<T: Transport> Walk<'_, '_, T> {
         Ok(exchange)
     }
 
+    /// A target whose translation could not take the request, passed over: for a
+    /// feature its API lacks (`unsupportedFeature`, SPEC §17) or a body it finds
+    /// malformed (`unsupportedParameter`); another target may serve it.
+    fn untranslatable(&mut self, i: u8, e: TranslateError) -> Tried {
+        let why = e
+            .fetch()
+            .and_then(|url| self.unfetched.iter().find(|(u, _)| u == url))
+            .map(|(_, why)| why.clone());
+        let e = match why {
+            Some(why) => e.noted(&format!("the gateway could not fetch it: {why}")),
+            None => e,
+        };
+        let reason = if e.is_feature() {
+            Reason::UnsupportedFeature
+        } else {
+            Reason::UnsupportedParameter
+        };
+        let t = &self.route.targets[i as usize];
+        tracing::debug!(route = %self.route.spec.id, target = %t.label,
+            reason = reason.as_str(), param = e.param(), feature = e.message(),
+            "target cannot serve the request");
+        self.refused.push((i, e));
+        self.skip(i, reason)
+    }
+
     /// The body target `t` is sent: translated into its dialect, or the client's
     /// with the target's model. A request the target cannot take is passed over.
-    pub(super) fn plan(&mut self, t: &TargetRt, exchange: Exchange) -> Result<Plan, Reason> {
+    pub(super) fn plan(&mut self, t: &TargetRt, exchange: Exchange) -> Result<Plan, Unplanned> {
         let call = self.call;
         let adapter = t.credential.adapter;
         let translation = exchange
@@ -189,20 +233,15 @@ impl<T: Transport> Walk<'_, '_, T> {
         let body = match translation {
             Some(tr) => {
                 let model = t.spec.upstream_model(call.client_model);
-                match translate::request(tr, &call.body, model, &adapter.defaults()) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        // Another target may speak the client's API natively.
-                        self.untranslatable = Some(e);
-                        return Err(Reason::UnsupportedParameter);
-                    }
-                }
+                let defaults = adapter.defaults();
+                translate::request_with(tr, &call.body, model, &defaults, &self.fetched)
+                    .map_err(Unplanned::Untranslatable)?
             }
             None => {
                 let model = t.upstream_model_json(call.client_model);
                 adapter
                     .relay_body(&call.body, model)
-                    .ok_or(Reason::UnsupportedParameter)?
+                    .ok_or(Unplanned::Skip(Reason::UnsupportedParameter))?
             }
         };
         // Resuming a broken stream: the target continues the client's text, or is
@@ -213,7 +252,7 @@ impl<T: Transport> Walk<'_, '_, T> {
                 let model = t.model(call.client_model);
                 let p = adapter
                     .prefill(&body, text, model, &t.credential.spec)
-                    .ok_or(Reason::CannotResume)?;
+                    .ok_or(Unplanned::Skip(Reason::CannotResume))?;
                 self.prefilled = p.sent;
                 p.body
             }

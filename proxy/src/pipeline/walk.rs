@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{Response, StatusCode};
+use axum::http::Response;
 use tokio::time::Instant;
 
 use super::attempt::{Failure, Transport};
 use super::call::{Call, Outcome};
-use super::failure::finish_failed;
+use super::failure::{finish_failed, unservable_request};
 use super::hedge::state::Hedging;
 use super::log::AttemptLog;
 use super::order::order;
@@ -30,7 +30,6 @@ use crate::gateway::Gateway;
 use crate::observe::counters;
 use crate::observe::reason::Reason;
 use crate::providers::translate::TranslateError;
-use crate::wire::surface;
 
 /// The walk over any transport (`request::run` sends over HTTP), with the strategy's
 /// draw in `[0, 1)` given.
@@ -135,8 +134,14 @@ pub(super) struct Walk<'a, 'c, T> {
     /// the gateway's own work.
     pub waited: Duration,
     pub shortest_retry_after: Option<Duration>,
-    /// Why a target that needed translation could not take the request.
-    pub untranslatable: Option<TranslateError>,
+    /// The targets whose translation could not take the request, and why (a feature
+    /// their API lacks, or a malformed body), in the order they were met.
+    pub refused: Vec<(u8, TranslateError)>,
+    /// Images and documents fetched for targets that cannot fetch a URL themselves
+    /// (SPEC §17), kept for every target of the walk; and the URLs that could not be.
+    pub fetched: crate::providers::translate::Fetched,
+    pub fetched_held: Vec<super::answer::AnswerHeld>,
+    pub unfetched: Vec<(String, String)>,
     /// Resuming a broken stream (SPEC §13): the text the client has, which each
     /// target is asked to continue (a target that cannot is skipped as
     /// `cannotResume`); and how much of it the last target's prefill carried.
@@ -166,7 +171,10 @@ impl<'a, 'c, T> Walk<'a, 'c, T> {
             sent: 0,
             waited: Duration::ZERO,
             shortest_retry_after: None,
-            untranslatable: None,
+            refused: Vec::new(),
+            fetched: Default::default(),
+            fetched_held: Vec::new(),
+            unfetched: Vec::new(),
             prefill: None,
             prefilled: 0,
             hedge: None,
@@ -205,7 +213,12 @@ impl Passed {
     fn skipped(&mut self, reason: Reason, pos: usize, i: u8) {
         self.skipped += 1;
         self.skipped_open += usize::from(reason == Reason::CircuitOpen);
-        self.skipped_unserved += usize::from(reason == Reason::UnsupportedSurface);
+        // A target that cannot serve the API called, or something the request needs,
+        // is no reason not to try one whose circuit is open.
+        self.skipped_unserved += usize::from(matches!(
+            reason,
+            Reason::UnsupportedSurface | Reason::UnsupportedFeature
+        ));
         if reason == Reason::CircuitOpen && self.first_open.is_none() {
             self.first_open = Some((pos, i));
         }
@@ -299,16 +312,22 @@ impl<T: Transport> Walk<'_, '_, T> {
 
     fn failed(&mut self, failure: Failure, fallbacks: u32) -> Outcome {
         counters::inc(&self.route.counters.failed);
-        // Nothing was sent and a target refused the request's parameters: that is the
-        // answer (a 400 naming the parameter), not "no target available".
-        if self.sent == 0
-            && let Some(e) = self.untranslatable.take()
-        {
+        // Nothing was sent and no target can serve what the request needs (each one
+        // refused it, or cannot serve the API called): that is the answer, a 400
+        // naming the field and the targets tried (SPEC §17), not "no target
+        // available".
+        let unservable = |l: &AttemptLog| {
+            matches!(
+                l.reason,
+                Reason::UnsupportedFeature
+                    | Reason::UnsupportedParameter
+                    | Reason::UnsupportedSurface
+            )
+        };
+        if self.sent == 0 && !self.refused.is_empty() && self.log.iter().all(unservable) {
+            let response = unservable_request(self.route, self.call, &self.refused, &self.log);
             return Outcome {
-                response: surface::json_response(
-                    StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
-                    e.body(self.call.surface.wire()),
-                ),
+                response,
                 attempts: 0,
                 fallbacks,
                 target: None,
@@ -360,7 +379,7 @@ pub(super) mod tests {
     use std::collections::VecDeque;
     use std::sync::Mutex;
 
-    use axum::http::{HeaderMap, HeaderValue};
+    use axum::http::{HeaderMap, HeaderValue, StatusCode};
     use switchback_crds::config::{Retry, Strategy};
     use tokio::time::{sleep, timeout_at};
 

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName};
 use serde_json::{Map, Value, json};
 
-use super::form::{Answer, Error, Event, Request, Target};
+use super::form::{Answer, Error, Event, Fetched, Request, Target};
 use crate::wire::sse::{self, Framer, Opening};
 use crate::wire::surface::{Surface, Wire};
 use crate::wire::usage::{self, Usage};
@@ -94,11 +94,14 @@ pub trait ClientDialect: Sync {
     fn wire(&self) -> Wire;
 
     /// A client body → the form, refusing (with the client's parameter path) what
-    /// `target` cannot take.
+    /// `target` cannot take. An image or document by URL that the target cannot
+    /// fetch is taken from `fetched`, or refused naming the URL
+    /// ([`TranslateError::fetch`]).
     fn decode_request<'a>(
         &self,
         body: &'a Map<String, Value>,
         target: &Target,
+        fetched: &'a Fetched,
     ) -> Result<Request<'a>, TranslateError>;
 
     /// The form → the client's answer, `model` = the name the client sent.
@@ -171,6 +174,12 @@ pub struct TranslateError {
     status: u16,
     param: Option<String>,
     message: String,
+    /// The target's API has no equivalent for something the request needs (another
+    /// target may have one); otherwise the request is malformed whatever the target.
+    feature: bool,
+    /// A URL the target cannot fetch itself: the gateway may fetch it and translate
+    /// again with its bytes (see `form::Fetched`).
+    fetch: Option<String>,
 }
 
 impl TranslateError {
@@ -179,7 +188,34 @@ impl TranslateError {
             status: 400,
             param: Some(param.into()),
             message: message.into(),
+            feature: true,
+            fetch: None,
         }
+    }
+
+    /// The target needs the bytes behind `url`, which it cannot fetch itself; a
+    /// feature it lacks unless the gateway fetches them.
+    pub(crate) fn needs_fetch(
+        param: impl Into<String>,
+        message: impl Into<String>,
+        url: &str,
+    ) -> Self {
+        Self {
+            fetch: Some(url.to_owned()),
+            ..Self::unsupported(param, message)
+        }
+    }
+
+    /// The error with `note` added to its message.
+    pub fn noted(mut self, note: &str) -> Self {
+        self.message.push_str("; ");
+        self.message.push_str(note);
+        self
+    }
+
+    /// The URL whose bytes the target needs (see [`TranslateError::needs_fetch`]).
+    pub fn fetch(&self) -> Option<&str> {
+        self.fetch.as_deref()
     }
 
     pub(crate) fn invalid(param: Option<String>, message: impl Into<String>) -> Self {
@@ -187,6 +223,8 @@ impl TranslateError {
             status: 400,
             param,
             message: message.into(),
+            feature: false,
+            fetch: None,
         }
     }
 
@@ -195,7 +233,15 @@ impl TranslateError {
             status: 502,
             param: None,
             message: message.into(),
+            feature: false,
+            fetch: None,
         }
+    }
+
+    /// A feature the target's API has no equivalent for (the target is skipped as
+    /// `unsupportedFeature`, SPEC §17), not a malformed request.
+    pub fn is_feature(&self) -> bool {
+        self.feature
     }
 
     /// 400 for a request, 502 for an upstream answer.

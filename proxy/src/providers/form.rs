@@ -4,9 +4,10 @@
 //! another, never a translator written for the pair.
 //!
 //! The form holds what chat APIs share: a system prompt, alternating turns whose
-//! content is text, images, inline documents, tool calls and tool results, function
-//! tools and a tool choice, sampling parameters, stop sequences, stop reasons and
-//! token usage. It is shaped after the richest of them (Anthropic messages, which
+//! content is text, images, documents, reasoning, tool calls and tool results,
+//! function tools and a tool choice, sampling parameters, stop sequences, the
+//! answer's format (JSON, JSON matching a schema), how much to reason, stop reasons
+//! and token usage. It is shaped after the richest of them (Anthropic messages, which
 //! Gemini's `contents`/`parts` with `functionCall`/`functionResponse` and Bedrock
 //! Converse's content blocks with `toolUse`/`toolResult` follow closely), so an
 //! adapter maps blocks one to one instead of rebuilding turns.
@@ -39,6 +40,40 @@ pub struct Target {
     /// `functionResponse`): the decoder then refuses a result whose call is not
     /// earlier in the conversation, as the encoder finds the name there.
     pub tool_result_names: bool,
+    /// Whether a document can be sent by URL for the provider to fetch.
+    pub document_urls: bool,
+    /// Whether a URL must travel with its media type (Gemini's `fileData`): one
+    /// whose name does not tell it is fetched by the gateway instead.
+    pub url_media_type: bool,
+    /// Whether a tool result can hold images and documents beside its text
+    /// (Anthropic's `tool_result` blocks, Bedrock's `toolResult` content, Gemini's
+    /// multimodal `functionResponse` parts); otherwise text only.
+    pub tool_result_media: bool,
+}
+
+/// Images and documents the gateway fetched for a target that cannot take them by
+/// URL (SPEC §17): each URL with the media type it was served as and its bytes in
+/// base64, as the decoders put them in the form in the URL's place.
+#[derive(Debug, Default)]
+pub struct Fetched(Vec<(String, String, String)>);
+
+impl Fetched {
+    /// What was fetched for `url`: (media type, base64 data).
+    pub fn get(&self, url: &str) -> Option<(&str, &str)> {
+        self.0
+            .iter()
+            .find(|(u, ..)| u == url)
+            .map(|(_, m, d)| (m.as_str(), d.as_str()))
+    }
+
+    pub fn insert(&mut self, url: String, media_type: String, base64: String) {
+        self.0.push((url, media_type, base64));
+    }
+
+    /// Bytes held (of the base64 text).
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(|(_, _, d)| d.len()).sum()
+    }
 }
 
 /// A chat request.
@@ -65,6 +100,130 @@ pub struct Request<'a> {
     pub stream: Option<bool>,
     /// An end-user id for the provider's abuse monitoring.
     pub user: Option<&'a str>,
+    /// The answer's format, when the client asked for JSON.
+    pub format: Option<Format<'a>>,
+    /// How much the model should reason before it answers, when the client said.
+    pub reasoning: Option<Reasoning>,
+    /// The client's API has a place for the reasoning's text (Anthropic `thinking`
+    /// blocks) and the client did not ask it left out: a provider that returns it
+    /// only on request is asked for it.
+    pub reasoning_content: bool,
+}
+
+/// A JSON answer (SPEC §17): what the client asked for, and the client's parameter
+/// that asked (for refusals: only the decoder knows the path).
+#[derive(Debug)]
+pub struct Format<'a> {
+    /// `response_format`, `output_config.format`, ...
+    pub param: &'static str,
+    pub kind: FormatKind<'a>,
+}
+
+#[derive(Debug)]
+pub enum FormatKind<'a> {
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// JSON matching a schema.
+    JsonSchema(JsonSchema<'a>),
+}
+
+#[derive(Debug)]
+pub struct JsonSchema<'a> {
+    /// The name the client gave it, if any.
+    pub name: Option<&'a str>,
+    pub description: Option<&'a str>,
+    /// A JSON Schema (an object).
+    pub schema: &'a Value,
+    /// The client asked for the schema to be enforced (OpenAI's `strict`;
+    /// Anthropic's structured outputs always are).
+    pub strict: bool,
+}
+
+/// How much to reason, as the client said it; each target maps it by the table in
+/// [`Effort::budget`] and [`Effort::of_budget`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reasoning {
+    /// `reasoning_effort`, `thinking`, `output_config.effort`.
+    pub param: &'static str,
+    pub kind: ReasoningKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningKind {
+    /// No reasoning (OpenAI `none`, Anthropic `disabled`).
+    Off,
+    /// A level on OpenAI's scale (also Anthropic's `output_config.effort`).
+    Effort(Effort),
+    /// A token budget (Anthropic `budget_tokens`).
+    Budget(u64),
+    /// The model decides how much (Anthropic `adaptive`).
+    Adaptive,
+}
+
+/// OpenAI's reasoning effort levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Effort {
+    Minimal,
+    Low,
+    Medium,
+    High,
+    XHigh,
+    Max,
+}
+
+impl Effort {
+    pub fn parse(s: &str) -> Option<Effort> {
+        Some(match s {
+            "minimal" => Self::Minimal,
+            "low" => Self::Low,
+            "medium" => Self::Medium,
+            "high" => Self::High,
+            "xhigh" => Self::XHigh,
+            "max" => Self::Max,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+            Self::XHigh => "xhigh",
+            Self::Max => "max",
+        }
+    }
+
+    /// The thinking budget (tokens) a level stands for where a target takes a
+    /// budget (Anthropic, Claude on Bedrock and Vertex, Gemini): the table of
+    /// docs/translation.md. 1,024 is Anthropic's smallest budget.
+    pub fn budget(self) -> u64 {
+        match self {
+            Self::Minimal => 1024,
+            Self::Low => 2048,
+            Self::Medium => 8192,
+            Self::High => 16384,
+            Self::XHigh => 24576,
+            Self::Max => 32768,
+        }
+    }
+
+    /// The level a budget stands for where a target takes a level (OpenAI, Nova,
+    /// gpt-oss): low, medium or high, which every reasoning model of those APIs
+    /// takes. Each level's budget maps back to itself.
+    pub fn of_budget(budget: u64) -> Effort {
+        match budget {
+            0..4096 => Self::Low,
+            4096..16384 => Self::Medium,
+            _ => Self::High,
+        }
+    }
+
+    /// The same level on the low / medium / high scale.
+    pub fn coarse(self) -> Effort {
+        Self::of_budget(self.budget())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +248,23 @@ pub enum Part<'a> {
     ToolUse(ToolUse<'a>),
     /// In a user turn only.
     ToolResult(ToolResult<'a>),
+    /// The model's reasoning (an assistant turn or an answer).
+    Reasoning(ReasoningText<'a>),
+    /// Reasoning the provider encrypted (Anthropic `redacted_thinking`, Bedrock
+    /// `redactedContent`): relayed as it came, never read.
+    RedactedReasoning(&'a str),
+    /// An answer given as a JSON value (the input of the tool through which an API
+    /// without a schema-less JSON mode was asked for JSON, `vocab::JSON_TOOL`):
+    /// the answer's text, in answers only.
+    Json(Cow<'a, Value>),
+}
+
+/// The text of a model's reasoning and the provider's signature over it, relayed
+/// byte for byte and never made up: `None` when the provider signed nothing.
+#[derive(Debug)]
+pub struct ReasoningText<'a> {
+    pub text: &'a str,
+    pub signature: Option<&'a str>,
 }
 
 #[derive(Debug)]
@@ -99,12 +275,21 @@ pub enum Image<'a> {
     Base64 { media_type: &'a str, data: &'a str },
 }
 
-/// An inline document (a base64 PDF: what every provider in view reads).
+/// A document: a PDF (base64 or by URL) or plain text.
 #[derive(Debug)]
 pub struct Document<'a> {
-    pub media_type: &'a str,
-    pub data: &'a str,
+    pub source: DocumentSource<'a>,
     pub title: Option<&'a str>,
+}
+
+#[derive(Debug)]
+pub enum DocumentSource<'a> {
+    /// Inline bytes, base64 encoded (a PDF).
+    Base64 { media_type: &'a str, data: &'a str },
+    /// Plain text (`text/plain`), as the client sent it.
+    Text(&'a str),
+    /// A PDF at an `http(s)` URL.
+    Url(&'a str),
 }
 
 /// A tool call by the model.
@@ -128,14 +313,44 @@ pub struct ToolResult<'a> {
     pub is_error: bool,
 }
 
-/// A tool result's content: text only (chat completions' tool messages carry nothing
-/// else, and Gemini's `functionResponse` is a JSON object). A plain string and a list
-/// of text parts are told apart because providers that take both keep the client's
-/// choice.
+/// A tool result's content. A plain string and a list of parts are told apart
+/// because providers that take both keep the client's choice. Parts are text,
+/// images and documents (decoders refuse media for targets whose tool results carry
+/// text only, `Target::tool_result_media`).
 #[derive(Debug)]
 pub enum ToolOutput<'a> {
     Text(&'a str),
-    Parts(Vec<&'a str>),
+    Parts(Vec<Part<'a>>),
+}
+
+impl ToolOutput<'_> {
+    /// The result's text: the string, or its text parts joined.
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Text(s) => std::borrow::Cow::Borrowed(s),
+            Self::Parts(ps) => {
+                let mut texts = ps.iter().filter_map(|p| match p {
+                    Part::Text(t) => Some(*t),
+                    _ => None,
+                });
+                match (texts.next(), texts.next()) {
+                    (None, _) => std::borrow::Cow::Borrowed(""),
+                    (Some(one), None) => std::borrow::Cow::Borrowed(one),
+                    (Some(a), Some(b)) => {
+                        let mut s = String::from(a);
+                        s.push_str(b);
+                        texts.for_each(|t| s.push_str(t));
+                        std::borrow::Cow::Owned(s)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether it holds anything but text.
+    pub fn has_media(&self) -> bool {
+        matches!(self, Self::Parts(ps) if ps.iter().any(|p| !matches!(p, Part::Text(_))))
+    }
 }
 
 /// A function the model may call.
@@ -247,6 +462,12 @@ pub enum Event<'a> {
         tool: u32,
         json: &'a str,
     },
+    /// More of the model's reasoning (never empty).
+    Reasoning(&'a str),
+    /// The provider's signature over the reasoning so far, as it sent it.
+    ReasoningSignature(&'a str),
+    /// Reasoning the provider encrypted, whole.
+    RedactedReasoning(&'a str),
     Usage(UsageDelta),
     Stop(Stop),
     /// The answer is complete: stop reason and usage are final.

@@ -13,6 +13,7 @@
 //! | `vertex/` | `vertex` targets: publishers, paths, the OAuth token exchange |
 //! | `translate/` | the pairing of a client's API with an upstream's (requests, answers, errors, streams) |
 //! | `form`, `dialect` | the internal form every dialect speaks, and what a dialect is |
+//! | `schema` | what each target can express of a client's JSON Schema (structured answers) |
 //! | `adapter` | what an adapter and an endpoint are (a prefill that continues an answer included), and the pieces most are made of |
 //! | `classify` | every provider's words for failures and Retry-After |
 //!
@@ -30,6 +31,7 @@ mod error_body;
 pub mod form;
 pub mod gemini;
 pub mod openai;
+mod schema;
 pub mod translate;
 pub mod vertex;
 mod vocab;
@@ -40,6 +42,7 @@ pub use adapter::{
     Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared, Unsigned,
 };
 pub use dialect::Dialect;
+pub(crate) use vocab::media_type_of_url;
 
 /// The adapter of each `provider:` value: the one place a provider is registered.
 pub fn adapter(provider: Provider) -> &'static dyn Adapter {

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::dialect::TranslateError;
-use super::form::Target;
+use super::form::{Fetched, Target};
 
 /// Content blocks of one streamed message whose tool-call arguments are relayed: far
 /// more than any real answer has, and a bound on a decoder's block table, which a
@@ -172,8 +172,108 @@ pub(super) fn schema(schema: Option<&Value>) -> Value {
         .unwrap_or_else(|| json!({"type": "object", "properties": {}}))
 }
 
-/// An image a target that reads only inline bytes cannot take.
-pub(super) const IMAGE_URL: &str = "an image by URL (send it inline, as a base64 data: URL)";
+/// An image a target that reads only inline bytes cannot take (unless the gateway
+/// fetches it).
+pub(super) const IMAGE_URL: &str = "an image by URL (the target reads inline bytes only)";
+
+/// A document a target that reads only inline bytes cannot take (unless the
+/// gateway fetches it).
+pub(super) const DOCUMENT_URL: &str = "a document by URL (the target reads inline bytes only)";
+
+/// The media type a URL's file name says (its extension), for APIs that need one
+/// beside the URL. Query and fragment are not part of the name.
+pub(crate) fn media_type_of_url(url: &str) -> Option<&'static str> {
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let ext = name.rsplit_once('.')?.1.to_ascii_lowercase();
+    Some(match ext.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "heic" => "image/heic",
+        "heif" => "image/heif",
+        "pdf" => "application/pdf",
+        "txt" => "text/plain",
+        _ => return None,
+    })
+}
+
+/// An image or document at a URL, as a target takes it.
+pub(super) enum AtUrl<'a> {
+    /// The URL itself: the provider fetches it.
+    Url(&'a str),
+    /// The bytes the gateway fetched: (media type, base64).
+    Inline(&'a str, &'a str),
+}
+
+/// `url` for `target`: the URL where the provider fetches it itself (`by_url`, and
+/// its media type known where the target needs it), else the bytes the gateway
+/// fetched, else a refusal naming the URL (`what` at `param`) so that the gateway
+/// may fetch it and translate again.
+pub(super) fn at_url<'a>(
+    url: &'a str,
+    by_url: bool,
+    fetched: &'a Fetched,
+    param: impl Into<String>,
+    what: &str,
+    target: &Target,
+) -> Result<AtUrl<'a>, TranslateError> {
+    if by_url && (!target.url_media_type || media_type_of_url(url).is_some()) {
+        return Ok(AtUrl::Url(url));
+    }
+    if let Some((media_type, data)) = fetched.get(url) {
+        return Ok(AtUrl::Inline(media_type, data));
+    }
+    Err(TranslateError::needs_fetch(
+        param,
+        format!("{what} cannot be served by {}", target.name),
+        url,
+    ))
+}
+
+/// The tool through which an API without a schema-less JSON mode (Anthropic's
+/// messages, Bedrock's Converse) is asked for a JSON object (OpenAI's
+/// `json_object`): the model must call it, and its input is the answer. Decoders of
+/// those APIs turn its call back into the answer's text. The name is the gateway's:
+/// a client tool of that name is refused (`reserved_tool_name`).
+pub(super) const JSON_TOOL: &str = "switchback_json_answer";
+
+pub(super) const JSON_TOOL_DESCRIPTION: &str =
+    "Give your answer as this tool's input: a JSON object. Call it exactly once.";
+
+/// A client tool named like the gateway's JSON tool: refused, as its calls would be
+/// read as the answer's text.
+pub(super) fn reserved_tool_name(
+    name: &str,
+    at: impl FnOnce() -> String,
+) -> Result<(), TranslateError> {
+    if name == JSON_TOOL {
+        return Err(invalid(
+            at(),
+            format!("the tool name {JSON_TOOL} is reserved by the gateway"),
+        ));
+    }
+    Ok(())
+}
+
+/// A schema a target cannot express (see `schema`), refused naming the construct
+/// and where it is in the client's schema (`param`).
+pub(super) fn inexpressible(
+    param: &str,
+    e: super::schema::Inexpressible,
+    target: &Target,
+) -> TranslateError {
+    let at = if e.at.is_empty() {
+        String::new()
+    } else {
+        format!(" at {}", e.at)
+    };
+    TranslateError::unsupported(
+        param,
+        format!("{}{at} cannot be served by {}", e.construct, target.name),
+    )
+}
 
 /// A tool result a target that names the function it answers cannot place.
 pub(super) const UNKNOWN_CALL: &str = "a tool result whose tool call is not earlier in the conversation (the result must name the function it answers)";

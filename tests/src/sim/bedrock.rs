@@ -20,8 +20,14 @@
 //!   `user`, turns that do not alternate, a role other than `user` / `assistant`, a
 //!   content block that is not exactly one of the Converse block types, blank text,
 //!   a `toolUse` without `toolUseId` / `name` / object `input`, a `toolResult`
-//!   without `toolUseId` / `content`, `inferenceConfig` or `toolConfig` fields it
-//!   does not have, tool blocks without `toolConfig`: 400 `ValidationException`.
+//!   without `toolUseId` / `content` or whose content blocks are not `text`,
+//!   `image`, `document` or `json`, an `image` or `document` block without a format
+//!   Converse knows and `source.bytes` (a `document` also without a `name`), a
+//!   `reasoningContent` without `reasoningText {text, signature}` or
+//!   `redactedContent`, an `outputConfig` other than `textFormat {type:
+//!   "json_schema", structure.jsonSchema.schema}` with the schema a JSON object in a
+//!   string, `inferenceConfig` or `toolConfig` fields it does not have, tool blocks
+//!   without `toolConfig`: 400 `ValidationException`.
 //!
 //! Keys: [`BEDROCK_ACCESS_KEY_ID`] (long-term, no session token) and
 //! [`BEDROCK_TEMP_ACCESS_KEY_ID`] (temporary: [`BEDROCK_SESSION_TOKEN`] required),
@@ -73,8 +79,9 @@ pub const BEDROCK_REGION: &str = "us-east-1";
 /// `toolUseId` of the simulator's tool calls.
 pub const BEDROCK_TOOL_USE_ID: &str = "tooluse_sim_0";
 
-const TOP_LEVEL: [&str; 10] = [
+const TOP_LEVEL: [&str; 11] = [
     "messages",
+    "outputConfig",
     "system",
     "inferenceConfig",
     "toolConfig",
@@ -97,6 +104,26 @@ const BLOCKS: [&str; 9] = [
     "reasoningContent",
 ];
 const INFERENCE: [&str; 4] = ["maxTokens", "temperature", "topP", "stopSequences"];
+
+/// What Converse refuses in an `image` or `document` block at `at`.
+fn media_refusal(kind: &str, v: &Value, at: &str) -> Option<Refusal> {
+    let format = v.get("format").and_then(Value::as_str).unwrap_or("");
+    let known = match kind {
+        "image" => matches!(format, "png" | "jpeg" | "gif" | "webp"),
+        _ => matches!(
+            format,
+            "pdf" | "csv" | "doc" | "docx" | "xls" | "xlsx" | "html" | "txt" | "md"
+        ),
+    };
+    let named = kind == "image" || v.get("name").and_then(Value::as_str).is_some();
+    if !known || !named || v.pointer("/source/bytes").and_then(Value::as_str).is_none() {
+        return Some(validation(format!(
+            "Malformed input request: {at}.{kind} needs a format Converse knows, source.bytes{}",
+            if kind == "image" { "" } else { " and a name" }
+        )));
+    }
+    None
+}
 
 /// (status, `x-amzn-errortype`, message).
 pub type Refusal = (u16, &'static str, String);
@@ -409,26 +436,73 @@ fn body_refusal(json: Option<&Value>) -> Option<Refusal> {
                 }
                 "toolResult" => {
                     tool_blocks = true;
-                    if v.get("toolUseId").and_then(Value::as_str).is_none()
-                        || !v.get("content").is_some_and(Value::is_array)
-                    {
+                    let Some(blocks) = v.get("content").and_then(Value::as_array) else {
+                        return Some(validation(format!(
+                            "Malformed input request: {at}.toolResult needs toolUseId and content"
+                        )));
+                    };
+                    if v.get("toolUseId").and_then(Value::as_str).is_none() {
                         return Some(validation(format!(
                             "Malformed input request: {at}.toolResult needs toolUseId and content"
                         )));
                     }
+                    for (k, b) in blocks.iter().enumerate() {
+                        let here = format!("{at}.toolResult.content.{k}");
+                        let Some((kind, v)) = b
+                            .as_object()
+                            .filter(|o| o.len() == 1)
+                            .and_then(|o| o.iter().next())
+                        else {
+                            return Some(validation(format!(
+                                "Malformed input request: {here} must set exactly one block type"
+                            )));
+                        };
+                        let refusal = match kind.as_str() {
+                            "text" | "json" => None,
+                            "image" | "document" => media_refusal(kind, v, &here),
+                            other => Some(validation(format!(
+                                "Malformed input request: extraneous key [{other}] is not permitted at {here}"
+                            ))),
+                        };
+                        if refusal.is_some() {
+                            return refusal;
+                        }
+                    }
                 }
-                "image" => {
-                    let format = v.get("format").and_then(Value::as_str).unwrap_or("");
-                    if !matches!(format, "png" | "jpeg" | "gif" | "webp")
-                        || v.pointer("/source/bytes").and_then(Value::as_str).is_none()
-                    {
+                "image" | "document" => {
+                    if let Some(r) = media_refusal(kind, v, &at) {
+                        return Some(r);
+                    }
+                }
+                "reasoningContent" => {
+                    let text = v.get("reasoningText");
+                    let ok = match (text, v.get("redactedContent")) {
+                        (Some(t), None) => t["text"].is_string() && t["signature"].is_string(),
+                        (None, Some(r)) => r.is_string(),
+                        _ => false,
+                    };
+                    if !ok {
                         return Some(validation(format!(
-                            "Malformed input request: {at}.image needs a format (png, jpeg, gif, webp) and source.bytes"
+                            "Malformed input request: {at}.reasoningContent needs reasoningText {{text, signature}} or redactedContent"
                         )));
                     }
                 }
                 _ => {}
             }
+        }
+    }
+    if let Some(oc) = req.get("outputConfig") {
+        let schema = oc
+            .pointer("/textFormat/structure/jsonSchema/schema")
+            .and_then(Value::as_str)
+            .and_then(|s| serde_json::from_str::<Value>(s).ok());
+        let ok = oc.as_object().is_some_and(|o| o.len() == 1)
+            && oc.pointer("/textFormat/type") == Some(&json!("json_schema"))
+            && schema.is_some_and(|s| s.is_object());
+        if !ok {
+            return Some(validation(
+                "Malformed input request: outputConfig.textFormat needs type json_schema and structure.jsonSchema.schema, a JSON schema in a string",
+            ));
         }
     }
     if let Some(system) = req.get("system")
@@ -766,6 +840,20 @@ pub(super) async fn respond(
                 )
             } else {
                 converse_json(ctx, &bedrock_response(&pieces.concat(), "end_turn"), guard)
+            }
+        }
+        Behavior::Replay { unary, events } => {
+            if ctx.stream {
+                let f = events
+                    .into_iter()
+                    .filter_map(|e| {
+                        let (name, payload) = e.as_object()?.iter().next()?;
+                        Some(bedrock_event(name, payload.clone()))
+                    })
+                    .collect();
+                frames(ctx, f, Duration::ZERO, StreamEnd::Finish, guard)
+            } else {
+                converse_json(ctx, &unary, guard)
             }
         }
         Behavior::ToolCall {

@@ -14,8 +14,9 @@
 //!   have (`model`, `messages`, `stream`, ...): 400 `Invalid JSON payload received.
 //!   Unknown name ...`;
 //! * `contents[].role` other than `user` / `model`, a turn without parts, a part
-//!   that is not exactly one of `text`, `inlineData`, `functionCall`,
-//!   `functionResponse`, a `functionResponse` without `name` or whose `response`
+//!   that is not exactly one of `text`, `inlineData`, `fileData`, `functionCall`,
+//!   `functionResponse`, a `fileData` without `mimeType` and `fileUri`, a
+//!   `functionResponse` without `name` or whose `response`
 //!   is not an object, `generationConfig` or function declaration fields it does
 //!   not have: 400 `INVALID_ARGUMENT`.
 
@@ -359,7 +360,7 @@ pub(super) fn check_body(body: &Map<String, Value>) -> Option<String> {
             if data.len() != 1
                 || !matches!(
                     data[0].as_str(),
-                    "text" | "inlineData" | "functionCall" | "functionResponse"
+                    "text" | "inlineData" | "fileData" | "functionCall" | "functionResponse"
                 )
             {
                 return Some(format!(
@@ -395,6 +396,13 @@ pub(super) fn check_body(body: &Map<String, Value>) -> Option<String> {
             {
                 return Some(format!(
                     "* GenerateContentRequest.contents[{i}].parts[{j}].inline_data: mimeType and data are required"
+                ));
+            }
+            if let Some(d) = p.get("fileData")
+                && (d.get("mimeType").is_none() || d.get("fileUri").is_none())
+            {
+                return Some(format!(
+                    "* GenerateContentRequest.contents[{i}].parts[{j}].file_data: mimeType and fileUri are required"
                 ));
             }
         }

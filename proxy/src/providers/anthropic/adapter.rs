@@ -7,6 +7,7 @@ use switchback_crds::secret::Secret;
 
 use super::super::adapter::{Adapter, CredentialError, Kept, Prefilled, Prepared, SurfaceUrls};
 use super::super::dialect::Dialect;
+use crate::wire::rewrite::{JsonStr, replace_top_level_model};
 
 /// The `anthropic-version` header sent with every request.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -23,6 +24,17 @@ impl Adapter for Anthropic {
 
     fn dialect(&self, _model: &str) -> &'static dyn Dialect {
         &super::MESSAGES
+    }
+
+    /// The client's body with the target's model, and without thinking blocks that
+    /// carry no signature (another provider's reasoning, see
+    /// `shapes::drop_unsigned_thinking`).
+    fn relay_body(&self, body: &Bytes, model: Option<&JsonStr>) -> Option<Bytes> {
+        let body = super::without_unsigned_thinking(body).unwrap_or_else(|| body.clone());
+        Some(match model {
+            Some(m) => replace_top_level_model(&body, m).unwrap_or(body),
+            None => body,
+        })
     }
 
     /// Every Anthropic model continues a prefill (trailing whitespace left out).

@@ -17,12 +17,15 @@ use http::HeaderName;
 use serde_json::{Map, Value};
 
 use super::dialect::{self, ClientDialect, Defaults, Dialect, TranslateError};
-use super::form::{Answer, Error, Request, Target};
+use super::form::{Answer, Error, Fetched, Request, Target};
 use crate::wire::surface::{Surface, Wire};
 
 pub(super) use answer::{decode_answer, encode_answer};
-pub(super) use request::{decode_request, encode_request};
-pub(super) use shapes::{TARGET, decode_error, encode_error, is_google_error, to_raw_predict};
+pub(super) use request::{decode_request, encode_request, fit_budget, reasoning_gives_way};
+pub(super) use shapes::{
+    TARGET, decode_error, drop_unsigned_thinking, encode_error, is_google_error, to_raw_predict,
+    without_unsigned_thinking,
+};
 /// The words the translation's tests compose across dialects.
 #[cfg(test)]
 pub(super) use shapes::{bare_id, stop_of, stop_reason, wire_id};
@@ -49,7 +52,7 @@ impl Dialect for Messages {
         model: &str,
         defaults: &Defaults,
     ) -> Result<Value, TranslateError> {
-        let mut out = encode_request(form, model, defaults);
+        let mut out = encode_request(form, model, defaults)?;
         if defaults.anthropic_on_vertex
             && let Value::Object(body) = &mut out
         {
@@ -88,8 +91,9 @@ impl ClientDialect for Messages {
         &self,
         body: &'a Map<String, Value>,
         target: &Target,
+        fetched: &'a Fetched,
     ) -> Result<Request<'a>, TranslateError> {
-        decode_request(body, target)
+        decode_request(body, target, fetched)
     }
 
     fn encode_answer(&self, answer: &Answer<'_>, client_model: &str, _created: u64) -> Value {

@@ -20,6 +20,47 @@ pub(crate) fn to_raw_predict(body: &mut Map<String, Value>) {
     body.insert("anthropic_version".into(), RAW_PREDICT_VERSION.into());
 }
 
+/// Whether `body` holds an empty `"signature"` (a quick scan, so that most bodies
+/// are relayed untouched).
+fn has_empty_signature(body: &[u8]) -> bool {
+    memchr::memmem::find_iter(body, b"\"signature\"").any(|at| {
+        let rest = &body[at + b"\"signature\"".len()..];
+        let rest = rest.trim_ascii_start().strip_prefix(b":").unwrap_or(rest);
+        rest.trim_ascii_start().starts_with(b"\"\"")
+    })
+}
+
+/// Thinking blocks without a signature in a client's history (reasoning another
+/// provider made, which the gateway gave the client with an empty signature, never
+/// a made-up one): Anthropic refuses them and sets earlier turns' thinking aside
+/// anyway, so they are left out. Whether any was.
+pub(crate) fn drop_unsigned_thinking(body: &mut Map<String, Value>) -> bool {
+    let mut dropped = false;
+    let messages = body.get_mut("messages").and_then(Value::as_array_mut);
+    for m in messages.into_iter().flatten() {
+        if let Some(blocks) = m.get_mut("content").and_then(Value::as_array_mut) {
+            let before = blocks.len();
+            blocks.retain(|b| {
+                b["type"] != "thinking" || b["signature"].as_str().is_some_and(|s| !s.is_empty())
+            });
+            dropped |= blocks.len() != before;
+        }
+    }
+    dropped
+}
+
+/// A relayed Messages body without unsigned thinking (see
+/// [`drop_unsigned_thinking`]); `None` when it has none (relayed as it is).
+pub(crate) fn without_unsigned_thinking(body: &[u8]) -> Option<bytes::Bytes> {
+    if !has_empty_signature(body) {
+        return None;
+    }
+    let mut v: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    drop_unsigned_thinking(&mut v)
+        .then(|| serde_json::to_vec(&v).ok().map(bytes::Bytes::from))
+        .flatten()
+}
+
 /// What an Anthropic target takes beyond the form's core.
 pub(in crate::providers) const TARGET: Target = Target {
     name: "an Anthropic target",
@@ -28,6 +69,9 @@ pub(in crate::providers) const TARGET: Target = Target {
     top_k: true,
     image_urls: true,
     tool_result_names: false,
+    document_urls: true,
+    tool_result_media: true,
+    url_media_type: false,
 };
 
 /// A bare id → `msg_X`.
@@ -151,4 +195,32 @@ pub(in crate::providers) fn encode_error(e: &Error) -> Value {
             e.message.clone()
         };
     json!({"type": "error", "error": {"type": kind, "message": message}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsigned_thinking_is_left_out_of_a_relayed_body_and_signed_kept_byte_for_byte() {
+        // An Anthropic SDK client sends back what it was given: a thinking block from
+        // Gemini (empty signature) and one from Claude (signed).
+        let body = br#"{"model":"m","max_tokens":5,"messages":[
+            {"role":"user","content":"q"},
+            {"role":"assistant","content":[{"type":"thinking","thinking":"from gemini","signature": ""},{"type":"text","text":"a"}]},
+            {"role":"user","content":"q2"},
+            {"role":"assistant","content":[{"type":"thinking","thinking":"from claude","signature":"EqQBCkgIARAB"},{"type":"text","text":"b"}]},
+            {"role":"user","content":"q3"}]}"#;
+        let out = without_unsigned_thinking(body).expect("rewritten");
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v["messages"][1]["content"],
+            json!([{"type": "text", "text": "a"}])
+        );
+        assert_eq!(v["messages"][3]["content"][0]["signature"], "EqQBCkgIARAB");
+        // Nothing unsigned: relayed as it is (no parse, no rewrite).
+        let signed = br#"{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"EqQB"}]}]}"#;
+        assert_eq!(without_unsigned_thinking(signed), None);
+        assert_eq!(without_unsigned_thinking(br#"{"messages":[]}"#), None);
+    }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::super::dialect;
 use super::super::form::{Event, Stop, Usage, UsageDelta};
 use super::super::vocab::write_json;
-use super::super::vocab::{MAX_BLOCKS, fresh_id, tool_id};
+use super::super::vocab::{JSON_TOOL, MAX_BLOCKS, fresh_id, tool_id};
 use super::shapes::{WireUsage, bare_id, stop_of, stop_reason, wire_id, wire_usage};
 
 // ---------------------------------------------------------------------------------
@@ -52,6 +52,10 @@ struct BlockIn<'a> {
     name: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    data: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -62,6 +66,10 @@ struct DeltaIn<'a> {
     text: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     partial_json: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    signature: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     stop_reason: Option<Cow<'a, str>>,
 }
@@ -95,6 +103,9 @@ pub(in super::super) struct StreamDecoder {
     /// Content block index → the form's tool number.
     tool_of_block: Vec<Option<u32>>,
     tools: u32,
+    /// The block of the gateway's JSON tool, whose input is the answer's text
+    /// (`vocab::JSON_TOOL`).
+    json_block: Option<usize>,
 }
 
 impl StreamDecoder {
@@ -122,6 +133,19 @@ impl StreamDecoder {
                             emit(Event::Text(t));
                         }
                     }
+                    "tool_use" if block.name.as_deref() == Some(JSON_TOOL) => {
+                        self.json_block = Some(index);
+                    }
+                    "thinking" => {
+                        if let Some(t) = block.thinking.as_deref().filter(|t| !t.is_empty()) {
+                            emit(Event::Reasoning(t));
+                        }
+                    }
+                    "redacted_thinking" => {
+                        emit(Event::RedactedReasoning(
+                            block.data.as_deref().unwrap_or(""),
+                        ));
+                    }
                     "tool_use" => {
                         let n = self.tools;
                         self.tools = self.tools.saturating_add(1);
@@ -139,7 +163,7 @@ impl StreamDecoder {
                             name: block.name.as_deref().unwrap_or(""),
                         });
                     }
-                    // thinking, redacted_thinking, server tools: no place in the form.
+                    // Server tools: no place in the form.
                     _ => {}
                 }
             }
@@ -152,15 +176,31 @@ impl StreamDecoder {
                         }
                     }
                     Some("input_json_delta") => {
+                        let args = d.partial_json.as_deref().filter(|a| !a.is_empty());
+                        if ev.index.is_some() && ev.index == self.json_block {
+                            if let Some(json) = args {
+                                emit(Event::Text(json));
+                            }
+                            return;
+                        }
                         let tool = ev
                             .index
                             .and_then(|i| self.tool_of_block.get(i).copied().flatten());
-                        let args = d.partial_json.as_deref().filter(|a| !a.is_empty());
                         if let (Some(tool), Some(json)) = (tool, args) {
                             emit(Event::ToolArgs { tool, json });
                         }
                     }
-                    // thinking_delta, signature_delta, citations_delta: no place in the form.
+                    Some("thinking_delta") => {
+                        if let Some(t) = d.thinking.as_deref().filter(|t| !t.is_empty()) {
+                            emit(Event::Reasoning(t));
+                        }
+                    }
+                    Some("signature_delta") => {
+                        if let Some(s) = d.signature.as_deref().filter(|s| !s.is_empty()) {
+                            emit(Event::ReasoningSignature(s));
+                        }
+                    }
+                    // citations_delta: no place in the form.
                     _ => {}
                 }
             }
@@ -169,7 +209,14 @@ impl StreamDecoder {
                     emit(Event::Usage(u.delta()));
                 }
                 if let Some(stop) = ev.delta.as_ref().and_then(|d| d.stop_reason.as_deref()) {
-                    emit(Event::Stop(stop_of(stop)));
+                    // An answer given through the JSON tool alone ends its turn.
+                    let stop = match stop_of(stop) {
+                        Stop::ToolUse if self.json_block.is_some() && self.tools == 0 => {
+                            Stop::EndTurn
+                        }
+                        other => other,
+                    };
+                    emit(Event::Stop(stop));
                 }
             }
             "message_stop" => emit(Event::End),
@@ -193,9 +240,12 @@ struct BlockDelta<'a> {
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[allow(clippy::enum_variant_names)] // Anthropic's own names
 enum DeltaBody<'a> {
     TextDelta { text: &'a str },
     InputJsonDelta { partial_json: &'a str },
+    ThinkingDelta { thinking: &'a str },
+    SignatureDelta { signature: &'a str },
 }
 
 #[derive(Serialize)]
@@ -244,6 +294,15 @@ enum StartBlock<'a> {
         name: &'a str,
         input: Empty,
     },
+    /// Its signature comes in a `signature_delta` (none when the provider signed
+    /// nothing: the block keeps the empty one).
+    Thinking {
+        thinking: &'static str,
+        signature: &'static str,
+    },
+    RedactedThinking {
+        data: &'a str,
+    },
 }
 
 #[derive(Serialize)]
@@ -281,6 +340,8 @@ fn write_event<T: Serialize + ?Sized>(out: &mut BytesMut, name: &str, v: &T) {
 enum Open {
     Text(usize),
     Tool(usize),
+    Thinking(usize),
+    Redacted(usize),
 }
 
 /// Writes one Anthropic client stream.
@@ -345,6 +406,30 @@ impl StreamEncoder {
                     write_event(out, "content_block_delta", &delta);
                 }
             }
+            Event::Reasoning(text) => {
+                let index = match self.open {
+                    Some(Open::Thinking(i)) => i,
+                    _ => {
+                        let block = StartBlock::Thinking {
+                            thinking: "",
+                            signature: "",
+                        };
+                        let i = self.open_block(block, out);
+                        self.open = Some(Open::Thinking(i));
+                        i
+                    }
+                };
+                self.delta(index, DeltaBody::ThinkingDelta { thinking: text }, out);
+            }
+            Event::ReasoningSignature(signature) => {
+                if let Some(Open::Thinking(index)) = self.open {
+                    self.delta(index, DeltaBody::SignatureDelta { signature }, out);
+                }
+            }
+            Event::RedactedReasoning(data) => {
+                let i = self.open_block(StartBlock::RedactedThinking { data }, out);
+                self.open = Some(Open::Redacted(i));
+            }
             Event::Usage(d) => self.usage.get_or_insert_default().update(&d),
             Event::Stop(stop) => {
                 self.close(out);
@@ -395,8 +480,20 @@ impl StreamEncoder {
         );
     }
 
+    fn delta(&mut self, index: usize, delta: DeltaBody<'_>, out: &mut BytesMut) {
+        let delta = BlockDelta {
+            kind: "content_block_delta",
+            index,
+            delta,
+        };
+        write_event(out, "content_block_delta", &delta);
+    }
+
     fn close(&mut self, out: &mut BytesMut) {
-        if let Some(Open::Text(index) | Open::Tool(index)) = self.open.take() {
+        if let Some(
+            Open::Text(index) | Open::Tool(index) | Open::Thinking(index) | Open::Redacted(index),
+        ) = self.open.take()
+        {
             let stop = BlockStop {
                 kind: "content_block_stop",
                 index,

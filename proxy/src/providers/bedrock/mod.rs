@@ -66,7 +66,7 @@ use http::HeaderMap;
 use serde_json::{Map, Value};
 
 use super::dialect::{self, Defaults, Dialect, TranslateError};
-use super::form::{Answer, Error, Part, Request, Target, ToolChoice};
+use super::form::{Answer, Error, FormatKind, Part, Request, Target, ToolChoice};
 use super::vocab::refuse;
 use crate::wire::sse::{Framer, Opening};
 use crate::wire::surface::Surface;
@@ -98,22 +98,26 @@ impl Dialect for Converse {
     fn encode_request(
         &self,
         form: &Request<'_>,
-        _model: &str,
-        _defaults: &Defaults,
+        model: &str,
+        defaults: &Defaults,
     ) -> Result<Value, TranslateError> {
         let tool_blocks = form.messages.iter().any(|m| {
             m.content
                 .iter()
                 .any(|p| matches!(p, Part::ToolUse(_) | Part::ToolResult(_)))
         });
-        if form.tool_choice == Some(ToolChoice::None) && tool_blocks {
+        let json_tool = matches!(
+            form.format.as_ref().map(|f| &f.kind),
+            Some(FormatKind::JsonObject)
+        );
+        if form.tool_choice == Some(ToolChoice::None) && tool_blocks && !json_tool {
             return Err(refuse(
                 "tool_choice",
                 "tool_choice none in a conversation with tool calls (Converse has no \"none\" and requires the tools then)",
                 &TARGET,
             ));
         }
-        Ok(encode_request(form))
+        encode_request(form, model, defaults)
     }
 
     fn decode_answer<'a>(

@@ -2,8 +2,10 @@
 //! reasons, usage, tool uses, answers into the form, and its errors (typed by
 //! `x-amzn-errortype`, classed by type) into the form.
 
-use super::super::form::{Answer, Error, ErrorClass, Part, Stop, Target, ToolUse, Usage};
-use super::super::vocab::{as_u64, fresh_id, str_at};
+use super::super::form::{
+    Answer, Error, ErrorClass, Part, ReasoningText, Stop, Target, ToolUse, Usage,
+};
+use super::super::vocab::{JSON_TOOL, as_u64, fresh_id, str_at};
 use crate::providers::classify::is_context_length;
 use crate::wire::usage;
 use serde_json::{Map, Value};
@@ -20,6 +22,11 @@ pub(in crate::providers) const TARGET: Target = Target {
     image_urls: false,
     // `toolResult` names its call by `toolUseId`.
     tool_result_names: false,
+    // Only inline bytes (or S3 locations): the gateway fetches a URL for it.
+    document_urls: false,
+    // `toolResult.content` takes text, image and document blocks.
+    tool_result_media: true,
+    url_media_type: false,
 };
 
 /// `stopReason` → the form.
@@ -60,8 +67,9 @@ fn tool_use(call: &Value) -> ToolUse<'_> {
     }
 }
 
-/// A `ConverseResponse` → the form. Converse gives no id: one is made. Reasoning
-/// blocks are left out (translated requests never ask for them).
+/// A `ConverseResponse` → the form: text, tool calls and reasoning (with its
+/// signature, or encrypted, as it came); a call of the gateway's JSON tool is the
+/// answer's text (`vocab::JSON_TOOL`). Converse gives no id: one is made.
 pub(in crate::providers) fn decode_answer(resp: &Map<String, Value>) -> Answer<'_> {
     let blocks = resp
         .get("output")
@@ -70,17 +78,34 @@ pub(in crate::providers) fn decode_answer(resp: &Map<String, Value>) -> Answer<'
         .and_then(Value::as_array)
         .map_or(&[][..], Vec::as_slice);
     let mut content = Vec::with_capacity(blocks.len());
+    let mut json_answer = false;
     for b in blocks {
         if let Some(t) = str_at(b, "text") {
             if !t.is_empty() {
                 content.push(Part::Text(t));
             }
         } else if let Some(call) = b.get("toolUse") {
-            content.push(Part::ToolUse(tool_use(call)));
+            if str_at(call, "name") == Some(JSON_TOOL) {
+                json_answer = true;
+                content.push(Part::Json(tool_use(call).input));
+            } else {
+                content.push(Part::ToolUse(tool_use(call)));
+            }
+        } else if let Some(r) = b.get("reasoningContent") {
+            if let Some(text) = r.get("reasoningText") {
+                content.push(Part::Reasoning(ReasoningText {
+                    text: str_at(text, "text").unwrap_or(""),
+                    signature: str_at(text, "signature"),
+                }));
+            } else if let Some(data) = str_at(r, "redactedContent") {
+                content.push(Part::RedactedReasoning(data));
+            }
         }
     }
     let calls = content.iter().any(|p| matches!(p, Part::ToolUse(_)));
     let stop = match resp.get("stopReason").and_then(Value::as_str) {
+        // An answer given through the JSON tool alone ends its turn.
+        Some("tool_use") if json_answer && !calls => Stop::EndTurn,
         Some(r) => stop_of(r),
         None if calls => Stop::ToolUse,
         None => Stop::EndTurn,

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use super::super::dialect;
-use super::super::form::{Event, UsageDelta};
-use super::super::vocab::{MAX_BLOCKS, fresh_id};
+use super::super::form::{Event, Stop, UsageDelta};
+use super::super::vocab::{JSON_TOOL, MAX_BLOCKS, fresh_id};
 use super::shapes::stop_of;
 use crate::wire::sse::{self, Opening};
 
@@ -78,6 +78,21 @@ struct DeltaIn<'a> {
     text: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     tool_use: Option<ToolDeltaIn<'a>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<ReasoningDeltaIn<'a>>,
+}
+
+/// A reasoning block's delta: its text, the signature over it, or (whole) the
+/// reasoning the model encrypted.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReasoningDeltaIn<'a> {
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    signature: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    redacted_content: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -120,6 +135,9 @@ pub(in super::super) struct StreamDecoder {
     tools: HashMap<u64, u32>,
     /// Tool calls begun so far (numbers them; the table above stops growing).
     begun: u32,
+    /// contentBlockIndex of the gateway's JSON tool, whose input is the answer's
+    /// text (`vocab::JSON_TOOL`).
+    json_block: Option<u64>,
     stopped: bool,
     ended: bool,
 }
@@ -140,6 +158,11 @@ impl StreamDecoder {
         let _ = ev.message_start;
         if let Some(start) = &ev.content_block_start
             && let Some(t) = start.start.as_ref().and_then(|s| s.tool_use.as_ref())
+            && t.name.as_deref() == Some(JSON_TOOL)
+        {
+            self.json_block = Some(start.content_block_index);
+        } else if let Some(start) = &ev.content_block_start
+            && let Some(t) = start.start.as_ref().and_then(|s| s.tool_use.as_ref())
         {
             let tool = self.begun;
             self.begun = self.begun.saturating_add(1);
@@ -159,23 +182,41 @@ impl StreamDecoder {
             if let Some(t) = delta.text.as_deref().filter(|t| !t.is_empty()) {
                 emit(Event::Text(t));
             }
-            if let Some(json) = delta
+            let input = delta
                 .tool_use
                 .as_ref()
                 .and_then(|t| t.input.as_deref())
-                .filter(|j| !j.is_empty())
-                && let Some(&tool) = self.tools.get(&d.content_block_index)
-            {
-                emit(Event::ToolArgs { tool, json });
+                .filter(|j| !j.is_empty());
+            if let Some(json) = input {
+                if self.json_block == Some(d.content_block_index) {
+                    emit(Event::Text(json));
+                } else if let Some(&tool) = self.tools.get(&d.content_block_index) {
+                    emit(Event::ToolArgs { tool, json });
+                }
+            }
+            if let Some(r) = &delta.reasoning_content {
+                if let Some(t) = r.text.as_deref().filter(|t| !t.is_empty()) {
+                    emit(Event::Reasoning(t));
+                }
+                if let Some(s) = r.signature.as_deref().filter(|s| !s.is_empty()) {
+                    emit(Event::ReasoningSignature(s));
+                }
+                if let Some(data) = r.redacted_content.as_deref() {
+                    emit(Event::RedactedReasoning(data));
+                }
             }
         }
         if let Some(stop) = &ev.message_stop
             && !self.stopped
         {
             self.stopped = true;
-            emit(Event::Stop(stop_of(
-                stop.stop_reason.as_deref().unwrap_or("end_turn"),
-            )));
+            let reason = stop_of(stop.stop_reason.as_deref().unwrap_or("end_turn"));
+            // An answer given through the JSON tool alone ends its turn.
+            let reason = match reason {
+                Stop::ToolUse if self.json_block.is_some() && self.begun == 0 => Stop::EndTurn,
+                other => other,
+            };
+            emit(Event::Stop(reason));
         }
         if let Some(u) = ev.metadata.as_ref().and_then(|m| m.usage.as_ref()) {
             emit(Event::Usage(UsageDelta {
@@ -219,6 +260,9 @@ pub(crate) fn opening(event: &[u8]) -> Opening {
         .and_then(|d| d.delta.as_ref())
         .is_some_and(|d| {
             d.text.as_deref().is_some_and(|t| !t.is_empty())
+                || d.reasoning_content.as_ref().is_some_and(|r| {
+                    r.text.as_deref().is_some_and(|t| !t.is_empty()) || r.redacted_content.is_some()
+                })
                 || d.tool_use
                     .as_ref()
                     .and_then(|t| t.input.as_deref())

@@ -83,10 +83,10 @@ impl Dialect for GenerateContent {
     fn encode_request(
         &self,
         form: &Request<'_>,
-        _model: &str,
+        model: &str,
         _defaults: &Defaults,
     ) -> Result<Value, TranslateError> {
-        Ok(encode_request(form))
+        encode_request(form, model)
     }
 
     fn decode_answer<'a>(

@@ -2,7 +2,9 @@
 //! reasons, usage, tool calls, answers and error bodies into the form, and the
 //! `usageMetadata` read from raw bytes.
 
-use super::super::form::{Answer, Error, ErrorClass, Part, Stop, Target, ToolUse, Usage};
+use super::super::form::{
+    Answer, Error, ErrorClass, Part, ReasoningText, Stop, Target, ToolUse, Usage,
+};
 use super::super::vocab::{as_u64, fresh_id, str_at, tool_id};
 use crate::providers::classify::is_context_length;
 use crate::wire::usage;
@@ -15,10 +17,17 @@ pub(in crate::providers) const TARGET: Target = Target {
     // Gemini's range is 0–2.
     max_temperature: 2.0,
     top_k: true,
-    // Only inline bytes (`inlineData`): Google AI does not fetch arbitrary URLs.
-    image_urls: false,
+    // `fileData` with the URL and its media type (Google fetches public URLs since
+    // January 2026); a URL whose type its name does not tell is refused.
+    image_urls: true,
     // `functionResponse` names the function it answers.
     tool_result_names: true,
+    // `fileData` with the URL (Google fetches public URLs since January 2026).
+    document_urls: true,
+    // As parts beside the `functionResponse`, in the same user turn.
+    tool_result_media: true,
+    // `fileData` carries the URL's media type, which the URL's name must tell.
+    url_media_type: true,
 };
 
 /// `finishReason` → the form. `STOP` ends with tool calls when the answer holds
@@ -75,7 +84,7 @@ fn tool_use<'a>(call: &'a Value, answer_id: &str, n: usize) -> ToolUse<'a> {
 }
 
 /// A Gemini target's `GenerateContentResponse` → the form. The first candidate is
-/// the answer; thought parts are left out (translated requests never ask for them).
+/// the answer; thought parts are its reasoning.
 /// A prompt blocked before any candidate is an empty answer stopped as a refusal.
 pub(in crate::providers) fn decode_answer(resp: &Map<String, Value>) -> Answer<'_> {
     let id = match resp.get("responseId").and_then(Value::as_str) {
@@ -94,7 +103,15 @@ pub(in crate::providers) fn decode_answer(resp: &Map<String, Value>) -> Answer<'
     let mut content = Vec::with_capacity(parts.len());
     let mut calls = 0;
     for p in parts {
+        // Thoughts (summaries, when asked for with `includeThoughts`): reasoning
+        // Google does not sign in a way other APIs could send back.
         if p.get("thought") == Some(&Value::Bool(true)) {
+            if let Some(t) = str_at(p, "text").filter(|t| !t.is_empty()) {
+                content.push(Part::Reasoning(ReasoningText {
+                    text: t,
+                    signature: None,
+                }));
+            }
             continue;
         }
         if let Some(t) = str_at(p, "text") {

@@ -140,6 +140,9 @@ impl StreamDecoder {
             .unwrap_or(&[]);
         for p in parts {
             if p.thought == Some(true) {
+                if let Some(t) = p.text.as_deref().filter(|t| !t.is_empty()) {
+                    emit(Event::Reasoning(t));
+                }
                 continue;
             }
             if let Some(t) = p.text.as_deref().filter(|t| !t.is_empty()) {
@@ -197,7 +200,8 @@ impl StreamDecoder {
 }
 
 /// What one event of a Gemini stream's opening means for the commit (SPEC §3): a
-/// chunk without text, a function call, a finish reason or a block holds back; an
+/// chunk without text (a thought's included), a function call, a finish reason or
+/// a block holds back; an
 /// in-band `{"error": ...}` is an error; a blocked prompt is an error of class
 /// `contentFilter` (reported with status 400, as the same refusal would be as a
 /// plain answer elsewhere), relayed to the client unless the route fails over on it.
@@ -233,10 +237,7 @@ pub(crate) fn opening(event: &[u8]) -> Opening {
             .and_then(|c| c.parts.as_deref())
             .unwrap_or(&[])
             .iter()
-            .any(|p| {
-                p.function_call.is_some()
-                    || (p.thought != Some(true) && p.text.as_deref().is_some_and(|t| !t.is_empty()))
-            });
+            .any(|p| p.function_call.is_some() || p.text.as_deref().is_some_and(|t| !t.is_empty()));
     if content {
         Opening::Content
     } else {

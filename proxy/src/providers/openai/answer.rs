@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Value, json};
 
 use super::super::dialect::TranslateError;
-use super::super::form::{Answer, Part, Stop, ToolUse};
+use super::super::form::{Answer, Part, ReasoningText, Stop, ToolUse};
 use super::super::vocab::{as_u64, str_at, tool_id, tool_input};
 use super::request::assistant_message;
 use super::shapes::{bare_id, finish_reason, form_usage, stop_of, wire_id, wire_usage};
@@ -23,6 +23,14 @@ pub(in super::super) fn decode_answer(
     let mut content = Vec::new();
     let mut refused = false;
     if let Some(m) = choice.and_then(|c| c.get("message")) {
+        // Reasoning text as vLLM, DeepSeek and others send it (no OpenAI field).
+        let reasoning = str_at(m, "reasoning_content").or_else(|| str_at(m, "reasoning"));
+        if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+            content.push(Part::Reasoning(ReasoningText {
+                text: r,
+                signature: None,
+            }));
+        }
         match m.get("content") {
             Some(Value::String(s)) if !s.is_empty() => content.push(Part::Text(s)),
             Some(Value::Array(parts)) => {

@@ -15,7 +15,7 @@ use http::HeaderName;
 use serde_json::{Map, Value};
 
 use super::dialect::{self, ClientDialect, Defaults, Dialect, TranslateError};
-use super::form::{Answer, Error, Request, Target};
+use super::form::{Answer, Error, Fetched, Request, Target};
 use crate::wire::surface::{Surface, Wire};
 
 pub(super) use answer::{decode_answer, encode_answer};
@@ -80,8 +80,9 @@ impl ClientDialect for Chat {
         &self,
         body: &'a Map<String, Value>,
         target: &Target,
+        fetched: &'a Fetched,
     ) -> Result<Request<'a>, TranslateError> {
-        decode_request(body, target)
+        decode_request(body, target, fetched)
     }
 
     fn encode_answer(&self, answer: &Answer<'_>, client_model: &str, created: u64) -> Value {

@@ -8,12 +8,15 @@ use serde_json::{Map, Value, json};
 
 use super::super::dialect::{Defaults, TranslateError};
 use super::super::form::{
-    Document, Image, Message, Part, Request, Role, Target, Tool, ToolChoice, ToolOutput,
+    Document, DocumentSource, Effort, Fetched, Format, FormatKind, Image, JsonSchema, Message,
+    Part, Reasoning, ReasoningKind, Request, Role, Target, Tool, ToolChoice, ToolOutput,
     ToolResult, ToolUse,
 };
+use super::super::schema::openai_strict;
 use super::super::vocab::{
-    IMAGE_URL, UNKNOWN_CALL, description, invalid, number, parse_data_url, present, refuse, schema,
-    str_at, str_field, temperature, text_of, token_count, tool_input, tools_array,
+    AtUrl, IMAGE_URL, UNKNOWN_CALL, at_url, description, invalid, number, parse_data_url, present,
+    refuse, reserved_tool_name, schema, str_at, str_field, temperature, text_of, token_count,
+    tool_input, tools_array,
 };
 
 // ---------------------------------------------------------------------------------
@@ -26,6 +29,7 @@ use super::super::vocab::{
 pub(in super::super) fn decode_request<'a>(
     req: &'a Map<String, Value>,
     target: &Target,
+    fetched: &'a Fetched,
 ) -> Result<Request<'a>, TranslateError> {
     let mut out = Request {
         parallel_tool_calls: true,
@@ -79,15 +83,20 @@ pub(in super::super) fn decode_request<'a>(
             "logit_bias" if !value.as_object().is_some_and(Map::is_empty) => {
                 return Err(refuse(k, "logit_bias", target));
             }
-            "response_format" => {
-                let ty = str_at(value, "type").unwrap_or("");
-                if ty != "text" {
-                    return Err(refuse(
-                        k,
-                        &format!("response_format {ty:?} (a JSON mode)"),
-                        target,
-                    ));
-                }
+            "response_format" => out.format = response_format(value)?,
+            "reasoning_effort" => {
+                let kind = match value.as_str() {
+                    Some("none") => ReasoningKind::Off,
+                    Some(e) => ReasoningKind::Effort(
+                        Effort::parse(e)
+                            .ok_or_else(|| invalid(k, format!("unknown reasoning_effort {e:?}")))?,
+                    ),
+                    None => return Err(invalid(k, "reasoning_effort must be a string")),
+                };
+                out.reasoning = Some(Reasoning {
+                    param: "reasoning_effort",
+                    kind,
+                });
             }
             "modalities" => {
                 let text_only = value
@@ -120,14 +129,13 @@ pub(in super::super) fn decode_request<'a>(
             | "prompt_cache_key"
             | "prompt_cache_retention"
             | "prediction"
-            | "reasoning_effort"
             | "verbosity" => {}
             _ => return Err(refuse(k, &format!("the parameter {k}"), target)),
         }
     }
     out.max_tokens = max_completion_tokens.or(max_tokens);
     out.user = safety_identifier.or(user);
-    decode_messages(req, target, &mut out)?;
+    decode_messages(req, target, fetched, &mut out)?;
     out.tools = decode_tools(req, target)?;
     out.tool_choice = match present(req, "tool_choice") {
         Some(tc) => Some(decode_tool_choice(tc, target)?),
@@ -138,11 +146,60 @@ pub(in super::super) fn decode_request<'a>(
 
 const STOP: &str = "stop must be a string or an array of strings";
 
+/// `response_format`: `text` (no format), `json_object`, or `json_schema` with its
+/// `name`, `description`, `schema` and `strict`.
+fn response_format(value: &Value) -> Result<Option<Format<'_>>, TranslateError> {
+    const K: &str = "response_format";
+    let kind = match str_at(value, "type") {
+        Some("text") => return Ok(None),
+        Some("json_object") => FormatKind::JsonObject,
+        Some("json_schema") => {
+            let js = value
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    invalid(
+                        "response_format.json_schema",
+                        "json_schema must be an object",
+                    )
+                })?;
+            match present(js, "schema") {
+                Some(schema @ Value::Object(_)) => FormatKind::JsonSchema(JsonSchema {
+                    name: str_field(js, "name"),
+                    description: str_field(js, "description"),
+                    schema,
+                    strict: js.get("strict") == Some(&Value::Bool(true)),
+                }),
+                Some(_) => {
+                    return Err(invalid(
+                        "response_format.json_schema.schema",
+                        "the schema must be a JSON object",
+                    ));
+                }
+                // A format without a schema asks for JSON, no more.
+                None => FormatKind::JsonObject,
+            }
+        }
+        other => {
+            return Err(invalid(
+                "response_format.type",
+                format!("unknown response_format type {:?}", other.unwrap_or("")),
+            ));
+        }
+    };
+    let param = match kind {
+        FormatKind::JsonSchema(_) => "response_format.json_schema.schema",
+        FormatKind::JsonObject => K,
+    };
+    Ok(Some(Format { param, kind }))
+}
+
 /// `system` and `developer` messages, wherever they are, go to the system prompt;
 /// `tool` messages become user turns holding one tool result.
 fn decode_messages<'a>(
     req: &'a Map<String, Value>,
     target: &Target,
+    fetched: &'a Fetched,
     out: &mut Request<'a>,
 ) -> Result<(), TranslateError> {
     let messages = req
@@ -163,7 +220,10 @@ fn decode_messages<'a>(
                     .extend(texts.into_iter().filter(|t| !t.is_empty()));
                 continue;
             }
-            "user" => (Role::User, user_content(m.get("content"), i, target)?),
+            "user" => (
+                Role::User,
+                user_content(m.get("content"), i, target, fetched)?,
+            ),
             "assistant" => {
                 let parts = assistant(m, i, target)?;
                 if target.tool_result_names {
@@ -193,7 +253,12 @@ fn decode_messages<'a>(
                 }
                 let content = match m.get("content") {
                     Some(Value::String(s)) => ToolOutput::Text(s),
-                    other => ToolOutput::Parts(text_parts(other, i, target)?),
+                    other => ToolOutput::Parts(
+                        text_parts(other, i, target)?
+                            .into_iter()
+                            .map(Part::Text)
+                            .collect(),
+                    ),
                 };
                 let result = ToolResult {
                     tool_use_id: id,
@@ -258,6 +323,7 @@ fn user_content<'a>(
     content: Option<&'a Value>,
     i: usize,
     target: &Target,
+    fetched: &'a Fetched,
 ) -> Result<Vec<Part<'a>>, TranslateError> {
     let parts = match content {
         Some(Value::Array(parts)) => parts,
@@ -294,10 +360,12 @@ fn user_content<'a>(
                         )
                     })?;
                     Image::Base64 { media_type, data }
-                } else if target.image_urls {
-                    Image::Url(url)
                 } else {
-                    return Err(refuse(at() + ".image_url.url", IMAGE_URL, target));
+                    let param = at() + ".image_url.url";
+                    match at_url(url, target.image_urls, fetched, param, IMAGE_URL, target)? {
+                        AtUrl::Url(u) => Image::Url(u),
+                        AtUrl::Inline(media_type, data) => Image::Base64 { media_type, data },
+                    }
                 };
                 out.push(Part::Image(image));
             }
@@ -315,8 +383,7 @@ fn user_content<'a>(
                     ));
                 };
                 out.push(Part::Document(Document {
-                    media_type,
-                    data,
+                    source: DocumentSource::Base64 { media_type, data },
                     title: file.and_then(|f| str_at(f, "filename")),
                 }));
             }
@@ -444,10 +511,12 @@ fn decode_tools<'a>(
                     )
                 })?;
             // `strict` is dropped: schema adherence is not enforced elsewhere.
+            let name = str_field(f, "name").ok_or_else(|| {
+                invalid(format!("tools[{j}].function.name"), "a tool needs a name")
+            })?;
+            reserved_tool_name(name, || format!("tools[{j}].function.name"))?;
             Ok(Tool {
-                name: str_field(f, "name").ok_or_else(|| {
-                    invalid(format!("tools[{j}].function.name"), "a tool needs a name")
-                })?,
+                name,
                 description: description(f, || format!("tools[{j}].function.description"))?,
                 schema: present(f, "parameters"),
             })
@@ -557,6 +626,14 @@ pub(in super::super) fn encode_request(
     if let Some(user) = req.user {
         out.insert("user".into(), user.into());
     }
+    if let Some(f) = &req.format {
+        out.insert("response_format".into(), response_format_of(f));
+    }
+    if let Some(r) = &req.reasoning
+        && let Some(effort) = reasoning_effort(r.kind)
+    {
+        out.insert("reasoning_effort".into(), effort.into());
+    }
 
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if !req.system.is_empty() {
@@ -605,6 +682,41 @@ fn text_part(text: &str) -> Value {
     json!({"type": "text", "text": text})
 }
 
+/// The name given a schema that came without one (OpenAI requires one).
+const SCHEMA_NAME: &str = "structured_output";
+
+/// A JSON format as `response_format`. A schema is sent `strict` when OpenAI's
+/// strict mode takes it as it is (Anthropic's structured outputs are always
+/// enforced; OpenAI enforces only strict schemas, which must close every object and
+/// require every property): otherwise as a best-effort schema.
+fn response_format_of(f: &Format<'_>) -> Value {
+    match &f.kind {
+        FormatKind::JsonObject => json!({"type": "json_object"}),
+        FormatKind::JsonSchema(js) => {
+            let mut spec = Map::new();
+            spec.insert("name".into(), js.name.unwrap_or(SCHEMA_NAME).into());
+            if let Some(d) = js.description {
+                spec.insert("description".into(), d.into());
+            }
+            spec.insert("schema".into(), js.schema.clone());
+            spec.insert("strict".into(), openai_strict(js.schema).into());
+            json!({"type": "json_schema", "json_schema": spec})
+        }
+    }
+}
+
+/// How much to reason as `reasoning_effort` (see `form::Effort`): a budget by the
+/// table, on the low / medium / high scale every OpenAI reasoning model takes.
+/// Off and adaptive leave it out: the model's default (a model that does not reason
+/// refuses the field, and `none` is not taken by every reasoning model).
+fn reasoning_effort(kind: ReasoningKind) -> Option<&'static str> {
+    match kind {
+        ReasoningKind::Effort(e) => Some(e.coarse().as_str()),
+        ReasoningKind::Budget(b) => Some(Effort::of_budget(b).as_str()),
+        ReasoningKind::Off | ReasoningKind::Adaptive => None,
+    }
+}
+
 /// One text is sent as a string, several as text parts.
 fn texts(texts: &[&str]) -> Value {
     match texts {
@@ -631,22 +743,41 @@ fn user_messages(content: &[Part<'_>], out: &mut Vec<Value>) {
                 };
                 parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
             }
-            Part::Document(d) => parts.push(json!({"type": "file", "file": {
-                "filename": d.title.unwrap_or("document.pdf"),
-                "file_data": format!("data:{};base64,{}", d.media_type, d.data),
-            }})),
+            Part::Document(d) => match d.source {
+                DocumentSource::Base64 { media_type, data } => {
+                    parts.push(json!({"type": "file", "file": {
+                        "filename": d.title.unwrap_or("document.pdf"),
+                        "file_data": format!("data:{media_type};base64,{data}"),
+                    }}));
+                }
+                // Plain text is text: chat completions' file parts take PDFs.
+                DocumentSource::Text(t) => parts.push(text_part(t)),
+                // Decoders refuse documents by URL for this target.
+                DocumentSource::Url(_) => {}
+            },
             Part::ToolResult(r) => {
                 // Tool messages have no error flag: the result's text says what failed.
+                // Decoders refuse media in tool results for this target.
                 let content = match &r.content {
                     ToolOutput::Text(s) => Value::String((*s).to_owned()),
-                    ToolOutput::Parts(ts) => texts(ts),
+                    ToolOutput::Parts(ps) => {
+                        let ts: Vec<&str> = ps
+                            .iter()
+                            .filter_map(|p| match p {
+                                Part::Text(t) => Some(*t),
+                                _ => None,
+                            })
+                            .collect();
+                        texts(&ts)
+                    }
                 };
                 out.push(
                     json!({"role": "tool", "tool_call_id": r.tool_use_id, "content": content}),
                 );
             }
-            // Decoders put tool calls in assistant turns only.
-            Part::ToolUse(_) => {}
+            // Decoders put tool calls and reasoning in assistant turns only.
+            // (and JSON answers in answers only).
+            Part::ToolUse(_) | Part::Reasoning(_) | Part::RedactedReasoning(_) | Part::Json(_) => {}
         }
     }
     if !parts.is_empty() {
@@ -671,6 +802,10 @@ pub(super) fn assistant_message(content: &[Part<'_>]) -> Map<String, Value> {
                 has_text = true;
                 text.push_str(t);
             }
+            Part::Json(v) => {
+                has_text = true;
+                text.push_str(&v.to_string());
+            }
             Part::ToolUse(t) => tool_calls.push(json!({
                 "id": t.id,
                 "type": "function",
@@ -679,7 +814,8 @@ pub(super) fn assistant_message(content: &[Part<'_>]) -> Map<String, Value> {
                     "arguments": serde_json::to_string(&*t.input).unwrap_or_default(),
                 },
             })),
-            // Decoders put only text and tool calls in assistant turns.
+            // Chat completions take back no reasoning (and decoders put only text,
+            // reasoning and tool calls in assistant turns).
             _ => {}
         }
     }

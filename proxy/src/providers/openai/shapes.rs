@@ -14,6 +14,11 @@ pub(in crate::providers) const TARGET: Target = Target {
     top_k: false,
     image_urls: true,
     tool_result_names: false,
+    // Chat completions' `file` parts take inline data or an uploaded file's id.
+    document_urls: false,
+    // Tool messages carry text only.
+    tool_result_media: false,
+    url_media_type: false,
 };
 
 /// `msg`-style bare id → `chatcmpl-X`.

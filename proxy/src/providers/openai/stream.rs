@@ -42,6 +42,12 @@ struct ChoiceIn<'a> {
 struct DeltaIn<'a> {
     #[serde(default, borrow)]
     content: Option<Cow<'a, str>>,
+    /// Reasoning text as vLLM, DeepSeek and others send it (`reasoning_content`;
+    /// `reasoning` in newer vLLM): no OpenAI field.
+    #[serde(default, borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     refusal: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
@@ -113,6 +119,10 @@ impl StreamDecoder {
         }
         for choice in chunk.choices.iter().flatten().filter(|c| c.index == 0) {
             if let Some(d) = &choice.delta {
+                let reasoning = d.reasoning_content.as_deref().or(d.reasoning.as_deref());
+                if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+                    emit(Event::Reasoning(r));
+                }
                 if let Some(t) = d.content.as_deref().filter(|t| !t.is_empty()) {
                     emit(Event::Text(t));
                 }
@@ -247,6 +257,11 @@ pub(in super::super) struct StreamEncoder {
     usage: Usage,
     /// The stop reason, once the finish chunk has been written.
     stop: Option<Stop>,
+    /// The tool call begun last, while none of its arguments has been written: a
+    /// call without arguments (Gemini's `"args": {}`, Anthropic's and Bedrock's
+    /// empty input) gets `{}` before the stream moves on, as OpenAI sends it; an
+    /// empty string is no JSON (`json.loads` refuses it).
+    bare_tool: Option<u32>,
 }
 
 impl StreamEncoder {
@@ -258,6 +273,7 @@ impl StreamEncoder {
             include_usage,
             usage: Usage::default(),
             stop: None,
+            bare_tool: None,
         }
     }
 
@@ -272,6 +288,12 @@ impl StreamEncoder {
 
     /// Returns whether the client stream is complete.
     pub(in super::super) fn encode(&mut self, ev: Event<'_>, out: &mut BytesMut) -> bool {
+        match &ev {
+            Event::ToolArgs { tool, .. } if self.bare_tool == Some(*tool) => self.bare_tool = None,
+            // An error ends the stream as it is: no arguments made up for it.
+            Event::ToolArgs { .. } | Event::Usage(_) | Event::Error(_) => {}
+            _ => self.close_bare_tool(out),
+        }
         match ev {
             Event::Start { id } => {
                 if let Some(id) = id {
@@ -302,19 +324,11 @@ impl StreamEncoder {
                     },
                 };
                 self.tool_chunk(out, call);
+                self.bare_tool = Some(tool);
             }
-            Event::ToolArgs { tool, json } => {
-                let call = ToolCallDelta {
-                    index: tool,
-                    id: None,
-                    kind: None,
-                    function: FunctionDelta {
-                        name: None,
-                        arguments: Some(json),
-                    },
-                };
-                self.tool_chunk(out, call);
-            }
+            Event::ToolArgs { tool, json } => self.args_chunk(out, tool, json),
+            // The official SDKs read no reasoning field (see docs/translation.md).
+            Event::Reasoning(_) | Event::ReasoningSignature(_) | Event::RedactedReasoning(_) => {}
             Event::Usage(u) => self.usage.update(&u),
             Event::Stop(stop) => {
                 if self.stop.is_none() {
@@ -334,6 +348,27 @@ impl StreamEncoder {
             }
         }
         false
+    }
+
+    /// `{}` for the tool call begun last, if none of its arguments came.
+    fn close_bare_tool(&mut self, out: &mut BytesMut) {
+        if let Some(tool) = self.bare_tool.take() {
+            self.args_chunk(out, tool, "{}");
+        }
+    }
+
+    /// More arguments of tool call `tool`.
+    fn args_chunk(&mut self, out: &mut BytesMut, tool: u32, json: &str) {
+        let call = ToolCallDelta {
+            index: tool,
+            id: None,
+            kind: None,
+            function: FunctionDelta {
+                name: None,
+                arguments: Some(json),
+            },
+        };
+        self.tool_chunk(out, call);
     }
 
     fn tool_chunk(&mut self, out: &mut BytesMut, call: ToolCallDelta<'_>) {

@@ -57,7 +57,7 @@
 //! * Content parts: `text`; `image_url` with an `http(s)` URL → image source `url`,
 //!   with a `data:<type>;base64,` URL → image source `base64` (`detail` is dropped:
 //!   Anthropic has no such knob); `file` with PDF `file_data` → a `document` block.
-//!   `input_audio`, `file_id` and other part types → 400.
+//!   `input_audio`, `file_id` and other part types are refused.
 //! * Assistant `tool_calls` → `tool_use` blocks (arguments JSON string → object; an
 //!   empty string is `{}`, anything else that is not a JSON object → 400); `refusal`
 //!   parts → text. `tool` messages → `tool_result` blocks.
@@ -77,7 +77,8 @@
 //! * `tool_result` blocks → `tool` messages (placed before the rest of the user
 //!   turn, which becomes a `user` message if anything is left); `tool_use` blocks →
 //!   `tool_calls` (input object → JSON string); `image` blocks → `image_url` parts
-//!   (base64 → data URL); base64 PDF `document` blocks → `file` parts; `thinking` /
+//!   (base64 → data URL); base64 PDF `document` blocks → `file` parts, plain-text
+//!   ones → text parts, by URL → fetched by the gateway; `thinking` /
 //!   `redacted_thinking` blocks in history are dropped (chat completions cannot take
 //!   them back and they do not change the conversation's text).
 //! * `tools` → function tools; `tool_choice` `auto`/`any`/`tool`/`none` →
@@ -91,8 +92,11 @@
 //!
 //! # Parameters the other side cannot honour
 //!
-//! Every top-level field is accounted for: an unknown field is a 400 naming it,
-//! never silently dropped. A field that is `null` counts as absent. A field the form
+//! Every top-level field is accounted for: an unknown field is refused naming it,
+//! never silently dropped. A refusal of something the target's API lacks skips the
+//! target (`unsupportedFeature`, another may serve it); a 400 naming the field comes
+//! only when no target of the route can (the pipeline's `failure`). JSON answers,
+//! reasoning and documents are mapped per target as docs/translation.md tells. A field that is `null` counts as absent. A field the form
 //! carries must have its JSON type (`temperature` and `top_p` numbers, `stream` a
 //! boolean, stop sequences and tool names strings): otherwise it is a 400 naming it,
 //! not relayed for the provider to refuse.
@@ -104,7 +108,8 @@
 //! | `presence_penalty`, `frequency_penalty` ≠ 0 | Anthropic | 400 | changes sampling, no equivalent; `0` accepted |
 //! | `logit_bias` non-empty | Anthropic | 400 | no equivalent; `{}` accepted |
 //! | `temperature` > 1 | Anthropic | 400 | Anthropic's range is 0–1; clamping would silently change sampling |
-//! | `response_format` `json_object` / `json_schema` | Anthropic | 400 | no guaranteed JSON mode; `{"type":"text"}` accepted |
+//! | `response_format` `json_schema` | Anthropic | → `output_config.format` | structured outputs; a schema Claude cannot enforce skips the target (`schema`) |
+//! | `response_format` `json_object` | Anthropic | → a forced tool whose input is the answer | Claude's structured outputs need a schema (`vocab::JSON_TOOL`) |
 //! | `audio`, `modalities` with `audio` | Anthropic | 400 | text only; `["text"]` accepted |
 //! | `web_search_options` | Anthropic | 400 | OpenAI's hosted search |
 //! | `functions`, `function_call` | Anthropic | 400 | deprecated; use `tools` / `tool_choice` |
@@ -113,17 +118,20 @@
 //! | `user`, `safety_identifier` | Anthropic | → `metadata.user_id` | same purpose |
 //! | `metadata`, `store` | Anthropic | dropped | only used by OpenAI's stored completions; the answer is unchanged |
 //! | `service_tier`, `prompt_cache_key`, `prompt_cache_retention`, `prediction` | Anthropic | dropped | scheduling, caching and latency hints; the answer is unchanged |
-//! | `reasoning_effort`, `verbosity` | Anthropic | dropped | hints to OpenAI's reasoning models; the answer's shape is unchanged (Anthropic's own OpenAI layer ignores them too) |
+//! | `reasoning_effort` | Anthropic | → `thinking.budget_tokens` | by the table of `form::Effort` (docs/translation.md#reasoning) |
+//! | `verbosity` | Anthropic | dropped | a hint to OpenAI's reasoning models; the answer's shape is unchanged |
 //! | `tools[].function.strict` | Anthropic | dropped | schema adherence is not enforced (as in Anthropic's own OpenAI layer) |
 //! | `messages[].name` | Anthropic | dropped | no per-participant names |
 //! | `image_url.detail` | Anthropic | dropped | a resolution hint |
 //! | `top_k` | OpenAI | 400 | no equivalent in chat completions |
-//! | `thinking` enabled | OpenAI | 400 | chat completions returns no thinking blocks; `{"type":"disabled"}` accepted |
+//! | `thinking`, `output_config.effort` | OpenAI | → `reasoning_effort` | by the table of `form::Effort` |
+//! | `output_config.format`, `output_format` | OpenAI | → `response_format` `json_schema` | `strict` where OpenAI's strict mode takes the schema |
 //! | `container`, `mcp_servers`, `context_management`, server tools (`tools[].type` other than `custom`) | OpenAI | 400 | Anthropic-hosted features |
 //! | `service_tier` | OpenAI | dropped | scheduling hint |
 //! | `cache_control` (anywhere), `citations` in history | OpenAI | dropped | prompt caching is a cost optimisation; the answer is unchanged |
 //! | `tool_result.is_error` | OpenAI | dropped | tool messages have no error flag; the result's text still says what failed |
-//! | images inside `tool_result` | OpenAI | 400 | tool messages carry text only |
+//! | images or documents inside `tool_result` | OpenAI | skipped (`unsupportedFeature`) | tool messages carry text only |
+//! | plain-text `document` | OpenAI | → a text part | chat completions' file parts take PDFs |
 //!
 //! # Responses
 //!
@@ -177,6 +185,7 @@ use super::{anthropic, bedrock, gemini, openai, vocab};
 use crate::wire::surface::{Surface, Wire};
 
 pub use super::dialect::{Defaults, TranslateError};
+pub use super::form::Fetched;
 pub use stream::StreamTranslator;
 pub use translation::Translation;
 
@@ -283,9 +292,30 @@ pub fn request(
     upstream_model: &str,
     defaults: &Defaults,
 ) -> Result<Bytes, TranslateError> {
+    request_with(
+        translation,
+        body,
+        upstream_model,
+        defaults,
+        &Fetched::default(),
+    )
+}
+
+/// [`request`], with the images and documents the gateway fetched for a target that
+/// cannot fetch them itself. A URL still missing is refused naming it
+/// ([`TranslateError::fetch`]): fetch it and call again.
+pub fn request_with(
+    translation: impl Into<Translation>,
+    body: &[u8],
+    upstream_model: &str,
+    defaults: &Defaults,
+    fetched: &Fetched,
+) -> Result<Bytes, TranslateError> {
     let t = translation.into();
     let parsed = vocab::parse_object(body)?;
-    let form = t.client.decode_request(&parsed, t.upstream.target())?;
+    let form = t
+        .client
+        .decode_request(&parsed, t.upstream.target(), fetched)?;
     let out = t.upstream.encode_request(&form, upstream_model, defaults)?;
     Ok(to_bytes(&out))
 }

@@ -9,7 +9,7 @@ use bytes::BytesMut;
 use serde_json::Value;
 
 use super::super::{anthropic, bedrock, form, gemini, openai, vocab};
-use super::Defaults;
+use super::{Defaults, Fetched};
 use crate::wire::sse::Framer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,9 +42,12 @@ fn fixtures(adapter: Adapter, kind: &str) -> Vec<(String, Vec<u8>)> {
             let name = e.unwrap().file_name().into_string().unwrap();
             // `*-vertex-*` are Vertex AI's variants of the wire (a `rawPredict` body,
             // a Google-shaped error), not the adapter's own.
+            // `*-json-object*` requests, once encoded, ask for JSON through the
+            // gateway's own tool, whose name a client may not use.
             if name.starts_with(&format!("{kind}-"))
                 && name.ends_with(&format!(".{part}.{ext}"))
                 && !name.contains("-vertex-")
+                && !(part == "out" && name.contains("-json-object"))
             {
                 let body = std::fs::read(root.join(dir).join(&name)).unwrap();
                 out.push((format!("{dir}/{name}"), body));
@@ -59,14 +62,16 @@ fn fixtures(adapter: Adapter, kind: &str) -> Vec<(String, Vec<u8>)> {
 fn request_round(adapter: Adapter, body: &[u8]) -> Value {
     let parsed = vocab::parse_object(body).expect("a JSON object");
     let defaults = Defaults::default();
+    let none = Fetched::default();
     match adapter {
         Adapter::OpenAi => {
-            let form = openai::decode_request(&parsed, &openai::TARGET).expect("decodes");
+            let form = openai::decode_request(&parsed, &openai::TARGET, &none).expect("decodes");
             openai::encode_request(&form, "m", &defaults)
         }
         Adapter::Anthropic => {
-            let form = anthropic::decode_request(&parsed, &anthropic::TARGET).expect("decodes");
-            anthropic::encode_request(&form, "m", &defaults)
+            let form =
+                anthropic::decode_request(&parsed, &anthropic::TARGET, &none).expect("decodes");
+            anthropic::encode_request(&form, "m", &defaults).expect("encodes")
         }
     }
 }
@@ -220,12 +225,15 @@ fn gemini_requests_read_the_same_after_a_client_round_trip() {
         for (name, body) in gemini_fixtures(sub, "request-") {
             let to_gemini = |body: &[u8]| {
                 let parsed = vocab::parse_object(body).expect("a JSON object");
+                let none = Fetched::default();
                 let form = match adapter {
-                    Adapter::OpenAi => openai::decode_request(&parsed, &gemini::TARGET),
-                    Adapter::Anthropic => anthropic::decode_request(&parsed, &gemini::TARGET),
+                    Adapter::OpenAi => openai::decode_request(&parsed, &gemini::TARGET, &none),
+                    Adapter::Anthropic => {
+                        anthropic::decode_request(&parsed, &gemini::TARGET, &none)
+                    }
                 }
                 .expect("decodes");
-                gemini::encode_request(&form)
+                gemini::encode_request(&form, "gemini-2.5-flash").expect("encodes")
             };
             let once = to_gemini(&body);
             let again = request_round(adapter, &body);
@@ -240,7 +248,9 @@ fn summary(answer: &form::Answer<'_>) -> String {
         .content
         .iter()
         .filter_map(|p| match p {
-            form::Part::Text(t) => Some(*t),
+            form::Part::Text(t) => Some(t.to_string()),
+            // A JSON answer reaches every client as its text.
+            form::Part::Json(v) => Some(v.to_string()),
             _ => None,
         })
         .collect();
@@ -287,12 +297,16 @@ fn bedrock_requests_read_the_same_after_a_client_round_trip() {
         for (name, body) in gemini_fixtures(sub, "request-") {
             let to_bedrock = |body: &[u8]| {
                 let parsed = vocab::parse_object(body).expect("a JSON object");
+                let none = Fetched::default();
                 let form = match adapter {
-                    Adapter::OpenAi => openai::decode_request(&parsed, &bedrock::TARGET),
-                    Adapter::Anthropic => anthropic::decode_request(&parsed, &bedrock::TARGET),
+                    Adapter::OpenAi => openai::decode_request(&parsed, &bedrock::TARGET, &none),
+                    Adapter::Anthropic => {
+                        anthropic::decode_request(&parsed, &bedrock::TARGET, &none)
+                    }
                 }
                 .expect("decodes");
-                bedrock::encode_request(&form)
+                bedrock::encode_request(&form, "anthropic.claude", &Defaults::default())
+                    .expect("encodes")
             };
             let once = to_bedrock(&body);
             let again = request_round(adapter, &body);

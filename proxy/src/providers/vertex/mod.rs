@@ -85,10 +85,12 @@ pub fn url(credential: &Credential, model: &str, stream: bool) -> Option<http::U
 }
 
 /// An Anthropic Messages body made a Vertex `rawPredict` body (see
-/// `anthropic::to_raw_predict`). `None` for a body that is not a JSON object.
+/// `anthropic::to_raw_predict`), without unsigned thinking (see
+/// `anthropic::drop_unsigned_thinking`). `None` for a body that is not a JSON object.
 pub fn anthropic_body(body: &[u8]) -> Option<Bytes> {
     let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
     anthropic::to_raw_predict(&mut v);
+    anthropic::drop_unsigned_thinking(&mut v);
     serde_json::to_vec(&v).ok().map(Bytes::from)
 }
 
