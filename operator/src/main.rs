@@ -219,6 +219,7 @@ fn settings(
         status_writes_per_second: args.status_writes_per_second,
         models_per_client: args.auth == AuthMode::Required,
         client_key_hasher,
+        private_networks: args.private_networks(),
     };
     let scrape = ScrapeOptions {
         replicas,
