@@ -116,24 +116,6 @@ async fn pump(
     }
 }
 
-/// The admin kubeconfig KUBECONFIG names, flattened, as JSON.
-fn kubeconfig() -> Value {
-    let (ok, out, err) = kubectl(
-        &[
-            "config",
-            "view",
-            "--raw",
-            "--minify",
-            "--flatten",
-            "-o",
-            "json",
-        ],
-        None,
-    );
-    assert!(ok, "kubectl config view: {err}");
-    serde_json::from_str(&out).unwrap()
-}
-
 /// The API server's host and port, from the kubeconfig.
 fn api_server(config: &Value) -> (String, u16) {
     let server = config["clusters"][0]["cluster"]["server"].as_str().unwrap();
@@ -312,7 +294,7 @@ async fn a_leader_whose_api_stops_answering_stops_before_the_standby_leads() {
     install_crds();
     let gw = Gateway::create("sb-handover");
     let lease = "sb-handover";
-    let admin = kubeconfig();
+    let admin = switchback_tests::kubelet::admin_kubeconfig();
     let forwarder = Arc::new(Forwarder::start(api_server(&admin)).await);
     let through = log_dir().join(format!("{}-kubeconfig.json", gw.0));
     kubeconfig_through(&admin, forwarder.port, &through);

@@ -270,6 +270,16 @@ fn compiled_client<'a>(compiled: &'a Compiled, id: &str) -> &'a Client {
         .unwrap_or_else(|| panic!("{id} not compiled"))
 }
 
+/// The diagnostics about credentials, as text.
+fn credential_messages(compiled: &Compiled) -> Vec<String> {
+    compiled
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == Kind::ProviderCredential)
+        .map(ToString::to_string)
+        .collect()
+}
+
 fn credential_ids(compiled: &Compiled) -> Vec<String> {
     compiled
         .config
@@ -1045,14 +1055,8 @@ fn forbidden_and_invalid_headers() {
         ("Content-Length".into(), "3".into()),
     ]));
     let compiled = s.compile();
-    let credential: Vec<String> = compiled
-        .diagnostics
-        .iter()
-        .filter(|d| d.kind == Kind::ProviderCredential)
-        .map(ToString::to_string)
-        .collect();
     assert_eq!(
-        credential,
+        credential_messages(&compiled),
         vec![
             "team-a/openai-prod: spec.headers[Content-Length]: \"Content-Length\" is set by the proxy; it cannot be a static header",
             "team-a/openai-prod: spec.headers[X-Trace]: value is not a valid HTTP header value (visible ASCII, spaces and tabs only)",
@@ -1088,14 +1092,8 @@ fn static_headers_that_may_carry_keys_are_refused_by_name() {
         let mut s = sample();
         s.credential("openai-prod").headers = map(&[(name, "v"), ("OpenAI-Project", "p")]);
         let compiled = s.compile();
-        let refused: Vec<String> = compiled
-            .diagnostics
-            .iter()
-            .filter(|d| d.kind == Kind::ProviderCredential)
-            .map(ToString::to_string)
-            .collect();
         assert_eq!(
-            refused,
+            credential_messages(&compiled),
             vec![format!(
                 "team-a/openai-prod: spec.headers[{name}]: {name:?} {KEY_HEADER}"
             )],
