@@ -603,6 +603,36 @@ fn credential_rules_agree() {
             true,
         ),
     ];
+    // Static headers that may carry a key are refused by name, any case (SPEC §14).
+    let headers: Vec<Case> = [
+        ("{OpenAI-Organization: org-1, OpenAI-Project: p}", true),
+        (
+            "{anthropic-beta: tools, x-goog-user-project: p, X-Title: t}",
+            true,
+        ),
+        ("{x-goog-api-key: k}", false),
+        ("{X-Goog-Api-Key: k}", false),
+        ("{Authorization: Bearer k}", false),
+        ("{proxy-authorization: k}", false),
+        ("{Cookie: s=1}", false),
+        ("{api-key: k}", false),
+        ("{X-API-KEY: k}", false),
+        ("{X-Amz-Security-Token: t}", false),
+        ("{Ocp-Apim-Subscription-Key: k}", false),
+        ("{x-client-secret: s, OpenAI-Project: p}", false),
+        ("{openai_api_key: k}", false),
+        ("{X-Password: p}", false),
+    ]
+    .into_iter()
+    .map(|(yaml, accepted)| -> Case {
+        (
+            yaml,
+            Box::new(move |s| set(s, &["headers"], yaml)),
+            accepted,
+        )
+    })
+    .collect();
+    let cases = cases.into_iter().chain(headers);
     for (name, change, accepted) in cases {
         assert_eq!(credential_verdicts(change), (accepted, accepted), "{name}");
     }

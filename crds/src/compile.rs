@@ -17,7 +17,7 @@ mod route;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -27,13 +27,14 @@ pub use client::MIN_KEY_LEN as MIN_CLIENT_KEY_LEN;
 use crate::config::{Client, CompiledConfig, Keys, ObjectId, Route};
 use crate::credential::SecretKeySelector;
 use crate::keyhash::KeyHasher;
+use crate::network::PrivateNetworks;
 use crate::secret::Secret;
 use crate::{LLMClient, LLMRoute, ProviderCredential};
 
 /// What `compile` reads. Objects of any namespace may be mixed; a route only ever
 /// sees credentials and Secrets of its own namespace, a client only Secrets of its own
 /// namespace and routes of its own or offered to it by `sharedWith`.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Inputs<'a> {
     pub routes: &'a [LLMRoute],
     pub credentials: &'a [ProviderCredential],
@@ -50,6 +51,27 @@ pub struct Inputs<'a> {
     /// `ModelConflict` warning for the other. `false` (the default): model names are
     /// global, as for a proxy that serves everyone.
     pub models_per_client: bool,
+    /// The namespaces whose credentials may set `allowPrivateNetwork: true` (SPEC
+    /// §14); elsewhere such a credential is refused (`PrivateNetworkNotAllowed`).
+    /// Default: none. Standalone manifests pass [`PrivateNetworks::Everywhere`].
+    pub private_networks: &'a PrivateNetworks,
+}
+
+/// No namespace may reach private networks: what [`Inputs::default`] says.
+static NO_PRIVATE_NETWORKS: PrivateNetworks = PrivateNetworks::Namespaces(BTreeSet::new());
+
+impl Default for Inputs<'_> {
+    fn default() -> Self {
+        Inputs {
+            routes: &[],
+            credentials: &[],
+            clients: &[],
+            secrets: &[],
+            client_key_hasher: None,
+            models_per_client: false,
+            private_networks: &NO_PRIVATE_NETWORKS,
+        }
+    }
 }
 
 /// The compiled routes and credentials, the keys they need, and one diagnostic per
@@ -116,6 +138,10 @@ pub mod reason {
     pub const SECRET_KEY_MISSING: &str = "SecretKeyMissing";
     /// The credential's baseURL is a private address and allowPrivateNetwork is off.
     pub const PRIVATE_NETWORK: &str = "PrivateNetwork";
+    /// The credential sets allowPrivateNetwork: true in a namespace the platform does
+    /// not allow it in (the operator's --allow-private-network-namespaces); on a route,
+    /// a target's credential was refused so.
+    pub const PRIVATE_NETWORK_NOT_ALLOWED: &str = "PrivateNetworkNotAllowed";
     /// A client's key Secret, or the key in it, is missing, unusable or too short:
     /// nobody can authenticate as the client.
     pub const KEY_MISSING: &str = "KeyMissing";
@@ -127,6 +153,22 @@ pub mod reason {
     pub const ROUTE_NOT_FOUND: &str = "RouteNotFound";
     /// A client spent a budget (set by the operator from usage, never by `compile`).
     pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
+
+    /// Every reason above: docs/troubleshooting.md names each (a test checks).
+    pub const ALL: &[&str] = &[
+        INVALID_SPEC,
+        DUPLICATE,
+        MODEL_CONFLICT,
+        CREDENTIAL_NOT_FOUND,
+        INVALID_CREDENTIAL,
+        SECRET_KEY_MISSING,
+        PRIVATE_NETWORK,
+        PRIVATE_NETWORK_NOT_ALLOWED,
+        KEY_MISSING,
+        KEY_CONFLICT,
+        ROUTE_NOT_FOUND,
+        BUDGET_EXHAUSTED,
+    ];
 }
 
 /// Namespace of an object whose metadata has none (a standalone manifest).
@@ -152,7 +194,7 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
         ) else {
             continue;
         };
-        let outcome = credential::compile(&id, &raw.spec, &secrets);
+        let outcome = credential::compile(&id, &raw.spec, &secrets, inputs.private_networks);
         diagnostics.extend(outcome.diagnostics.iter().cloned());
         credentials.insert(id, outcome);
     }

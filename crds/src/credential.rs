@@ -86,10 +86,14 @@ pub struct ProviderCredentialSpec {
     pub secret_ref: SecretKeySelector,
 
     /// Static headers sent with every request to this provider, e.g.
-    /// OpenAI-Organization. No secrets here; Authorization and x-api-key are set from
-    /// the Secret and cannot be given. At most 32. Default: none.
+    /// OpenAI-Organization. No secrets here: they are rendered into a ConfigMap. Names
+    /// that carry a key are refused, case-insensitively: authorization,
+    /// proxy-authorization, cookie, and any name containing api-key, api_key, apikey,
+    /// token, secret, password or subscription-key (x-api-key, api-key,
+    /// x-goog-api-key, ...); the key comes from the Secret. At most 32. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::headers")]
+    #[x_kube(validation = Rule::new(schema::KEY_HEADER_RULE).message(Message::Expression(schema::KEY_HEADER_MESSAGE.into())))]
     pub headers: Option<BTreeMap<String, String>>,
 
     /// Requests in flight to this provider per proxy replica, at least 1. Default:
@@ -106,8 +110,10 @@ pub struct ProviderCredentialSpec {
     pub max_queue: Option<i32>,
 
     /// Allow a baseURL whose host is a loopback, private, link-local or unspecified
-    /// address (checked on the literal host and again on every DNS answer). Default:
-    /// false.
+    /// address (checked on the literal host and again on every DNS answer). Honoured
+    /// only in the namespaces the platform allows (the operator's
+    /// --allow-private-network-namespaces); elsewhere true refuses the credential
+    /// (reason PrivateNetworkNotAllowed). Default: false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_private_network: Option<bool>,
 

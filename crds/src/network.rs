@@ -4,8 +4,75 @@
 //!
 //! `compile` applies it to a literal host; the proxy applies it again to every DNS
 //! answer, because a public name can resolve to a private address.
+//!
+//! Whether a credential may set that field at all is the platform's decision, not the
+//! tenant's (SPEC §14): [`PrivateNetworks`] says in which namespaces it is honoured.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The namespaces whose ProviderCredentials may set `allowPrivateNetwork: true`. In a
+/// cluster it is the operator's `--allow-private-network-namespaces` (chart value
+/// `egress.allowPrivateNetworkNamespaces`), none by default: whoever may edit a
+/// namespace may write a credential, and without this a namespace editor could make
+/// the proxies POST to any in-cluster or VPC address. Standalone manifests are the
+/// platform's own file and are honoured as written ([`PrivateNetworks::Everywhere`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrivateNetworks {
+    /// Only credentials of these namespaces (empty: none, the default).
+    Namespaces(BTreeSet<String>),
+    /// Every credential's own field is honoured (`*`, and standalone manifests).
+    Everywhere,
+}
+
+impl Default for PrivateNetworks {
+    /// No namespace: a private network is allowed only where the platform says so.
+    fn default() -> Self {
+        PrivateNetworks::Namespaces(BTreeSet::new())
+    }
+}
+
+impl PrivateNetworks {
+    /// The list of `--allow-private-network-namespaces`: namespace names, or `*` alone
+    /// for every namespace; empty entries are ignored. Errors name the bad entry.
+    pub fn from_list(list: &[String]) -> Result<PrivateNetworks, String> {
+        let names: BTreeSet<String> = list
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.contains("*") {
+            return match names.len() {
+                1 => Ok(PrivateNetworks::Everywhere),
+                _ => Err("\"*\" allows every namespace and must be the only entry".into()),
+            };
+        }
+        if let Some(bad) = names.iter().find(|n| !is_namespace_name(n)) {
+            return Err(format!(
+                "{bad:?} is not a namespace name (lowercase letters, digits and '-', at most 63 characters) or \"*\""
+            ));
+        }
+        Ok(PrivateNetworks::Namespaces(names))
+    }
+
+    /// Whether a credential of `namespace` may set `allowPrivateNetwork: true`.
+    pub fn allows(&self, namespace: &str) -> bool {
+        match self {
+            PrivateNetworks::Everywhere => true,
+            PrivateNetworks::Namespaces(names) => names.contains(namespace),
+        }
+    }
+}
+
+/// An RFC 1123 label, as Kubernetes namespace names are.
+fn is_namespace_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=63).contains(&b.len())
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
 
 /// True when `ip` is loopback, private (RFC 1918, IPv6 ULA fc00::/7), shared address
 /// space (100.64.0.0/10), link-local (169.254.0.0/16, fe80::/10), unspecified, or an
@@ -132,6 +199,29 @@ mod tests {
             "2002:808:808::1",
         ] {
             assert!(!private(ip), "{ip} should be public");
+        }
+    }
+
+    #[test]
+    fn private_networks_are_allowed_only_where_the_list_says() {
+        let list = |items: &[&str]| {
+            PrivateNetworks::from_list(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        };
+        let none = PrivateNetworks::default();
+        assert!(!none.allows("team-a") && !none.allows("default"));
+        assert_eq!(list(&[]).unwrap(), none);
+        assert_eq!(list(&[" ", ""]).unwrap(), none);
+        let some = list(&["team-a", " platform "]).unwrap();
+        assert!(some.allows("team-a") && some.allows("platform"));
+        assert!(!some.allows("team-b") && !some.allows("team-a "));
+        let all = list(&["*"]).unwrap();
+        assert_eq!(all, PrivateNetworks::Everywhere);
+        assert!(all.allows("anything"));
+        let e = list(&["*", "team-a"]).unwrap_err();
+        assert!(e.contains("only entry"), "{e}");
+        for bad in ["Team-A", "-a", "a-", "a.b", &"a".repeat(64)] {
+            let e = list(&["team-a", bad]).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }
     }
 

@@ -187,6 +187,12 @@ pub(crate) fn models(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// CEL rule on `spec.headers`: no static header may carry a key, refused by name,
+/// case-insensitively (RE2's `(?i)`), as `compile` refuses them.
+pub const KEY_HEADER_RULE: &str = "self.all(k, !k.matches('(?i)(^(authorization|proxy-authorization|cookie)$|api-key|api_key|apikey|token|secret|password|subscription-key)'))";
+/// Its message (a CEL expression): the first header refused, by name.
+pub const KEY_HEADER_MESSAGE: &str = "'header ' + self.filter(k, k.matches('(?i)(^(authorization|proxy-authorization|cookie)$|api-key|api_key|apikey|token|secret|password|subscription-key)'))[0] + ' may carry a key, and static headers may not (refused: authorization, proxy-authorization, cookie, and names containing api-key, api_key, apikey, token, secret, password or subscription-key); the key comes from the Secret'";
+
 pub(crate) fn headers(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use switchback_crds::network::PrivateNetworks;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -190,6 +191,20 @@ pub struct RunArgs {
     )]
     pub watch_namespaces: Vec<String>,
 
+    /// Namespaces whose ProviderCredentials may set `allowPrivateNetwork: true`
+    /// (comma-separated or repeated; `*` alone: every namespace): a baseURL on a
+    /// loopback, private, CGNAT or link-local address, such as a vLLM in the cluster.
+    /// Elsewhere such a credential is refused (reason PrivateNetworkNotAllowed) and
+    /// nothing is sent to it. Empty (the default): no namespace; the proxies then
+    /// reach public addresses only.
+    #[arg(
+        long = "allow-private-network-namespaces",
+        env = "SWITCHBACK_ALLOW_PRIVATE_NETWORK_NAMESPACES",
+        value_name = "NS",
+        value_delimiter = ','
+    )]
+    pub allow_private_network_namespaces: Vec<String>,
+
     /// Length of the rolling window reported in `status.window`.
     #[arg(long, env = "SWITCHBACK_STATS_WINDOW", value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub stats_window: Duration,
@@ -224,8 +239,12 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// What clap cannot say: `--auth required` needs the HMAC secret from somewhere.
+    /// What clap cannot say: `--auth required` needs the HMAC secret from somewhere,
+    /// and `--allow-private-network-namespaces` names namespaces or `*` alone.
     pub fn check(&self) -> Result<(), String> {
+        if let Err(e) = PrivateNetworks::from_list(&self.allow_private_network_namespaces) {
+            return Err(format!("--allow-private-network-namespaces: {e}"));
+        }
         if self.auth == AuthMode::Required
             && self.client_key_hmac_file.is_none()
             && self.client_key_hmac_secret.is_none()
@@ -237,6 +256,12 @@ impl RunArgs {
             );
         }
         Ok(())
+    }
+
+    /// `--allow-private-network-namespaces` (checked by [`RunArgs::check`]; a list it
+    /// refuses allows nothing).
+    pub fn private_networks(&self) -> PrivateNetworks {
+        PrivateNetworks::from_list(&self.allow_private_network_namespaces).unwrap_or_default()
     }
 }
 
@@ -351,6 +376,33 @@ mod tests {
         assert!(parse(&["--generate-admin-token"]).is_err());
         assert!(parse(&["--generate-client-key-hmac"]).is_err());
         assert!(parse(&[]).unwrap().run.watch_namespaces.is_empty());
+    }
+
+    #[test]
+    fn private_networks_are_allowed_only_in_the_listed_namespaces() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("switchback-operator").chain(args.iter().copied()))
+                .unwrap()
+                .run
+        };
+        let none = parse(&[]);
+        none.check().unwrap();
+        assert_eq!(none.private_networks(), PrivateNetworks::default());
+        assert!(!none.private_networks().allows("default"));
+        let some = parse(&["--allow-private-network-namespaces=team-a,platform"]);
+        some.check().unwrap();
+        assert!(some.private_networks().allows("platform"));
+        assert!(!some.private_networks().allows("team-b"));
+        let all = parse(&["--allow-private-network-namespaces", "*"]);
+        assert_eq!(all.private_networks(), PrivateNetworks::Everywhere);
+        let e = parse(&["--allow-private-network-namespaces=*,team-a"])
+            .check()
+            .unwrap_err();
+        assert!(e.starts_with("--allow-private-network-namespaces: "), "{e}");
+        let e = parse(&["--allow-private-network-namespaces=Team_A"])
+            .check()
+            .unwrap_err();
+        assert!(e.contains("\"Team_A\""), "{e}");
     }
 
     #[test]

@@ -205,6 +205,7 @@ impl Context {
                 status_writes_per_second: 100.0,
                 models_per_client: false,
                 client_key_hasher: None,
+                private_networks: Default::default(),
             },
             Stores {
                 routes,

@@ -150,14 +150,15 @@ async fn run(args: RunArgs) -> ExitCode {
             identity.clone(),
         )
     });
+    let mut since = tokio::time::Instant::now();
     if let Some(elector) = &elector {
         // A standby is healthy and ready: it only waits.
         health.ready.store(true, Ordering::Release);
         tracing::info!(%identity, lease = %args.lease_name, namespace = %gateway_namespace, "waiting to lead");
-        tokio::select! {
-            _ = elector.acquire() => {}
+        since = tokio::select! {
+            started = elector.acquire() => started,
             _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
-        }
+        };
         health.ready.store(false, Ordering::Release);
     }
     metrics.leader.set(1);
@@ -173,10 +174,17 @@ async fn run(args: RunArgs) -> ExitCode {
     );
     let controllers = controller::run(client, settings, scrape, metrics.clone(), health, recorder);
     let code = match &elector {
+        // `select!` drops the controllers (and with them every task they spawned)
+        // before a branch's handler runs: the line below is logged once they stopped.
         Some(elector) => tokio::select! {
             _ = controllers => ExitCode::SUCCESS,
-            _ = elector.hold() => {
-                tracing::error!("lost the leader Lease; exiting so that a standby takes over");
+            lost = elector.hold(since) => {
+                metrics.leader.set(0);
+                tracing::error!(
+                    %identity,
+                    ?lost,
+                    "stopped leading: the controllers are stopped; exiting so that a standby takes over"
+                );
                 ExitCode::FAILURE
             }
         },
@@ -219,6 +227,7 @@ fn settings(
         status_writes_per_second: args.status_writes_per_second,
         models_per_client: args.auth == AuthMode::Required,
         client_key_hasher,
+        private_networks: args.private_networks(),
     };
     let scrape = ScrapeOptions {
         replicas,

@@ -86,11 +86,15 @@ impl Rendering {
 }
 
 /// Reasons that reject a route on its references only: the route keeps serving its
-/// last good version.
+/// last good version (where that version's credentials are all still served: a
+/// credential refused for its private network never is).
 pub fn is_reference_reason(reason: &str) -> bool {
     matches!(
         reason,
-        reason::CREDENTIAL_NOT_FOUND | reason::INVALID_CREDENTIAL | reason::SECRET_KEY_MISSING
+        reason::CREDENTIAL_NOT_FOUND
+            | reason::INVALID_CREDENTIAL
+            | reason::SECRET_KEY_MISSING
+            | reason::PRIVATE_NETWORK_NOT_ALLOWED
     )
 }
 
@@ -340,6 +344,75 @@ mod tests {
             &previous_of(&v1),
         );
         assert!(v2.namespaces.is_empty());
+    }
+
+    /// A credential with `allowPrivateNetwork: true` (SPEC §14).
+    fn private_credential(ns: &str, name: &str) -> switchback_crds::ProviderCredential {
+        let mut c = credential(ns, name, "keys", "openai");
+        c.spec.provider = "openai-compatible".into();
+        c.spec.base_url = Some("http://10.0.0.5:8000/v1".into());
+        c.spec.allow_private_network = Some(true);
+        c
+    }
+
+    /// A target added on a credential the platform refuses its private network: the
+    /// route keeps its last good version, and the refused credential is not rendered.
+    #[test]
+    fn a_target_on_a_refused_private_network_keeps_the_last_good_version() {
+        let creds = [
+            credential("team-a", "openai", "keys", "openai"),
+            private_credential("team-a", "vllm"),
+        ];
+        let secrets = [secret("team-a", "keys", &[("openai", "sk-a")])];
+        let v1 = inputs_render(
+            &[route("team-a", "smart", 1, &["openai"])],
+            &creds,
+            &secrets,
+            &BTreeMap::new(),
+        );
+        let v2 = inputs_render(
+            &[route("team-a", "smart", 2, &["openai", "vllm"])],
+            &creds,
+            &secrets,
+            &previous_of(&v1),
+        );
+        let id = ObjectId::new("team-a", "smart");
+        assert!(
+            v2.diagnostics(Kind::LLMRoute, &id)
+                .any(|d| d.reason == reason::PRIVATE_NETWORK_NOT_ALLOWED)
+        );
+        assert_eq!(
+            (v2.served[&id].generation, v2.served[&id].last_good),
+            (1, true)
+        );
+        let config = &v2.namespaces["team-a"].config;
+        assert_eq!(config, &v1.namespaces["team-a"].config);
+        assert!(config.credentials.iter().all(|c| c.id.name != "vllm"));
+    }
+
+    /// A route served through an allowed private network is no longer served once the
+    /// platform withdraws the allowance: its last good version needs the credential,
+    /// which is refused now.
+    #[test]
+    fn a_withdrawn_allowance_stops_the_route() {
+        let creds = [private_credential("team-a", "vllm")];
+        let secrets = [secret("team-a", "keys", &[("openai", "sk-a")])];
+        let routes = [route("team-a", "smart", 1, &["vllm"])];
+        let allowed = switchback_crds::network::PrivateNetworks::Everywhere;
+        let v1 = render(
+            &Inputs {
+                routes: &routes,
+                credentials: &creds,
+                secrets: &secrets,
+                private_networks: &allowed,
+                ..Default::default()
+            },
+            &BTreeMap::new(),
+        );
+        assert_eq!(v1.namespaces["team-a"].config.routes.len(), 1);
+        let v2 = inputs_render(&routes, &creds, &secrets, &previous_of(&v1));
+        assert!(v2.namespaces.is_empty(), "{:?}", v2.namespaces.keys());
+        assert!(v2.served.is_empty());
     }
 
     #[test]

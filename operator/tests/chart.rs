@@ -14,6 +14,9 @@
 //! - RBAC: the exact rules of cluster mode and of namespaced mode (no cluster-wide
 //!   grant to the operator there), the proxy's Role, the aggregated ClusterRoles;
 //! - values reach their flags and fields; NOTES.txt renders; the helm test Pods render;
+//! - egress (SPEC §14): no namespace may reach private networks unless
+//!   `egress.allowPrivateNetworkNamespaces` says so; the optional egress
+//!   NetworkPolicy opens DNS, the API server and public addresses only;
 //! - the alerts: each has a section in docs/runbooks.md, a `runbook_url` to it under
 //!   `metrics.prometheusRule.runbookBaseURL`, and cases in tests/alerts/alerts.test.yaml
 //!   where it fires and where it does not, which `promtool test rules` passes (with
@@ -1193,6 +1196,153 @@ fn helm_test_pods_check_readyz_and_models_unprivileged() {
             .names("Pod")
             .is_empty()
     );
+}
+
+// --- Egress (SPEC §14) ---------------------------------------------------------------
+
+/// `egress.allowPrivateNetworkNamespaces` reaches the operator's flag (none by
+/// default); the schema refuses what is not a namespace or `*`, naming the value.
+#[test]
+fn private_networks_are_allowed_only_where_the_values_say() {
+    let Some(helm) = helm() else { return };
+    let flag = |args: &[&str]| -> Vec<String> {
+        args_of_operator(&helm.objects(args))
+            .into_iter()
+            .filter(|a| a.starts_with("--allow-private-network-namespaces"))
+            .collect()
+    };
+    assert_eq!(flag(&[]), Vec::<String>::new(), "none by default");
+    assert_eq!(
+        flag(&[
+            "--set",
+            "egress.allowPrivateNetworkNamespaces={team-a,ml-serving}"
+        ]),
+        ["--allow-private-network-namespaces=team-a,ml-serving"]
+    );
+    assert_eq!(
+        flag(&["--set", "egress.allowPrivateNetworkNamespaces={*}"]),
+        ["--allow-private-network-namespaces=*"]
+    );
+    assert_refused(
+        &helm,
+        &["--set", "egress.allowPrivateNetworkNamespaces={Team-A}"],
+        "egress.allowPrivateNetworkNamespaces.0",
+    );
+    assert_refused(
+        &helm,
+        &["--set", "egress.networkPolicy.cidrs={10.0.0.0}"],
+        "egress.networkPolicy.cidrs.0",
+    );
+}
+
+fn args_of_operator(o: &Objects) -> Vec<String> {
+    args(o.find("Deployment", "gw/sb-operator"))
+}
+
+/// The optional egress NetworkPolicy: off by default; on, the proxy pods may reach
+/// DNS, the API server, public addresses (never loopback, private, CGNAT or
+/// link-local ones) and the CIDRs and rules the values add, and nothing else; without
+/// the API server's addresses it is refused, naming the value.
+#[test]
+fn the_egress_network_policy_opens_dns_the_api_server_and_public_addresses_only() {
+    let Some(helm) = helm() else { return };
+    assert!(
+        helm.objects(&[])
+            .try_find("NetworkPolicy", "gw/sb-proxy-egress")
+            .is_none(),
+        "off by default"
+    );
+    let stderr = helm.template_fails(&["--set", "egress.networkPolicy.enabled=true"]);
+    assert!(
+        stderr.contains("egress.networkPolicy.apiServer.cidrs is required"),
+        "{stderr}"
+    );
+
+    let o = helm.objects(&["-f", ALL_ON]);
+    let policy = o.find("NetworkPolicy", "gw/sb-proxy-egress");
+    let spec = &policy["spec"];
+    assert_eq!(strings(&spec["policyTypes"]), ["Egress"]);
+    // The proxy pods, by the Deployment's own selector.
+    assert_eq!(
+        spec["podSelector"]["matchLabels"],
+        o.find("Deployment", "gw/sb-proxy")["spec"]["selector"]["matchLabels"]
+    );
+    let rules = spec["egress"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 5, "{rules:?}");
+    // DNS: UDP and TCP 53 to the cluster DNS pods.
+    assert_eq!(
+        rules[0]["to"][0]["podSelector"]["matchLabels"]["k8s-app"].as_str(),
+        Some("kube-dns")
+    );
+    let ports: Vec<String> = rules[0]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p["port"].as_u64().unwrap(),
+                p["protocol"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(ports, ["53/UDP", "53/TCP"]);
+    // The API server's addresses, on its ports only.
+    let cidrs = |rule: &Value| -> Vec<String> {
+        rule["to"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|peer| peer["ipBlock"]["cidr"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(cidrs(&rules[1]), ["10.0.0.1/32", "172.20.0.10/32"]);
+    assert_eq!(rules[1]["ports"].as_sequence().unwrap().len(), 2);
+    // Public addresses: everything but the ranges netguard refuses.
+    assert_eq!(cidrs(&rules[2]), ["0.0.0.0/0", "::/0"]);
+    assert!(rules[2].get("ports").is_none(), "any port");
+    let except: Vec<String> = rules[2]["to"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|peer| strings(&peer["ipBlock"]["except"]))
+        .collect();
+    for private in [
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "::1/128",
+        "::ffff:0:0/96",
+        "fc00::/7",
+        "fe80::/10",
+    ] {
+        assert!(
+            except.iter().any(|e| e == private),
+            "{private} is not excepted: {except:?}"
+        );
+    }
+    // What the values add.
+    assert_eq!(cidrs(&rules[3]), ["10.20.0.0/16"]);
+    assert_eq!(rules[4]["ports"][0]["port"].as_u64(), Some(4318));
+
+    // publicInternet off: DNS and the API server only.
+    let o = helm.objects(&[
+        "--set",
+        "egress.networkPolicy.enabled=true",
+        "--set",
+        "egress.networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+        "--set",
+        "egress.networkPolicy.publicInternet=false",
+    ]);
+    let rules = o.find("NetworkPolicy", "gw/sb-proxy-egress")["spec"]["egress"]
+        .as_sequence()
+        .unwrap()
+        .len();
+    assert_eq!(rules, 2);
 }
 
 // --- Alerts (templates/prometheusrule.yaml) ---------------------------------------------

@@ -232,7 +232,7 @@ async fn run(env: Env, pods: Arc<Mutex<Vec<Pod>>>) -> String {
 }
 
 /// The admin kubeconfig KUBECONFIG names, flattened, as JSON.
-fn admin_kubeconfig() -> serde_json::Value {
+pub fn admin_kubeconfig() -> serde_json::Value {
     let out = std::process::Command::new("kubectl")
         .args([
             "config",

@@ -497,7 +497,8 @@ See [a](docs/a.md#part) and ![b](img/b.png \"title\"), [c](<d e.md>).
 }
 
 /// SPEC §12: the troubleshooting page names every failure and skip reason the proxy
-/// gives, every target state the status shows, and the Events the operator records.
+/// gives, every condition reason of `compile`, every target state the status shows,
+/// and the Events the operator records.
 #[test]
 fn the_troubleshooting_page_names_every_reason_state_and_event() {
     let page = std::fs::read_to_string(
@@ -513,6 +514,13 @@ fn the_troubleshooting_page_names_every_reason_state_and_event() {
     for state in switchback_crds::stats::TargetState::ALL {
         if !page.contains(&format!("`{}`", state.as_str())) {
             missing.push(format!("state {}", state.as_str()));
+        }
+    }
+    // The condition reasons `compile` gives (SPEC §14's PrivateNetworkNotAllowed
+    // among them).
+    for reason in switchback_crds::compile::reason::ALL {
+        if !page.contains(&format!("| `{reason}` |")) {
+            missing.push(format!("condition reason {reason}"));
         }
     }
     for event in ["CircuitOpened", "CircuitClosed"] {

@@ -219,6 +219,8 @@ struct Stack {
     operator_admin: u16,
     operator: Process,
     operator_log: PathBuf,
+    /// The operator's arguments before the test's own (kept for restarts).
+    operator_args: Vec<String>,
     http: reqwest::Client,
     /// The proxies' admin token (SPEC §9): every proxy gets `--admin-token-file`, the
     /// operator `--proxy-admin-token-file`, on the same file, as the chart does.
@@ -293,6 +295,7 @@ impl Stack {
         if !extra_operator_args.contains(&"--status-interval") {
             args.extend(["--status-interval".into(), "1s".into()]);
         }
+        let operator_args = args.clone();
         args.extend(extra_operator_args.iter().map(|s| s.to_string()));
         let operator_log = log_dir().join(format!("{gateway}-operator.log"));
         let operator = Process::start_logged(
@@ -309,6 +312,7 @@ impl Stack {
             operator_admin,
             operator,
             operator_log,
+            operator_args,
             http: reqwest::Client::new(),
             admin_token,
         }
@@ -369,6 +373,32 @@ impl Stack {
                 Err(e) => panic!("proxy {index} of {gateway}: {e}"),
             }
         }
+    }
+
+    /// Stops the operator as a pod is stopped (SIGTERM: it releases its Lease) and
+    /// starts it again with `extra` in place of the test's earlier arguments.
+    async fn restart_operator(&mut self, extra: &[&str]) {
+        let pid = self.operator.pid().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        let start = Instant::now();
+        while self.operator.exited().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the operator did not exit on SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.operator.stop();
+        let mut args = self.operator_args.clone();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.operator = Process::start_logged(
+            "switchback-operator",
+            &self.bin.join("switchback-operator"),
+            &args,
+            &self.operator_log,
+        );
     }
 
     fn stop_proxy(&mut self, index: usize) {
@@ -474,6 +504,14 @@ impl Stack {
         all.push_str(&std::fs::read_to_string(&self.operator_log).unwrap_or_default());
         all
     }
+}
+
+/// The operator flag that lets credentials of `namespaces` reach private networks
+/// (SPEC §14): the simulated providers listen on loopback, and the platform, not the
+/// credential, decides that this is allowed.
+fn allow_private(namespaces: &[&String]) -> String {
+    let names: Vec<&str> = namespaces.iter().map(|n| n.as_str()).collect();
+    format!("--allow-private-network-namespaces={}", names.join(","))
 }
 
 fn secret(ns: &str, steady_key: &str) -> String {
@@ -586,7 +624,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
     let _namespaces = Namespaces::create(&[gw.clone(), a.clone(), b.clone()]);
     let steady = SimProvider::start_named("steady", Flavor::OpenAi).await;
     let flaky = SimProvider::start_named("flaky", Flavor::OpenAi).await;
-    let mut stack = Stack::start(&gw, 2, &[]);
+    let mut stack = Stack::start(&gw, 2, &[&allow_private(&[&a, &b])]);
 
     // 1. Apply a Secret, two credentials and a route; `kubectl wait` for Programmed.
     apply(&format!(
@@ -1161,7 +1199,15 @@ async fn clients_authenticate_against_a_real_api_server() {
     std::fs::write(&hmac, format!("{}\n", "e2e-cluster-secret-".repeat(3))).unwrap();
     let hmac = hmac.to_str().unwrap();
     let auth = ["--auth", "required", "--client-key-hmac-file", hmac];
-    let stack = Stack::start_with(switchback_tests::binaries::build(), &gw, 2, &auth, &auth);
+    let allow = allow_private(&[&a, &b]);
+    let operator_args = [&auth[..], &[allow.as_str()]].concat();
+    let stack = Stack::start_with(
+        switchback_tests::binaries::build(),
+        &gw,
+        2,
+        &operator_args,
+        &auth,
+    );
     let sim_a = SimProvider::start_named("team-a", Flavor::OpenAi).await;
     let sim_b = SimProvider::start_named("team-b", Flavor::OpenAi).await;
     let client = |ns: &str, key: &str| {
@@ -1470,6 +1516,8 @@ async fn usage_counted_while_a_replica_drains_reaches_status() {
     std::fs::write(&hmac, format!("{}\n", "e2e-cluster-secret-".repeat(3))).unwrap();
     let hmac = hmac.to_str().unwrap();
     let service = "sb-proxy-admin";
+    // The simulated provider is on loopback: the platform allows it for this namespace.
+    let allow = allow_private(&[&ns]);
     let operator_args = [
         "--auth",
         "required",
@@ -1477,6 +1525,7 @@ async fn usage_counted_while_a_replica_drains_reaches_status() {
         hmac,
         "--proxy-admin-service",
         service,
+        allow.as_str(),
     ];
     let proxy_args = [
         "--auth",
@@ -1616,7 +1665,7 @@ async fn status_says_why_requests_go_where_they_go() {
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
     let limited = SimProvider::start_named("limited", Flavor::OpenAi).await;
-    let stack = Stack::start(&gw, 2, &[]);
+    let stack = Stack::start(&gw, 2, &[&allow_private(&[&a])]);
     apply(&format!(
         "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: provider-keys, namespace: {a} }}\n\
          stringData: {{ primary: k1, backup: k2, limited: k3 }}\n{}{}{}{}{}{}{}",
@@ -1792,6 +1841,32 @@ async fn schema_and_cel_refusals_name_the_field() {
         assert!(!accepted, "accepted:\n{yaml}");
         assert!(err.contains(field), "the refusal names {field}: {err}");
     }
+    // SPEC §14: a static header that may carry a key is refused by name, any case;
+    // one that carries none is accepted.
+    for (name, accepted) in [
+        ("X-Goog-Api-Key", false),
+        ("authorization", false),
+        ("Cookie", false),
+        ("x-amz-security-token", false),
+        ("OpenAI-Organization", true),
+    ] {
+        let yaml = credential_with(
+            &ns,
+            "headers",
+            "https://llm.example.com/v1",
+            &format!(", headers: {{ {name}: v }}"),
+        )
+        .replace(", allowPrivateNetwork: true", "");
+        let (ok, _, err) = kubectl(&["apply", "--server-side", "-f", "-"], Some(&yaml));
+        assert_eq!(ok, accepted, "{name}: {err}");
+        if !accepted {
+            assert!(
+                err.contains("spec.headers")
+                    && err.contains(&format!("header {name} may carry a key")),
+                "the refusal names the field and the header: {err}"
+            );
+        }
+    }
     // The YAML 1.1 trap the field name avoids: kubectl reads `on:` as `true:`.
     let yaml = route(
         &ns,
@@ -1831,6 +1906,141 @@ async fn schema_and_cel_refusals_name_the_field() {
         assert!(!accepted, "accepted:\n{yaml}");
         assert!(err.contains(field), "the refusal names {field}: {err}");
     }
+}
+
+/// SPEC §14: private networks are the platform's decision. With the operator's
+/// default (no `--allow-private-network-namespaces`), a credential with
+/// `allowPrivateNetwork: true` (its provider on loopback) is refused by that field
+/// (`PrivateNetworkNotAllowed` on the credential and its route), and no request
+/// reaches its provider; allowing the namespace serves it; withdrawing the allowance
+/// stops it again, while a namespace still allowed is served throughout.
+#[tokio::test(flavor = "multi_thread")]
+async fn private_networks_are_the_platforms_decision() {
+    if !enabled("private_networks_are_the_platforms_decision") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let (gw, tenant, platform) = (
+        format!("sb-e2e-egress-gw-{id}"),
+        format!("sb-e2e-egress-t-{id}"),
+        format!("sb-e2e-egress-p-{id}"),
+    );
+    let _namespaces = Namespaces::create(&[gw.clone(), tenant.clone(), platform.clone()]);
+    let inside = SimProvider::start_named("in-cluster", Flavor::OpenAi).await;
+    let allowed = SimProvider::start_named("allowed", Flavor::OpenAi).await;
+    // No flag: the default policy, no namespace may reach a private network.
+    let mut stack = Stack::start(&gw, 1, &[]);
+    let (model, served_model) = (format!("inside-{id}"), format!("platform-{id}"));
+    apply(&format!(
+        "{}{}{}{}{}{}",
+        secret(&tenant, "sk-tenant"),
+        credential(&tenant, "steady", &inside.base_url()),
+        route(
+            &tenant,
+            "inside",
+            &model,
+            "[ { credentialRef: { name: steady } } ]"
+        ),
+        secret(&platform, "sk-platform"),
+        credential(&platform, "steady", &allowed.base_url()),
+        route(
+            &platform,
+            "served",
+            &served_model,
+            "[ { credentialRef: { name: steady } } ]"
+        ),
+    ));
+    let refused = |kind: &str, name: &str, condition_type: &str| {
+        let obj = get_json(&[kind, "-n", &tenant, name])?;
+        let c = condition(&obj, condition_type)?;
+        (c["status"] == "False" && c["reason"] == "PrivateNetworkNotAllowed").then(|| c.clone())
+    };
+    let c = eventually(
+        "the credential to be refused for its allowPrivateNetwork",
+        Duration::from_secs(60),
+        || refused("providercredential", "steady", "Ready"),
+    )
+    .await;
+    let message = c["message"].as_str().unwrap();
+    for part in [
+        "spec.allowPrivateNetwork",
+        &format!("namespace {tenant}"),
+        "--allow-private-network-namespaces",
+        "egress.allowPrivateNetworkNamespaces",
+    ] {
+        assert!(
+            message.contains(part),
+            "the refusal names {part}: {message}"
+        );
+    }
+    let c = eventually(
+        "the route's ResolvedRefs=False PrivateNetworkNotAllowed",
+        Duration::from_secs(60),
+        || refused("llmroute", "inside", "ResolvedRefs"),
+    )
+    .await;
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.allowPrivateNetwork"),
+        "{c}"
+    );
+    // Nothing is sent to it: the route is not served, its provider hears nothing,
+    // and nothing of the credential is rendered.
+    for _ in 0..3 {
+        let r = stack.chat(&model).await;
+        assert_eq!(r.status(), 404, "{}", r.text().await.unwrap());
+    }
+    assert!(
+        inside.received().is_empty(),
+        "a request reached the refused provider"
+    );
+    let rendered = get_json(&[
+        "configmap",
+        "-n",
+        &gw,
+        &format!("switchback-routes-{tenant}"),
+    ]);
+    assert!(
+        rendered.is_none_or(|cm| !cm.to_string().contains(&inside.base_url())),
+        "the refused credential was rendered"
+    );
+
+    // The platform allows both namespaces: served.
+    stack
+        .restart_operator(&[&allow_private(&[&platform, &tenant])])
+        .await;
+    wait_programmed(&platform, "served");
+    wait_programmed(&tenant, "inside");
+    let r = stack.chat(&model).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(inside.received().len(), 1);
+    let ready = get_json(&["providercredential", "-n", &tenant, "steady"]).unwrap();
+    assert_eq!(condition(&ready, "Ready").unwrap()["status"], "True");
+
+    // And withdraws it: refused again, and no longer served.
+    stack
+        .restart_operator(&[&allow_private(&[&platform])])
+        .await;
+    eventually(
+        "the credential to be refused again",
+        Duration::from_secs(60),
+        || refused("providercredential", "steady", "Ready"),
+    )
+    .await;
+    eventually_async(
+        "the tenant's route to be no longer served",
+        Duration::from_secs(30),
+        || async { (stack.chat(&model).await.status() == 404).then_some(()) },
+    )
+    .await;
+    let seen = inside.received().len();
+    assert_eq!(stack.chat(&model).await.status(), 404);
+    assert_eq!(inside.received().len(), seen, "nothing more reached it");
+    assert_eq!(stack.chat(&served_model).await.status(), 200);
 }
 
 /// CPU time (user + system) of the operator, the proxies and, on the loopback server
@@ -1911,6 +2121,7 @@ async fn bench_1000_routes_in_50_namespaces() {
     // and traffic facts are not worth a write per second each.
     // Release binaries, as they ship: a debug operator's CPU, on a 2-core machine,
     // is taken from the API server and would set the figure.
+    let allow = allow_private(&names.iter().collect::<Vec<_>>());
     let stack = Stack::start_in(
         switchback_tests::binaries::build_release(),
         &gw,
@@ -1920,6 +2131,7 @@ async fn bench_1000_routes_in_50_namespaces() {
             "50",
             "--status-interval",
             "10s",
+            &allow,
         ],
     );
 

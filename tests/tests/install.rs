@@ -12,8 +12,9 @@
 //!
 //! - `the_readme_quickstart_on_a_helm_install` runs the README's cluster quickstart
 //!   verbatim, block by block in one shell, except for what it says it replaces: the
-//!   provider block (a simulated provider) and the port-forward (a loopback port the
-//!   test forwards to a proxy pod).
+//!   provider block (a simulated provider, on loopback: a private address, so the
+//!   helm install gets `egress.allowPrivateNetworkNamespaces={team-a}`, SPEC §14) and
+//!   the port-forward (a loopback port the test forwards to a proxy pod).
 //! - `namespaced_mode_reads_only_its_namespaces` installs with `watchNamespaces`.
 //!
 //! They use fixed namespaces (`switchback-system`, `team-a`, and `sb-nsmode-*`),
@@ -252,15 +253,25 @@ fn quickstart_blocks(readme: &str) -> Vec<String> {
     blocks
 }
 
+/// The value the install test adds to the quickstart's `helm install`: its simulated
+/// provider is on loopback, a private network the platform must allow (SPEC §14).
+const ALLOW_TEAM_A: &str = "--set 'egress.allowPrivateNetworkNamespaces={team-a}'";
+
 /// What the test replaces in the quickstart, each exactly once: the provider block
-/// (a simulated provider on loopback in place of yours), the port-forward line and the
-/// port it makes (a loopback port the test forwards to a proxy pod).
+/// (a simulated provider on loopback in place of yours, which the helm install then
+/// allows by [`ALLOW_TEAM_A`]), the port-forward line and the port it makes (a loopback
+/// port the test forwards to a proxy pod).
 fn substitute(blocks: &[String], provider_url: &str, port: u16) -> Vec<String> {
     let mut provider = 0;
     let mut forwards = 0;
+    let mut installs = 0;
     let out: Vec<String> = blocks
         .iter()
         .map(|block| {
+            if block.starts_with("helm install switchback ") && !block.contains('\n') {
+                installs += 1;
+                return format!("{block} {ALLOW_TEAM_A}");
+            }
             if block.starts_with("# Your provider") {
                 provider += 1;
                 return format!(
@@ -291,6 +302,7 @@ fn substitute(blocks: &[String], provider_url: &str, port: u16) -> Vec<String> {
         "the quickstart has one '# Your provider' block"
     );
     assert_eq!(forwards, 1, "the quickstart has one port-forward");
+    assert_eq!(installs, 1, "the quickstart has one one-line helm install");
     out
 }
 
@@ -335,6 +347,28 @@ fn the_quickstart_has_the_blocks_the_install_test_runs() {
     assert!(all.contains("Authorization: Bearer $KEY"));
     assert!(all.contains("kind: LLMClient"));
     assert!(all.contains("kubectl get llmroutes -n team-a"));
+    assert!(
+        run[0].ends_with(ALLOW_TEAM_A),
+        "the simulated provider is allowed by the platform: {}",
+        run[0]
+    );
+    // From a fresh install, the quickstart as written needs no private network: its
+    // target that is down is a name that never resolves, and only your provider may
+    // ask for a private network (PROVIDER_IN_MY_NETWORK).
+    let verbatim = blocks.join("\n");
+    assert!(!blocks[0].contains("allowPrivateNetwork"), "{}", blocks[0]);
+    assert!(
+        verbatim.contains("baseURL: https://down.invalid/v1"),
+        "{verbatim}"
+    );
+    assert!(
+        !verbatim.contains("allowPrivateNetwork: true"),
+        "the quickstart allows a private network by itself:\n{verbatim}"
+    );
+    assert!(
+        verbatim.contains("PROVIDER_IN_MY_NETWORK=false"),
+        "{verbatim}"
+    );
 }
 
 /// SPEC §11's one command and the README's quickstart, verbatim: a fresh install is
@@ -466,6 +500,15 @@ async fn the_readme_quickstart_on_a_helm_install() {
     kubelet.with_pods(&format!("{release}-operator"), |pods| {
         assert_eq!(pods.len(), 1);
         assert_eq!(pods[0].service_account, format!("{release}-operator"));
+        // The chart value reached the operator's flag (SPEC §14).
+        assert!(
+            pods[0]
+                .args
+                .iter()
+                .any(|a| a == "--allow-private-network-namespaces=team-a"),
+            "{:?}",
+            pods[0].args
+        );
     });
     kubelet.with_pods(&format!("{release}-proxy"), |pods| {
         assert_eq!(pods.len(), 2, "the chart's two proxy replicas");
@@ -563,6 +606,8 @@ async fn namespaced_mode_reads_only_its_namespaces() {
             "--set=proxy.limits.maxConnections=321",
             "--set=proxy.limits.maxBodyBytes=65536",
             "--set=auth.existingSecret=team-hmac",
+            // Its simulated provider is on loopback (SPEC §14: the platform's decision).
+            &format!("--set=egress.allowPrivateNetworkNamespaces={{{a}}}"),
         ],
     );
     assert!(ok, "helm install:\n{out}\n{}", pod_logs(&kubelet));

@@ -1,5 +1,6 @@
 //! ProviderCredential → [`Credential`]: provider, base URL (with the private-network
-//! guard), static headers, concurrency limits, and the key from its Secret (for
+//! guard, and the platform's say on `allowPrivateNetwork`), static headers (never one
+//! that carries a key), concurrency limits, and the key from its Secret (for
 //! vertex: its project, location and service-account JSON key; for bedrock: its region
 //! and the access key pair read from the whole Secret).
 //!
@@ -16,7 +17,7 @@ use crate::config::{
     Provider, SecretKeyRef, VERTEX_SERVICE_ACCOUNT_KEY, bedrock_base_url, vertex_base_url,
 };
 use crate::credential::ProviderCredentialSpec;
-use crate::network;
+use crate::network::{self, PrivateNetworks};
 use crate::schema::{MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_NAME_LEN, MAX_URL_LEN};
 use crate::secret::Secret;
 use crate::service_account::ServiceAccount;
@@ -38,6 +39,13 @@ impl Outcome {
             .iter()
             .find(|d| d.severity == Severity::Error)
     }
+
+    /// The platform's refusal of `allowPrivateNetwork`, when the credential got one.
+    pub(crate) fn policy_refusal(&self) -> Option<&Diagnostic> {
+        self.diagnostics
+            .iter()
+            .find(|d| d.reason == reason::PRIVATE_NETWORK_NOT_ALLOWED)
+    }
 }
 
 const PROVIDERS: [(&str, Provider); 7] = [
@@ -53,13 +61,29 @@ const PROVIDERS: [(&str, Provider); 7] = [
 /// `apiVersion` that selects Azure's v1 API (also the default).
 const AZURE_V1: &str = "v1";
 
-/// Header names that carry the key: they come from the Secret, never from `headers`.
-const KEY_HEADERS: [&str; 4] = [
-    "authorization",
-    "x-api-key",
+/// Header names that carry a key or a session, refused in `headers` by name, case
+/// insensitively (SPEC §14): keys come from the Secret, while static headers are
+/// rendered into the ConfigMap and shown on the proxies' `/admin/v1/config`. These
+/// names exactly...
+const KEY_HEADERS: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
+/// ...and every name holding one of these (`x-api-key`, `api-key`, `x-goog-api-key`,
+/// `x-amz-security-token`, `ocp-apim-subscription-key`, `x-client-secret`, ...).
+const KEY_HEADER_PARTS: [&str; 7] = [
     "api-key",
-    "proxy-authorization",
+    "api_key",
+    "apikey",
+    "token",
+    "secret",
+    "password",
+    "subscription-key",
 ];
+
+/// Whether a static header named `name` would carry a key. The CRD says the same in
+/// CEL ([`crate::schema::KEY_HEADER_RULE`]; `crate::cel_parity` keeps them in step).
+fn is_key_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    KEY_HEADERS.contains(&lower.as_str()) || KEY_HEADER_PARTS.iter().any(|p| lower.contains(p))
+}
 /// Header names the proxy's HTTP client owns: setting them would break framing.
 const TRANSPORT_HEADERS: [&str; 7] = [
     "host",
@@ -75,11 +99,27 @@ pub(crate) fn compile(
     id: &ObjectId,
     spec: &ProviderCredentialSpec,
     secrets: &SecretIndex,
+    private_networks: &PrivateNetworks,
 ) -> Outcome {
     let mut c = Checker::new(Kind::ProviderCredential, id);
 
     let provider = fields::one_of(&mut c, "spec.provider", &spec.provider, &PROVIDERS);
+    // A refused allowPrivateNetwork rejects the credential; its hosts are still judged
+    // as if allowed, so that the one error names the one thing to change.
     let allow_private_network = spec.allow_private_network.unwrap_or(false);
+    if allow_private_network && !private_networks.allows(&id.namespace) {
+        c.error(
+            reason::PRIVATE_NETWORK_NOT_ALLOWED,
+            "spec.allowPrivateNetwork",
+            format!(
+                "true is not allowed in namespace {}: private networks are the platform's \
+                 decision, and this namespace is not among the operator's \
+                 --allow-private-network-namespaces (chart value \
+                 egress.allowPrivateNetworkNamespaces); nothing is sent to this credential",
+                id.namespace
+            ),
+        );
+    }
     let bedrock = provider == Some(Provider::Bedrock);
     let region = region(&mut c, provider, spec.region.as_deref());
     let (project, location) = vertex_place(&mut c, provider, spec);
@@ -482,10 +522,15 @@ fn headers(
         let lower = name.to_ascii_lowercase();
         if !is_header_name(name) {
             c.invalid(&field, format!("{name:?} is not a valid HTTP header name"));
-        } else if KEY_HEADERS.contains(&lower.as_str()) {
+        } else if is_key_header(name) {
             c.invalid(
                 &field,
-                format!("{name:?} carries the key from the Secret; it cannot be a static header"),
+                format!(
+                    "{name:?} may carry a key, and static headers may not: they are rendered \
+                     into a ConfigMap and shown on /admin/v1/config; the key comes from the \
+                     Secret (refused names: {})",
+                    refused_names()
+                ),
             );
         } else if TRANSPORT_HEADERS.contains(&lower.as_str()) {
             c.invalid(
@@ -509,6 +554,15 @@ fn headers(
         }
     }
     headers.clone()
+}
+
+/// The refused header names, as the messages and the docs say them.
+fn refused_names() -> String {
+    format!(
+        "{}, and any name containing {}",
+        KEY_HEADERS.join(", "),
+        KEY_HEADER_PARTS.join(", ")
+    )
 }
 
 /// RFC 9110 token: the characters an HTTP field name may have.

@@ -295,12 +295,16 @@ fn credential_ref(
         return;
     };
     if outcome.credential.is_none() {
-        let why = outcome
-            .first_error()
+        // The platform's refusal is the reason to show: no edit of the route fixes it.
+        let (reason, first) = match outcome.policy_refusal() {
+            Some(d) => (reason::PRIVATE_NETWORK_NOT_ALLOWED, Some(d)),
+            None => (reason::INVALID_CREDENTIAL, outcome.first_error()),
+        };
+        let why = first
             .map(|d| format!(": {}: {}", d.field, d.message))
             .unwrap_or_default();
         c.error(
-            reason::INVALID_CREDENTIAL,
+            reason,
             field,
             format!("ProviderCredential {:?} is invalid{why}", credential.name),
         );

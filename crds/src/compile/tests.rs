@@ -17,6 +17,7 @@ use crate::config::{
 };
 use crate::credential::ProviderCredentialSpec;
 use crate::keyhash::KeyHasher;
+use crate::network::PrivateNetworks;
 use crate::route::{FallbackSpec, LLMRouteSpec, RetrySpec, TargetSpec};
 
 const SAMPLE: &str = r#"
@@ -129,6 +130,8 @@ struct Sample {
     credentials: Vec<ProviderCredential>,
     clients: Vec<LLMClient>,
     secrets: Vec<KubeSecret>,
+    /// The platform's policy compiled with: none by default, as the operator's.
+    private_networks: PrivateNetworks,
 }
 
 impl Sample {
@@ -138,6 +141,7 @@ impl Sample {
             credentials: Vec::new(),
             clients: Vec::new(),
             secrets: Vec::new(),
+            private_networks: PrivateNetworks::default(),
         };
         for document in serde_yaml_ng::Deserializer::from_str(yaml) {
             let value = serde_yaml_ng::Value::deserialize(document).expect("sample is YAML");
@@ -176,6 +180,7 @@ impl Sample {
             secrets: &self.secrets,
             client_key_hasher: hasher,
             models_per_client,
+            private_networks: &self.private_networks,
         })
     }
 
@@ -263,6 +268,16 @@ fn compiled_client<'a>(compiled: &'a Compiled, id: &str) -> &'a Client {
         .iter()
         .find(|c| c.id.to_string() == id)
         .unwrap_or_else(|| panic!("{id} not compiled"))
+}
+
+/// The diagnostics about credentials, as text.
+fn credential_messages(compiled: &Compiled) -> Vec<String> {
+    compiled
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == Kind::ProviderCredential)
+        .map(ToString::to_string)
+        .collect()
 }
 
 fn credential_ids(compiled: &Compiled) -> Vec<String> {
@@ -836,11 +851,99 @@ fn private_base_url_is_allowed_with_allow_private_network() {
     credential.provider = "openai-compatible".into();
     credential.base_url = Some("http://10.0.0.5:8000/v1/".into());
     credential.allow_private_network = Some(true);
+    s.private_networks = PrivateNetworks::from_list(&["team-a".into()]).unwrap();
     let compiled = s.compile();
     assert_eq!(messages(&compiled), Vec::<String>::new());
     let credential = &compiled.config.credentials[0];
     assert_eq!(credential.base_url, "http://10.0.0.5:8000/v1");
     assert!(credential.allow_private_network);
+}
+
+/// SPEC §14: `allowPrivateNetwork: true` is the platform's to grant. In a namespace the
+/// policy does not name, the credential is refused by that field (whatever its
+/// baseURL), nothing of it is compiled, and a route using it says why with the same
+/// reason; the same credential in an allowed namespace is served.
+#[test]
+fn allow_private_network_is_refused_where_the_platform_does_not_allow_it() {
+    for (base_url, policy) in [
+        ("http://10.0.0.5:8000/v1", PrivateNetworks::default()),
+        ("https://llm.example.com/v1", PrivateNetworks::default()),
+        (
+            "http://10.0.0.5:8000/v1",
+            PrivateNetworks::from_list(&["team-b".into()]).unwrap(),
+        ),
+    ] {
+        let mut s = sample();
+        let credential = s.credential("anthropic-prod");
+        credential.provider = "openai-compatible".into();
+        credential.base_url = Some(base_url.into());
+        credential.allow_private_network = Some(true);
+        s.private_networks = policy.clone();
+        let compiled = s.compile();
+        let refused: Vec<&Diagnostic> = compiled
+            .diagnostics
+            .iter()
+            .filter(|d| d.kind == Kind::ProviderCredential)
+            .collect();
+        assert_eq!(
+            refused.len(),
+            1,
+            "{base_url} {policy:?}: {:?}",
+            messages(&compiled)
+        );
+        assert_eq!(refused[0].reason, reason::PRIVATE_NETWORK_NOT_ALLOWED);
+        assert_eq!(refused[0].severity, Severity::Error);
+        assert_eq!(
+            refused[0].to_string(),
+            "team-a/anthropic-prod: spec.allowPrivateNetwork: true is not allowed in namespace \
+             team-a: private networks are the platform's decision, and this namespace is not \
+             among the operator's --allow-private-network-namespaces (chart value \
+             egress.allowPrivateNetworkNamespaces); nothing is sent to this credential"
+        );
+        assert_eq!(credential_ids(&compiled), vec!["team-a/openai-prod"]);
+        assert!(compiled.keys.get(&id("anthropic-prod")).is_none());
+        // Both routes use it: `smart` as its second target, `fast` as its only one.
+        let on_routes: Vec<&Diagnostic> = compiled
+            .diagnostics
+            .iter()
+            .filter(|d| d.kind == Kind::LLMRoute)
+            .collect();
+        assert_eq!(on_routes.len(), 2, "{:?}", messages(&compiled));
+        for d in on_routes {
+            assert_eq!(d.reason, reason::PRIVATE_NETWORK_NOT_ALLOWED);
+            assert!(d.field.ends_with(".credentialRef.name"), "{}", d.field);
+            assert!(
+                d.message
+                    .contains("spec.allowPrivateNetwork: true is not allowed in namespace team-a"),
+                "{d}"
+            );
+        }
+        assert!(compiled.config.routes.is_empty());
+    }
+    // Allowed: by name, or every namespace.
+    for policy in [
+        PrivateNetworks::from_list(&["team-b".into(), "team-a".into()]).unwrap(),
+        PrivateNetworks::Everywhere,
+    ] {
+        let mut s = sample();
+        let credential = s.credential("anthropic-prod");
+        credential.provider = "openai-compatible".into();
+        credential.base_url = Some("http://10.0.0.5:8000/v1".into());
+        credential.allow_private_network = Some(true);
+        s.private_networks = policy;
+        let compiled = s.compile();
+        assert_eq!(messages(&compiled), Vec::<String>::new());
+        assert_eq!(compiled.config.routes.len(), 2);
+    }
+}
+
+/// `allowPrivateNetwork: false` (or unset) needs no policy: nothing is refused for it.
+#[test]
+fn allow_private_network_false_needs_no_policy() {
+    let mut s = sample();
+    s.credential("anthropic-prod").allow_private_network = Some(false);
+    let compiled = s.compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
 }
 
 #[test]
@@ -939,7 +1042,7 @@ fn forbidden_header() {
             s.smart().targets.truncate(1);
             s.smart().fallback = None;
         },
-        "team-a/openai-prod: spec.headers[Authorization]: \"Authorization\" carries the key from the Secret; it cannot be a static header",
+        &format!("team-a/openai-prod: spec.headers[Authorization]: \"Authorization\" {KEY_HEADER}"),
     );
 }
 
@@ -953,21 +1056,65 @@ fn forbidden_and_invalid_headers() {
         ("Content-Length".into(), "3".into()),
     ]));
     let compiled = s.compile();
-    let credential: Vec<String> = compiled
-        .diagnostics
-        .iter()
-        .filter(|d| d.kind == Kind::ProviderCredential)
-        .map(ToString::to_string)
-        .collect();
     assert_eq!(
-        credential,
+        credential_messages(&compiled),
         vec![
             "team-a/openai-prod: spec.headers[Content-Length]: \"Content-Length\" is set by the proxy; it cannot be a static header",
             "team-a/openai-prod: spec.headers[X-Trace]: value is not a valid HTTP header value (visible ASCII, spaces and tabs only)",
             "team-a/openai-prod: spec.headers[bad name]: \"bad name\" is not a valid HTTP header name",
-            "team-a/openai-prod: spec.headers[x-api-key]: \"x-api-key\" carries the key from the Secret; it cannot be a static header",
+            &format!("team-a/openai-prod: spec.headers[x-api-key]: \"x-api-key\" {KEY_HEADER}"),
         ]
     );
+}
+
+/// What `compile` says of a static header that may carry a key.
+const KEY_HEADER: &str = "may carry a key, and static headers may not: they are rendered into a \
+     ConfigMap and shown on /admin/v1/config; the key comes from the Secret (refused names: \
+     authorization, proxy-authorization, cookie, and any name containing api-key, api_key, \
+     apikey, token, secret, password, subscription-key)";
+
+/// SPEC §14: static headers may not carry keys, refused by name whatever the case;
+/// headers that carry none pass.
+#[test]
+fn static_headers_that_may_carry_keys_are_refused_by_name() {
+    for name in [
+        "x-goog-api-key",
+        "X-Goog-Api-Key",
+        "Cookie",
+        "PROXY-AUTHORIZATION",
+        "X-Amz-Security-Token",
+        "Ocp-Apim-Subscription-Key",
+        "x-client-secret",
+        "X-Auth-Token",
+        "openai_api_key",
+        "x-apikey",
+        "x-password",
+    ] {
+        let mut s = sample();
+        s.credential("openai-prod").headers = map(&[(name, "v"), ("OpenAI-Project", "p")]);
+        let compiled = s.compile();
+        assert_eq!(
+            credential_messages(&compiled),
+            vec![format!(
+                "team-a/openai-prod: spec.headers[{name}]: {name:?} {KEY_HEADER}"
+            )],
+            "{name}"
+        );
+        assert!(!credential_ids(&compiled).contains(&"team-a/openai-prod".to_string()));
+    }
+    for name in [
+        "OpenAI-Organization",
+        "OpenAI-Project",
+        "anthropic-beta",
+        "x-goog-user-project",
+        "HTTP-Referer",
+        "X-Title",
+        "keyboard",
+    ] {
+        let mut s = sample();
+        s.credential("openai-prod").headers = map(&[(name, "v")]);
+        assert_eq!(messages(&s.compile()), Vec::<String>::new(), "{name}");
+    }
 }
 
 #[test]
@@ -1775,9 +1922,9 @@ fn azure_key_header_cannot_be_a_static_header() {
     s.credential("anthropic-prod").headers = map(&[("api-key", "x")]);
     let compiled = s.compile();
     assert!(
-        messages(&compiled).contains(
-            &"team-a/anthropic-prod: spec.headers[api-key]: \"api-key\" carries the key from the Secret; it cannot be a static header".to_string()
-        ),
+        messages(&compiled).contains(&format!(
+            "team-a/anthropic-prod: spec.headers[api-key]: \"api-key\" {KEY_HEADER}"
+        )),
         "{:?}",
         messages(&compiled)
     );
@@ -2045,6 +2192,7 @@ fn a_private_token_uri_needs_allow_private_network_like_a_base_url() {
     );
     let mut s = vertex_sample(&local, "us-east5");
     s.credential("anthropic-prod").allow_private_network = Some(true);
+    s.private_networks = PrivateNetworks::Everywhere;
     let compiled = s.compile();
     assert_eq!(messages(&compiled), Vec::<String>::new());
     assert!(compiled.keys.get(&id("anthropic-prod")).is_some());

@@ -164,6 +164,7 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
             secrets: &secrets,
             client_key_hasher: ctx.settings.client_key_hasher.as_deref(),
             models_per_client: ctx.settings.models_per_client,
+            private_networks: &ctx.settings.private_networks,
         },
         &previous,
     );

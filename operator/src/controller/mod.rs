@@ -109,6 +109,9 @@ pub struct Settings {
     /// With `--auth required`, what client keys are hashed with; without, rendered
     /// clients carry no hash and nobody authenticates with them.
     pub client_key_hasher: Option<Arc<switchback_crds::keyhash::KeyHasher>>,
+    /// Where credentials may set `allowPrivateNetwork: true`
+    /// (`--allow-private-network-namespaces`; SPEC §14).
+    pub private_networks: switchback_crds::network::PrivateNetworks,
 }
 
 /// The informer caches every reconciler reads.

@@ -88,13 +88,15 @@ pub async fn run(
         },
     ));
 
-    let background = vec![
-        tokio::spawn(secret_events.for_each(|_| async {})),
-        tokio::spawn(map_events.for_each(|_| async {})),
-        tokio::spawn(key_events.for_each(|_| async {})),
-        tokio::spawn(delivery_loop(ctx.clone(), poke.clone(), health)),
-        tokio::spawn(scrape_loop(ctx.clone(), scrape)),
-    ];
+    // A JoinSet aborts its tasks when dropped: a leader that stops leading drops this
+    // future, and delivery and the scrape loop must stop with it (SPEC §14: two
+    // leaders never act at once), not run on as detached tasks.
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(secret_events.for_each(|_| async {}));
+    background.spawn(map_events.for_each(|_| async {}));
+    background.spawn(key_events.for_each(|_| async {}));
+    background.spawn(delivery_loop(ctx.clone(), poke.clone(), health));
+    background.spawn(scrape_loop(ctx.clone(), scrape));
     futures_util::join!(
         control(
             route_objects,
@@ -118,9 +120,7 @@ pub async fn run(
             ctx.clone()
         ),
     );
-    for task in background {
-        task.abort();
-    }
+    background.abort_all();
 }
 
 /// What a watched kind must be: a cached, deserialisable Kubernetes object.

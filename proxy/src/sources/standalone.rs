@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 use switchback_crds::compile::{Compiled, Inputs, Severity, compile};
+use switchback_crds::network::PrivateNetworks;
 
 use crate::gateway::{ApplyError, Gateway, Problem};
 use crate::sources::manifest::{self, ManifestSet};
@@ -67,6 +68,9 @@ pub fn compile_manifests_for(
             None
         },
         models_per_client: auth.required(),
+        // The manifests are the platform's own file (SPEC §14): each credential's
+        // allowPrivateNetwork is honoured as written.
+        private_networks: &PrivateNetworks::Everywhere,
     });
     // The plain client keys lived only in `set.secrets`, dropped with `set` here.
     let (mut errors, mut warnings) = (Vec::new(), Vec::new());
@@ -440,5 +444,79 @@ mod tests {
         ] {
             assert!(!m.concerned_by(&event(&[other])), "{other}");
         }
+    }
+
+    const GEMINI: &str = "apiVersion: v1
+kind: Secret
+metadata: { name: keys, namespace: team-a }
+stringData: { gemini: k }
+---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: { name: gem, namespace: team-a }
+spec:
+  provider: gemini
+  secretRef: { name: keys, key: gemini }
+  HEADERS
+---
+apiVersion: switchback.dev/v1alpha1
+kind: LLMRoute
+metadata: { name: smart, namespace: team-a }
+spec:
+  targets: [ { credentialRef: { name: gem } } ]
+";
+
+    fn write(dir: &tempfile::TempDir, text: &str) -> PathBuf {
+        let path = dir.path().join("switchback.yaml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// SPEC §14: standalone refuses a static header that may carry a key as the CRD
+    /// and the operator do, naming the file, the line of the object and the field.
+    #[test]
+    fn a_static_header_that_may_carry_a_key_is_refused_with_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            &dir,
+            &GEMINI.replace(
+                "HEADERS",
+                "headers: { X-Goog-Api-Key: k, OpenAI-Project: p }",
+            ),
+        );
+        let problems = compile_manifests(&path).unwrap_err();
+        let refused: Vec<String> = problems
+            .iter()
+            .filter(|p| p.field.as_deref() == Some("spec.headers[X-Goog-Api-Key]"))
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(refused.len(), 1, "{problems:?}");
+        let expected = format!(
+            "{}:6: team-a/gem: spec.headers[X-Goog-Api-Key]: \"X-Goog-Api-Key\" may carry a key",
+            path.display()
+        );
+        assert!(refused[0].starts_with(&expected), "{}", refused[0]);
+        // The same credential without it loads.
+        let path = write(
+            &dir,
+            &GEMINI.replace("HEADERS", "headers: { OpenAI-Project: p }"),
+        );
+        assert!(compile_manifests(&path).is_ok());
+    }
+
+    /// SPEC §14: standalone manifests are the platform's own file: a credential's
+    /// `allowPrivateNetwork: true` is honoured as written, in any namespace.
+    #[test]
+    fn standalone_honours_allow_private_network_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = GEMINI
+            .replace("provider: gemini", "provider: openai-compatible")
+            .replace(
+                "  HEADERS",
+                "  baseURL: http://127.0.0.1:8000/v1\n  allowPrivateNetwork: true",
+            );
+        let (compiled, _) = compile_manifests(&write(&dir, &text)).unwrap();
+        assert!(compiled.config.credentials[0].allow_private_network);
+        assert_eq!(compiled.config.routes.len(), 1);
     }
 }

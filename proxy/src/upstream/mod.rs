@@ -131,3 +131,49 @@ pub async fn read_cut(response: Incoming, cap: usize) -> Result<Bytes, hyper::Er
     }
     Ok(buf.freeze())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC §14: a credential the platform did not allow private networks is served
+    /// through `public`, whose resolver refuses, at connection time, a name that
+    /// resolves to a private address: nothing reaches a server listening there. The
+    /// same request through `private` (an allowed credential's client) connects.
+    #[tokio::test]
+    async fn the_public_client_never_connects_to_a_private_address_by_name() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let clients = Clients::new(1).unwrap();
+        let request = move || {
+            hyper::Request::get(format!("http://localhost:{port}/v1/models"))
+                .body(Body::default())
+                .unwrap()
+        };
+        let err = clients.public.here().request(request()).await.unwrap_err();
+        let mut chain = format!("{err}");
+        let mut source = std::error::Error::source(&err);
+        while let Some(e) = source {
+            chain.push_str(&format!(": {e}"));
+            source = e.source();
+        }
+        assert!(chain.contains("allowPrivateNetwork"), "{chain}");
+        let accepted = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+        assert!(accepted.is_err(), "the public client connected to {port}");
+
+        let private = tokio::spawn({
+            let client = clients.private.here().clone();
+            async move { client.request(request()).await }
+        });
+        let (mut conn, _) = tokio::time::timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the private client connects")
+            .unwrap();
+        use tokio::io::AsyncWriteExt;
+        conn.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = private.await.unwrap().unwrap();
+        assert_eq!(answer.status(), 204);
+    }
+}
