@@ -1,0 +1,300 @@
+//! The OpenTelemetry GenAI semantic conventions' metrics (issue 33): after unary,
+//! streamed, failed-over, failed and embeddings requests, `/metrics` has
+//! `gen_ai_client_token_usage`, `gen_ai_client_operation_duration_seconds`,
+//! `gen_ai_server_time_to_first_token_seconds` and
+//! `gen_ai_server_time_per_output_token_seconds` (the Prometheus names of
+//! `gen_ai.client.token.usage`, ...), with the conventions' units, bucket boundaries
+//! and attributes, beside the `switchback_*` metrics.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use switchback_tests::harness::{TestProxy, credential, route};
+use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
+
+/// The bucket boundaries the conventions advise, by metric.
+const TOKEN_BOUNDS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+const DURATION_BOUNDS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+const TTFT_BOUNDS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+const TPOT_BOUNDS: [f64; 13] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+
+/// The model the first provider's answers name (not the one asked for).
+const DATED: &str = "up-primary-2024-08-06";
+
+/// A recorded OpenAI answer naming `DATED`, 100 prompt and 300 completion tokens,
+/// unary and streamed.
+fn dated_answer() -> Behavior {
+    let usage = json!({"prompt_tokens": 100, "completion_tokens": 300, "total_tokens": 400});
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": DATED,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    Behavior::Replay {
+        unary: json!({"id": "c", "object": "chat.completion", "created": 1, "model": DATED,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "hi"}}],
+            "usage": usage}),
+        events: vec![
+            chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            chunk(json!({"content": "hi"}), Value::Null),
+            chunk(json!({"content": " there"}), Value::Null),
+            chunk(json!({}), json!("stop")),
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": DATED,
+                   "choices": [], "usage": usage}),
+        ],
+    }
+}
+
+/// `primary` (OpenAI) then `backup` (Anthropic) behind `smart`.
+async fn proxy_with(primary: &SimProvider, backup: &SimProvider) -> TestProxy {
+    TestProxy::start(&format!(
+        "{}{}{}",
+        credential("primary", "openai", &primary.base_url(), "sk-1"),
+        credential("backup", "anthropic", &backup.base_url(), "sk-2"),
+        route(
+            "smart",
+            "  targets:
+    - credentialRef: { name: primary }
+      model: up-primary
+    - credentialRef: { name: backup }
+      model: up-backup
+"
+        ),
+    ))
+    .await
+}
+
+/// A histogram family of a Prometheus text document: per label set (without `le`),
+/// its buckets (`le` → cumulative count), `_sum` and `_count`.
+#[derive(Debug, Default)]
+struct Family {
+    buckets: BTreeMap<String, Vec<(String, f64)>>,
+    sums: BTreeMap<String, f64>,
+    counts: BTreeMap<String, f64>,
+}
+
+fn family(text: &str, name: &str) -> Family {
+    let mut f = Family::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap();
+        let (metric, labels) = series
+            .split_once('{')
+            .map(|(m, l)| (m, l.trim_end_matches('}')))
+            .unwrap_or((series, ""));
+        let mut le = None;
+        let rest: Vec<&str> = labels
+            .split(',')
+            .filter(|l| match l.strip_prefix("le=") {
+                Some(v) => {
+                    le = Some(v.trim_matches('"').to_string());
+                    false
+                }
+                None => !l.is_empty(),
+            })
+            .collect();
+        let key = rest.join(",");
+        match metric.strip_prefix(name) {
+            Some("_bucket") => f.buckets.entry(key).or_default().push((le.unwrap(), value)),
+            Some("_sum") => {
+                f.sums.insert(key, value);
+            }
+            Some("_count") => {
+                f.counts.insert(key, value);
+            }
+            _ => {}
+        }
+    }
+    f
+}
+
+impl Family {
+    /// The label set (as written, `le` left out) that has all of `labels`.
+    fn key(&self, labels: &[(&str, &str)]) -> String {
+        let keys: Vec<&String> = self
+            .counts
+            .keys()
+            .filter(|k| {
+                labels
+                    .iter()
+                    .all(|(n, v)| k.split(',').any(|l| l == format!("{n}=\"{v}\"")))
+            })
+            .collect();
+        assert_eq!(keys.len(), 1, "{labels:?} among {:?}", self.counts.keys());
+        keys[0].clone()
+    }
+
+    fn count(&self, labels: &[(&str, &str)]) -> f64 {
+        self.counts[&self.key(labels)]
+    }
+
+    fn sum(&self, labels: &[(&str, &str)]) -> f64 {
+        self.sums[&self.key(labels)]
+    }
+
+    /// The cumulative count at `le`.
+    fn at(&self, labels: &[(&str, &str)], le: &str) -> f64 {
+        self.buckets[&self.key(labels)]
+            .iter()
+            .find(|(l, _)| l == le)
+            .unwrap_or_else(|| panic!("no le={le}"))
+            .1
+    }
+
+    /// Every series' `le` values are the conventions' bounds, then `+Inf`.
+    fn assert_bounds(&self, bounds: &[f64], what: &str) {
+        assert!(!self.buckets.is_empty(), "{what}: no series");
+        for (key, buckets) in &self.buckets {
+            let les: Vec<&str> = buckets.iter().map(|(l, _)| l.as_str()).collect();
+            assert_eq!(les.last(), Some(&"+Inf"), "{what} {key}");
+            let values: Vec<f64> = les[..les.len() - 1]
+                .iter()
+                .map(|l| l.parse().unwrap())
+                .collect();
+            assert_eq!(values, bounds, "{what} {key}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_stream_failover_and_errors_are_in_the_genai_metrics() {
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::Anthropic).await;
+    primary.set_default(dated_answer());
+    let proxy = proxy_with(&primary, &backup).await;
+
+    // Unary and streamed by the first target.
+    assert_eq!(proxy.chat("smart", false).await.status(), 200);
+    let r = proxy.chat("smart", true).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("there"));
+    // Failed over to the second (another provider), then failed on both.
+    primary.push(Behavior::ServerError(503));
+    let r = proxy.chat("smart", false).await;
+    assert_eq!(r.headers()["x-switchback-target"], "team-a/backup");
+    primary.push(Behavior::ServerError(503));
+    backup.push(Behavior::ServerError(529));
+    assert_eq!(proxy.chat("smart", false).await.status(), 502);
+    // An embeddings request.
+    primary.push(Behavior::Answer);
+    let r = proxy
+        .post("/v1/embeddings", &json!({"model": "smart", "input": "a"}))
+        .await;
+    assert_eq!(r.status(), 200);
+
+    let text = proxy.admin_text("/metrics").await;
+    for (name, unit) in [
+        ("gen_ai_client_token_usage", None),
+        ("gen_ai_client_operation_duration_seconds", Some("seconds")),
+        ("gen_ai_server_time_to_first_token_seconds", Some("seconds")),
+        (
+            "gen_ai_server_time_per_output_token_seconds",
+            Some("seconds"),
+        ),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} histogram\n")),
+            "{name} is a histogram:\n{text}"
+        );
+        if let Some(unit) = unit {
+            assert!(text.contains(&format!("# UNIT {name} {unit}\n")), "{name}");
+        }
+    }
+    assert!(
+        text.contains("switchback_requests_total{"),
+        "switchback_* stay"
+    );
+
+    let chat_primary = [
+        ("gen_ai_operation_name", "chat"),
+        ("gen_ai_provider_name", "openai"),
+        ("gen_ai_request_model", "up-primary"),
+    ];
+    let with = |more: &[(&'static str, &'static str)]| -> Vec<(&'static str, &'static str)> {
+        chat_primary.iter().chain(more).copied().collect()
+    };
+
+    let tokens = family(&text, "gen_ai_client_token_usage");
+    tokens.assert_bounds(&TOKEN_BOUNDS, "token usage");
+    // The unary answer and the stream: 100 input tokens each (≤ 256), 300 output
+    // (≤ 1024), under the model the answers named.
+    let input = with(&[
+        ("gen_ai_response_model", DATED),
+        ("gen_ai_token_type", "input"),
+    ]);
+    assert_eq!((tokens.count(&input), tokens.sum(&input)), (2.0, 200.0));
+    assert_eq!(tokens.at(&input, "64.0"), 0.0);
+    assert_eq!(tokens.at(&input, "256.0"), 2.0);
+    let output = with(&[
+        ("gen_ai_response_model", DATED),
+        ("gen_ai_token_type", "output"),
+    ]);
+    assert_eq!((tokens.count(&output), tokens.sum(&output)), (2.0, 600.0));
+    assert_eq!(tokens.at(&output, "256.0"), 0.0);
+    assert_eq!(tokens.at(&output, "1024.0"), 2.0);
+    // The fallback's answer: Anthropic's, translated, naming the model asked for.
+    let backup_input = [
+        ("gen_ai_operation_name", "chat"),
+        ("gen_ai_provider_name", "anthropic"),
+        ("gen_ai_request_model", "up-backup"),
+        ("gen_ai_response_model", "up-backup"),
+        ("gen_ai_token_type", "input"),
+    ];
+    assert_eq!(tokens.sum(&backup_input), PROMPT_TOKENS as f64);
+    // Embeddings: input only.
+    let embeddings = [
+        ("gen_ai_operation_name", "embeddings"),
+        ("gen_ai_provider_name", "openai"),
+        ("gen_ai_token_type", "input"),
+    ];
+    assert_eq!(tokens.count(&embeddings), 1.0);
+    assert!(
+        !tokens
+            .counts
+            .keys()
+            .any(|k| k.contains("gen_ai_operation_name=\"embeddings\"")
+                && k.contains("gen_ai_token_type=\"output\"")),
+        "no output tokens for embeddings"
+    );
+
+    let duration = family(&text, "gen_ai_client_operation_duration_seconds");
+    duration.assert_bounds(&DURATION_BOUNDS, "operation duration");
+    // Answered: the unary call and the stream (to its end).
+    assert_eq!(
+        duration.count(&with(&[("gen_ai_response_model", DATED)])),
+        2.0
+    );
+    // Failed: the first target twice (503), the second once (529), with error.type.
+    assert_eq!(duration.count(&with(&[("error_type", "status5xx")])), 2.0);
+    let backup_failed = [
+        ("gen_ai_provider_name", "anthropic"),
+        ("error_type", "status5xx"),
+    ];
+    assert_eq!(duration.count(&backup_failed), 1.0);
+    assert!(
+        !duration
+            .counts
+            .keys()
+            .any(|k| k.contains("error_type") && k.contains("gen_ai_response_model")),
+        "a failure names no response model"
+    );
+
+    // The stream alone: time to its first token, and per output token after it.
+    let ttft = family(&text, "gen_ai_server_time_to_first_token_seconds");
+    ttft.assert_bounds(&TTFT_BOUNDS, "time to first token");
+    assert_eq!(ttft.count(&with(&[("gen_ai_response_model", DATED)])), 1.0);
+    let tpot = family(&text, "gen_ai_server_time_per_output_token_seconds");
+    tpot.assert_bounds(&TPOT_BOUNDS, "time per output token");
+    assert_eq!(tpot.count(&with(&[("gen_ai_response_model", DATED)])), 1.0);
+}
