@@ -700,6 +700,8 @@ mod tests {
                 fallbacks: requests / 2,
                 failed: 0,
                 resumed: requests / 5,
+                cost_usd: Default::default(),
+                fallback_extra_usd: Default::default(),
                 targets: vec![TargetStats {
                     credential: ObjectId::new("team-a", "openai"),
                     model: Some("gpt-4o".into()),
