@@ -4,11 +4,21 @@
 //! `gen_ai_server_time_to_first_token_seconds` and
 //! `gen_ai_server_time_per_output_token_seconds` (the Prometheus names of
 //! `gen_ai.client.token.usage`, ...), with the conventions' units, bucket boundaries
-//! and attributes, beside the `switchback_*` metrics.
+//! and attributes, beside the `switchback_*` metrics; and the same go over OTLP/HTTP
+//! to a collector on loopback, under the conventions' own names.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use axum::body::Bytes;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::metrics::v1::{AggregationTemporality, HistogramDataPoint, metric};
+use prost::Message;
 use serde_json::{Value, json};
+use switchback_tests::binaries::{Process, build};
 use switchback_tests::harness::{TestProxy, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
 
@@ -297,4 +307,232 @@ async fn unary_stream_failover_and_errors_are_in_the_genai_metrics() {
     let tpot = family(&text, "gen_ai_server_time_per_output_token_seconds");
     tpot.assert_bounds(&TPOT_BOUNDS, "time per output token");
     assert_eq!(tpot.count(&with(&[("gen_ai_response_model", DATED)])), 1.0);
+}
+
+/// A collector on loopback that keeps every OTLP/HTTP metrics export it is sent.
+async fn collector() -> (String, Arc<Mutex<Vec<Bytes>>>) {
+    let received: Arc<Mutex<Vec<Bytes>>> = Arc::default();
+    let app = {
+        let received = received.clone();
+        axum::Router::new()
+            .route(
+                "/v1/metrics",
+                post(move |body: Bytes| {
+                    let received = received.clone();
+                    async move {
+                        received.lock().unwrap().push(body);
+                        ""
+                    }
+                }),
+            )
+            // The binary sends its traces there too.
+            .route("/v1/traces", post(|| async { "" }))
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, received)
+}
+
+fn attr<'a>(p: &'a HistogramDataPoint, key: &str) -> Option<&'a str> {
+    p.attributes.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            AnyValue::StringValue(s) => Some(s.as_str()),
+            _ => None,
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_genai_metrics_go_to_an_otlp_collector() {
+    let (url, received) = collector().await;
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::Anthropic).await;
+    primary.set_default(dated_answer());
+    let proxy = proxy_with(&primary, &backup).await;
+    // Every 100 ms, as --otlp-metrics-interval would.
+    let exporting = proxy
+        .running
+        .export_otlp_metrics(&url, Duration::from_millis(100))
+        .expect("an exporter");
+    let streamed = proxy.chat("smart", true).await.text().await.unwrap();
+    assert!(streamed.contains("there"), "{streamed}");
+    primary.push(Behavior::ServerError(503));
+    assert_eq!(proxy.chat("smart", false).await.status(), 200);
+
+    // Until an export holds both answers (the first ones may predate them).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let request = loop {
+        let last = received.lock().unwrap().last().cloned();
+        if let Some(body) = last {
+            let r = ExportMetricsServiceRequest::decode(body.as_ref()).expect("OTLP protobuf");
+            let names = r.resource_metrics[0].scope_metrics[0]
+                .metrics
+                .iter()
+                .map(|m| m.name.clone())
+                .collect::<Vec<_>>();
+            // Input and output of the stream's and of the fallback's answer.
+            if names.len() == 4 && tokens_counted(&r) >= 4 {
+                break r;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no full export");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    drop(exporting);
+
+    let rm = &request.resource_metrics[0];
+    let resource = rm.resource.as_ref().unwrap();
+    assert!(resource.attributes.iter().any(|kv| kv.key == "service.name"
+        && matches!(kv.value.as_ref().and_then(|v| v.value.as_ref()),
+                    Some(AnyValue::StringValue(s)) if s == "switchback-proxy")));
+    let metrics = &rm.scope_metrics[0].metrics;
+    for (name, unit, bounds) in [
+        ("gen_ai.client.token.usage", "{token}", &TOKEN_BOUNDS[..]),
+        (
+            "gen_ai.client.operation.duration",
+            "s",
+            &DURATION_BOUNDS[..],
+        ),
+        ("gen_ai.server.time_to_first_token", "s", &TTFT_BOUNDS[..]),
+        ("gen_ai.server.time_per_output_token", "s", &TPOT_BOUNDS[..]),
+    ] {
+        let m = metrics
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name} in {metrics:?}"));
+        assert_eq!(m.unit, unit, "{name}");
+        let Some(metric::Data::Histogram(h)) = &m.data else {
+            panic!("{name} is a histogram: {m:?}")
+        };
+        assert_eq!(
+            h.aggregation_temporality,
+            AggregationTemporality::Cumulative as i32
+        );
+        for p in &h.data_points {
+            assert_eq!(p.explicit_bounds, bounds, "{name}");
+            assert_eq!(p.bucket_counts.len(), bounds.len() + 1, "{name}");
+            assert_eq!(p.bucket_counts.iter().sum::<u64>(), p.count, "{name}");
+            assert_eq!(attr(p, "gen_ai.operation.name"), Some("chat"), "{name}");
+            assert!(p.start_time_unix_nano > 0 && p.time_unix_nano > p.start_time_unix_nano);
+        }
+    }
+    let points = |name: &str| -> Vec<HistogramDataPoint> {
+        match &metrics.iter().find(|m| m.name == name).unwrap().data {
+            Some(metric::Data::Histogram(h)) => h.data_points.clone(),
+            _ => Vec::new(),
+        }
+    };
+    let input = points("gen_ai.client.token.usage")
+        .into_iter()
+        .find(|p| {
+            attr(p, "gen_ai.token.type") == Some("input")
+                && attr(p, "gen_ai.provider.name") == Some("openai")
+        })
+        .expect("the first target's input tokens");
+    assert_eq!(attr(&input, "gen_ai.request.model"), Some("up-primary"));
+    assert_eq!(attr(&input, "gen_ai.response.model"), Some(DATED));
+    assert_eq!((input.count, input.sum), (1, Some(100.0)));
+    let failed = points("gen_ai.client.operation.duration")
+        .into_iter()
+        .find(|p| attr(p, "error.type").is_some())
+        .expect("the failed try");
+    assert_eq!(attr(&failed, "error.type"), Some("status5xx"));
+    assert_eq!(attr(&failed, "gen_ai.response.model"), None);
+    let anthropic = points("gen_ai.client.token.usage")
+        .into_iter()
+        .find(|p| attr(p, "gen_ai.provider.name") == Some("anthropic"));
+    assert!(anthropic.is_some(), "the fallback's answer");
+}
+
+/// Token usage data points in an export.
+fn tokens_counted(r: &ExportMetricsServiceRequest) -> u64 {
+    r.resource_metrics[0].scope_metrics[0]
+        .metrics
+        .iter()
+        .filter(|m| m.name == "gen_ai.client.token.usage")
+        .filter_map(|m| match &m.data {
+            Some(metric::Data::Histogram(h)) => Some(h.data_points.len() as u64),
+            _ => None,
+        })
+        .sum()
+}
+
+/// The real binary: `--otlp-endpoint` turns the export on (`--otlp-metrics-interval`
+/// says how often), and a SIGTERM sends the last counts before the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_sends_its_last_metrics_when_it_stops() {
+    let (url, received) = collector().await;
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::Anthropic).await;
+    primary.set_default(dated_answer());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("switchback.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "{}{}{}",
+            credential("primary", "openai", &primary.base_url(), "sk-1"),
+            credential("backup", "anthropic", &backup.base_url(), "sk-2"),
+            route(
+                "smart",
+                "  targets:\n    - credentialRef: { name: primary }\n      model: up-primary\n"
+            ),
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("proxy.log");
+    let (mut proxy, [data, _]) = Process::start_proxy(
+        &build().join("switchback-proxy"),
+        &file,
+        &log,
+        &[
+            "--otlp-endpoint",
+            &url,
+            "--otlp-metrics-interval",
+            "1h",
+            "--drain-delay",
+            "0s",
+        ],
+    );
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{data}/v1/chat/completions"))
+        .json(&json!({"model": "smart", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        received.lock().unwrap().is_empty(),
+        "nothing before the hour"
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &proxy.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = proxy.exited() {
+            break exit;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the proxy did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "{exit}");
+    let body = received
+        .lock()
+        .unwrap()
+        .last()
+        .cloned()
+        .expect("the last export");
+    let r = ExportMetricsServiceRequest::decode(body.as_ref()).unwrap();
+    assert_eq!(
+        tokens_counted(&r),
+        2,
+        "the request's input and output: {r:?}"
+    );
 }
