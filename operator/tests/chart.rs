@@ -915,6 +915,8 @@ fn values_reach_their_flags_and_fields() {
         "--set",
         "proxy.tracing.otlpEndpoint=http://otel.obs:4318",
         "--set",
+        "proxy.tracing.otlpMetricsInterval=15s",
+        "--set",
         "proxy.allowEmptyConfig=true",
         "--set",
         "proxy.extraArgs={--log-format=text}",
@@ -956,6 +958,7 @@ fn values_reach_their_flags_and_fields() {
         "--idle-timeout=2m",
         "--threads=3",
         "--otlp-endpoint=http://otel.obs:4318",
+        "--otlp-metrics-interval=15s",
         "--allow-empty-config",
     ] {
         assert!(
