@@ -22,6 +22,7 @@ use crate::config::Price;
 /// Decimals of a [`Usd`]: femto-USD.
 pub const DECIMALS: u32 = 15;
 const SCALE: u128 = 10u128.pow(DECIMALS);
+const FEMTO_PER_MICRO: u128 = SCALE / 1_000_000;
 /// Decimals of a price per million tokens (the CRD's pattern allows nine).
 const PRICE_DECIMALS: u32 = 9;
 
@@ -53,10 +54,22 @@ impl Usd {
         Usd(self.0.saturating_sub(o.0))
     }
 
+    /// `micro` millionths of a USD.
+    pub const fn from_micro(micro: u64) -> Self {
+        Usd(micro as u128 * FEMTO_PER_MICRO)
+    }
+
+    /// In millionths of a USD, when it is a whole number of them.
+    pub fn exact_micro(self) -> Option<u64> {
+        self.0
+            .is_multiple_of(FEMTO_PER_MICRO)
+            .then(|| u64::try_from(self.0 / FEMTO_PER_MICRO).ok())
+            .flatten()
+    }
+
     /// Millionths of a USD, rounded half up (an LLMClient's `microUsd`).
     pub fn micro_rounded(self) -> u64 {
-        let per_micro = SCALE / 1_000_000;
-        u64::try_from((self.0 + per_micro / 2) / per_micro).unwrap_or(u64::MAX)
+        u64::try_from((self.0 + FEMTO_PER_MICRO / 2) / FEMTO_PER_MICRO).unwrap_or(u64::MAX)
     }
 
     /// In USD as a float, for Prometheus (which has no other number).
@@ -283,6 +296,17 @@ mod tests {
             assert_eq!(of(value, value), price(spec, spec), "{spec}");
         }
         assert_eq!(of(f64::NAN, -1.0), UnitPrice::default());
+    }
+
+    #[test]
+    fn whole_millionths_convert_both_ways() {
+        assert_eq!(Usd::from_micro(3_100_000).to_string(), "3.10");
+        assert_eq!(usd("0.0015").exact_micro(), Some(1_500));
+        assert_eq!(
+            usd("0.0000015").exact_micro(),
+            None,
+            "not a whole millionth"
+        );
     }
 
     #[test]

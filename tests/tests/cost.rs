@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde_json::json;
 use switchback_crds::cost::{UnitPrice, Usd};
-use switchback_tests::harness::{NS, TestProxy, credential, route};
-use switchback_tests::sim::{Behavior, Flavor, SimProvider};
+use switchback_tests::harness::{TestProxy, app_client, credential, route};
+use switchback_tests::sim::{Behavior, Flavor, SimProvider, openai_recorded};
 use tokio::time::{Instant, sleep, timeout};
 
 const KEY: &str = "sk-team-a-app-0123456789";
@@ -39,46 +39,9 @@ fn manifests(primary: &SimProvider, backup: &SimProvider) -> String {
                 CHEAP.0, CHEAP.1, DEAR.0, DEAR.1
             ),
         ),
-        format!(
-            "---
-apiVersion: v1
-kind: Secret
-metadata: {{ name: app-llm, namespace: {NS} }}
-stringData: {{ apiKey: \"{KEY}\" }}
----
-apiVersion: switchback.dev/v1alpha1
-kind: LLMClient
-metadata: {{ name: app, namespace: {NS} }}
-spec:
-  keySecretRef: {{ name: app-llm, key: apiKey }}
-"
-        ),
+        app_client(KEY, ""),
     ]
     .concat()
-}
-
-/// A recorded OpenAI answer of `input` prompt and `output` completion tokens, unary
-/// and streamed (role, content, finish, usage chunks).
-fn answer(model: &str, input: u64, output: u64) -> Behavior {
-    let usage = json!({"prompt_tokens": input, "completion_tokens": output,
-                       "total_tokens": input + output});
-    let chunk = |delta: Value, finish: Value| {
-        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": model,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-    };
-    Behavior::Replay {
-        unary: json!({"id": "c", "object": "chat.completion", "created": 1, "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "priced"}}],
-            "usage": usage}),
-        events: vec![
-            chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-            chunk(json!({"content": "priced"}), Value::Null),
-            chunk(json!({}), json!("stop")),
-            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": model,
-                   "choices": [], "usage": usage}),
-        ],
-    }
 }
 
 async fn chat(proxy: &TestProxy, stream: bool) -> reqwest::Response {
@@ -149,8 +112,8 @@ fn assert_usd(got: Option<f64>, want: Usd, what: &str) {
 async fn answers_cost_their_targets_price_and_fallbacks_what_they_cost_beyond_the_first() {
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
-    primary.set_default(answer("up-primary", 1000, 2000));
-    backup.set_default(answer("up-backup", 1000, 2000));
+    primary.set_default(openai_recorded("up-primary", &["priced"], 1000, 2000));
+    backup.set_default(openai_recorded("up-backup", &["priced"], 1000, 2000));
     let proxy = TestProxy::start(&manifests(&primary, &backup)).await;
 
     // The first target answers; then it fails and the dear one answers, unary and

@@ -17,10 +17,10 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::metrics::v1::{AggregationTemporality, HistogramDataPoint, metric};
 use prost::Message;
-use serde_json::{Value, json};
+use serde_json::json;
 use switchback_tests::binaries::{Process, build};
 use switchback_tests::harness::{TestProxy, credential, route};
-use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider};
+use switchback_tests::sim::{Behavior, Flavor, PROMPT_TOKENS, SimProvider, openai_recorded};
 
 /// The bucket boundaries the conventions advise, by metric.
 const TOKEN_BOUNDS: [f64; 14] = [
@@ -43,25 +43,7 @@ const DATED: &str = "up-primary-2024-08-06";
 /// A recorded OpenAI answer naming `DATED`, 100 prompt and 300 completion tokens,
 /// unary and streamed.
 fn dated_answer() -> Behavior {
-    let usage = json!({"prompt_tokens": 100, "completion_tokens": 300, "total_tokens": 400});
-    let chunk = |delta: Value, finish: Value| {
-        json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": DATED,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-    };
-    Behavior::Replay {
-        unary: json!({"id": "c", "object": "chat.completion", "created": 1, "model": DATED,
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "hi"}}],
-            "usage": usage}),
-        events: vec![
-            chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-            chunk(json!({"content": "hi"}), Value::Null),
-            chunk(json!({"content": " there"}), Value::Null),
-            chunk(json!({}), json!("stop")),
-            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": DATED,
-                   "choices": [], "usage": usage}),
-        ],
-    }
+    openai_recorded(DATED, &["hi", " there"], 100, 300)
 }
 
 /// `primary` (OpenAI) then `backup` (Anthropic) behind `smart`.
@@ -160,6 +142,11 @@ impl Family {
             .find(|(l, _)| l == le)
             .unwrap_or_else(|| panic!("no le={le}"))
             .1
+    }
+
+    /// Whether a series has both labels (as written).
+    fn has_both(&self, a: &str, b: &str) -> bool {
+        self.counts.keys().any(|k| k.contains(a) && k.contains(b))
     }
 
     /// Every series' `le` values are the conventions' bounds, then `+Inf`.
@@ -270,11 +257,10 @@ async fn unary_stream_failover_and_errors_are_in_the_genai_metrics() {
     ];
     assert_eq!(tokens.count(&embeddings), 1.0);
     assert!(
-        !tokens
-            .counts
-            .keys()
-            .any(|k| k.contains("gen_ai_operation_name=\"embeddings\"")
-                && k.contains("gen_ai_token_type=\"output\"")),
+        !tokens.has_both(
+            "gen_ai_operation_name=\"embeddings\"",
+            "gen_ai_token_type=\"output\""
+        ),
         "no output tokens for embeddings"
     );
 
@@ -293,10 +279,7 @@ async fn unary_stream_failover_and_errors_are_in_the_genai_metrics() {
     ];
     assert_eq!(duration.count(&backup_failed), 1.0);
     assert!(
-        !duration
-            .counts
-            .keys()
-            .any(|k| k.contains("error_type") && k.contains("gen_ai_response_model")),
+        !duration.has_both("error_type", "gen_ai_response_model"),
         "a failure names no response model"
     );
 
