@@ -47,6 +47,7 @@ async fn main() -> std::process::ExitCode {
         auth: cli.auth,
         client_key_hmac_file: cli.client_key_hmac_file,
         admin_token_file: cli.admin_token_file,
+        listen_wait: cli.listen_wait,
     };
     let started = tokio::select! {
         r = start(opts) => r,

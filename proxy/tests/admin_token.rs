@@ -30,6 +30,7 @@ fn options(dir: &Path, token_file: Option<PathBuf>) -> Options {
         auth: None,
         client_key_hmac_file: None,
         admin_token_file: token_file,
+        listen_wait: std::time::Duration::ZERO,
     }
 }
 

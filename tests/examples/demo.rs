@@ -67,6 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         auth: None,
         client_key_hmac_file: None,
         admin_token_file: None,
+        listen_wait: std::time::Duration::ZERO,
     })
     .await?;
     let base = format!("http://{}", proxy.data_addr);

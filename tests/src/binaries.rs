@@ -153,13 +153,24 @@ impl Process {
         needle: &str,
         within: std::time::Duration,
     ) -> Result<(), String> {
+        self.wait_for_any_log(from, &[needle], within).map(|_| ())
+    }
+
+    /// Like [`Process::wait_for_log`], for the first of several needles: which one.
+    pub fn wait_for_any_log(
+        &mut self,
+        from: u64,
+        needles: &[&str],
+        within: std::time::Duration,
+    ) -> Result<usize, String> {
+        let needle = needles.join("\" or \"");
         let log = self.log.clone().expect("a process started with a log");
         let deadline = std::time::Instant::now() + within;
         loop {
             let text = std::fs::read(&log).unwrap_or_default();
-            let fresh = text.get(from as usize..).unwrap_or_default();
-            if String::from_utf8_lossy(fresh).contains(needle) {
-                return Ok(());
+            let fresh = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+            if let Some(i) = needles.iter().position(|n| fresh.contains(n)) {
+                return Ok(i);
             }
             if let Some(status) = self.exited() {
                 self.stopped = true;
@@ -183,7 +194,8 @@ impl Process {
     /// Starts a server process on ports from [`free_ports`] (`args` builds its
     /// arguments from them) and waits for `ready` in its log. Ports released by
     /// `free_ports` can be taken by another process before the child binds them: a
-    /// child that exits saying so is started again on fresh ports (up to 5 times).
+    /// child that exits saying so, or says it waits for one (the proxy's
+    /// `--listen-wait`), is started again on fresh ports (up to 5 times).
     pub fn start_listening<const N: usize>(
         name: &'static str,
         bin: &Path,
@@ -197,11 +209,17 @@ impl Process {
             let ports = free_ports::<N>();
             let from = log_len(log);
             let mut process = Process::start_logged(name, bin, &args(ports), log);
-            match process.wait_for_log(from, ready, std::time::Duration::from_secs(60)) {
-                Ok(()) => return (process, ports),
+            let within = std::time::Duration::from_secs(60);
+            match process.wait_for_any_log(from, &[ready, "is in use; waiting"], within) {
+                Ok(0) => return (process, ports),
+                Ok(_) if tries < 5 => {
+                    process.stop();
+                    eprintln!("{name} found {ports:?} in use, starting it again");
+                }
                 Err(e) if e.contains("in use") && tries < 5 => {
                     eprintln!("{name} could not bind {ports:?}, starting it again");
                 }
+                Ok(_) => panic!("{name}: {ports:?} in use 5 times"),
                 Err(e) => panic!("{name}: {e}"),
             }
         }

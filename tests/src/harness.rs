@@ -183,6 +183,7 @@ impl TestProxy {
             auth: None,
             client_key_hmac_file: None,
             admin_token_file: None,
+            listen_wait: std::time::Duration::ZERO,
         };
         configure(&mut options);
         let running = switchback_proxy::start(options).await?;
