@@ -199,7 +199,7 @@ pub(crate) async fn serve_admin(listener: tokio::net::TcpListener, app: Router, 
 
 /// The open connections of a port that makes room at its cap (the admin port).
 #[derive(Debug, Default)]
-pub struct Roster {
+pub(crate) struct Roster {
     open: std::sync::Mutex<Vec<Arc<Shared>>>,
     epoch: std::sync::OnceLock<Instant>,
 }
