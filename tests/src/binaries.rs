@@ -225,6 +225,32 @@ impl Process {
         }
     }
 
+    /// Waits up to `within` for the process to exit (as it should: its exit is no
+    /// news); its status. Panics with the log's tail if it does not.
+    pub fn wait_exit(&mut self, within: std::time::Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.exited() {
+                self.stopped = true;
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let log = self.log.as_deref().map_or(String::new(), |l| tail(l, 30));
+                panic!("{} did not exit within {within:?}:\n{log}", self.name);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Sends it signal `name` (`TERM`, `INT`, ...) with `kill`.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name} {}", self.pid());
+    }
+
     pub fn stop(&mut self) {
         self.stopped = true;
         let _ = self.child.kill();
@@ -244,6 +270,46 @@ impl Drop for Process {
         }
         self.stop();
     }
+}
+
+/// The arguments of a standalone `switchback-proxy` serving `manifest` on loopback
+/// ports `data` and `admin` with two lanes (as in production, more than one), then
+/// `extra`.
+pub fn proxy_args(manifest: &Path, data: u16, admin: u16, extra: &[&str]) -> Vec<String> {
+    let (data, admin) = (format!("127.0.0.1:{data}"), format!("127.0.0.1:{admin}"));
+    let manifest = manifest.to_str().expect("a UTF-8 path");
+    [
+        "--manifests",
+        manifest,
+        "--listen",
+        &data,
+        "--admin-listen",
+        &admin,
+        "--threads",
+        "2",
+    ]
+    .into_iter()
+    .chain(extra.iter().copied())
+    .map(str::to_owned)
+    .collect()
+}
+
+/// `/metrics` of the admin port on loopback port `admin`, on a new connection.
+pub async fn scrape(admin: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .expect("the admin port answers")
+        .text()
+        .await
+        .expect("a /metrics body")
+}
+
+/// The value of the series `series` (name and labels, as written) in a Prometheus
+/// text document, if it is there.
+pub fn metric(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// `N` distinct free loopback ports for a child process to listen on. The listeners

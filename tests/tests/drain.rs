@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use switchback_tests::binaries::{Process, build};
+use switchback_tests::binaries::{Process, build, proxy_args};
 use switchback_tests::harness::{chat_body, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 use tokio::time::{Instant, sleep, timeout};
@@ -37,14 +37,6 @@ async fn read_stream(r: reqwest::Response) -> Result<String, String> {
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
     Ok(text)
-}
-
-fn signal(pid: u32, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
 }
 
 #[tokio::test]
@@ -80,25 +72,12 @@ async fn sigterm_drains_in_flight_calls_and_streams_then_exits_0() {
     )
     .unwrap();
     let log = dir.path().join("proxy.log");
-    let args = |[data, admin]: [u16; 2]| -> Vec<String> {
-        [
-            "--manifests",
-            manifest.to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{data}"),
-            "--admin-listen",
-            &format!("127.0.0.1:{admin}"),
-            "--threads",
-            "2",
-            "--drain-delay",
-            &format!("{}ms", DRAIN_DELAY.as_millis()),
-            "--shutdown-grace",
-            &format!("{}ms", GRACE.as_millis()),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
+    let (delay, grace) = (
+        format!("{}ms", DRAIN_DELAY.as_millis()),
+        format!("{}ms", GRACE.as_millis()),
+    );
+    let drain = ["--drain-delay", &delay, "--shutdown-grace", &grace];
+    let args = |[data, admin]: [u16; 2]| proxy_args(&manifest, data, admin, &drain);
     let (mut proxy, [data, admin]) = Process::start_listening(
         "switchback-proxy",
         &bin,
@@ -147,7 +126,7 @@ async fn sigterm_drains_in_flight_calls_and_streams_then_exits_0() {
     .expect("every request is in flight");
 
     let signalled = Instant::now();
-    signal(proxy.pid(), "TERM");
+    proxy.signal("TERM");
     // Not ready any more; the admin port still answers. (That this comes at once,
     // before the delay, is front::drain's unit test on the paused clock.)
     timeout(Duration::from_secs(10), async {

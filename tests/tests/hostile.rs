@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use switchback_tests::binaries::{Process, build, free_ports, tail};
+use switchback_tests::binaries::{Process, build, free_ports, metric, proxy_args, scrape, tail};
 use switchback_tests::harness::{chat_body, credential, route};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,7 +46,7 @@ fn start(sim: &SimProvider, extra: &[&str]) -> Proxy {
     let (process, [data, admin]) = Process::start_listening(
         "switchback-proxy",
         &bin,
-        |[data, admin]: [u16; 2]| args(&manifest, data, admin, extra),
+        |[data, admin]: [u16; 2]| proxy_args(&manifest, data, admin, extra),
         &log,
         "switchback-proxy serving",
     );
@@ -70,24 +70,6 @@ fn manifests(sim: &SimProvider) -> String {
     .concat()
 }
 
-fn args(manifest: &Path, data: u16, admin: u16, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--manifests",
-        manifest.to_str().unwrap(),
-        "--listen",
-        &format!("127.0.0.1:{data}"),
-        "--admin-listen",
-        &format!("127.0.0.1:{admin}"),
-        "--threads",
-        "2",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
-}
-
 impl Proxy {
     fn data_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.data))
@@ -97,25 +79,9 @@ impl Proxy {
         SocketAddr::from(([127, 0, 0, 1], self.admin))
     }
 
-    async fn metrics(&self) -> String {
-        fresh_client()
-            .get(format!("http://{}/metrics", self.admin_addr()))
-            .send()
-            .await
-            .expect("the admin port answers")
-            .text()
-            .await
-            .unwrap()
-    }
-
     async fn metric(&self, name: &str) -> u64 {
-        let text = self.metrics().await;
-        let prefix = format!("{name} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
-            .parse()
-            .unwrap()
+        let text = scrape(self.admin).await;
+        metric(&text, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
     }
 
     async fn refusals(&self, limit: &str) -> u64 {
@@ -489,18 +455,10 @@ fn start_on(dir: &Path, name: &str, data: u16, admin: u16, extra: &[&str]) -> (P
     let process = Process::start_logged(
         "switchback-proxy",
         &bin,
-        &args(&manifest, data, admin, extra),
+        &proxy_args(&manifest, data, admin, extra),
         &log,
     );
     (process, log)
-}
-
-fn signal(pid: u32, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
 }
 
 /// True when a plain socket (no `SO_REUSEPORT`) can bind `port` now: nobody listens
@@ -530,7 +488,7 @@ async fn a_proxy_started_on_the_ports_of_a_draining_one_waits_and_takes_both_ove
     .unwrap();
     let [data, admin] = free_ports::<2>();
     let drain = ["--drain-delay", "1s", "--shutdown-grace", "4s"];
-    let (mut old, old_log) = start_on(dir.path(), "old", data, admin, &drain);
+    let (mut old, _) = start_on(dir.path(), "old", data, admin, &drain);
     old.wait_for_log(0, "switchback-proxy serving", PROMPTLY)
         .unwrap_or_else(|e| panic!("{e}"));
     // A stream that never ends keeps the old one draining for the whole grace.
@@ -541,7 +499,7 @@ async fn a_proxy_started_on_the_ports_of_a_draining_one_waits_and_takes_both_ove
             .send(),
     );
     stuck.wait_hits(1).await;
-    signal(old.pid(), "TERM");
+    old.signal("TERM");
     old.wait_for_log(0, "stopped accepting", PROMPTLY)
         .unwrap_or_else(|e| panic!("{e}"));
 
@@ -557,12 +515,7 @@ async fn a_proxy_started_on_the_ports_of_a_draining_one_waits_and_takes_both_ove
     assert!(new.exited().is_none(), "{}", tail(&new_log, 20));
 
     // The old one exits after its grace; the new one takes both ports and serves.
-    let started = Instant::now();
-    while old.exited().is_none() {
-        assert!(started.elapsed() < PROMPTLY, "{}", tail(&old_log, 20));
-        sleep(Duration::from_millis(50)).await;
-    }
-    old.stop(); // it exited, as it should
+    assert!(old.wait_exit(PROMPTLY).success());
     new.wait_for_log(0, "switchback-proxy serving", PROMPTLY)
         .unwrap_or_else(|e| panic!("{e}"));
     let _ = stream.await;
@@ -598,16 +551,7 @@ async fn a_proxy_that_cannot_get_its_admin_port_exits_having_bound_neither() {
         free(data),
         "the data port is held while the admin port is awaited"
     );
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = p.exited() {
-            break s;
-        }
-        assert!(started.elapsed() < PROMPTLY, "{}", tail(&log, 20));
-        sleep(Duration::from_millis(50)).await;
-    };
-    assert!(!status.success());
-    p.stop(); // it exited, as it should
+    assert!(!p.wait_exit(PROMPTLY).success());
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains(&format!("cannot listen on 127.0.0.1:{admin}")) && text.contains("2s"),

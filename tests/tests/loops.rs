@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use switchback_tests::binaries::{Process, build, log_len};
+use switchback_tests::binaries::{Process, build, log_len, metric, proxy_args, scrape};
 use switchback_tests::harness::{
     TestProxy, bedrock_credential, chat_body, credential, header, messages_body, route,
     vertex_credential,
@@ -62,19 +62,7 @@ impl Proxy {
             &bin,
             |[data, admin]: [u16; 2]| {
                 std::fs::write(&manifest, manifests(data)).unwrap();
-                [
-                    "--manifests",
-                    manifest.to_str().unwrap(),
-                    "--listen",
-                    &format!("127.0.0.1:{data}"),
-                    "--admin-listen",
-                    &format!("127.0.0.1:{admin}"),
-                    "--threads",
-                    "2",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
+                proxy_args(&manifest, data, admin, &[])
             },
             &log,
             "switchback-proxy serving",
@@ -97,12 +85,7 @@ impl Proxy {
     }
 
     async fn metrics(&self) -> String {
-        reqwest::get(format!("http://127.0.0.1:{}/metrics", self.admin))
-            .await
-            .expect("the admin port answers")
-            .text()
-            .await
-            .unwrap()
+        scrape(self.admin).await
     }
 
     /// Requests the route `team-a/<route>` has served (every outcome).
@@ -117,13 +100,9 @@ impl Proxy {
     }
 
     async fn refusals(&self, limit: &str) -> u64 {
-        let prefix = format!("switchback_limit_refusals_total{{limit=\"{limit}\"}} ");
+        let series = format!("switchback_limit_refusals_total{{limit=\"{limit}\"}}");
         let text = self.metrics().await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{text}"))
-            .parse()
-            .unwrap()
+        metric(&text, &series).unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
     }
 
     /// Rewrites the manifests and waits until the proxy has loaded them.

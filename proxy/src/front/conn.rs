@@ -834,14 +834,20 @@ mod tests {
         assert_eq!(count(&f.refusals.idle_timeouts), 0);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_client_that_stops_reading_is_disconnected_and_its_answer_let_go() {
-        let f = front();
+    /// A connection that asked for `/big`; the flag its answer sets when let go.
+    async fn big(f: &Arc<Front>) -> (DuplexStream, Arc<std::sync::atomic::AtomicBool>) {
         let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut c = open_with(&f, released.clone());
+        let mut c = open_with(f, released.clone());
         c.write_all(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
+        (c, released)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_is_disconnected_and_its_answer_let_go() {
+        let f = front();
+        let (mut c, released) = big(&f).await;
         // The client reads nothing: the answer fills the pipe and waits.
         tokio::time::sleep(Duration::from_secs(59)).await;
         assert_eq!(count(&f.refusals.write_timeouts), 0);
@@ -860,11 +866,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_that_reads_slowly_is_not_disconnected() {
         let f = front();
-        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut c = open_with(&f, released.clone());
-        c.write_all(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let (mut c, released) = big(&f).await;
         // 64 KiB every 50 s: never 60 s without taking a byte, 17 minutes in all.
         let mut got = 0usize;
         let mut buf = vec![0u8; 64 << 10];
