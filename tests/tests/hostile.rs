@@ -506,12 +506,16 @@ async fn a_proxy_started_on_the_ports_of_a_draining_one_waits_and_takes_both_ove
     let (mut new, new_log) = start_on(dir.path(), "new", data, admin, &["--listen-wait", "30s"]);
     new.wait_for_log(0, "waiting", PROMPTLY)
         .unwrap_or_else(|e| panic!("the new proxy does not wait for the ports: {e}"));
-    // While it waits it holds neither port: the old one has stopped accepting on the
-    // data port, and nobody else listens there.
-    assert!(
-        free(data),
-        "someone listens on the data port while the old one drains"
-    );
+    // While it waits it holds neither port: once the old one has closed its data
+    // listeners (it stopped accepting), nobody listens there.
+    let started = Instant::now();
+    while !free(data) {
+        assert!(
+            started.elapsed() < PROMPTLY,
+            "someone listens on the data port while the old one drains"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
     assert!(new.exited().is_none(), "{}", tail(&new_log, 20));
 
     // The old one exits after its grace; the new one takes both ports and serves.
