@@ -595,6 +595,16 @@ fn the_schema_refuses_wrong_values_naming_the_field() {
     );
     assert_refused(
         &helm,
+        &["--set", "proxy.limits.maxHops=0"],
+        "proxy.limits.maxHops",
+    );
+    assert_refused(
+        &helm,
+        &["--set", "proxy.limits.maxHeaderBytes=4096"],
+        "proxy.limits.maxHeaderBytes",
+    );
+    assert_refused(
+        &helm,
         &["--set", "operator.logFormat=xml"],
         "operator.logFormat",
     );
@@ -882,6 +892,12 @@ fn values_reach_their_flags_and_fields() {
         "--header-read-timeout=10s",
         "--body-read-timeout=30s",
         "--idle-timeout=90s",
+        "--max-header-bytes=65536",
+        "--max-inflight-header-bytes=33554432",
+        "--client-write-timeout=60s",
+        "--max-hops=2",
+        "--admin-max-connections=128",
+        "--admin-idle-timeout=30s",
         "--drain-delay=0s",
         "--shutdown-grace=30s",
         "--usage-handover=10s",
@@ -910,6 +926,12 @@ fn values_reach_their_flags_and_fields() {
         "proxy.limits.headerReadTimeout=5s",
         "--set",
         "proxy.limits.idleTimeout=2m",
+        "--set",
+        "proxy.limits.maxHops=4",
+        "--set",
+        "proxy.limits.clientWriteTimeout=15s",
+        "--set",
+        "proxy.limits.adminMaxConnections=16",
         "--set",
         "proxy.threads=3",
         "--set",
@@ -954,6 +976,9 @@ fn values_reach_their_flags_and_fields() {
         "--max-inflight-response-bytes=33554432",
         "--header-read-timeout=5s",
         "--idle-timeout=2m",
+        "--max-hops=4",
+        "--client-write-timeout=15s",
+        "--admin-max-connections=16",
         "--threads=3",
         "--otlp-endpoint=http://otel.obs:4318",
         "--allow-empty-config",

@@ -503,6 +503,7 @@ pub(super) mod tests {
             stream: false,
             client_headers: &headers,
             request_id: &id,
+            hops: 0,
             client: None,
             include_usage: None,
             strip_usage: false,
