@@ -1632,6 +1632,176 @@ async fn schema_and_cel_refusals_name_the_field() {
     );
 }
 
+/// The routes of `namespaces` whose Programmed condition is True, by one list of
+/// every namespace (one `kubectl get` per namespace would take seconds itself).
+fn programmed_in(namespaces: &[String]) -> Option<usize> {
+    let list = get_json(&["llmroutes", "-A"])?;
+    let count = list["items"]
+        .as_array()?
+        .iter()
+        .filter(|r| {
+            r["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|ns| namespaces.iter().any(|n| n == ns))
+                && condition(r, "Programmed").is_some_and(|c| c["status"] == "True")
+        })
+        .count();
+    Some(count)
+}
+
+/// One namespace's provider keys in two Secrets of their own, for two credentials:
+/// each key may be up to a Secret's 1 MiB, and together over it.
+fn two_keys(ns: &str, base_url: &str, key: &str) -> String {
+    let mut yaml = String::new();
+    for name in ["first", "second"] {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: keys-{name}, namespace: {ns} }}\n\
+             stringData: {{ key: {key}-{name} }}\n---\n\
+             apiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\n\
+             metadata: {{ name: {name}, namespace: {ns} }}\n\
+             spec: {{ provider: openai-compatible, baseURL: \"{base_url}\", secretRef: {{ name: keys-{name}, key: key }}, allowPrivateNetwork: true }}\n"
+        ));
+    }
+    yaml
+}
+
+/// SPEC §14, "Delivery is isolated per namespace", on a real API server: a namespace
+/// too big for one ConfigMap is split over several and served whole; a namespace whose
+/// write the API server refuses (its keys Secret over the 1 MiB a Secret may hold)
+/// keeps its last delivered version, says `DeliveryFailed` with the API's message
+/// (condition, Event, metric), and stops nobody: another namespace's edit is served
+/// meanwhile. Fixed, it is delivered again.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_namespace_cannot_stop_delivery_for_the_others() {
+    if !enabled("one_namespace_cannot_stop_delivery_for_the_others") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let gw = format!("sb-iso-gw-{id}");
+    let big = format!("sb-iso-big-{id}");
+    let small = format!("sb-iso-small-{id}");
+    let refused = format!("sb-iso-refused-{id}");
+    let _namespaces = Namespaces::create(&[gw.clone(), big.clone(), small.clone(), refused.clone()]);
+    let sim = SimProvider::start_named("isolation", Flavor::OpenAi).await;
+    let stack = Stack::start(&gw, 1, &[]);
+
+    // 1,300 routes: more than one ConfigMap's 1 MiB of JSON (about 800 fit).
+    const BIG: usize = 1_300;
+    let mut yaml = secret(&big, "sk-big");
+    yaml.push_str(&credential(&big, "steady", &sim.base_url()));
+    for i in 0..BIG {
+        yaml.push_str(&route(
+            &big,
+            &format!("r{i}"),
+            &format!("big-{i}-{id}"),
+            "[ { credentialRef: { name: steady } } ]",
+        ));
+    }
+    yaml.push_str(&secret(&small, "sk-small"));
+    yaml.push_str(&credential(&small, "steady", &sim.base_url()));
+    yaml.push_str(&route(
+        &small,
+        "smart",
+        &format!("small-{id}"),
+        "[ { credentialRef: { name: steady } } ]",
+    ));
+    yaml.push_str(&two_keys(&refused, &sim.base_url(), "sk-old"));
+    let both = "[ { credentialRef: { name: first } }, { credentialRef: { name: second } } ]";
+    yaml.push_str(&route(&refused, "smart", &format!("refused-{id}"), both));
+    apply(&yaml);
+    let everyone = [big.clone(), small.clone(), refused.clone()];
+    eventually(
+        "every route Programmed",
+        Duration::from_secs(300),
+        || (programmed_in(&everyone)? == BIG + 2).then_some(()),
+    )
+    .await;
+    let parts = get_json(&["configmaps", "-n", &gw, "-l", "switchback.dev/source-namespace"])
+        .unwrap()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|cm| cm["metadata"]["labels"]["switchback.dev/source-namespace"] == big.as_str())
+        .count();
+    assert!(parts > 1, "{BIG} routes in {parts} ConfigMap(s)");
+    let r = stack.chat(&format!("big-{}-{id}", BIG - 1)).await;
+    assert_eq!(r.status(), 200, "the last of the big namespace's routes is served");
+
+    // Two keys of 600 KiB: the keys Secret of `refused` is over 1 MiB, and the API
+    // server refuses it.
+    let huge = "k".repeat(600 * 1024);
+    apply(&two_keys(&refused, &sim.base_url(), &huge));
+    let failed = eventually("refused's route says DeliveryFailed", Duration::from_secs(60), || {
+        let r = get_json(&["llmroute", "-n", &refused, "smart"])?;
+        let c = condition(&r, "Programmed")?.clone();
+        (c["reason"] == "DeliveryFailed").then_some(r)
+    })
+    .await;
+    let programmed = condition(&failed, "Programmed").unwrap();
+    assert_eq!(programmed["status"], "False");
+    let message = programmed["message"].as_str().unwrap();
+    assert!(
+        message.contains("1048576") && message.contains("switchback-keys-"),
+        "the API's own message, naming the object: {message}"
+    );
+    assert!(!message.contains(&huge[..64]), "no key material in status");
+    let ready = condition(&failed, "Ready").unwrap();
+    assert_eq!((&ready["status"], &ready["reason"]), (&json!("False"), &json!("DeliveryFailed")));
+    // Its last delivered version keeps serving, with the old keys.
+    let r = stack.chat(&format!("refused-{id}")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        sim.received().last().unwrap().header("authorization"),
+        Some("Bearer sk-old-first")
+    );
+    // An Event on the route, and the metric, by namespace.
+    eventually("a DeliveryFailed Event", Duration::from_secs(30), || {
+        let events = get_json(&["events", "-n", &refused])?;
+        events["items"]
+            .as_array()?
+            .iter()
+            .any(|e| e["reason"] == "DeliveryFailed")
+            .then_some(())
+    })
+    .await;
+    let metrics = stack
+        .get_text(format!("http://127.0.0.1:{}/metrics", stack.operator_admin))
+        .await;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("switchback_operator_delivery_failures_total")
+            && l.contains(&format!("namespace=\"{refused}\""))),
+        "{metrics}"
+    );
+
+    // Meanwhile every other namespace is delivered as if it did not exist: an edit
+    // (a new route) is served.
+    apply(&route(
+        &small,
+        "fresh",
+        &format!("fresh-{id}"),
+        "[ { credentialRef: { name: steady } } ]",
+    ));
+    wait_programmed(&small, "fresh");
+    let r = stack.chat(&format!("fresh-{id}")).await;
+    assert_eq!(r.status(), 200);
+
+    // Fixed, the namespace is delivered with its new keys.
+    apply(&two_keys(&refused, &sim.base_url(), "sk-new"));
+    eventually("refused's route Programmed again", Duration::from_secs(60), || {
+        let r = get_json(&["llmroute", "-n", &refused, "smart"])?;
+        (condition(&r, "Programmed")?["status"] == "True").then_some(())
+    })
+    .await;
+    let r = stack.chat(&format!("refused-{id}")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        sim.received().last().unwrap().header("authorization"),
+        Some("Bearer sk-new-first")
+    );
+}
+
 /// CPU time (user + system) of the operator, the proxies and, on the loopback server
 /// of `../shared/k8s`, its processes, from when it was made.
 struct CpuUse {
