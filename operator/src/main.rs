@@ -219,6 +219,11 @@ fn settings(
         status_writes_per_second: args.status_writes_per_second,
         models_per_client: args.auth == AuthMode::Required,
         client_key_hasher,
+        part_limits: switchback_crds::delivery::PartLimits {
+            max_parts: usize::from(args.max_config_parts),
+            ..Default::default()
+        },
+        proxy_reader_role: args.proxy_reader_role.clone(),
     };
     let scrape = ScrapeOptions {
         replicas,

@@ -51,6 +51,10 @@ pub mod reasons {
     pub const SERVING_LAST_GOOD: &str = "ServingLastGood";
     /// Programmed=False: the route is not in the rendered config.
     pub const NOT_RENDERED: &str = "NotRendered";
+    /// Programmed=False: its namespace's rendering could not be delivered (the API
+    /// server refused a write, or it is over `--max-config-parts`); the proxies keep
+    /// the namespace's last delivered version.
+    pub const DELIVERY_FAILED: &str = "DeliveryFailed";
     /// Ready=True / SecretResolved=True.
     pub const READY: &str = "Ready";
     pub const SECRET_RESOLVED: &str = "SecretResolved";
@@ -194,6 +198,8 @@ pub struct RouteFacts<'a> {
     pub diagnostics: Vec<&'a Diagnostic>,
     /// How it is in the rendered config, if at all.
     pub served: Option<Served>,
+    /// Why its namespace's rendering is not delivered, if it is not (SPEC §14).
+    pub undelivered: Option<&'a str>,
     /// The last proxy scrape round.
     pub proxies: &'a Snapshot,
     /// Totals already in status when this operator first saw the route.
@@ -302,7 +308,10 @@ fn route_conditions(f: &RouteFacts<'_>, view: Option<&RouteView>) -> Vec<Conditi
                 generation,
                 &f.now,
             ),
-            if first.type_ == types::PROGRAMMED {
+            // A namespace the API server refuses waits for a change, like an invalid
+            // spec: Stalled, where Reconciling would promise progress that is not
+            // coming (the operator still retries it).
+            if first.type_ == types::PROGRAMMED && first.reason != reasons::DELIVERY_FAILED {
                 NotReady::Yet
             } else {
                 NotReady::Stuck
@@ -423,6 +432,17 @@ fn programmed(
             "the route is not in the rendered config (see Accepted and ResolvedRefs)".into(),
         );
     };
+    if let Some(why) = f.undelivered {
+        return (
+            false,
+            reasons::DELIVERY_FAILED,
+            format!(
+                "namespace {}'s rendering is not delivered; the proxies keep serving its \
+                 last delivered version: {why}",
+                f.route.metadata.namespace.as_deref().unwrap_or_default()
+            ),
+        );
+    }
     if served.last_good {
         return (
             false,
@@ -797,6 +817,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats {
                 requests: 100,
@@ -828,6 +849,7 @@ mod tests {
 
         let proxies = replicas(&[("a", 4), ("b", 4)]);
         let s = route_status(&RouteFacts {
+            undelivered: None,
             proxies: &proxies,
             ..facts
         });
@@ -847,6 +869,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(10),
@@ -869,6 +892,7 @@ mod tests {
         let mut older = replicas(&[("127.0.0.1:9090", 4)]);
         older.routes.values_mut().next().unwrap().revisions.clear();
         let s = route_status(&RouteFacts {
+            undelivered: None,
             proxies: &older,
             ..facts
         });
@@ -882,6 +906,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &caught_up,
             seed: TotalStats::default(),
             now: time(20),
@@ -912,6 +937,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies,
             seed: TotalStats::default(),
             now: time(10),
@@ -984,6 +1010,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &Snapshot::default(),
             seed: TotalStats::default(),
             now: time(1),
@@ -1008,6 +1035,7 @@ mod tests {
                 targets: 1,
                 revision: revision(REVISION),
             }),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(1),
@@ -1032,6 +1060,7 @@ mod tests {
             route: &r,
             diagnostics: vec![&d],
             served: None,
+            undelivered: None,
             proxies: &Snapshot::default(),
             seed: TotalStats::default(),
             now: time(1),
@@ -1053,6 +1082,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(1),
@@ -1063,6 +1093,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(50),
@@ -1075,6 +1106,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(2),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(60),

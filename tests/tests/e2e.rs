@@ -1683,7 +1683,8 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
     let big = format!("sb-iso-big-{id}");
     let small = format!("sb-iso-small-{id}");
     let refused = format!("sb-iso-refused-{id}");
-    let _namespaces = Namespaces::create(&[gw.clone(), big.clone(), small.clone(), refused.clone()]);
+    let _namespaces =
+        Namespaces::create(&[gw.clone(), big.clone(), small.clone(), refused.clone()]);
     let sim = SimProvider::start_named("isolation", Flavor::OpenAi).await;
     let stack = Stack::start(&gw, 1, &[]);
 
@@ -1712,14 +1713,18 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
     yaml.push_str(&route(&refused, "smart", &format!("refused-{id}"), both));
     apply(&yaml);
     let everyone = [big.clone(), small.clone(), refused.clone()];
-    eventually(
-        "every route Programmed",
-        Duration::from_secs(300),
-        || (programmed_in(&everyone)? == BIG + 2).then_some(()),
-    )
+    eventually("every route Programmed", Duration::from_secs(300), || {
+        (programmed_in(&everyone)? == BIG + 2).then_some(())
+    })
     .await;
-    let parts = get_json(&["configmaps", "-n", &gw, "-l", "switchback.dev/source-namespace"])
-        .unwrap()["items"]
+    let parts = get_json(&[
+        "configmaps",
+        "-n",
+        &gw,
+        "-l",
+        "switchback.dev/source-namespace",
+    ])
+    .unwrap()["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -1727,17 +1732,25 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
         .count();
     assert!(parts > 1, "{BIG} routes in {parts} ConfigMap(s)");
     let r = stack.chat(&format!("big-{}-{id}", BIG - 1)).await;
-    assert_eq!(r.status(), 200, "the last of the big namespace's routes is served");
+    assert_eq!(
+        r.status(),
+        200,
+        "the last of the big namespace's routes is served"
+    );
 
     // Two keys of 600 KiB: the keys Secret of `refused` is over 1 MiB, and the API
     // server refuses it.
     let huge = "k".repeat(600 * 1024);
     apply(&two_keys(&refused, &sim.base_url(), &huge));
-    let failed = eventually("refused's route says DeliveryFailed", Duration::from_secs(60), || {
-        let r = get_json(&["llmroute", "-n", &refused, "smart"])?;
-        let c = condition(&r, "Programmed")?.clone();
-        (c["reason"] == "DeliveryFailed").then_some(r)
-    })
+    let failed = eventually(
+        "refused's route says DeliveryFailed",
+        Duration::from_secs(60),
+        || {
+            let r = get_json(&["llmroute", "-n", &refused, "smart"])?;
+            let c = condition(&r, "Programmed")?.clone();
+            (c["reason"] == "DeliveryFailed").then_some(r)
+        },
+    )
     .await;
     let programmed = condition(&failed, "Programmed").unwrap();
     assert_eq!(programmed["status"], "False");
@@ -1748,7 +1761,10 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
     );
     assert!(!message.contains(&huge[..64]), "no key material in status");
     let ready = condition(&failed, "Ready").unwrap();
-    assert_eq!((&ready["status"], &ready["reason"]), (&json!("False"), &json!("DeliveryFailed")));
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("DeliveryFailed"))
+    );
     // Its last delivered version keeps serving, with the old keys.
     let r = stack.chat(&format!("refused-{id}")).await;
     assert_eq!(r.status(), 200);
@@ -1770,8 +1786,10 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
         .get_text(format!("http://127.0.0.1:{}/metrics", stack.operator_admin))
         .await;
     assert!(
-        metrics.lines().any(|l| l.starts_with("switchback_operator_delivery_failures_total")
-            && l.contains(&format!("namespace=\"{refused}\""))),
+        metrics.lines().any(
+            |l| l.starts_with("switchback_operator_delivery_failures_total")
+                && l.contains(&format!("namespace=\"{refused}\""))
+        ),
         "{metrics}"
     );
 
@@ -1789,10 +1807,14 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
 
     // Fixed, the namespace is delivered with its new keys.
     apply(&two_keys(&refused, &sim.base_url(), "sk-new"));
-    eventually("refused's route Programmed again", Duration::from_secs(60), || {
-        let r = get_json(&["llmroute", "-n", &refused, "smart"])?;
-        (condition(&r, "Programmed")?["status"] == "True").then_some(())
-    })
+    eventually(
+        "refused's route Programmed again",
+        Duration::from_secs(60),
+        || {
+            let r = get_json(&["llmroute", "-n", &refused, "smart"])?;
+            (condition(&r, "Programmed")?["status"] == "True").then_some(())
+        },
+    )
     .await;
     let r = stack.chat(&format!("refused-{id}")).await;
     assert_eq!(r.status(), 200);

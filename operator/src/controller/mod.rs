@@ -36,11 +36,12 @@ mod watch;
 pub use scrape::ScrapeOptions;
 pub use watch::run;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
@@ -109,6 +110,11 @@ pub struct Settings {
     /// With `--auth required`, what client keys are hashed with; without, rendered
     /// clients carry no hash and nobody authenticates with them.
     pub client_key_hasher: Option<Arc<switchback_crds::keyhash::KeyHasher>>,
+    /// How a namespace's config is split into ConfigMaps (`--max-config-parts`).
+    pub part_limits: switchback_crds::delivery::PartLimits,
+    /// The Role in the gateway namespace whose rules the operator keeps to `get` on
+    /// exactly the rendered objects (`--proxy-reader-role`); none: no Role is kept.
+    pub proxy_reader_role: Option<String>,
 }
 
 /// The informer caches every reconciler reads.
@@ -161,6 +167,10 @@ pub struct Context {
     client_seeds: Mutex<HashMap<ObjectId, Seed>>,
     /// What the last scrape round lays over the rendered clients.
     overlay: RwLock<Arc<ClientOverlay>>,
+    /// The namespaces whose last delivery failed, with their backoff.
+    failures: Mutex<BTreeMap<String, crate::publish::Failure>>,
+    /// The reader Role's rules as last applied, and when.
+    reader_role: Mutex<Option<(Vec<PolicyRule>, tokio::time::Instant)>>,
 }
 
 impl Context {
@@ -193,7 +203,17 @@ impl Context {
             blocked: Mutex::new(HashMap::new()),
             client_seeds: Mutex::new(HashMap::new()),
             overlay: RwLock::new(Arc::new(ClientOverlay::default())),
+            failures: Mutex::new(BTreeMap::new()),
+            reader_role: Mutex::new(None),
         }
+    }
+
+    /// The namespaces whose last delivery failed.
+    fn failures(&self) -> BTreeMap<String, crate::publish::Failure> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn overlay(&self) -> Arc<ClientOverlay> {
