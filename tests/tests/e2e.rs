@@ -1649,14 +1649,14 @@ fn programmed_in(namespaces: &[String]) -> Option<usize> {
     Some(count)
 }
 
-/// One namespace's provider keys in two Secrets of their own, for two credentials:
-/// each key may be up to a Secret's 1 MiB, and together over it.
-fn two_keys(ns: &str, base_url: &str, key: &str) -> String {
+/// Two credentials of `ns`, `first` and `second`, each with its key in a Secret of its
+/// own (a key may take almost all of a Secret's 1 MiB).
+fn two_keys(ns: &str, base_url: &str, first: &str, second: &str) -> String {
     let mut yaml = String::new();
-    for name in ["first", "second"] {
+    for (name, key) in [("first", first), ("second", second)] {
         yaml.push_str(&format!(
             "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: keys-{name}, namespace: {ns} }}\n\
-             stringData: {{ key: {key}-{name} }}\n---\n\
+             stringData: {{ key: {key} }}\n---\n\
              apiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\n\
              metadata: {{ name: {name}, namespace: {ns} }}\n\
              spec: {{ provider: openai-compatible, baseURL: \"{base_url}\", secretRef: {{ name: keys-{name}, key: key }}, allowPrivateNetwork: true }}\n"
@@ -1667,10 +1667,10 @@ fn two_keys(ns: &str, base_url: &str, key: &str) -> String {
 
 /// SPEC §14, "Delivery is isolated per namespace", on a real API server: a namespace
 /// too big for one ConfigMap is split over several and served whole; a namespace whose
-/// write the API server refuses (its keys Secret over the 1 MiB a Secret may hold)
-/// keeps its last delivered version, says `DeliveryFailed` with the API's message
-/// (condition, Event, metric), and stops nobody: another namespace's edit is served
-/// meanwhile. Fixed, it is delivered again.
+/// write the API server refuses (a route edit that puts a second, near-1 MiB key into
+/// its keys Secret, which a Secret cannot hold) keeps its last delivered version, says
+/// `DeliveryFailed` with the API's message (condition, Event, metric), and stops
+/// nobody: another namespace's edit is served meanwhile. Fixed, it is delivered.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_namespace_cannot_stop_delivery_for_the_others() {
     if !enabled("one_namespace_cannot_stop_delivery_for_the_others") {
@@ -1686,7 +1686,8 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
     let _namespaces =
         Namespaces::create(&[gw.clone(), big.clone(), small.clone(), refused.clone()]);
     let sim = SimProvider::start_named("isolation", Flavor::OpenAi).await;
-    let stack = Stack::start(&gw, 1, &[]);
+    // 1,300 first status writes: at the default 20 a second that alone is a minute.
+    let stack = Stack::start(&gw, 1, &["--status-writes-per-second", "200"]);
 
     // 1,300 routes: more than one ConfigMap's 1 MiB of JSON (about 800 fit).
     const BIG: usize = 1_300;
@@ -1708,9 +1709,11 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
         &format!("small-{id}"),
         "[ { credentialRef: { name: steady } } ]",
     ));
-    yaml.push_str(&two_keys(&refused, &sim.base_url(), "sk-old"));
-    let both = "[ { credentialRef: { name: first } }, { credentialRef: { name: second } } ]";
-    yaml.push_str(&route(&refused, "smart", &format!("refused-{id}"), both));
+    // A key that takes almost all of its Secret's 1 MiB: fine alone, and unused yet.
+    let huge = "k".repeat(1_048_500);
+    yaml.push_str(&two_keys(&refused, &sim.base_url(), "sk-old-first", &huge));
+    let first = "[ { credentialRef: { name: first } } ]";
+    yaml.push_str(&route(&refused, "smart", &format!("refused-{id}"), first));
     apply(&yaml);
     let everyone = [big.clone(), small.clone(), refused.clone()];
     eventually("every route Programmed", Duration::from_secs(300), || {
@@ -1738,10 +1741,10 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
         "the last of the big namespace's routes is served"
     );
 
-    // Two keys of 600 KiB: the keys Secret of `refused` is over 1 MiB, and the API
-    // server refuses it.
-    let huge = "k".repeat(600 * 1024);
-    apply(&two_keys(&refused, &sim.base_url(), &huge));
+    // One edit (the route's second target) puts both keys into `refused`'s keys
+    // Secret: over 1 MiB, and the API server refuses it.
+    let both = "[ { credentialRef: { name: first } }, { credentialRef: { name: second } } ]";
+    apply(&route(&refused, "smart", &format!("refused-{id}"), both));
     let failed = eventually(
         "refused's route says DeliveryFailed",
         Duration::from_secs(60),
@@ -1805,14 +1808,15 @@ async fn one_namespace_cannot_stop_delivery_for_the_others() {
     let r = stack.chat(&format!("fresh-{id}")).await;
     assert_eq!(r.status(), 200);
 
-    // Fixed, the namespace is delivered with its new keys.
-    apply(&two_keys(&refused, &sim.base_url(), "sk-new"));
+    // Fixed (a key of a usual size), the namespace's new version is delivered.
+    apply(&two_keys(&refused, &sim.base_url(), "sk-new-first", "sk-new-second"));
     eventually(
         "refused's route Programmed again",
         Duration::from_secs(60),
         || {
             let r = get_json(&["llmroute", "-n", &refused, "smart"])?;
-            (condition(&r, "Programmed")?["status"] == "True").then_some(())
+            let c = condition(&r, "Programmed")?;
+            (c["status"] == "True" && r["status"]["targetCount"] == 2).then_some(())
         },
     )
     .await;
