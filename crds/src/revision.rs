@@ -26,6 +26,7 @@ use aws_lc_rs::hmac;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::config::{CompiledConfig, Credential, Keys, ObjectId, Route};
+use crate::keyhash::{from_hex32, to_hex};
 
 /// The digest of one route as served; shown (and serialized) as 16 hex digits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,7 +107,7 @@ impl RevisionKey {
 
     /// The key as delivered: 64 lowercase hex digits.
     pub fn to_hex(&self) -> String {
-        hex(&self.0)
+        to_hex(&self.0)
     }
 }
 
@@ -114,20 +115,7 @@ impl FromStr for RevisionKey {
     type Err = BadRevisionKey;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bytes = s.as_bytes();
-        if bytes.len() != 64 {
-            return Err(BadRevisionKey);
-        }
-        let nibble = |c: u8| match c {
-            b'0'..=b'9' => Ok(c - b'0'),
-            b'a'..=b'f' => Ok(c - b'a' + 10),
-            _ => Err(BadRevisionKey),
-        };
-        let mut out = [0u8; 32];
-        for (i, pair) in bytes.chunks_exact(2).enumerate() {
-            out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
-        }
-        Ok(Self(out))
+        from_hex32(s).map(Self).ok_or(BadRevisionKey)
     }
 }
 
@@ -135,17 +123,6 @@ impl fmt::Debug for RevisionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("RevisionKey(*****)")
     }
-}
-
-/// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// A config's credentials indexed once, to compute the revision of each of its routes.
@@ -255,58 +232,15 @@ impl Fnv1a {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{
-        CircuitBreaker, Fallback, Provider, Retry, SecretKeyRef, Strategy, Target,
-    };
+    use crate::config::samples;
     use crate::secret::Secret;
 
     fn credential(name: &str) -> Credential {
-        Credential {
-            api_version: None,
-            responses_api: false,
-            prefill: false,
-            project: None,
-            location: None,
-            region: None,
-            id: ObjectId::new("team-a", name),
-            provider: Provider::Openai,
-            base_url: "https://api.openai.com/v1".into(),
-            headers: BTreeMap::new(),
-            max_concurrency: None,
-            max_queue: None,
-            allow_private_network: false,
-            secret_ref: SecretKeyRef {
-                name: "keys".into(),
-                key: name.into(),
-            },
-        }
+        samples::credential("team-a", name)
     }
 
     fn route(name: &str, credentials: &[&str]) -> Route {
-        Route {
-            id: ObjectId::new("team-a", name),
-            generation: 1,
-            models: vec![name.into()],
-            strategy: Strategy::Fallback,
-            targets: credentials
-                .iter()
-                .map(|c| Target {
-                    model_map: Default::default(),
-                    credential: ObjectId::new("team-a", *c),
-                    model: None,
-                    weight: 1,
-                    timeout_ms: None,
-                    retry: Retry::default(),
-                    price: None,
-                })
-                .collect(),
-            fallback: Fallback::default(),
-            circuit_breaker: CircuitBreaker::default(),
-            timeout_ms: 60_000,
-            shared_with: Vec::new(),
-            stream: None,
-            hedge: None,
-        }
+        samples::route("team-a", name, name, credentials)
     }
 
     /// Route `smart` on credentials a and b; route `other` on c; keys for all three.

@@ -69,19 +69,45 @@ pub fn delivered(maps: &[Arc<ConfigMap>], secrets: &[Arc<KubeSecret>]) -> Delive
     }
 }
 
-/// The revision key of each of `namespaces`: the one delivered, kept so that revisions
-/// stay put across deliveries and operator restarts, or a fresh random one.
+/// What this process wrote last: the index, and the revision key of each namespace
+/// rendered. The caches catch up with it a moment later; until they do, a delivery
+/// that read them would name an older index (objects already deleted) and draw new
+/// revision keys.
+#[derive(Clone, Debug, Default)]
+pub struct Written {
+    pub index: Index,
+    pub revision_keys: BTreeMap<String, RevisionKey>,
+}
+
+impl Delivered {
+    /// With the index this process wrote last, which the caches may lag behind.
+    pub fn with_written(mut self, written: Option<&Written>) -> Delivered {
+        if let Some(w) = written {
+            self.index = Some(w.index.clone());
+        }
+        self
+    }
+}
+
+/// The revision key of each of `namespaces`: the one this process used last, else the
+/// one delivered (kept so that revisions stay put across deliveries and operator
+/// restarts), else a fresh random one.
 pub fn revision_keys<'a>(
     namespaces: impl IntoIterator<Item = &'a str>,
     delivered: &Delivered,
+    written: Option<&Written>,
 ) -> BTreeMap<String, RevisionKey> {
     namespaces
         .into_iter()
         .map(|ns| {
-            let key = delivered
-                .namespaces
-                .get(ns)
-                .and_then(|d| d.revision_key.clone())
+            let key = written
+                .and_then(|w| w.revision_keys.get(ns).cloned())
+                .or_else(|| {
+                    delivered
+                        .namespaces
+                        .get(ns)
+                        .and_then(|d| d.revision_key.clone())
+                })
                 .unwrap_or_else(RevisionKey::random);
             (ns.to_string(), key)
         })
@@ -261,7 +287,7 @@ mod tests {
     }
 
     fn fresh_keys() -> BTreeMap<String, RevisionKey> {
-        revision_keys(["team-a", "team-b"], &Delivered::default())
+        revision_keys(["team-a", "team-b"], &Delivered::default(), None)
     }
 
     /// The cached objects after every attempt was written and indexed.
@@ -309,10 +335,23 @@ mod tests {
         assert_eq!(back.index.as_ref(), Some(&index));
         assert_eq!(back.namespaces, namespaces);
         // The delivered keys are kept; a namespace seen for the first time gets its own.
-        let again = revision_keys(["team-a", "team-b", "team-c"], &back);
+        let again = revision_keys(["team-a", "team-b", "team-c"], &back, None);
         assert_eq!(again["team-a"], keys["team-a"]);
         assert_eq!(again["team-b"], keys["team-b"]);
         assert_ne!(again["team-c"], keys["team-a"]);
+        // What this process wrote last goes before caches that lag behind it.
+        let written = Written {
+            index: Index::default(),
+            revision_keys: BTreeMap::from([("team-c".to_string(), keys["team-a"].clone())]),
+        };
+        let lagging = revision_keys(["team-a", "team-c"], &Delivered::default(), Some(&written));
+        assert_eq!(lagging["team-c"], keys["team-a"]);
+        assert_ne!(
+            lagging["team-a"], keys["team-a"],
+            "neither written nor delivered"
+        );
+        let laid = delivered(&maps, &secrets).with_written(Some(&written));
+        assert_eq!(laid.index, Some(Index::default()));
         // Nothing delivered: nothing read.
         assert!(delivered(&maps[1..], &secrets).index.is_none());
     }

@@ -62,6 +62,22 @@ pub mod reasons {
     pub const NOT_CHECKED: &str = "NotChecked";
     /// Ready=False: deletion is held by the finalizer while routes reference it.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+
+    /// Every reason above, for the check that each is documented.
+    pub const ALL: &[&str] = &[
+        ACCEPTED,
+        RESOLVED_REFS,
+        PROGRAMMED,
+        PENDING,
+        NO_READY_REPLICAS,
+        SERVING_LAST_GOOD,
+        NOT_RENDERED,
+        DELIVERY_FAILED,
+        READY,
+        SECRET_RESOLVED,
+        NOT_CHECKED,
+        DELETION_BLOCKED,
+    ];
 }
 
 /// What keeps an object from being Ready, as kstatus (Argo CD, Flux, `kubectl wait`)
@@ -1303,5 +1319,32 @@ mod client_tests {
         assert!(only_client_traffic_changed(&a, &b));
         let c = status_of(&[], None, false);
         assert!(!only_client_traffic_changed(&a, &c));
+    }
+
+    /// Every reason the operator writes is in operator/README.md's condition tables, and
+    /// the delivery failure a user must act on is on the troubleshooting page.
+    #[test]
+    fn every_reason_the_operator_writes_is_documented() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let readme = std::fs::read_to_string(root.join("operator/README.md")).unwrap();
+        let missing: Vec<&str> = reasons::ALL
+            .iter()
+            .copied()
+            .filter(|r| !readme.contains(&format!("`{r}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "operator/README.md does not name {missing:?}"
+        );
+        let page = std::fs::read_to_string(root.join("docs/troubleshooting.md")).unwrap();
+        for named in [
+            reasons::DELIVERY_FAILED,
+            "switchback_operator_delivery_failures_total",
+        ] {
+            assert!(
+                page.contains(named),
+                "docs/troubleshooting.md does not name {named}"
+            );
+        }
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use switchback_tests::binaries::{self, workspace};
-use switchback_tests::kubectl::{condition, get_json, kubectl_ok, release_credentials};
+use switchback_tests::kubectl::{condition, get_json, kubectl_ok, release_credentials, rendered};
 use switchback_tests::kubelet::Kubelet;
 use switchback_tests::sim::{Flavor, SimProvider};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -737,13 +737,8 @@ async fn namespaced_mode_reads_only_its_namespaces() {
     let route = get_json(&["llmroute", "-n", outside, "smart"]).unwrap();
     assert!(route["status"].is_null(), "never reconciled: {route}");
     assert!(
-        get_json(&[
-            "configmap",
-            "-n",
-            ns,
-            &format!("switchback-routes-{outside}")
-        ])
-        .is_none(),
+        rendered("configmaps", ns, outside).is_empty()
+            && rendered("secrets", ns, outside).is_empty(),
         "nothing rendered for {outside}"
     );
     // No 403 storm: the operator never asked for what it may not have (read before the

@@ -33,7 +33,8 @@ use super::{
     source_namespace,
 };
 use crate::config::{CompiledConfig, ObjectId};
-use crate::revision::{Fnv1a, RevisionKey, hex};
+use crate::keyhash::to_hex;
+use crate::revision::{Fnv1a, RevisionKey};
 
 /// How big a part may be, and how many one namespace may have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,7 +104,7 @@ fn keys_digest(revision_key: &RevisionKey, data: &BTreeMap<String, ByteString>) 
             canonical.extend(bytes);
         }
     }
-    hex(&revision_key.mac(&canonical)[..8])
+    to_hex(&revision_key.mac(&canonical)[..8])
 }
 
 /// Renders one namespace: its config in parts within `limits`, and its keys Secret
@@ -351,64 +352,22 @@ pub fn assemble<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{
-        CircuitBreaker, Credential, Fallback, Keys, Provider, Route, SecretKeyRef, Strategy, Target,
-    };
+    use crate::config::{Keys, Route, samples};
     use crate::secret::Secret;
 
     const NS: &str = "team-big";
 
-    fn route(i: usize, model: &str) -> Route {
-        Route {
-            id: ObjectId::new(NS, &format!("route-{i}")),
-            generation: 1,
-            models: vec![model.to_string()],
-            strategy: Strategy::Fallback,
-            targets: vec![Target {
-                model_map: Default::default(),
-                credential: ObjectId::new(NS, "openai"),
-                model: Some("gpt-4o-mini".into()),
-                weight: 1,
-                timeout_ms: None,
-                retry: Default::default(),
-                price: None,
-            }],
-            fallback: Fallback::default(),
-            circuit_breaker: CircuitBreaker::default(),
-            timeout_ms: 60_000,
-            shared_with: Vec::new(),
-            stream: None,
-            hedge: None,
-        }
-    }
-
     /// `routes` routes on one credential, as a namespace's config and keys.
     fn namespace(routes: usize) -> NamespaceConfig {
         // Sorted by id, as `compile` gives them.
-        let mut routes: Vec<Route> = (0..routes).map(|i| route(i, &format!("m{i}"))).collect();
+        let mut routes: Vec<Route> = (0..routes)
+            .map(|i| samples::route(NS, &format!("route-{i}"), &format!("m{i}"), &["openai"]))
+            .collect();
         routes.sort_by(|a, b| a.id.cmp(&b.id));
         NamespaceConfig {
             config: CompiledConfig {
                 routes,
-                credentials: vec![Credential {
-                    api_version: None,
-                    responses_api: false,
-                    prefill: false,
-                    project: None,
-                    location: None,
-                    region: None,
-                    id: ObjectId::new(NS, "openai"),
-                    provider: Provider::Openai,
-                    base_url: "https://api.openai.com/v1".into(),
-                    headers: BTreeMap::new(),
-                    max_concurrency: None,
-                    max_queue: None,
-                    allow_private_network: false,
-                    secret_ref: SecretKeyRef {
-                        name: "keys".into(),
-                        key: "openai".into(),
-                    },
-                }],
+                credentials: vec![samples::credential(NS, "openai")],
                 ..CompiledConfig::default()
             },
             keys: Keys(BTreeMap::from([(

@@ -175,13 +175,23 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
     let secrets = referenced_secrets(ctx, &credentials, &clients).await?;
     let rendered_maps = ctx.stores.rendered_maps.state();
     let rendered_secrets = ctx.stores.rendered_secrets.state();
-    let delivered = publish::delivered(&rendered_maps, &rendered_secrets);
+    let written = ctx
+        .delivered
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let delivered =
+        publish::delivered(&rendered_maps, &rendered_secrets).with_written(written.as_ref());
     let namespaces: BTreeSet<String> = routes
         .iter()
         .filter_map(|r| r.namespace())
         .chain(clients.iter().filter_map(|c| c.namespace()))
         .collect();
-    let revision_keys = publish::revision_keys(namespaces.iter().map(String::as_str), &delivered);
+    let revision_keys = publish::revision_keys(
+        namespaces.iter().map(String::as_str),
+        &delivered,
+        written.as_ref(),
+    );
     let previous: BTreeMap<String, CompiledConfig> = delivered
         .namespaces
         .iter()
@@ -231,6 +241,10 @@ pub async fn deliver(ctx: &Context) -> Result<(), Error> {
             .await?;
         ctx.wrote(&ctx.metrics.config_writes, "Index");
     }
+    *ctx.delivered.lock().unwrap_or_else(|p| p.into_inner()) = Some(publish::Written {
+        index: index.clone(),
+        revision_keys,
+    });
     let named = Names::of(&index);
     delete_stale(
         ctx,

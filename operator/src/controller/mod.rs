@@ -59,6 +59,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::aggregate::Snapshot;
 use crate::budget::{Permit, Priority, StatusBudget};
 use crate::metrics::{ControllerLabels, ErrorLabels, KindLabels, Metrics, ReasonLabels};
+use crate::publish;
 use crate::render::ClientOverlay;
 use crate::synced::Synced;
 use crate::usage::Seed;
@@ -171,6 +172,9 @@ pub struct Context {
     failures: Mutex<BTreeMap<String, crate::publish::Failure>>,
     /// The reader Role's rules as last applied, and when.
     reader_role: Mutex<Option<(Vec<PolicyRule>, tokio::time::Instant)>>,
+    /// What this process delivered last: the index it wrote and the revision key of
+    /// each namespace, ahead of the caches, which may not have seen them yet.
+    delivered: Mutex<Option<publish::Written>>,
 }
 
 impl Context {
@@ -205,6 +209,7 @@ impl Context {
             overlay: RwLock::new(Arc::new(ClientOverlay::default())),
             failures: Mutex::new(BTreeMap::new()),
             reader_role: Mutex::new(None),
+            delivered: Mutex::new(None),
         }
     }
 

@@ -281,6 +281,20 @@ impl Fetched {
         self.errors.clear();
     }
 
+    /// Forgets the objects of every namespace of `index` that did not assemble (an
+    /// object edited in place is fetched again once the operator has put it back).
+    fn forget_unassembled(&mut self, index: &Index, last: &LastGood) {
+        for (ns, entry) in &index.namespaces {
+            if last.namespaces.get(ns).is_some_and(|(e, _)| e == entry) {
+                continue;
+            }
+            for name in entry.names() {
+                self.maps.remove(name);
+                self.secrets.remove(name);
+            }
+        }
+    }
+
     /// GETs `maps` and `secrets` by name, a few at once.
     async fn fetch(
         &mut self,
@@ -289,52 +303,58 @@ impl Fetched {
         maps: Vec<String>,
         secrets: Vec<String>,
     ) {
-        let map_api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-        let secret_api: Api<KubeSecret> = Api::namespaced(client.clone(), namespace);
-        let mut map_gets = futures_util::stream::iter(maps.into_iter().map(|name| {
-            let api = map_api.clone();
-            async move {
-                let got = api.get_opt(&name).await;
-                (name, got)
-            }
-        }))
-        .buffer_unordered(FETCHERS);
-        while let Some((name, got)) = map_gets.next().await {
+        for (name, got) in get_all::<ConfigMap>(client, namespace, maps).await {
             match got {
-                Ok(Some(cm)) => {
+                Ok(cm) => {
                     self.maps.insert(name, cm);
                 }
-                Ok(None) => {
-                    self.errors.insert(name, "not found".into());
-                }
                 Err(e) => {
-                    self.errors.insert(name, e.to_string());
+                    self.errors.insert(name, e);
                 }
             }
         }
-        let mut secret_gets = futures_util::stream::iter(secrets.into_iter().map(|name| {
-            let api = secret_api.clone();
-            async move {
-                let got = api.get_opt(&name).await;
-                (name, got)
-            }
-        }))
-        .buffer_unordered(FETCHERS);
-        while let Some((name, got)) = secret_gets.next().await {
+        for (name, got) in get_all::<KubeSecret>(client, namespace, secrets).await {
             match got {
-                Ok(Some(s)) => {
+                Ok(s) => {
                     self.secrets.insert(name, s);
                 }
-                Ok(None) => {
-                    self.errors.insert(name, "not found".into());
-                }
-                // kube's error names the request, never a Secret's data.
                 Err(e) => {
-                    self.errors.insert(name, e.to_string());
+                    self.errors.insert(name, e);
                 }
             }
         }
     }
+}
+
+/// Each of `names` of kind `K` in `namespace`, or why it could not be read ("not
+/// found", or kube's error, which names the request, never a Secret's data).
+async fn get_all<K>(
+    client: &Client,
+    namespace: &str,
+    names: Vec<String>,
+) -> Vec<(String, Result<K, String>)>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let gets = names.into_iter().map(|name| {
+        let api = api.clone();
+        async move {
+            let got = match api.get_opt(&name).await {
+                Ok(Some(object)) => Ok(object),
+                Ok(None) => Err("not found".to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            (name, got)
+        }
+    });
+    futures_util::stream::iter(gets)
+        .buffer_unordered(FETCHERS)
+        .collect()
+        .await
 }
 
 /// Watches the index and applies what it names. Dropping it stops watching.
@@ -435,6 +455,9 @@ async fn apply_loop(
                 tracing::error!(problem = %p, "rendered object refused; its namespace keeps its last good config");
             }
             gw.refuse(merged.problems);
+            if let Ok(current) = &current {
+                fetched.forget_unassembled(current, &last);
+            }
             // What could not be read may be there in a moment (the operator's reader
             // Role, a part deleted under an older index): look again, or on news.
             tokio::select! {
@@ -750,6 +773,12 @@ mod tests {
                 .iter()
                 .any(|r| r.models == ["renamed"])
         );
+        // What did not assemble is fetched again (the operator puts an object edited
+        // in place back under its name).
+        mixed.forget_unassembled(&gen2, &last);
+        let (maps, secrets) = wanted(&gen2, &last, &mixed);
+        assert_eq!(maps.len(), v2.parts.len(), "{maps:?}");
+        assert_eq!(secrets, [v2.entry().keys]);
 
         // Everything arrived: generation 2, whole.
         let m = merge(GW, &Ok(gen2), &fetched(&[&v2, &b]), &mut last, false);
