@@ -598,6 +598,11 @@ mod tests {
         delivery::render_namespace(GW, ns, &part, limits).unwrap()
     }
 
+    /// A small namespace of `routes` (name, model), in one part, key `sk-<ns>`.
+    fn one_part(ns: &str, routes: &[(&str, &str)]) -> NamespaceObjects {
+        render(ns, config(ns, routes), &format!("sk-{ns}"), 900 * 1024)
+    }
+
     fn index_of(rendered: &[(&str, &NamespaceObjects)]) -> Index {
         Index {
             namespaces: rendered
@@ -632,18 +637,8 @@ mod tests {
 
     #[test]
     fn namespaces_are_merged_with_their_keys_and_revision_keys() {
-        let a = render(
-            "team-a",
-            config("team-a", &[("smart", "smart")]),
-            "sk-a",
-            900 * 1024,
-        );
-        let b = render(
-            "team-b",
-            config("team-b", &[("fast", "fast")]),
-            "sk-b",
-            900 * 1024,
-        );
+        let a = one_part("team-a", &[("smart", "smart")]);
+        let b = one_part("team-b", &[("fast", "fast")]);
         let index = index_of(&[("team-a", &a), ("team-b", &b)]);
         let mut last = LastGood::default();
         let m = merge(
@@ -672,7 +667,7 @@ mod tests {
             ("team-b".to_string(), key(&b)),
         ]);
         let rendered = config("team-a", &[("smart", "smart")]);
-        let operator = Revisions::new(&rendered, &keys("team-a", "sk-a"), &operator_keys)
+        let operator = Revisions::new(&rendered, &keys("team-a", "sk-team-a"), &operator_keys)
             .route(&rendered.routes[0]);
         let proxy = Revisions::new(
             &m.compiled.config,
@@ -703,12 +698,7 @@ mod tests {
         let mut v2 = render("team-a", as_refs(&edited), "sk-a", 16 * 1024);
         // Same revision key as v1 (the operator keeps it): only the edited parts differ.
         v2.keys = v1.keys.clone();
-        let b = render(
-            "team-b",
-            config("team-b", &[("fast", "fast")]),
-            "sk-b",
-            900 * 1024,
-        );
+        let b = one_part("team-b", &[("fast", "fast")]);
 
         let mut last = LastGood::default();
         let gen1 = index_of(&[("team-a", &v1), ("team-b", &b)]);
@@ -818,18 +808,8 @@ mod tests {
 
     #[test]
     fn a_model_claimed_twice_is_served_once() {
-        let a = render(
-            "team-a",
-            config("team-a", &[("x", "same")]),
-            "sk-a",
-            900 * 1024,
-        );
-        let b = render(
-            "team-b",
-            config("team-b", &[("y", "same")]),
-            "sk-b",
-            900 * 1024,
-        );
+        let a = one_part("team-a", &[("x", "same")]);
+        let b = one_part("team-b", &[("y", "same")]);
         let mut last = LastGood::default();
         let index = Ok(index_of(&[("team-a", &a), ("team-b", &b)]));
         let m = merge(GW, &index, &fetched(&[&a, &b]), &mut last, false);
@@ -840,18 +820,8 @@ mod tests {
 
     #[test]
     fn with_models_per_client_each_namespace_may_serve_a_name_once() {
-        let a = render(
-            "team-a",
-            config("team-a", &[("x", "same"), ("x2", "same")]),
-            "sk-a",
-            900 * 1024,
-        );
-        let b = render(
-            "team-b",
-            config("team-b", &[("y", "same")]),
-            "sk-b",
-            900 * 1024,
-        );
+        let a = one_part("team-a", &[("x", "same"), ("x2", "same")]);
+        let b = one_part("team-b", &[("y", "same")]);
         let mut last = LastGood::default();
         let index = Ok(index_of(&[("team-a", &a), ("team-b", &b)]));
         let m = merge(GW, &index, &fetched(&[&a, &b]), &mut last, true);
@@ -989,12 +959,7 @@ mod tests {
     /// is not updated yet, is fetched again), and the gateway serves them.
     #[tokio::test]
     async fn the_index_is_applied_by_name_and_the_gateway_becomes_ready() {
-        let a = render(
-            "team-a",
-            config("team-a", &[("smart", "smart")]),
-            "sk-a",
-            900 * 1024,
-        );
+        let a = one_part("team-a", &[("smart", "smart")]);
         let index = index::index_config_map(GW, &index_of(&[("team-a", &a)]));
         let part = a.parts[0].metadata.name.clone();
         let (client, server) = fake_api(Some(index), vec![a], part, None);
@@ -1051,12 +1016,7 @@ mod tests {
     /// LLMRoute: refused, and the last good config keeps serving, ready.
     #[tokio::test]
     async fn a_delivery_that_drops_every_route_keeps_the_last_good_config() {
-        let a = render(
-            "team-a",
-            config("team-a", &[("smart", "smart")]),
-            "sk-a",
-            900 * 1024,
-        );
+        let a = one_part("team-a", &[("smart", "smart")]);
         let index = index::index_config_map(GW, &index_of(&[("team-a", &a)]));
         let (empty, emptied) = tokio::sync::oneshot::channel();
         let (client, server) = fake_api(Some(index), vec![a], None, Some(emptied));
