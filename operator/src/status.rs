@@ -51,6 +51,10 @@ pub mod reasons {
     pub const SERVING_LAST_GOOD: &str = "ServingLastGood";
     /// Programmed=False: the route is not in the rendered config.
     pub const NOT_RENDERED: &str = "NotRendered";
+    /// Programmed=False: its namespace's rendering could not be delivered (the API
+    /// server refused a write, or it is over `--max-config-parts`); the proxies keep
+    /// the namespace's last delivered version.
+    pub const DELIVERY_FAILED: &str = "DeliveryFailed";
     /// Ready=True / SecretResolved=True.
     pub const READY: &str = "Ready";
     pub const SECRET_RESOLVED: &str = "SecretResolved";
@@ -58,6 +62,22 @@ pub mod reasons {
     pub const NOT_CHECKED: &str = "NotChecked";
     /// Ready=False: deletion is held by the finalizer while routes reference it.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+
+    /// Every reason above, for the check that each is documented.
+    pub const ALL: &[&str] = &[
+        ACCEPTED,
+        RESOLVED_REFS,
+        PROGRAMMED,
+        PENDING,
+        NO_READY_REPLICAS,
+        SERVING_LAST_GOOD,
+        NOT_RENDERED,
+        DELIVERY_FAILED,
+        READY,
+        SECRET_RESOLVED,
+        NOT_CHECKED,
+        DELETION_BLOCKED,
+    ];
 }
 
 /// What keeps an object from being Ready, as kstatus (Argo CD, Flux, `kubectl wait`)
@@ -194,6 +214,8 @@ pub struct RouteFacts<'a> {
     pub diagnostics: Vec<&'a Diagnostic>,
     /// How it is in the rendered config, if at all.
     pub served: Option<Served>,
+    /// Why its namespace's rendering is not delivered, if it is not (SPEC §14).
+    pub undelivered: Option<&'a str>,
     /// The last proxy scrape round.
     pub proxies: &'a Snapshot,
     /// Totals already in status when this operator first saw the route.
@@ -302,7 +324,10 @@ fn route_conditions(f: &RouteFacts<'_>, view: Option<&RouteView>) -> Vec<Conditi
                 generation,
                 &f.now,
             ),
-            if first.type_ == types::PROGRAMMED {
+            // A namespace the API server refuses waits for a change, like an invalid
+            // spec: Stalled, where Reconciling would promise progress that is not
+            // coming (the operator still retries it).
+            if first.type_ == types::PROGRAMMED && first.reason != reasons::DELIVERY_FAILED {
                 NotReady::Yet
             } else {
                 NotReady::Stuck
@@ -423,6 +448,17 @@ fn programmed(
             "the route is not in the rendered config (see Accepted and ResolvedRefs)".into(),
         );
     };
+    if let Some(why) = f.undelivered {
+        return (
+            false,
+            reasons::DELIVERY_FAILED,
+            format!(
+                "namespace {}'s rendering is not delivered; the proxies keep serving its \
+                 last delivered version: {why}",
+                f.route.metadata.namespace.as_deref().unwrap_or_default()
+            ),
+        );
+    }
     if served.last_good {
         return (
             false,
@@ -799,6 +835,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats {
                 requests: 100,
@@ -830,6 +867,7 @@ mod tests {
 
         let proxies = replicas(&[("a", 4), ("b", 4)]);
         let s = route_status(&RouteFacts {
+            undelivered: None,
             proxies: &proxies,
             ..facts
         });
@@ -849,6 +887,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(10),
@@ -871,6 +910,7 @@ mod tests {
         let mut older = replicas(&[("127.0.0.1:9090", 4)]);
         older.routes.values_mut().next().unwrap().revisions.clear();
         let s = route_status(&RouteFacts {
+            undelivered: None,
             proxies: &older,
             ..facts
         });
@@ -884,6 +924,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &caught_up,
             seed: TotalStats::default(),
             now: time(20),
@@ -914,6 +955,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies,
             seed: TotalStats::default(),
             now: time(10),
@@ -986,6 +1028,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &Snapshot::default(),
             seed: TotalStats::default(),
             now: time(1),
@@ -1010,6 +1053,7 @@ mod tests {
                 targets: 1,
                 revision: revision(REVISION),
             }),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(1),
@@ -1034,6 +1078,7 @@ mod tests {
             route: &r,
             diagnostics: vec![&d],
             served: None,
+            undelivered: None,
             proxies: &Snapshot::default(),
             seed: TotalStats::default(),
             now: time(1),
@@ -1055,6 +1100,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(1),
@@ -1065,6 +1111,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(50),
@@ -1077,6 +1124,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(2),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(60),
@@ -1273,5 +1321,32 @@ mod client_tests {
         assert!(only_client_traffic_changed(&a, &b));
         let c = status_of(&[], None, false);
         assert!(!only_client_traffic_changed(&a, &c));
+    }
+
+    /// Every reason the operator writes is in operator/README.md's condition tables, and
+    /// the delivery failure a user must act on is on the troubleshooting page.
+    #[test]
+    fn every_reason_the_operator_writes_is_documented() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let readme = std::fs::read_to_string(root.join("operator/README.md")).unwrap();
+        let missing: Vec<&str> = reasons::ALL
+            .iter()
+            .copied()
+            .filter(|r| !readme.contains(&format!("`{r}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "operator/README.md does not name {missing:?}"
+        );
+        let page = std::fs::read_to_string(root.join("docs/troubleshooting.md")).unwrap();
+        for named in [
+            reasons::DELIVERY_FAILED,
+            "switchback_operator_delivery_failures_total",
+        ] {
+            assert!(
+                page.contains(named),
+                "docs/troubleshooting.md does not name {named}"
+            );
+        }
     }
 }

@@ -34,10 +34,10 @@ pub struct Cli {
     )]
     pub manifests: Option<PathBuf>,
 
-    /// Cluster mode: watch the ConfigMaps and Secrets labelled `switchback.dev/config` in
-    /// this namespace (rendered by switchback-operator) through the API, with the
-    /// in-cluster config or KUBECONFIG. Needs only get/list/watch on ConfigMaps and
-    /// Secrets of this namespace.
+    /// Cluster mode: watch the index ConfigMap `switchback-index` in this namespace
+    /// (rendered by switchback-operator) through the API, with the in-cluster config or
+    /// KUBECONFIG, and fetch the ConfigMaps and Secrets it names. Needs only get, list
+    /// and watch on that ConfigMap by name and get on the objects it names.
     #[arg(long, env = "SWITCHBACK_NAMESPACE", value_name = "NS")]
     pub namespace: Option<String>,
 
