@@ -82,6 +82,9 @@ pub struct Compiled {
     pub config: CompiledConfig,
     pub keys: Keys,
     pub diagnostics: Vec<Diagnostic>,
+    /// Each source namespace's revision key, where one was delivered (see
+    /// [`crate::revision`]); `compile` sets none.
+    pub revision_keys: std::collections::BTreeMap<String, crate::revision::RevisionKey>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,6 +284,7 @@ pub fn compile(inputs: &Inputs<'_>) -> Compiled {
         config,
         keys,
         diagnostics,
+        revision_keys: Default::default(),
     }
 }
 

@@ -691,3 +691,64 @@ impl Keys {
         self.0.get(credential)
     }
 }
+
+/// Compiled objects for the tests of this crate, built field by field (a pinned
+/// revision digests their JSON: change them and it changes).
+#[cfg(test)]
+pub(crate) mod samples {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// An `openai` credential `namespace/name`, key `name` of Secret `keys`.
+    pub(crate) fn credential(namespace: &str, name: &str) -> Credential {
+        Credential {
+            api_version: None,
+            responses_api: false,
+            prefill: false,
+            project: None,
+            location: None,
+            region: None,
+            id: ObjectId::new(namespace, name),
+            provider: Provider::Openai,
+            base_url: "https://api.openai.com/v1".into(),
+            headers: BTreeMap::new(),
+            max_concurrency: None,
+            max_queue: None,
+            allow_private_network: false,
+            secret_ref: SecretKeyRef {
+                name: "keys".into(),
+                key: name.into(),
+            },
+        }
+    }
+
+    /// A fallback route `namespace/name` serving `model` on `credentials` (of its own
+    /// namespace), in that order, with every default.
+    pub(crate) fn route(namespace: &str, name: &str, model: &str, credentials: &[&str]) -> Route {
+        Route {
+            id: ObjectId::new(namespace, name),
+            generation: 1,
+            models: vec![model.into()],
+            strategy: Strategy::Fallback,
+            targets: credentials
+                .iter()
+                .map(|c| Target {
+                    model_map: Default::default(),
+                    credential: ObjectId::new(namespace, *c),
+                    model: None,
+                    weight: 1,
+                    timeout_ms: None,
+                    retry: Retry::default(),
+                    price: None,
+                })
+                .collect(),
+            fallback: Fallback::default(),
+            circuit_breaker: CircuitBreaker::default(),
+            timeout_ms: 60_000,
+            shared_with: Vec::new(),
+            stream: None,
+            hedge: None,
+        }
+    }
+}

@@ -1,33 +1,50 @@
-//! How config travels from the operator to the proxy (SPEC §4): the names, labels and
-//! data keys of the rendered objects, and the functions that write and read them.
+//! How config travels from the operator to the proxy (SPEC §4, §14): the names, labels
+//! and data keys of the rendered objects, and the functions that write and read them.
 //!
 //! Per *source* namespace (the namespace the LLMRoutes live in) the operator renders,
 //! into the gateway namespace:
 //!
-//! - ConfigMap `switchback-routes-<ns>`: data key [`CONFIG_KEY`] holds that namespace's
-//!   [`CompiledConfig`] as JSON (deterministic: same config, same bytes). No key
+//! - ConfigMaps `switchback-routes-<ns>.<digest>` ([`parts`]): that namespace's
+//!   [`CompiledConfig`], split over as many ConfigMaps as its size needs, each holding a
+//!   share of its routes, credentials and clients as JSON under [`CONFIG_KEY`]. A part
+//!   is named after its content, so it never changes once written: a new version of a
+//!   namespace is new parts, never an edit of parts a proxy may be reading. No key
 //!   material, ever.
-//! - Secret `switchback-keys-<ns>`: one data key per credential, named after the
-//!   ProviderCredential (credential names are DNS subdomains, valid Secret keys).
+//! - Secret `switchback-keys-<ns>.<digest>`: one data key per credential, named after the
+//!   ProviderCredential (credential names are DNS subdomains, valid Secret keys), and
+//!   [`REVISION_KEY`], the namespace's [`RevisionKey`].
+//! - One ConfigMap [`index::INDEX_NAME`] ([`index`]): per source namespace, the parts and
+//!   keys Secret of the version delivered. Writing it is the commit point: the proxy
+//!   reads it (watched by name), fetches what it names by name, and swaps a namespace
+//!   only when all of it arrived. A namespace whose new version could not be written
+//!   keeps its entry, and so its last delivered version.
 //!
-//! Both carry the label [`LABEL`] (value [`ROUTES`] or [`KEYS`]) that the proxy
-//! selects on, and [`SOURCE_NAMESPACE_LABEL`]. Reading checks the format version and
-//! that every object in a namespace's config really belongs to that namespace, so a
-//! hand-edited ConfigMap is refused with a message saying why instead of being served.
+//! Every object carries [`LABEL`] (value [`ROUTES`], [`KEYS`] or [`index::INDEX`]),
+//! [`SOURCE_NAMESPACE_LABEL`] and [`MANAGED_BY_LABEL`]. Reading checks the format
+//! version, that a part's content is the one its name stands for, and that every
+//! object in a namespace's config really belongs to that namespace, so a hand-edited
+//! object is refused with a message saying why instead of being served.
+
+pub mod index;
+pub mod parts;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::compile::Compiled;
 use crate::config::{CONFIG_VERSION, CompiledConfig, Keys, ObjectId};
+use crate::revision::RevisionKey;
 use crate::secret::Secret;
 
-/// Label on every rendered object; the proxy watches `LABEL` (any value).
+pub use parts::{
+    NamespaceObjects, PartLimits, assemble, keys_name, keys_secret, part_name, read_keys_secret,
+    render_namespace,
+};
+
+/// Label on every rendered object.
 pub const LABEL: &str = "switchback.dev/config";
-/// [`LABEL`] value of a routes ConfigMap.
+/// [`LABEL`] value of a routes ConfigMap (a part).
 pub const ROUTES: &str = "routes";
 /// [`LABEL`] value of a keys Secret.
 pub const KEYS: &str = "keys";
@@ -43,6 +60,9 @@ pub const CONFIG_KEY: &str = "config.json";
 pub const ROUTES_PREFIX: &str = "switchback-routes-";
 /// Name prefix of a keys Secret.
 pub const KEYS_PREFIX: &str = "switchback-keys-";
+/// The keys Secret's data key holding the namespace's revision key (64 hex digits).
+/// Not a credential name: those are DNS subdomains, which never hold `_`.
+pub const REVISION_KEY: &str = "_revision-key";
 
 /// Why a rendered object cannot be read (or written).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,29 +89,57 @@ pub enum DeliveryError {
     },
     #[error("{object}: key {key:?} is not valid UTF-8")]
     KeyEncoding { object: String, key: String },
-}
-
-/// `switchback-routes-<ns>`.
-pub fn routes_name(source_namespace: &str) -> String {
-    format!("{ROUTES_PREFIX}{source_namespace}")
-}
-
-/// `switchback-keys-<ns>`.
-pub fn keys_name(source_namespace: &str) -> String {
-    format!("{KEYS_PREFIX}{source_namespace}")
+    #[error("{object}: {REVISION_KEY} is missing or not 64 lowercase hex digits")]
+    RevisionKey { object: String },
+    #[error(
+        "{object}: its content is not the one its name stands for (edited in place, or of another generation); the namespace keeps its last good config"
+    )]
+    Content { object: String },
+    #[error("{object}, named by the index for namespace {namespace}, is missing")]
+    Missing { object: String, namespace: String },
+    #[error(
+        "namespace {namespace}: its {routes} routes, {credentials} credentials and {clients} clients take {bytes} bytes as JSON, more than {max_parts} ConfigMaps of at most {max_part_bytes} bytes hold (--max-config-parts={max_parts}); split them over more namespaces or raise the limit"
+    )]
+    TooManyParts {
+        namespace: String,
+        routes: usize,
+        credentials: usize,
+        clients: usize,
+        bytes: usize,
+        max_parts: usize,
+        max_part_bytes: usize,
+    },
+    #[error(
+        "namespace {namespace}: {what} {id} alone takes {bytes} bytes as JSON, more than one ConfigMap of at most {max_part_bytes} bytes holds"
+    )]
+    ObjectTooLarge {
+        namespace: String,
+        what: &'static str,
+        id: ObjectId,
+        bytes: usize,
+        max_part_bytes: usize,
+    },
+    #[error("{object}: {key}: {message}")]
+    Index {
+        object: String,
+        key: &'static str,
+        message: String,
+    },
 }
 
 /// One source namespace's share of a compiled config: its routes, the credentials
-/// those routes use, and their keys.
+/// those routes use, their keys, and the key revisions are computed with.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NamespaceConfig {
     pub config: CompiledConfig,
     pub keys: Keys,
+    /// The namespace's revision key ([`crate::revision`]); `None` before one is given.
+    pub revision_key: Option<RevisionKey>,
 }
 
 /// Splits a compiled config by source namespace. Only namespaces with at least one
 /// route appear, and each carries only the credentials (and keys) its routes use, so a
-/// key is delivered only where it is needed.
+/// key is delivered only where it is needed, and its revision key, if it has one.
 pub fn split(compiled: &Compiled) -> BTreeMap<String, NamespaceConfig> {
     let mut out: BTreeMap<String, NamespaceConfig> = BTreeMap::new();
     for route in &compiled.config.routes {
@@ -129,15 +177,16 @@ pub fn split(compiled: &Compiled) -> BTreeMap<String, NamespaceConfig> {
                 part.keys.0.insert(c.id.clone(), key.clone());
             }
         }
+        part.revision_key = compiled.revision_keys.get(namespace).cloned();
     }
     out
 }
 
 /// Merges namespaces' configs into one (the proxy serves them all). Routes and
 /// credentials come out sorted by id, as `compile` would produce them.
-pub fn merge<'a>(parts: impl IntoIterator<Item = &'a NamespaceConfig>) -> Compiled {
+pub fn merge<'a>(parts: impl IntoIterator<Item = (&'a str, &'a NamespaceConfig)>) -> Compiled {
     let mut compiled = Compiled::default();
-    for part in parts {
+    for (namespace, part) in parts {
         compiled
             .config
             .routes
@@ -153,6 +202,11 @@ pub fn merge<'a>(parts: impl IntoIterator<Item = &'a NamespaceConfig>) -> Compil
         for (id, key) in &part.keys.0 {
             compiled.keys.0.insert(id.clone(), key.clone());
         }
+        if let Some(key) = &part.revision_key {
+            compiled
+                .revision_keys
+                .insert(namespace.to_string(), key.clone());
+        }
     }
     compiled.config.routes.sort_by(|a, b| a.id.cmp(&b.id));
     compiled.config.credentials.sort_by(|a, b| a.id.cmp(&b.id));
@@ -160,20 +214,28 @@ pub fn merge<'a>(parts: impl IntoIterator<Item = &'a NamespaceConfig>) -> Compil
     compiled
 }
 
-/// The config JSON for one namespace: pretty-printed, deterministic.
+/// The config JSON of (a part of) one namespace: pretty-printed, deterministic.
 pub fn encode_config(
     source_namespace: &str,
     config: &CompiledConfig,
 ) -> Result<String, DeliveryError> {
-    check_namespace(&routes_name(source_namespace), source_namespace, config)?;
+    check_namespace(
+        &format!("{ROUTES_PREFIX}{source_namespace}"),
+        source_namespace,
+        config,
+    )?;
     // Plain data with string keys and sorted collections: serializing cannot fail.
     Ok(serde_json::to_string_pretty(config).expect("a compiled config serializes"))
 }
 
-/// Reads one namespace's config JSON, checking the version first (so an unknown
-/// version says so instead of failing on a field).
-pub fn decode_config(source_namespace: &str, json: &str) -> Result<CompiledConfig, DeliveryError> {
-    let object = routes_name(source_namespace);
+/// Reads the config JSON of the object `object` of one namespace, checking the version
+/// first (so an unknown version says so instead of failing on a field).
+pub fn decode_config(
+    object: &str,
+    source_namespace: &str,
+    json: &str,
+) -> Result<CompiledConfig, DeliveryError> {
+    let object = object.to_string();
     let value: serde_json::Value = serde_json::from_str(json).map_err(|e| DeliveryError::Json {
         object: object.clone(),
         message: e.to_string(),
@@ -198,17 +260,18 @@ pub fn decode_config(source_namespace: &str, json: &str) -> Result<CompiledConfi
     Ok(config)
 }
 
-/// The keys Secret's data: one entry per credential name.
+/// The keys Secret's data: one entry per credential name, and the revision key.
 pub fn encode_keys(
+    object: &str,
     source_namespace: &str,
     keys: &Keys,
+    revision_key: &RevisionKey,
 ) -> Result<BTreeMap<String, ByteString>, DeliveryError> {
-    let object = keys_name(source_namespace);
     let mut data = BTreeMap::new();
     for (id, key) in &keys.0 {
         if id.namespace != source_namespace {
             return Err(DeliveryError::ForeignObject {
-                object,
+                object: object.to_string(),
                 what: "key of credential",
                 id: id.clone(),
                 namespace: source_namespace.to_string(),
@@ -219,24 +282,39 @@ pub fn encode_keys(
             ByteString(key.expose().clone().into_bytes()),
         );
     }
+    data.insert(
+        REVISION_KEY.to_string(),
+        ByteString(revision_key.to_hex().into_bytes()),
+    );
     Ok(data)
 }
 
-/// Reads the keys Secret's data back.
+/// Reads the keys Secret's data back: the credentials' keys and the revision key.
 pub fn decode_keys(
+    object: &str,
     source_namespace: &str,
     data: &BTreeMap<String, ByteString>,
-) -> Result<Keys, DeliveryError> {
+) -> Result<(Keys, RevisionKey), DeliveryError> {
     let mut keys = Keys::default();
+    let mut revision_key = None;
     for (name, value) in data {
-        let key = String::from_utf8(value.0.clone()).map_err(|_| DeliveryError::KeyEncoding {
-            object: keys_name(source_namespace),
+        let text = String::from_utf8(value.0.clone()).map_err(|_| DeliveryError::KeyEncoding {
+            object: object.to_string(),
             key: name.clone(),
         })?;
+        if name == REVISION_KEY {
+            revision_key = Some(text.parse().map_err(|_| DeliveryError::RevisionKey {
+                object: object.to_string(),
+            })?);
+            continue;
+        }
         keys.0
-            .insert(ObjectId::new(source_namespace, name), Secret::new(key));
+            .insert(ObjectId::new(source_namespace, name), Secret::new(text));
     }
-    Ok(keys)
+    let revision_key = revision_key.ok_or_else(|| DeliveryError::RevisionKey {
+        object: object.to_string(),
+    })?;
+    Ok((keys, revision_key))
 }
 
 fn labels(source_namespace: &str, kind: &str) -> BTreeMap<String, String> {
@@ -250,77 +328,16 @@ fn labels(source_namespace: &str, kind: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// The routes ConfigMap for one source namespace, ready for server-side apply.
-pub fn config_map(
-    gateway_namespace: &str,
-    source_namespace: &str,
-    config: &CompiledConfig,
-) -> Result<ConfigMap, DeliveryError> {
-    Ok(ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(routes_name(source_namespace)),
-            namespace: Some(gateway_namespace.to_string()),
-            labels: Some(labels(source_namespace, ROUTES)),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            CONFIG_KEY.to_string(),
-            encode_config(source_namespace, config)?,
-        )])),
-        ..ConfigMap::default()
-    })
-}
-
-/// The keys Secret for one source namespace, ready for server-side apply.
-pub fn keys_secret(
-    gateway_namespace: &str,
-    source_namespace: &str,
-    keys: &Keys,
-) -> Result<KubeSecret, DeliveryError> {
-    Ok(KubeSecret {
-        metadata: ObjectMeta {
-            name: Some(keys_name(source_namespace)),
-            namespace: Some(gateway_namespace.to_string()),
-            labels: Some(labels(source_namespace, KEYS)),
-            ..ObjectMeta::default()
-        },
-        type_: Some("Opaque".to_string()),
-        data: Some(encode_keys(source_namespace, keys)?),
-        ..KubeSecret::default()
-    })
-}
-
-/// The source namespace a rendered object's name stands for.
+/// The source namespace a rendered object's name stands for: what follows `prefix`, up
+/// to the `.` before its digest (namespace names never hold a `.`).
 pub fn source_namespace<'a>(name: &'a str, prefix: &'static str) -> Result<&'a str, DeliveryError> {
     name.strip_prefix(prefix)
+        .map(|rest| rest.split_once('.').map_or(rest, |(ns, _)| ns))
         .filter(|ns| !ns.is_empty())
         .ok_or_else(|| DeliveryError::Name {
             object: name.to_string(),
             prefix,
         })
-}
-
-/// Reads a routes ConfigMap: its source namespace and config.
-pub fn read_config_map(cm: &ConfigMap) -> Result<(String, CompiledConfig), DeliveryError> {
-    let name = cm.metadata.name.as_deref().unwrap_or_default();
-    let ns = source_namespace(name, ROUTES_PREFIX)?;
-    let json = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get(CONFIG_KEY))
-        .ok_or_else(|| DeliveryError::MissingConfig {
-            object: name.to_string(),
-        })?;
-    Ok((ns.to_string(), decode_config(ns, json)?))
-}
-
-/// Reads a keys Secret: its source namespace and keys.
-pub fn read_keys_secret(secret: &KubeSecret) -> Result<(String, Keys), DeliveryError> {
-    let name = secret.metadata.name.as_deref().unwrap_or_default();
-    let ns = source_namespace(name, KEYS_PREFIX)?;
-    let empty = BTreeMap::new();
-    let keys = decode_keys(ns, secret.data.as_ref().unwrap_or(&empty))?;
-    Ok((ns.to_string(), keys))
 }
 
 fn check_namespace(
@@ -361,6 +378,9 @@ fn check_namespace(
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Secret as KubeSecret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
     use super::*;
     use crate::{Inputs, LLMRoute, ProviderCredential, compile};
 
@@ -456,14 +476,20 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
             encode_config(ns, &part.config).expect("each part passes the namespace check");
         }
         assert_eq!(
-            merge(parts.values()).config.clients,
+            merge(parts.iter().map(|(ns, p)| (ns.as_str(), p)))
+                .config
+                .clients,
             compiled.config.clients
         );
     }
 
     #[test]
     fn split_then_merge_round_trips_without_unused_credentials() {
-        let compiled = compiled();
+        let mut compiled = compiled();
+        let key = RevisionKey::random();
+        compiled
+            .revision_keys
+            .insert("team-a".to_string(), key.clone());
         let parts = split(&compiled);
         assert_eq!(parts.keys().collect::<Vec<_>>(), ["team-a", "team-b"]);
         let a = &parts["team-a"];
@@ -471,46 +497,72 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
         // `unused` is referenced by no route: neither it nor its key is delivered.
         assert_eq!(a.config.credentials.len(), 1);
         assert_eq!(a.keys.0.len(), 1);
-        let merged = merge(parts.values());
+        assert_eq!(a.revision_key.as_ref(), Some(&key));
+        assert_eq!(parts["team-b"].revision_key, None);
+        let merged = merge(parts.iter().map(|(ns, p)| (ns.as_str(), p)));
         assert_eq!(merged.config.routes, compiled.config.routes);
         assert_eq!(merged.config.credentials.len(), 2);
         assert_eq!(merged.keys.0.len(), 2);
+        assert_eq!(merged.revision_keys, compiled.revision_keys);
+    }
+
+    /// team-a rendered as objects, with its revision key.
+    fn team_a() -> (NamespaceConfig, NamespaceObjects) {
+        let mut part = split(&compiled()).remove("team-a").unwrap();
+        let key = RevisionKey::random();
+        part.revision_key = Some(key.clone());
+        let objects =
+            render_namespace("switchback", "team-a", &part, PartLimits::default()).unwrap();
+        (part, objects)
     }
 
     #[test]
-    fn objects_round_trip_and_keep_keys_out_of_the_config_map() {
-        let parts = split(&compiled());
-        let a = &parts["team-a"];
-        let cm = config_map("switchback", "team-a", &a.config).unwrap();
-        assert_eq!(
-            cm.metadata.name.as_deref(),
-            Some("switchback-routes-team-a")
-        );
+    fn objects_round_trip_and_keep_keys_out_of_the_config_maps() {
+        let (a, objects) = team_a();
+        assert_eq!(objects.parts.len(), 1, "a small namespace is one part");
+        let cm = &objects.parts[0];
+        let name = cm.metadata.name.as_deref().unwrap();
+        assert!(name.starts_with("switchback-routes-team-a."), "{name}");
+        assert_eq!(source_namespace(name, ROUTES_PREFIX), Ok("team-a"));
         assert_eq!(cm.metadata.labels.as_ref().unwrap()[LABEL], ROUTES);
         let json = &cm.data.as_ref().unwrap()[CONFIG_KEY];
         assert!(
             !json.contains("sk-a"),
             "key material in the ConfigMap: {json}"
         );
-        // Deterministic: same input, same bytes.
+        // Deterministic: same input, same bytes, same names.
         assert_eq!(json, &encode_config("team-a", &a.config).unwrap());
+        let key = a.revision_key.clone().unwrap();
         assert_eq!(
-            read_config_map(&cm).unwrap(),
-            ("team-a".to_string(), a.config.clone())
+            render_namespace("switchback", "team-a", &a, PartLimits::default()).unwrap(),
+            objects
         );
 
-        let secret = keys_secret("switchback", "team-a", &a.keys).unwrap();
-        assert_eq!(
-            secret.metadata.name.as_deref(),
-            Some("switchback-keys-team-a")
-        );
-        assert_eq!(
-            secret.data.as_ref().unwrap()["openai-prod"],
-            ByteString(b"sk-a".to_vec())
-        );
-        let (ns, keys) = read_keys_secret(&secret).unwrap();
-        assert_eq!(ns, "team-a");
-        assert_eq!(keys, a.keys);
+        let secret = &objects.keys;
+        let name = secret.metadata.name.as_deref().unwrap();
+        assert!(name.starts_with("switchback-keys-team-a."), "{name}");
+        let data = secret.data.as_ref().unwrap();
+        assert_eq!(data["openai-prod"], ByteString(b"sk-a".to_vec()));
+        assert_eq!(data[REVISION_KEY], ByteString(key.to_hex().into_bytes()));
+        // The keys Secret's name is keyed: the same keys under another revision key
+        // give another name (no plain digest of keys in a name anyone may list).
+        let other = keys_secret("switchback", "team-a", &a.keys, &RevisionKey::random()).unwrap();
+        assert_ne!(other.metadata.name, secret.metadata.name);
+
+        let entry = objects.entry();
+        let back = assemble(
+            "team-a",
+            &entry,
+            |n| {
+                objects
+                    .parts
+                    .iter()
+                    .find(|p| p.metadata.name.as_deref() == Some(n))
+            },
+            |n| (secret.metadata.name.as_deref() == Some(n)).then_some(secret),
+        )
+        .unwrap();
+        assert_eq!(back, a);
     }
 
     #[test]
@@ -519,7 +571,7 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
         let json = encode_config("team-a", &parts["team-a"].config)
             .unwrap()
             .replacen("\"version\": 1", "\"version\": 2", 1);
-        let err = decode_config("team-a", &json).unwrap_err();
+        let err = decode_config("cm", "team-a", &json).unwrap_err();
         assert!(
             matches!(err, DeliveryError::Version { found: 2, .. }),
             "{err}"
@@ -531,35 +583,34 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
     fn broken_or_foreign_configs_are_refused_with_the_reason() {
         let parts = split(&compiled());
         let json = encode_config("team-a", &parts["team-a"].config).unwrap();
-        let err = decode_config("team-b", &json).unwrap_err();
+        let err = decode_config("cm", "team-b", &json).unwrap_err();
         assert!(
             err.to_string()
                 .contains("route team-a/smart is not in namespace team-b"),
             "{err}"
         );
-        let err = decode_config("team-a", "{ not json").unwrap_err();
+        let err = decode_config("cm", "team-a", "{ not json").unwrap_err();
         assert!(matches!(err, DeliveryError::Json { .. }), "{err}");
-        let err = decode_config("team-a", r#"{"routes": []}"#).unwrap_err();
+        let err = decode_config("cm", "team-a", r#"{"routes": []}"#).unwrap_err();
         assert!(err.to_string().contains("version"), "{err}");
         assert!(encode_config("team-b", &parts["team-a"].config).is_err());
-
-        let mut cm = config_map("gw", "team-a", &parts["team-a"].config).unwrap();
-        cm.data = None;
         assert!(matches!(
-            read_config_map(&cm),
-            Err(DeliveryError::MissingConfig { .. })
-        ));
-        cm.metadata.name = Some("something-else".into());
-        assert!(matches!(
-            read_config_map(&cm),
+            source_namespace("something-else", ROUTES_PREFIX),
             Err(DeliveryError::Name { .. })
         ));
+        assert!(source_namespace("switchback-routes-", ROUTES_PREFIX).is_err());
     }
 
     #[test]
-    fn keys_must_be_utf8() {
+    fn keys_must_be_utf8_and_carry_a_revision_key() {
         let data = BTreeMap::from([("c".to_string(), ByteString(vec![0xff, 0xfe]))]);
-        let err = decode_keys("team-a", &data).unwrap_err();
+        let err = decode_keys("s", "team-a", &data).unwrap_err();
         assert!(matches!(err, DeliveryError::KeyEncoding { .. }));
+        let data = BTreeMap::from([("c".to_string(), ByteString(b"sk".to_vec()))]);
+        let err = decode_keys("s", "team-a", &data).unwrap_err();
+        assert!(matches!(err, DeliveryError::RevisionKey { .. }), "{err}");
+        let data = BTreeMap::from([(REVISION_KEY.to_string(), ByteString(b"12".to_vec()))]);
+        let err = decode_keys("s", "team-a", &data).unwrap_err();
+        assert!(matches!(err, DeliveryError::RevisionKey { .. }), "{err}");
     }
 }

@@ -96,12 +96,37 @@ impl KeyHash {
     }
 
     fn hex(&self) -> String {
-        use fmt::Write;
-        self.0.iter().fold(String::with_capacity(64), |mut s, b| {
+        to_hex(&self.0)
+    }
+}
+
+/// Lowercase hex of `bytes`.
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
+    use fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
             let _ = write!(s, "{b:02x}");
             s
         })
+}
+
+/// 32 bytes from exactly 64 lowercase hex digits.
+pub(crate) fn from_hex32(s: &str) -> Option<[u8; 32]> {
+    let bytes = s.as_bytes();
+    if bytes.len() != 64 {
+        return None;
     }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
 }
 
 impl fmt::Debug for KeyHash {
@@ -119,20 +144,7 @@ impl FromStr for KeyHash {
     type Err = BadKeyHash;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bytes = s.as_bytes();
-        if bytes.len() != 64 {
-            return Err(BadKeyHash);
-        }
-        let nibble = |c: u8| match c {
-            b'0'..=b'9' => Ok(c - b'0'),
-            b'a'..=b'f' => Ok(c - b'a' + 10),
-            _ => Err(BadKeyHash),
-        };
-        let mut out = [0u8; 32];
-        for (i, pair) in bytes.chunks_exact(2).enumerate() {
-            out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
-        }
-        Ok(Self(out))
+        from_hex32(s).map(Self).ok_or(BadKeyHash)
     }
 }
 

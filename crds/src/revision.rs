@@ -7,14 +7,26 @@
 //! The digest is FNV-1a 64 over the canonical JSON of the compiled objects (field order
 //! fixed by the types, maps sorted), so it is identical across processes, builds and
 //! platforms; `std`'s hashers are seeded or free to change between releases.
+//!
+//! Key material enters only as `HMAC-SHA256(revision key, key)` (SPEC §14: hashes
+//! shown to users are keyed): a revision is shown in status and on the admin port, and
+//! a plain digest over a key would let anyone who reads it test guessed keys offline.
+//! The [`RevisionKey`] is per source namespace: the operator draws one at random, keeps
+//! it in that namespace's rendered keys Secret (so it survives operator restarts and
+//! the proxies read it with the keys it covers), and never shows it. A config that
+//! comes with no key for a namespace (standalone `--manifests`) uses the process's own
+//! random key ([`RevisionKey::process`]): there the proxy alone computes revisions.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
+use aws_lc_rs::hmac;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::config::{CompiledConfig, Credential, Keys, ObjectId, Route};
+use crate::keyhash::{from_hex32, to_hex};
 
 /// The digest of one route as served; shown (and serialized) as 16 hex digits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -57,17 +69,91 @@ impl<'de> Deserialize<'de> for Revision {
     }
 }
 
+/// The secret that key material is digested with in a revision: 32 random bytes,
+/// written as 64 hex digits where it is delivered. `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RevisionKey([u8; 32]);
+
+/// A delivered revision key that is not 64 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a revision key (64 lowercase hex digits)")]
+pub struct BadRevisionKey;
+
+impl RevisionKey {
+    /// A fresh key from the system's CSPRNG.
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 32];
+        // Fails only when the OS has no randomness to give: nothing can run then.
+        aws_lc_rs::rand::fill(&mut bytes).expect("the system random number generator");
+        Self(bytes)
+    }
+
+    /// This process's own key, drawn once: for configs that carry none (standalone).
+    pub fn process() -> &'static RevisionKey {
+        static KEY: OnceLock<RevisionKey> = OnceLock::new();
+        KEY.get_or_init(RevisionKey::random)
+    }
+
+    /// HMAC-SHA256 of `data` under this key.
+    pub fn mac(&self, data: &[u8]) -> [u8; 32] {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, &self.0);
+        let mut out = [0u8; 32];
+        // Fails only for a buffer shorter than the tag: SHA-256's is 32 bytes.
+        if hmac::sign_to_buffer(&key, data, &mut out).is_err() {
+            unreachable!("an HMAC-SHA256 tag is 32 bytes");
+        }
+        out
+    }
+
+    /// The key as delivered: 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        to_hex(&self.0)
+    }
+}
+
+impl FromStr for RevisionKey {
+    type Err = BadRevisionKey;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        from_hex32(s).map(Self).ok_or(BadRevisionKey)
+    }
+}
+
+impl fmt::Debug for RevisionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RevisionKey(*****)")
+    }
+}
+
 /// A config's credentials indexed once, to compute the revision of each of its routes.
 pub struct Revisions<'a> {
     credentials: BTreeMap<&'a ObjectId, &'a Credential>,
-    keys: &'a Keys,
+    /// Each keyed credential's key material, already digested with its namespace's
+    /// revision key (once per credential, not once per route using it).
+    keys: BTreeMap<&'a ObjectId, [u8; 32]>,
 }
 
 impl<'a> Revisions<'a> {
-    pub fn new(config: &'a CompiledConfig, keys: &'a Keys) -> Self {
+    /// `revision_keys`: the revision key of each source namespace; a namespace
+    /// without one uses [`RevisionKey::process`].
+    pub fn new(
+        config: &'a CompiledConfig,
+        keys: &'a Keys,
+        revision_keys: &BTreeMap<String, RevisionKey>,
+    ) -> Self {
+        let keyed = keys
+            .0
+            .iter()
+            .map(|(id, key)| {
+                let revision_key = revision_keys
+                    .get(&id.namespace)
+                    .unwrap_or_else(|| RevisionKey::process());
+                (id, revision_key.mac(key.expose().as_bytes()))
+            })
+            .collect();
         Self {
             credentials: config.credentials.iter().map(|c| (&c.id, c)).collect(),
-            keys,
+            keys: keyed,
         }
     }
 
@@ -77,10 +163,9 @@ impl<'a> Revisions<'a> {
     ///
     /// Keys are included because rotating one changes what the route sends upstream
     /// without changing any generation; it is the only way the operator can see that a
-    /// proxy serves the new key. The revision is a one-way digest: the key enters only
-    /// through the hash and is never serialized, and 64 bits cannot give it back
-    /// (though, like any digest, one could confirm a guessed key: fine for the random
-    /// keys providers issue).
+    /// proxy serves the new key. A key enters only as its HMAC under the namespace's
+    /// revision key: without that key, a revision neither gives a key back nor lets
+    /// anyone confirm a guessed one.
     pub fn route(&self, route: &Route) -> Revision {
         let mut h = Fnv1a::default();
         h.part(&json(route));
@@ -97,9 +182,9 @@ impl<'a> Revisions<'a> {
             }
             // Tagged, so a missing key never digests like some key's bytes.
             match self.keys.get(id) {
-                Some(key) => {
+                Some(mac) => {
                     h.part(b"key");
-                    h.part(key.expose().as_bytes());
+                    h.part(mac);
                 }
                 None => h.part(b"no key"),
             }
@@ -114,7 +199,7 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// FNV-1a, 64 bits.
-struct Fnv1a(u64);
+pub(crate) struct Fnv1a(u64);
 
 impl Default for Fnv1a {
     fn default() -> Self {
@@ -123,6 +208,13 @@ impl Default for Fnv1a {
 }
 
 impl Fnv1a {
+    /// The digest of `bytes` alone.
+    pub(crate) fn of(bytes: &[u8]) -> u64 {
+        let mut h = Self::default();
+        h.write(bytes);
+        h.0
+    }
+
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);
@@ -140,58 +232,15 @@ impl Fnv1a {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{
-        CircuitBreaker, Fallback, Provider, Retry, SecretKeyRef, Strategy, Target,
-    };
+    use crate::config::samples;
     use crate::secret::Secret;
 
     fn credential(name: &str) -> Credential {
-        Credential {
-            api_version: None,
-            responses_api: false,
-            prefill: false,
-            project: None,
-            location: None,
-            region: None,
-            id: ObjectId::new("team-a", name),
-            provider: Provider::Openai,
-            base_url: "https://api.openai.com/v1".into(),
-            headers: BTreeMap::new(),
-            max_concurrency: None,
-            max_queue: None,
-            allow_private_network: false,
-            secret_ref: SecretKeyRef {
-                name: "keys".into(),
-                key: name.into(),
-            },
-        }
+        samples::credential("team-a", name)
     }
 
     fn route(name: &str, credentials: &[&str]) -> Route {
-        Route {
-            id: ObjectId::new("team-a", name),
-            generation: 1,
-            models: vec![name.into()],
-            strategy: Strategy::Fallback,
-            targets: credentials
-                .iter()
-                .map(|c| Target {
-                    model_map: Default::default(),
-                    credential: ObjectId::new("team-a", *c),
-                    model: None,
-                    weight: 1,
-                    timeout_ms: None,
-                    retry: Retry::default(),
-                    price: None,
-                })
-                .collect(),
-            fallback: Fallback::default(),
-            circuit_breaker: CircuitBreaker::default(),
-            timeout_ms: 60_000,
-            shared_with: Vec::new(),
-            stream: None,
-            hedge: None,
-        }
+        samples::route("team-a", name, name, credentials)
     }
 
     /// Route `smart` on credentials a and b; route `other` on c; keys for all three.
@@ -210,8 +259,83 @@ mod tests {
         (config, keys)
     }
 
+    /// team-a's revision key in these tests: fixed, so a digest can be pinned.
+    fn team_key() -> BTreeMap<String, RevisionKey> {
+        BTreeMap::from([("team-a".to_string(), RevisionKey([7; 32]))])
+    }
+
     fn smart(config: &CompiledConfig, keys: &Keys) -> Revision {
-        Revisions::new(config, keys).route(&config.routes[0])
+        Revisions::new(config, keys, &team_key()).route(&config.routes[0])
+    }
+
+    /// The revision as it was computed before it was keyed: the key's bytes
+    /// themselves in the FNV digest.
+    fn unkeyed(config: &CompiledConfig, keys: &Keys) -> Revision {
+        let route = &config.routes[0];
+        let mut h = Fnv1a::default();
+        h.part(&json(route));
+        let mut seen = Vec::new();
+        for t in &route.targets {
+            if seen.contains(&&t.credential) {
+                continue;
+            }
+            seen.push(&t.credential);
+            let c = config.credentials.iter().find(|c| c.id == t.credential);
+            h.part(&json(c.unwrap()));
+            h.part(b"key");
+            h.part(keys.get(&t.credential).unwrap().expose().as_bytes());
+        }
+        Revision(h.0)
+    }
+
+    #[test]
+    fn key_material_enters_only_keyed() {
+        let (config, keys) = sample();
+        let keyed = smart(&config, &keys);
+        // What a reader of status could once test a guessed key against.
+        assert_ne!(keyed, unkeyed(&config, &keys));
+
+        // Two keys of the same length: different revisions, under any revision key.
+        let mut other = keys.clone();
+        other
+            .0
+            .insert(ObjectId::new("team-a", "a"), Secret::new("sk-x".into()));
+        assert_eq!("sk-x".len(), "sk-a".len());
+        assert_ne!(smart(&config, &other), keyed);
+
+        // The revision key decides: another one, another revision; the same one (the
+        // operator's and the proxy's, read from the same Secret), the same revision.
+        let another = BTreeMap::from([("team-a".to_string(), RevisionKey([8; 32]))]);
+        let route = &config.routes[0];
+        assert_ne!(Revisions::new(&config, &keys, &another).route(route), keyed);
+        let delivered: RevisionKey = RevisionKey([7; 32]).to_hex().parse().unwrap();
+        let read_back = BTreeMap::from([("team-a".to_string(), delivered)]);
+        assert_eq!(
+            Revisions::new(&config, &keys, &read_back).route(route),
+            keyed
+        );
+        // Without a key for the namespace: the process's own, stable within it.
+        let none = BTreeMap::new();
+        let process = Revisions::new(&config, &keys, &none).route(route);
+        assert_eq!(Revisions::new(&config, &keys, &none).route(route), process);
+        assert_ne!(process, keyed);
+    }
+
+    #[test]
+    fn revision_keys_parse_and_never_show() {
+        let key = RevisionKey::random();
+        assert_ne!(key, RevisionKey::random());
+        let text = key.to_hex();
+        assert_eq!(text.len(), 64);
+        assert_eq!(text.parse::<RevisionKey>().unwrap(), key);
+        assert_eq!(format!("{key:?}"), "RevisionKey(*****)");
+        for bad in ["", "00", &"g".repeat(64), &"A".repeat(64)] {
+            assert_eq!(bad.parse::<RevisionKey>(), Err(BadRevisionKey), "{bad}");
+        }
+        // HMAC-SHA256 (RFC 4231 test case 2's key is too short for us: check against
+        // aws-lc-rs's own HMAC instead).
+        let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &[7; 32]), b"sk-a");
+        assert_eq!(RevisionKey([7; 32]).mac(b"sk-a").as_slice(), tag.as_ref());
     }
 
     #[test]
@@ -307,7 +431,10 @@ mod tests {
             assert!(!route.contains(field), "{route}");
             assert!(!credential.contains(field), "{credential}");
         }
-        assert_eq!(smart(&config, &keys).to_string(), PRE_STREAMS_REVISION);
+        // The JSON digested is byte for byte what it was before those fields existed
+        // (the unkeyed digest of then), and the keyed revision is pinned too.
+        assert_eq!(unkeyed(&config, &keys).to_string(), PRE_STREAMS_REVISION);
+        assert_eq!(smart(&config, &keys).to_string(), KEYED_REVISION);
 
         let mut edited = config.clone();
         edited.routes[0].circuit_breaker.ramp_up_ms = Some(30_000);
@@ -317,7 +444,9 @@ mod tests {
         assert_ne!(smart(&edited, &keys), smart(&config, &keys), "prefill");
     }
 
-    /// `smart`'s revision in `sample()`, computed before `stream`, `hedge`, `rampUp`
-    /// and `prefill` were added.
+    /// `smart`'s revision in `sample()`, computed (unkeyed, as revisions then were)
+    /// before `stream`, `hedge`, `rampUp` and `prefill` were added.
     const PRE_STREAMS_REVISION: &str = "3dc4e4d65183c173";
+    /// `smart`'s keyed revision in `sample()` under team-a's key `[7; 32]`.
+    const KEYED_REVISION: &str = "706dd78df2c72458";
 }

@@ -19,12 +19,22 @@ use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::ObjectId;
 use switchback_crds::credential::SecretKeySelector;
 use switchback_crds::delivery;
+use switchback_crds::revision::RevisionKey;
 use switchback_crds::route::{CredentialRef, TargetSpec, TotalStats};
 use switchback_crds::stats::{RouteStats, StatsReport, TargetStats};
 use switchback_crds::{LLMRoute, LLMRouteSpec, ProviderCredential, ProviderCredentialSpec};
 use switchback_operator::aggregate::{Aggregator, Scrape};
 use switchback_operator::render::render;
 use switchback_operator::status::{RouteFacts, route_status};
+
+/// The namespaces `routes` live in.
+fn rendering_namespaces(routes: &[LLMRoute]) -> impl Iterator<Item = String> {
+    routes
+        .iter()
+        .filter_map(|r| r.metadata.namespace.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+}
 
 /// Counts live and peak heap bytes.
 struct Counting;
@@ -137,13 +147,16 @@ fn main() {
         "{ROUTES} LLMRoutes, {} ProviderCredentials, {NAMESPACES} namespaces, {REPLICAS} proxy replicas\n",
         credentials.len()
     );
+    let revision_keys: BTreeMap<String, RevisionKey> = rendering_namespaces(&routes)
+        .map(|ns| (ns, RevisionKey::random()))
+        .collect();
     let base = LIVE.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
 
     let rendering = time(
         "render (compile every namespace, split per namespace)",
         20,
-        || render(&inputs, &BTreeMap::new()),
+        || render(&inputs, &BTreeMap::new(), &revision_keys),
     );
     assert_eq!(rendering.namespaces.len(), NAMESPACES);
     assert_eq!(rendering.served.len(), ROUTES);
@@ -155,44 +168,51 @@ fn main() {
     time(
         "re-render with the rendered config as last good",
         20,
-        || render(&inputs, &previous),
+        || render(&inputs, &previous, &revision_keys),
     );
-    let objects = time("encode 50 ConfigMaps + 50 Secrets", 20, || {
+    let objects = time("encode 50 namespaces' parts + 50 Secrets", 20, || {
         rendering
             .namespaces
             .iter()
             .map(|(ns, p)| {
-                (
-                    delivery::config_map("switchback", ns, &p.config).unwrap(),
-                    delivery::keys_secret("switchback", ns, &p.keys).unwrap(),
-                )
+                let objects =
+                    delivery::render_namespace("switchback", ns, p, Default::default()).unwrap();
+                (ns.clone(), objects)
             })
             .collect::<Vec<_>>()
     });
-    let bytes: usize = objects
-        .iter()
-        .map(|(cm, _)| cm.data.as_ref().unwrap()[delivery::CONFIG_KEY].len())
-        .sum();
-    let largest = objects
-        .iter()
-        .map(|(cm, _)| cm.data.as_ref().unwrap()[delivery::CONFIG_KEY].len())
-        .max()
-        .unwrap();
+    let sizes = || {
+        objects
+            .iter()
+            .flat_map(|(_, o)| &o.parts)
+            .map(|cm| cm.data.as_ref().unwrap()[delivery::CONFIG_KEY].len())
+    };
+    let bytes: usize = sizes().sum();
+    let largest = sizes().max().unwrap();
     println!(
-        "{:<58} {:>9.1} KiB total, {:.1} KiB largest (limit 1 MiB)",
+        "{:<58} {:>9.1} KiB total, {:.1} KiB largest part (limit 900 KiB)",
         "rendered config JSON",
         bytes as f64 / 1024.0,
         largest as f64 / 1024.0
     );
-    time("proxy side: decode 100 objects and merge", 20, || {
+    time("proxy side: assemble 100 objects and merge", 20, || {
         let parts: Vec<_> = objects
             .iter()
-            .map(|(cm, s)| delivery::NamespaceConfig {
-                config: delivery::read_config_map(cm).unwrap().1,
-                keys: delivery::read_keys_secret(s).unwrap().1,
+            .map(|(ns, o)| {
+                let read = delivery::assemble(
+                    ns,
+                    &o.entry(),
+                    |n| {
+                        o.parts
+                            .iter()
+                            .find(|p| p.metadata.name.as_deref() == Some(n))
+                    },
+                    |_| Some(&o.keys),
+                );
+                (ns.clone(), read.unwrap())
             })
             .collect();
-        delivery::merge(parts.iter())
+        delivery::merge(parts.iter().map(|(ns, p)| (ns.as_str(), p)))
     });
 
     let report = |replica: usize, round: u64| StatsReport {
@@ -270,6 +290,7 @@ fn main() {
                     route: r,
                     diagnostics: rendering.diagnostics(Kind::LLMRoute, &id).collect(),
                     served: rendering.served.get(&id).copied(),
+                    undelivered: None,
                     proxies: &proxies,
                     seed: TotalStats::default(),
                     now: now.clone(),

@@ -316,7 +316,10 @@ mod tests {
     fn scripted() -> (Api<Secret>, ApiServerVerifier) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        (Api::namespaced(client, "gw"), ApiServerVerifier(handle))
+        (
+            Api::namespaced(client, "gw"),
+            ApiServerVerifier::new(handle),
+        )
     }
 
     const PATH: &str = "/api/v1/namespaces/gw/secrets/sb-client-key-hmac";

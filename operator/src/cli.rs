@@ -14,9 +14,9 @@ use switchback_crds::network::PrivateNetworks;
     version,
     about = "Reconciles LLMRoute and ProviderCredential resources into the config the Switchback proxy hot-reloads, and writes status back",
     long_about = "Watches LLMRoutes, ProviderCredentials, LLMClients and the Secrets they reference in every namespace \
-(or those of --watch-namespaces), renders one \
-ConfigMap `switchback-routes-<ns>` and one Secret `switchback-keys-<ns>` per source namespace into the gateway namespace \
-(server-side apply, field manager `switchback-operator`), scrapes the proxies' /admin/v1/stats and writes conditions, \
+(or those of --watch-namespaces), renders each source namespace into the gateway namespace as ConfigMaps \
+`switchback-routes-<ns>.<digest>` (as many as its size needs) and a Secret `switchback-keys-<ns>.<digest>`, named by the \
+index ConfigMap `switchback-index` (server-side apply, field manager `switchback-operator`), scrapes the proxies' /admin/v1/stats and writes conditions, \
 circuit state and traffic counters into status. Creates the client-key HMAC secret and the proxies' admin token \
 when asked to (--generate-*) and they are absent; never overwrites them.\n\nWithout a subcommand it runs the operator; `crds` prints the CRDs.",
     args_conflicts_with_subcommands = true
@@ -236,6 +236,27 @@ pub struct RunArgs {
     /// sets the filter (`info`, `debug`, ...).
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Most ConfigMaps one source namespace's config may be split over (each holds at
+    /// most 900 KiB of JSON: some 600 routes). A namespace that needs more is not
+    /// delivered (it keeps its last delivered version) and its routes say
+    /// `Programmed=False`, reason `DeliveryFailed`, naming this limit.
+    #[arg(
+        long,
+        env = "SWITCHBACK_MAX_CONFIG_PARTS",
+        value_name = "N",
+        default_value_t = switchback_crds::delivery::parts::DEFAULT_MAX_PARTS as u16,
+        value_parser = clap::value_parser!(u16).range(1..=1024)
+    )]
+    pub max_config_parts: u16,
+
+    /// The Role in the gateway namespace whose rules the operator keeps to `get` on
+    /// exactly the rendered ConfigMaps and Secrets the index names, so that the
+    /// proxies bound to it read nothing else (the chart creates it, binds it to the
+    /// proxies' ServiceAccount and lets the operator patch this one name). Unset: no
+    /// Role is kept (for proxies given their reads otherwise).
+    #[arg(long, env = "SWITCHBACK_PROXY_READER_ROLE", value_name = "NAME")]
+    pub proxy_reader_role: Option<String>,
 }
 
 impl RunArgs {

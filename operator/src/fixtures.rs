@@ -161,6 +161,14 @@ impl Caches {
         self.rendered_secrets
             .apply_watcher_event(&watcher::Event::Apply(s));
     }
+    pub fn remove_rendered_map(&mut self, cm: k8s_openapi::api::core::v1::ConfigMap) {
+        self.rendered_maps
+            .apply_watcher_event(&watcher::Event::Delete(cm));
+    }
+    pub fn remove_rendered_secret(&mut self, s: KubeSecret) {
+        self.rendered_secrets
+            .apply_watcher_event(&watcher::Event::Delete(s));
+    }
 }
 
 /// What a test gets: the context, the scripted API server, the caches and the
@@ -178,6 +186,11 @@ pub struct TestContext {
 impl Context {
     /// A context on kube's mock service, with empty caches.
     pub fn test() -> TestContext {
+        Self::test_with(|_| {})
+    }
+
+    /// As [`Context::test`], with `adjust` applied to the settings.
+    pub fn test_with(adjust: impl FnOnce(&mut Settings)) -> TestContext {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let (routes, routes_w) = reflector::store();
@@ -196,17 +209,21 @@ impl Context {
                 instance: Some("test".into()),
             },
         );
+        let mut settings = Settings {
+            gateway_namespace: GATEWAY.into(),
+            scope: crate::scope::Scope::All,
+            status_interval: std::time::Duration::from_secs(10),
+            status_writes_per_second: 100.0,
+            models_per_client: false,
+            client_key_hasher: None,
+            private_networks: Default::default(),
+            part_limits: Default::default(),
+            proxy_reader_role: None,
+        };
+        adjust(&mut settings);
         let ctx = Context::new(
             client,
-            Settings {
-                gateway_namespace: GATEWAY.into(),
-                scope: crate::scope::Scope::All,
-                status_interval: std::time::Duration::from_secs(10),
-                status_writes_per_second: 100.0,
-                models_per_client: false,
-                client_key_hasher: None,
-                private_networks: Default::default(),
-            },
+            settings,
             Stores {
                 routes,
                 credentials,
@@ -227,7 +244,7 @@ impl Context {
         );
         TestContext {
             ctx: Arc::new(ctx),
-            api: ApiServerVerifier(handle),
+            api: ApiServerVerifier::new(handle),
             caches: Caches {
                 routes: routes_w,
                 credentials: credentials_w,
@@ -267,14 +284,20 @@ impl Expect {
 }
 
 /// The scripted API server.
-pub struct ApiServerVerifier(pub Handle<Request<Body>, Response<Body>>);
+pub struct ApiServerVerifier(pub Arc<tokio::sync::Mutex<Handle<Request<Body>, Response<Body>>>>);
 
 impl ApiServerVerifier {
+    pub fn new(handle: Handle<Request<Body>, Response<Body>>) -> Self {
+        Self(Arc::new(tokio::sync::Mutex::new(handle)))
+    }
+
     /// Serves exactly `script`, in order, asserting each call; panics on a call that
     /// was not expected. Await the handle to check every expected call came.
-    pub fn run(self, script: Vec<Expect>) -> tokio::task::JoinHandle<()> {
-        let mut handle = self.0;
+    pub fn run(&self, script: Vec<Expect>) -> tokio::task::JoinHandle<()> {
+        let handle = self.0.clone();
         tokio::spawn(async move {
+            // One script at a time: the next waits until this one has been served.
+            let mut handle = handle.lock_owned().await;
             for (i, expect) in script.into_iter().enumerate() {
                 let (request, send) = handle.next_request().await.unwrap_or_else(|| {
                     panic!("call {i} ({} {}) never came", expect.method, expect.uri)
@@ -285,7 +308,16 @@ impl ApiServerVerifier {
                     "call {i}: {}",
                     request.uri()
                 );
-                assert_eq!(request.uri().to_string(), expect.uri, "call {i}");
+                // A trailing `*` matches any rest (a digest in an object's name).
+                match expect.uri.strip_suffix('*') {
+                    Some(prefix) => assert!(
+                        request.uri().to_string().starts_with(prefix),
+                        "call {i}: {} is not {}",
+                        request.uri(),
+                        expect.uri
+                    ),
+                    None => assert_eq!(request.uri().to_string(), expect.uri, "call {i}"),
+                }
                 let content_type = request
                     .headers()
                     .get(http::header::CONTENT_TYPE)

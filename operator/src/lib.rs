@@ -1,5 +1,5 @@
 //! `switchback-operator` as a library: the binary, its tests and the benchmark share
-//! these modules. Pure parts (`render`, `status`, `aggregate`, `usage`, `budget`, `circuit_events`) do no IO;
+//! these modules. Pure parts (`render`, `publish`, `status`, `aggregate`, `usage`, `budget`, `circuit_events`) do no IO;
 //! `controller` wires them to the API server, `scrape` to the proxies, `leader` to a
 //! Lease and `metrics` to Prometheus. Nothing here touches global state.
 
@@ -12,6 +12,7 @@ pub mod controller;
 pub mod explain;
 pub mod leader;
 pub mod metrics;
+pub mod publish;
 pub mod render;
 pub mod scope;
 pub mod scrape;

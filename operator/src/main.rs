@@ -228,6 +228,11 @@ fn settings(
         models_per_client: args.auth == AuthMode::Required,
         client_key_hasher,
         private_networks: args.private_networks(),
+        part_limits: switchback_crds::delivery::PartLimits {
+            max_parts: usize::from(args.max_config_parts),
+            ..Default::default()
+        },
+        proxy_reader_role: args.proxy_reader_role.clone(),
     };
     let scrape = ScrapeOptions {
         replicas,

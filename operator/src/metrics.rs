@@ -46,6 +46,13 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeliveryLabels {
+    /// The source namespace whose delivery failed.
+    pub namespace: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     /// `namespace/name`, as the proxy's `route` label.
     pub route: String,
@@ -119,6 +126,10 @@ pub struct Metrics {
     /// (`result`: `ok`, `error`). Set by the leader only: a standby has no series.
     pub proxy_replicas: Family<ResultLabels, Gauge>,
     pub route_programmed: RouteProgrammed,
+    /// Failed delivery attempts of one namespace's objects, by namespace and reason.
+    pub delivery_failures: Family<DeliveryLabels, Counter>,
+    /// Namespaces whose rendering is not delivered now (leader only).
+    pub namespaces_undelivered: Gauge,
 }
 
 impl Metrics {
@@ -167,11 +178,31 @@ impl Metrics {
             m.proxy_replicas.clone(),
         );
         r.register(
+            "delivery_failures",
+            "Failed attempts to deliver one namespace's rendered objects (it keeps its last delivered version), by source namespace and reason (too_large, invalid, conflict, forbidden, not_found, unavailable)",
+            m.delivery_failures.clone(),
+        );
+        r.register(
+            "namespaces_undelivered",
+            "Source namespaces whose current rendering is not delivered (their routes say DeliveryFailed); leader only",
+            m.namespaces_undelivered.clone(),
+        );
+        r.register(
             "route_programmed",
             "1 while an LLMRoute's Programmed condition is True, 0 while False, by route (namespace/name) and the condition's reason; leader only",
             m.route_programmed.family.clone(),
         );
         m
+    }
+
+    /// Counts one failed delivery attempt of `namespace`.
+    pub fn delivery_failed(&self, namespace: &str, reason: &'static str) {
+        self.delivery_failures
+            .get_or_create(&DeliveryLabels {
+                namespace: namespace.to_string(),
+                reason,
+            })
+            .inc();
     }
 
     /// Counts the replicas of a scrape round: `ok` were read, `error` were not.

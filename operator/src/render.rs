@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use switchback_crds::compile::{Compiled, Diagnostic, Inputs, Kind, Severity, compile, reason};
 use switchback_crds::config::{BudgetLeft, Client, CompiledConfig, Exhausted, ObjectId, Route};
 use switchback_crds::delivery::{self, NamespaceConfig};
-use switchback_crds::revision::{Revision, Revisions};
+use switchback_crds::revision::{Revision, RevisionKey, Revisions};
 
 /// What a route is served as in the rendered config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -99,8 +99,14 @@ pub fn is_reference_reason(reason: &str) -> bool {
 }
 
 /// Renders the wanted config. `previous` is the config rendered now per source
-/// namespace (decoded from the ConfigMaps; unreadable ones are simply absent).
-pub fn render(inputs: &Inputs<'_>, previous: &BTreeMap<String, CompiledConfig>) -> Rendering {
+/// namespace (decoded from the ConfigMaps; unreadable ones are simply absent);
+/// `revision_keys` the key each namespace's revisions are computed with (delivered with
+/// its keys, so the proxies compute the same).
+pub fn render(
+    inputs: &Inputs<'_>,
+    previous: &BTreeMap<String, CompiledConfig>,
+    revision_keys: &BTreeMap<String, RevisionKey>,
+) -> Rendering {
     let compiled = compile(inputs);
     let mut routes: Vec<Route> = compiled.config.routes.clone();
     let current: BTreeSet<&ObjectId> = compiled.config.routes.iter().map(|r| &r.id).collect();
@@ -149,8 +155,13 @@ pub fn render(inputs: &Inputs<'_>, previous: &BTreeMap<String, CompiledConfig>) 
         },
         keys: compiled.keys.clone(),
         diagnostics: Vec::new(),
+        revision_keys: revision_keys.clone(),
     };
-    let revisions = Revisions::new(&with_last_good.config, &with_last_good.keys);
+    let revisions = Revisions::new(
+        &with_last_good.config,
+        &with_last_good.keys,
+        &with_last_good.revision_keys,
+    );
     let served = with_last_good
         .config
         .routes
@@ -191,7 +202,17 @@ mod tests {
                 ..Default::default()
             },
             previous,
+            &keys(),
         )
+    }
+
+    /// A fixed revision key for each namespace the tests use.
+    fn keys() -> BTreeMap<String, RevisionKey> {
+        ["team-a", "team-b", "team-c"]
+            .into_iter()
+            .enumerate()
+            .map(|(i, ns)| (ns.to_string(), format!("{i:064x}").parse().unwrap()))
+            .collect()
     }
 
     fn previous_of(r: &Rendering) -> BTreeMap<String, CompiledConfig> {
@@ -253,8 +274,12 @@ mod tests {
             // What the proxy computes from the delivered objects: the same.
             let part = &r.namespaces["team-a"];
             let smart = part.config.routes.iter().find(|r| r.id == id).unwrap();
+            let delivered = BTreeMap::from([(
+                "team-a".to_string(),
+                part.revision_key.clone().expect("delivered with its key"),
+            )]);
             assert_eq!(
-                Revisions::new(&part.config, &part.keys).route(smart),
+                Revisions::new(&part.config, &part.keys, &delivered).route(smart),
                 r.served[&id].revision
             );
             r.served[&id].revision
@@ -407,6 +432,7 @@ mod tests {
                 private_networks: &allowed,
                 ..Default::default()
             },
+            &BTreeMap::new(),
             &BTreeMap::new(),
         );
         assert_eq!(v1.namespaces["team-a"].config.routes.len(), 1);

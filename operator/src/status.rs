@@ -52,6 +52,10 @@ pub mod reasons {
     pub const SERVING_LAST_GOOD: &str = "ServingLastGood";
     /// Programmed=False: the route is not in the rendered config.
     pub const NOT_RENDERED: &str = "NotRendered";
+    /// Programmed=False: its namespace's rendering could not be delivered (the API
+    /// server refused a write, or it is over `--max-config-parts`); the proxies keep
+    /// the namespace's last delivered version.
+    pub const DELIVERY_FAILED: &str = "DeliveryFailed";
     /// Ready=True / SecretResolved=True.
     pub const READY: &str = "Ready";
     pub const SECRET_RESOLVED: &str = "SecretResolved";
@@ -59,6 +63,22 @@ pub mod reasons {
     pub const NOT_CHECKED: &str = "NotChecked";
     /// Ready=False: deletion is held by the finalizer while routes reference it.
     pub const DELETION_BLOCKED: &str = "DeletionBlocked";
+
+    /// Every reason above, for the check that each is documented.
+    pub const ALL: &[&str] = &[
+        ACCEPTED,
+        RESOLVED_REFS,
+        PROGRAMMED,
+        PENDING,
+        NO_READY_REPLICAS,
+        SERVING_LAST_GOOD,
+        NOT_RENDERED,
+        DELIVERY_FAILED,
+        READY,
+        SECRET_RESOLVED,
+        NOT_CHECKED,
+        DELETION_BLOCKED,
+    ];
 }
 
 /// What keeps an object from being Ready, as kstatus (Argo CD, Flux, `kubectl wait`)
@@ -195,6 +215,8 @@ pub struct RouteFacts<'a> {
     pub diagnostics: Vec<&'a Diagnostic>,
     /// How it is in the rendered config, if at all.
     pub served: Option<Served>,
+    /// Why its namespace's rendering is not delivered, if it is not (SPEC §14).
+    pub undelivered: Option<&'a str>,
     /// The last proxy scrape round.
     pub proxies: &'a Snapshot,
     /// Totals already in status when this operator first saw the route.
@@ -303,7 +325,10 @@ fn route_conditions(f: &RouteFacts<'_>, view: Option<&RouteView>) -> Vec<Conditi
                 generation,
                 &f.now,
             ),
-            if first.type_ == types::PROGRAMMED {
+            // A namespace the API server refuses waits for a change, like an invalid
+            // spec: Stalled, where Reconciling would promise progress that is not
+            // coming (the operator still retries it).
+            if first.type_ == types::PROGRAMMED && first.reason != reasons::DELIVERY_FAILED {
                 NotReady::Yet
             } else {
                 NotReady::Stuck
@@ -441,6 +466,17 @@ fn programmed(
             "the route is not in the rendered config (see Accepted and ResolvedRefs)".into(),
         );
     };
+    if let Some(why) = f.undelivered {
+        return (
+            false,
+            reasons::DELIVERY_FAILED,
+            format!(
+                "namespace {}'s rendering is not delivered; the proxies keep serving its \
+                 last delivered version: {why}",
+                f.route.metadata.namespace.as_deref().unwrap_or_default()
+            ),
+        );
+    }
     if served.last_good {
         return (
             false,
@@ -827,6 +863,7 @@ mod tests {
             served: served(4),
             proxies: &proxies,
             seed,
+            undelivered: None,
             now: time(10),
         };
         // What status said when this operator first saw the route, plus its counts.
@@ -854,6 +891,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats {
                 requests: 100,
@@ -885,6 +923,7 @@ mod tests {
 
         let proxies = replicas(&[("a", 4), ("b", 4)]);
         let s = route_status(&RouteFacts {
+            undelivered: None,
             proxies: &proxies,
             ..facts
         });
@@ -904,6 +943,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(10),
@@ -926,6 +966,7 @@ mod tests {
         let mut older = replicas(&[("127.0.0.1:9090", 4)]);
         older.routes.values_mut().next().unwrap().revisions.clear();
         let s = route_status(&RouteFacts {
+            undelivered: None,
             proxies: &older,
             ..facts
         });
@@ -939,6 +980,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies: &caught_up,
             seed: TotalStats::default(),
             now: time(20),
@@ -969,6 +1011,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(4),
+            undelivered: None,
             proxies,
             seed: TotalStats::default(),
             now: time(10),
@@ -1041,6 +1084,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &Snapshot::default(),
             seed: TotalStats::default(),
             now: time(1),
@@ -1065,6 +1109,7 @@ mod tests {
                 targets: 1,
                 revision: revision(REVISION),
             }),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(1),
@@ -1089,6 +1134,7 @@ mod tests {
             route: &r,
             diagnostics: vec![&d],
             served: None,
+            undelivered: None,
             proxies: &Snapshot::default(),
             seed: TotalStats::default(),
             now: time(1),
@@ -1110,6 +1156,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(1),
@@ -1120,6 +1167,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(1),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(50),
@@ -1132,6 +1180,7 @@ mod tests {
             route: &r,
             diagnostics: vec![],
             served: served(2),
+            undelivered: None,
             proxies: &proxies,
             seed: TotalStats::default(),
             now: time(60),
@@ -1328,5 +1377,32 @@ mod client_tests {
         assert!(only_client_traffic_changed(&a, &b));
         let c = status_of(&[], None, false);
         assert!(!only_client_traffic_changed(&a, &c));
+    }
+
+    /// Every reason the operator writes is in operator/README.md's condition tables, and
+    /// the delivery failure a user must act on is on the troubleshooting page.
+    #[test]
+    fn every_reason_the_operator_writes_is_documented() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let readme = std::fs::read_to_string(root.join("operator/README.md")).unwrap();
+        let missing: Vec<&str> = reasons::ALL
+            .iter()
+            .copied()
+            .filter(|r| !readme.contains(&format!("`{r}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "operator/README.md does not name {missing:?}"
+        );
+        let page = std::fs::read_to_string(root.join("docs/troubleshooting.md")).unwrap();
+        for named in [
+            reasons::DELIVERY_FAILED,
+            "switchback_operator_delivery_failures_total",
+        ] {
+            assert!(
+                page.contains(named),
+                "docs/troubleshooting.md does not name {named}"
+            );
+        }
     }
 }

@@ -403,18 +403,22 @@ fn env(deployment: &Value, name: &str) -> Option<Value> {
         .cloned()
 }
 
-/// A rule list as sorted (apiGroups, resources, verbs) triples.
-fn rules(role: &Value) -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
+/// One rule: (apiGroups, resources, verbs, resourceNames).
+type Rule = (Vec<String>, Vec<String>, Vec<String>, Vec<String>);
+
+/// A rule list, sorted.
+fn rules(role: &Value) -> Vec<Rule> {
     let mut out: Vec<_> = role["rules"]
         .as_sequence()
         .unwrap()
         .iter()
         .map(|r| {
-            assert!(r.get("resourceNames").is_none() && r.get("nonResourceURLs").is_none());
+            assert!(r.get("nonResourceURLs").is_none());
             (
                 strings(&r["apiGroups"]),
                 strings(&r["resources"]),
                 strings(&r["verbs"]),
+                strings(&r["resourceNames"]),
             )
         })
         .collect();
@@ -422,15 +426,16 @@ fn rules(role: &Value) -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
     out
 }
 
-type Rules = Vec<(Vec<String>, Vec<String>, Vec<String>)>;
+type Rules = Vec<Rule>;
 
-fn rule(
-    groups: &[&str],
-    resources: &[&str],
-    verbs: &[&str],
-) -> (Vec<String>, Vec<String>, Vec<String>) {
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Rule {
+    named(groups, resources, verbs, &[])
+}
+
+/// A rule on the objects of these names only.
+fn named(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> Rule {
     let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect();
-    (v(groups), v(resources), v(verbs))
+    (v(groups), v(resources), v(verbs), v(names))
 }
 
 fn sorted(mut r: Rules) -> Rules {
@@ -463,13 +468,19 @@ fn watch_rules() -> Rules {
 }
 
 /// What the operator calls in the gateway namespace: rendered objects, the generated
-/// Secrets, the Lease, the admin Service's EndpointSlices.
+/// Secrets, the Lease, the admin Service's EndpointSlices, the proxies' reader Role.
 fn gateway_rules() -> Rules {
     sorted(vec![
         rule(
             &[""],
             &["configmaps"],
-            &["list", "watch", "create", "patch", "delete"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
+        named(
+            &["rbac.authorization.k8s.io"],
+            &["roles"],
+            &["get", "patch"],
+            &["sb-proxy-reader"],
         ),
         rule(
             &[""],
@@ -592,6 +603,16 @@ fn the_schema_refuses_wrong_values_naming_the_field() {
         &helm,
         &["--set", "proxy.limits.idleTimeout=1.5s"],
         "proxy.limits.idleTimeout",
+    );
+    assert_refused(
+        &helm,
+        &["--set", "proxy.limits.maxHops=0"],
+        "proxy.limits.maxHops",
+    );
+    assert_refused(
+        &helm,
+        &["--set", "proxy.limits.maxHeaderBytes=4096"],
+        "proxy.limits.maxHeaderBytes",
     );
     assert_refused(
         &helm,
@@ -759,19 +780,46 @@ fn cluster_mode_grants_exactly_what_the_operator_calls() {
     assert_eq!(o.names("ClusterRoleBinding").len(), 1);
     assert_eq!(rules(o.find("Role", "gw/sb-operator")), gateway_rules());
     assert!(binds_operator(o.find("RoleBinding", "gw/sb-operator")));
-    // The proxy reads ConfigMaps and Secrets of its own namespace, nothing more.
-    assert_eq!(
-        rules(o.find("Role", "gw/sb-proxy")),
-        vec![rule(
-            &[""],
-            &["configmaps", "secrets"],
-            &["get", "list", "watch"]
-        )]
-    );
+    proxy_reads_the_index_and_what_the_operator_grants(&o);
     assert_eq!(
         o.names("Role"),
-        BTreeSet::from(["gw/sb-operator".into(), "gw/sb-proxy".into()])
+        BTreeSet::from([
+            "gw/sb-operator".into(),
+            "gw/sb-proxy".into(),
+            "gw/sb-proxy-reader".into()
+        ])
     );
+}
+
+/// The proxy reads the index by name, and through the reader Role (rules left to the
+/// operator, `--proxy-reader-role`) what the index names: no Secret or other
+/// ConfigMap of its namespace.
+fn proxy_reads_the_index_and_what_the_operator_grants(o: &Objects) {
+    assert_eq!(
+        rules(o.find("Role", "gw/sb-proxy")),
+        vec![named(
+            &[""],
+            &["configmaps"],
+            &["get", "list", "watch"],
+            &["switchback-index"]
+        )]
+    );
+    let reader = o.find("Role", "gw/sb-proxy-reader");
+    assert!(
+        reader.get("rules").is_none(),
+        "the operator's to fill: {reader:?}"
+    );
+    for name in ["gw/sb-proxy", "gw/sb-proxy-reader"] {
+        let binding = o.find("RoleBinding", name);
+        assert_eq!(
+            binding["roleRef"]["name"].as_str(),
+            name.strip_prefix("gw/")
+        );
+        let subject = &binding["subjects"][0];
+        assert_eq!(subject["name"].as_str(), Some("sb-proxy"));
+    }
+    let operator = o.find("Deployment", "gw/sb-operator");
+    assert!(args(operator).contains(&"--proxy-reader-role=sb-proxy-reader".to_string()));
 }
 
 #[test]
@@ -805,11 +853,13 @@ fn namespaced_mode_grants_the_same_rules_only_in_the_listed_namespaces() {
         assert!(binds_operator(binding));
     }
     assert_eq!(rules(o.find("Role", "gw/sb-operator")), gateway_rules());
+    proxy_reads_the_index_and_what_the_operator_grants(&o);
     assert_eq!(
         o.names("Role"),
         BTreeSet::from([
             "gw/sb-operator".into(),
             "gw/sb-proxy".into(),
+            "gw/sb-proxy-reader".into(),
             "team-a/sb-operator-watch".into(),
             "team-b/sb-operator-watch".into(),
         ])
@@ -882,6 +932,12 @@ fn values_reach_their_flags_and_fields() {
         "--header-read-timeout=10s",
         "--body-read-timeout=30s",
         "--idle-timeout=90s",
+        "--max-header-bytes=65536",
+        "--max-inflight-header-bytes=33554432",
+        "--client-write-timeout=60s",
+        "--max-hops=2",
+        "--admin-max-connections=128",
+        "--admin-idle-timeout=30s",
         "--drain-delay=0s",
         "--shutdown-grace=30s",
         "--usage-handover=10s",
@@ -910,6 +966,12 @@ fn values_reach_their_flags_and_fields() {
         "proxy.limits.headerReadTimeout=5s",
         "--set",
         "proxy.limits.idleTimeout=2m",
+        "--set",
+        "proxy.limits.maxHops=4",
+        "--set",
+        "proxy.limits.clientWriteTimeout=15s",
+        "--set",
+        "proxy.limits.adminMaxConnections=16",
         "--set",
         "proxy.threads=3",
         "--set",
@@ -956,6 +1018,9 @@ fn values_reach_their_flags_and_fields() {
         "--max-inflight-response-bytes=33554432",
         "--header-read-timeout=5s",
         "--idle-timeout=2m",
+        "--max-hops=4",
+        "--client-write-timeout=15s",
+        "--admin-max-connections=16",
         "--threads=3",
         "--otlp-endpoint=http://otel.obs:4318",
         "--otlp-metrics-interval=15s",

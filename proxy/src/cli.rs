@@ -34,10 +34,10 @@ pub struct Cli {
     )]
     pub manifests: Option<PathBuf>,
 
-    /// Cluster mode: watch the ConfigMaps and Secrets labelled `switchback.dev/config` in
-    /// this namespace (rendered by switchback-operator) through the API, with the
-    /// in-cluster config or KUBECONFIG. Needs only get/list/watch on ConfigMaps and
-    /// Secrets of this namespace.
+    /// Cluster mode: watch the index ConfigMap `switchback-index` in this namespace
+    /// (rendered by switchback-operator) through the API, with the in-cluster config or
+    /// KUBECONFIG, and fetch the ConfigMaps and Secrets it names. Needs only get, list
+    /// and watch on that ConfigMap by name and get on the objects it names.
     #[arg(long, env = "SWITCHBACK_NAMESPACE", value_name = "NS")]
     pub namespace: Option<String>,
 
@@ -86,6 +86,45 @@ pub struct Cli {
     /// whose body does not fit gets 503 `overloaded` with `Retry-After: 1`.
     #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_BODY_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
     pub max_inflight_body_bytes: usize,
+
+    /// Largest request head (request line and headers), in bytes, at least 8192; a
+    /// larger one is answered 431 and the connection closed, before authentication.
+    #[arg(long, env = "SWITCHBACK_MAX_HEADER_BYTES", value_name = "BYTES", default_value_t = 64 * 1024, value_parser = clap::value_parser!(u32).range(8192..=16 * 1024 * 1024))]
+    pub max_header_bytes: u32,
+
+    /// Bytes of request heads still being received (heads that did not arrive in one
+    /// read), all connections together; a head that does not fit closes its
+    /// connection. Bounds the memory slow heads hold, whatever --max-connections.
+    #[arg(long, env = "SWITCHBACK_MAX_INFLIGHT_HEADER_BYTES", value_name = "BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub max_inflight_header_bytes: usize,
+
+    /// A client that takes no byte of its answer for this long (it stopped reading) is
+    /// disconnected, and what its request held (answer bytes, concurrency slots) given
+    /// back. Applies to both ports.
+    #[arg(long, env = "SWITCHBACK_CLIENT_WRITE_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub client_write_timeout: Duration,
+
+    /// Loops: every upstream request carries `x-switchback-hops` (the incoming count
+    /// plus one); a request arriving with this many or more is answered 508
+    /// `loop_detected` and not sent on. 2 lets one gateway call another once.
+    #[arg(long, env = "SWITCHBACK_MAX_HOPS", value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=crate::wire::hops::MAX as i64))]
+    pub max_hops: u8,
+
+    /// Open connections on the admin port; past it the connection with no request in
+    /// progress for the longest is closed to make room (when all are busy, the new one
+    /// is), so probes always get in.
+    #[arg(long, env = "SWITCHBACK_ADMIN_MAX_CONNECTIONS", value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub admin_max_connections: u32,
+
+    /// An admin-port connection with no request in progress is closed after this long.
+    #[arg(long, env = "SWITCHBACK_ADMIN_IDLE_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub admin_idle_timeout: Duration,
+
+    /// How long to wait at start for a port in use (a replica draining on the same
+    /// ports gives them up when it exits). The proxy takes both ports or none: while
+    /// it waits it holds neither; past this it exits with an error.
+    #[arg(long, env = "SWITCHBACK_LISTEN_WAIT", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub listen_wait: Duration,
 
     /// Largest SSE event relayed from a provider, in bytes. Before commit, a larger
     /// one fails the attempt over (invalidResponse); after, the stream ends with the
@@ -233,6 +272,12 @@ impl Cli {
             idle_timeout: self.idle_timeout,
             max_connections: self.max_connections as usize,
             max_inflight_body_bytes: self.max_inflight_body_bytes,
+            max_header_bytes: self.max_header_bytes as usize,
+            max_inflight_header_bytes: self.max_inflight_header_bytes,
+            client_write_timeout: self.client_write_timeout,
+            max_hops: self.max_hops,
+            admin_max_connections: self.admin_max_connections as usize,
+            admin_idle_timeout: self.admin_idle_timeout,
         }
     }
 
@@ -312,6 +357,27 @@ mod tests {
     }
 
     #[test]
+    fn the_hostile_client_limits_have_bounds() {
+        let parse = |flag: &str, v: &str| {
+            Cli::try_parse_from(["switchback-proxy", "--manifests", "x", flag, v])
+        };
+        assert!(
+            parse("--max-header-bytes", "4096").is_err(),
+            "under hyper's 8 KiB"
+        );
+        assert!(parse("--max-hops", "0").is_err());
+        assert!(parse("--max-hops", "33").is_err());
+        assert!(parse("--admin-max-connections", "0").is_err());
+        let cli = parse("--max-hops", "5").unwrap();
+        assert_eq!(cli.client_limits().max_hops, 5);
+        let cli = parse("--client-write-timeout", "250ms").unwrap();
+        assert_eq!(
+            cli.client_limits().client_write_timeout,
+            Duration::from_millis(250)
+        );
+    }
+
+    #[test]
     fn auth_is_decided_unless_given() {
         use crate::config::keys::AuthMode;
         let cli = Cli::try_parse_from(["switchback-proxy", "--manifests", "x.yaml"]).unwrap();
@@ -376,6 +442,29 @@ mod tests {
         assert_eq!(
             (l.header_read_timeout, l.body_read_timeout, l.idle_timeout),
             (d.header_read_timeout, d.body_read_timeout, d.idle_timeout)
+        );
+        assert_eq!(l.max_header_bytes, 64 << 10);
+        assert_eq!(l.max_inflight_header_bytes, 32 << 20);
+        assert_eq!(l.client_write_timeout, Duration::from_secs(60));
+        assert_eq!(l.max_hops, 2);
+        assert_eq!(l.admin_max_connections, 128);
+        assert_eq!(l.admin_idle_timeout, Duration::from_secs(30));
+        assert_eq!(cli.listen_wait, Duration::from_secs(60));
+        assert_eq!(
+            (
+                l.max_header_bytes,
+                l.client_write_timeout,
+                l.max_hops,
+                l.admin_max_connections,
+                l.admin_idle_timeout
+            ),
+            (
+                d.max_header_bytes,
+                d.client_write_timeout,
+                d.max_hops,
+                d.admin_max_connections,
+                d.admin_idle_timeout
+            )
         );
         assert_eq!(cli.drain_delay, Duration::from_secs(5));
         assert_eq!(cli.otlp_metrics_interval, Duration::from_secs(60));

@@ -121,6 +121,8 @@ pub struct Gateway {
     pub reloads_refused: std::sync::atomic::AtomicU64,
     /// The client-side limits and the drain state, shared by every serving lane.
     pub front: Arc<crate::front::Front>,
+    /// The admin port's connections: its cap, idle timeout and what they refused.
+    pub admin_front: Arc<crate::front::Front>,
     /// Serve a config with no LLMRoute instead of refusing it (`--allow-empty-config`).
     pub allow_empty_config: bool,
     /// Cluster mode: a config with no LLMRoute is served while none has been (a fresh
@@ -177,6 +179,7 @@ impl Gateway {
             reloads_applied: Default::default(),
             reloads_refused: Default::default(),
             front: Arc::new(crate::front::Front::new(Default::default(), lanes)),
+            admin_front: Arc::new(crate::front::Front::admin(&Default::default())),
             allow_empty_config: false,
             empty_until_routed: false,
             auth: Default::default(),

@@ -21,8 +21,8 @@ pub mod wire;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use config::keys as auth;
 use front::lanes;
 use gateway::{Gateway, Problem};
@@ -73,6 +73,9 @@ pub struct Options {
     pub fetch_media: pipeline::fetch::MediaFetch,
     /// `--fetch-media-timeout`, `--max-fetched-urls`.
     pub fetch_limits: pipeline::fetch::FetchLimits,
+    /// `--listen-wait`: how long to wait for a port in use (a replica draining on it
+    /// gives it up when it exits). The ports are taken all or none: see [`bind`].
+    pub listen_wait: Duration,
 }
 
 /// How LLMClient budgets are kept (SPEC §15): `--budget-reservation`, and
@@ -103,6 +106,11 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(
+        "cannot listen on {addr}: still in use after waiting {} (--listen-wait); no port \
+         was kept", humantime::format_duration(*.waited)
+    )]
+    ListenBusy { addr: SocketAddr, waited: Duration },
     #[error("cannot build the upstream HTTP client: {0}")]
     Client(#[from] std::io::Error),
     #[error("cannot watch {path}: {source}")]
@@ -198,6 +206,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
     };
     let mut gw = Gateway::new(opts.max_body_bytes, source, opts.threads)?;
     gw.front = Arc::new(front::Front::new(opts.limits.clone(), opts.threads));
+    gw.admin_front = Arc::new(front::Front::admin(&opts.limits));
     gw.allow_empty_config = opts.allow_empty_config;
     gw.reserve_budgets = opts.budgets.reservation;
     gw.standalone_replicas = opts.budgets.replicas.max(1);
@@ -243,36 +252,30 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
             )
         }
     };
-    let listen_error = |addr| move |source| StartError::Listen { addr, source };
-    let admin = tokio::net::TcpListener::bind(opts.admin_listen)
-        .await
-        .map_err(listen_error(opts.admin_listen))?;
-    let admin_addr = admin
-        .local_addr()
-        .map_err(listen_error(opts.admin_listen))?;
     let data_app = http::data_router(gw.clone());
     let admin_app = admin::router(gw.clone(), admin_token);
-    let (data_addr, data_task) = if opts.threads == 0 {
-        let data = tokio::net::TcpListener::bind(opts.listen)
-            .await
-            .map_err(listen_error(opts.listen))?;
-        let addr = data.local_addr().map_err(listen_error(opts.listen))?;
-        (
-            addr,
-            tokio::spawn(front::conn::serve(data, data_app, gw.front.clone())),
-        )
-    } else {
-        let listeners =
-            lanes::listeners(opts.listen, opts.threads).map_err(listen_error(opts.listen))?;
-        let addr = listeners[0]
-            .local_addr()
-            .map_err(listen_error(opts.listen))?;
-        let stopped = lanes::serve(listeners, data_app, gw.front.clone())
-            .map_err(listen_error(opts.listen))?;
-        // Ends when the first serving thread does (normally never).
-        (addr, tokio::spawn(stopped))
+    let ports = bind(&opts).await?;
+    let (admin_addr, data_addr) = (ports.admin_addr, ports.data_addr);
+    let admin_task = tokio::spawn(front::conn::serve_admin(
+        ports.admin,
+        admin_app,
+        gw.admin_front.clone(),
+    ));
+    let data_task = match ports.data {
+        Data::One(data) => tokio::spawn(front::conn::serve(data, data_app, gw.front.clone())),
+        Data::Lanes(listeners) => {
+            let stopped =
+                lanes::serve(listeners, data_app, gw.front.clone()).map_err(|source| {
+                    StartError::Listen {
+                        addr: opts.listen,
+                        source,
+                    }
+                })?;
+            // Ends when the first serving thread does (normally never).
+            tokio::spawn(stopped)
+        }
     };
-    let mut tasks = vec![data_task, tokio::spawn(serve(admin, admin_app, "admin"))];
+    let mut tasks = vec![data_task, admin_task];
     tasks.extend(watch_tasks);
     Ok(Running {
         data_addr,
@@ -341,17 +344,118 @@ fn admin_token(
     }
 }
 
-/// Serves `app` on `listener` until it fails, and says so in the log.
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router, which: &'static str) {
-    if let Err(e) = axum::serve(listener.tap_io(no_delay), app).await {
-        tracing::error!(error = %e, listener = which, "listener stopped");
+/// The two ports, bound.
+struct Ports {
+    admin: tokio::net::TcpListener,
+    admin_addr: SocketAddr,
+    data: Data,
+    data_addr: SocketAddr,
+}
+
+/// The data port: one listener served on the caller's runtime, or one per lane.
+enum Data {
+    One(tokio::net::TcpListener),
+    Lanes(Vec<std::net::TcpListener>),
+}
+
+/// How often a port in use is tried again.
+const LISTEN_RETRY: Duration = Duration::from_millis(100);
+
+/// Binds both ports, all or none (docs/proxy.md, "Ports"): the admin port first, then
+/// the data port (`SO_REUSEPORT` when served by lanes, so a second process could share
+/// it); if either is in use, neither is kept, and both are tried again every 100 ms
+/// for up to `--listen-wait`. A replica started on the ports of one that drains thus
+/// waits, holding nothing, and takes both once the old one exits; it never serves the
+/// data port without its admin port (probes would fail it while it takes traffic).
+async fn bind(opts: &Options) -> Result<Ports, StartError> {
+    let started = tokio::time::Instant::now();
+    let mut said = false;
+    loop {
+        let error = match bind_once(opts) {
+            Ok(ports) => {
+                if said {
+                    tracing::info!(
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        "ports free: listening"
+                    );
+                }
+                return Ok(ports);
+            }
+            Err(e) => e,
+        };
+        let StartError::Listen { addr, source } = &error else {
+            return Err(error);
+        };
+        if source.kind() != std::io::ErrorKind::AddrInUse {
+            return Err(error);
+        }
+        if started.elapsed() >= opts.listen_wait {
+            return Err(match said {
+                true => StartError::ListenBusy {
+                    addr: *addr,
+                    waited: opts.listen_wait,
+                },
+                false => error,
+            });
+        }
+        if !said {
+            said = true;
+            tracing::warn!(
+                addr = %addr,
+                listen_wait = %humantime::format_duration(opts.listen_wait),
+                "{addr} is in use; waiting for it, holding no port (a replica draining on \
+                 these ports gives them up when it exits)"
+            );
+        }
+        tokio::time::sleep(LISTEN_RETRY).await;
     }
 }
 
-/// Every accepted connection sends small writes (SSE events, short JSON) at once:
-/// without TCP_NODELAY, Nagle and delayed ACKs hold stream events back ~40 ms.
-fn no_delay(tcp: &mut tokio::net::TcpStream) {
-    let _ = tcp.set_nodelay(true);
+/// One try at both ports; on an error nothing stays bound (dropped on return).
+fn bind_once(opts: &Options) -> Result<Ports, StartError> {
+    let listen_error = |addr| move |source| StartError::Listen { addr, source };
+    let std_admin = listener(opts.admin_listen).map_err(listen_error(opts.admin_listen))?;
+    let admin_addr = std_admin
+        .local_addr()
+        .map_err(listen_error(opts.admin_listen))?;
+    let (data, data_addr) = if opts.threads == 0 {
+        let l = listener(opts.listen).map_err(listen_error(opts.listen))?;
+        let addr = l.local_addr().map_err(listen_error(opts.listen))?;
+        (
+            Data::One(tokio_listener(l).map_err(listen_error(opts.listen))?),
+            addr,
+        )
+    } else {
+        let ls = lanes::listeners(opts.listen, opts.threads).map_err(listen_error(opts.listen))?;
+        let addr = ls[0].local_addr().map_err(listen_error(opts.listen))?;
+        (Data::Lanes(ls), addr)
+    };
+    Ok(Ports {
+        admin: tokio_listener(std_admin).map_err(listen_error(opts.admin_listen))?,
+        admin_addr,
+        data,
+        data_addr,
+    })
+}
+
+/// A listening socket as tokio's `bind` makes one (`SO_REUSEADDR`, a backlog of
+/// 1024), not yet registered with a runtime.
+fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    l.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(l)
 }
 
 fn problem(message: String) -> Problem {
@@ -386,6 +490,7 @@ mod tests {
             fetch_media: Default::default(),
             fetch_limits: Default::default(),
             admin_token_file: None,
+            listen_wait: Duration::ZERO,
         }
     }
 
@@ -424,5 +529,66 @@ mod tests {
         let a = auth_settings(&options(cluster(), Some(AuthMode::Required), Some(hmac))).unwrap();
         assert_eq!(a.mode, AuthMode::Required);
         assert!(a.hasher.is_some());
+    }
+
+    fn ports(listen: SocketAddr, admin: SocketAddr, threads: usize, wait: Duration) -> Options {
+        Options {
+            listen,
+            admin_listen: admin,
+            threads,
+            listen_wait: wait,
+            ..options(Source::Manifests("x".into()), None, None)
+        }
+    }
+
+    fn free_port() -> SocketAddr {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    }
+
+    /// A busy data port: the admin port, bound first, is let go again, and after the
+    /// wait the error says what was waited for.
+    #[tokio::test]
+    async fn the_ports_are_taken_all_or_none() {
+        for threads in [0, 2] {
+            let data = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let admin = free_port();
+            let opts = ports(
+                data.local_addr().unwrap(),
+                admin,
+                threads,
+                Duration::from_millis(300),
+            );
+            let err = bind(&opts).await.err().expect("the data port is busy");
+            assert!(
+                matches!(err, StartError::ListenBusy { addr, .. } if addr == data.local_addr().unwrap()),
+                "{err}"
+            );
+            assert!(err.to_string().contains("300ms"), "{err}");
+            assert!(err.to_string().contains("--listen-wait"), "{err}");
+            std::net::TcpListener::bind(admin).expect("the admin port was let go");
+        }
+        // Without a wait, the plain error at once.
+        let data = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let opts = ports(data.local_addr().unwrap(), free_port(), 0, Duration::ZERO);
+        assert!(matches!(bind(&opts).await, Err(StartError::Listen { .. })));
+    }
+
+    /// A port freed within the wait is taken, with the other.
+    #[tokio::test]
+    async fn a_port_freed_within_the_wait_is_taken() {
+        let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let data = free_port();
+        let opts = ports(data, admin_addr, 2, Duration::from_secs(30));
+        let freed = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(admin);
+        });
+        let bound = bind(&opts).await.expect("taken once free");
+        freed.await.unwrap();
+        assert_eq!((bound.admin_addr, bound.data_addr), (admin_addr, data));
     }
 }

@@ -60,6 +60,7 @@ async fn main() -> std::process::ExitCode {
         admin_token_file: cli.admin_token_file,
         fetch_media: cli.fetch_media,
         fetch_limits,
+        listen_wait: cli.listen_wait,
     };
     let started = tokio::select! {
         r = start(opts) => r,

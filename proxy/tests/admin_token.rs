@@ -33,6 +33,7 @@ fn options(dir: &Path, token_file: Option<PathBuf>) -> Options {
         admin_token_file: token_file,
         fetch_media: Default::default(),
         fetch_limits: Default::default(),
+        listen_wait: std::time::Duration::ZERO,
     }
 }
 

@@ -70,6 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         admin_token_file: None,
         fetch_media: Default::default(),
         fetch_limits: Default::default(),
+        listen_wait: std::time::Duration::ZERO,
     })
     .await?;
     let base = format!("http://{}", proxy.data_addr);

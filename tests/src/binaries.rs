@@ -153,13 +153,24 @@ impl Process {
         needle: &str,
         within: std::time::Duration,
     ) -> Result<(), String> {
+        self.wait_for_any_log(from, &[needle], within).map(|_| ())
+    }
+
+    /// Like [`Process::wait_for_log`], for the first of several needles: which one.
+    pub fn wait_for_any_log(
+        &mut self,
+        from: u64,
+        needles: &[&str],
+        within: std::time::Duration,
+    ) -> Result<usize, String> {
+        let needle = needles.join("\" or \"");
         let log = self.log.clone().expect("a process started with a log");
         let deadline = std::time::Instant::now() + within;
         loop {
             let text = std::fs::read(&log).unwrap_or_default();
-            let fresh = text.get(from as usize..).unwrap_or_default();
-            if String::from_utf8_lossy(fresh).contains(needle) {
-                return Ok(());
+            let fresh = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+            if let Some(i) = needles.iter().position(|n| fresh.contains(n)) {
+                return Ok(i);
             }
             if let Some(status) = self.exited() {
                 self.stopped = true;
@@ -183,7 +194,8 @@ impl Process {
     /// Starts a server process on ports from [`free_ports`] (`args` builds its
     /// arguments from them) and waits for `ready` in its log. Ports released by
     /// `free_ports` can be taken by another process before the child binds them: a
-    /// child that exits saying so is started again on fresh ports (up to 5 times).
+    /// child that exits saying so, or says it waits for one (the proxy's
+    /// `--listen-wait`), is started again on fresh ports (up to 5 times).
     pub fn start_listening<const N: usize>(
         name: &'static str,
         bin: &Path,
@@ -197,11 +209,17 @@ impl Process {
             let ports = free_ports::<N>();
             let from = log_len(log);
             let mut process = Process::start_logged(name, bin, &args(ports), log);
-            match process.wait_for_log(from, ready, std::time::Duration::from_secs(60)) {
-                Ok(()) => return (process, ports),
+            let within = std::time::Duration::from_secs(60);
+            match process.wait_for_any_log(from, &[ready, "is in use; waiting"], within) {
+                Ok(0) => return (process, ports),
+                Ok(_) if tries < 5 => {
+                    process.stop();
+                    eprintln!("{name} found {ports:?} in use, starting it again");
+                }
                 Err(e) if e.contains("in use") && tries < 5 => {
                     eprintln!("{name} could not bind {ports:?}, starting it again");
                 }
+                Ok(_) => panic!("{name}: {ports:?} in use 5 times"),
                 Err(e) => panic!("{name}: {e}"),
             }
         }
@@ -217,18 +235,7 @@ impl Process {
         log: &Path,
         extra: &[&str],
     ) -> (Process, [u16; 2]) {
-        let args = |[data, admin]: [u16; 2]| -> Vec<String> {
-            let mut a = vec![
-                "--manifests".to_string(),
-                manifests.display().to_string(),
-                "--listen".to_string(),
-                format!("127.0.0.1:{data}"),
-                "--admin-listen".to_string(),
-                format!("127.0.0.1:{admin}"),
-            ];
-            a.extend(extra.iter().map(|s| s.to_string()));
-            a
-        };
+        let args = |[data, admin]: [u16; 2]| proxy_args(manifests, data, admin, extra);
         Self::start_listening(
             "switchback-proxy",
             bin,
@@ -236,6 +243,32 @@ impl Process {
             log,
             "switchback-proxy serving",
         )
+    }
+
+    /// Waits up to `within` for the process to exit (as it should: its exit is no
+    /// news); its status. Panics with the log's tail if it does not.
+    pub fn wait_exit(&mut self, within: std::time::Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.exited() {
+                self.stopped = true;
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let log = self.log.as_deref().map_or(String::new(), |l| tail(l, 30));
+                panic!("{} did not exit within {within:?}:\n{log}", self.name);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Sends it signal `name` (`TERM`, `INT`, ...) with `kill`.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name} {}", self.pid());
     }
 
     pub fn stop(&mut self) {
@@ -257,6 +290,43 @@ impl Drop for Process {
         }
         self.stop();
     }
+}
+
+/// The arguments of a standalone `switchback-proxy` serving `manifest` on loopback
+/// ports `data` and `admin`, then `extra`.
+pub fn proxy_args(manifest: &Path, data: u16, admin: u16, extra: &[&str]) -> Vec<String> {
+    let (data, admin) = (format!("127.0.0.1:{data}"), format!("127.0.0.1:{admin}"));
+    let manifest = manifest.to_str().expect("a UTF-8 path");
+    [
+        "--manifests",
+        manifest,
+        "--listen",
+        &data,
+        "--admin-listen",
+        &admin,
+    ]
+    .into_iter()
+    .chain(extra.iter().copied())
+    .map(str::to_owned)
+    .collect()
+}
+
+/// `/metrics` of the admin port on loopback port `admin`, on a new connection.
+pub async fn scrape(admin: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{admin}/metrics"))
+        .await
+        .expect("the admin port answers")
+        .text()
+        .await
+        .expect("a /metrics body")
+}
+
+/// The value of the series `series` (name and labels, as written) in a Prometheus
+/// text document, if it is there.
+pub fn metric(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// `N` distinct free loopback ports for a child process to listen on. The listeners

@@ -225,6 +225,7 @@ impl TestProxy {
             admin_token_file: None,
             fetch_media: Default::default(),
             fetch_limits: Default::default(),
+            listen_wait: std::time::Duration::ZERO,
         };
         configure(&mut options);
         let running = switchback_proxy::start(options).await?;

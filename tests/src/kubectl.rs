@@ -83,3 +83,13 @@ pub fn release_credentials(namespace: &str) {
         );
     }
 }
+
+/// The objects of `kind` (`configmaps`: the parts, `secrets`: the keys Secret) the
+/// operator rendered into `gateway` for source namespace `source` (selected by label:
+/// their names carry a content digest).
+pub fn rendered(kind: &str, gateway: &str, source: &str) -> Vec<Value> {
+    let selector = format!("switchback.dev/source-namespace={source}");
+    get_json(&[kind, "-n", gateway, "-l", &selector])
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+}

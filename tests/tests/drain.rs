@@ -39,14 +39,6 @@ async fn read_stream(r: reqwest::Response) -> Result<String, String> {
     Ok(text)
 }
 
-fn signal(pid: u32, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
-
 #[tokio::test]
 async fn sigterm_drains_in_flight_calls_and_streams_then_exits_0() {
     let bin = build().join("switchback-proxy");
@@ -138,7 +130,7 @@ async fn sigterm_drains_in_flight_calls_and_streams_then_exits_0() {
     .expect("every request is in flight");
 
     let signalled = Instant::now();
-    signal(proxy.pid(), "TERM");
+    proxy.signal("TERM");
     // Not ready any more; the admin port still answers. (That this comes at once,
     // before the delay, is front::drain's unit test on the paused clock.)
     timeout(Duration::from_secs(10), async {

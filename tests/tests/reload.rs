@@ -182,7 +182,7 @@ async fn revision(proxy: &TestProxy) -> String {
 fn expected(proxy: &TestProxy) -> String {
     let (compiled, _) =
         switchback_proxy::sources::standalone::compile_manifests(&proxy.manifest).unwrap();
-    Revisions::new(&compiled.config, &compiled.keys)
+    Revisions::new(&compiled.config, &compiled.keys, &compiled.revision_keys)
         .route(&compiled.config.routes[0])
         .to_string()
 }

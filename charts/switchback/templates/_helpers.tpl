@@ -37,6 +37,9 @@ unless it names its own: (dict "root" . "component" "proxy" "constraints" list).
 
 {{- define "switchback.operator" -}}{{ .Release.Name }}-operator{{- end }}
 {{- define "switchback.proxy" -}}{{ .Release.Name }}-proxy{{- end }}
+{{- /* The Role whose rules the operator keeps to `get` on exactly the rendered objects
+       the index names (--proxy-reader-role), bound to the proxies. */}}
+{{- define "switchback.proxyReader" -}}{{ .Release.Name }}-proxy-reader{{- end }}
 
 {{- /* The client key HMAC Secret's name: the user's (auth.existingSecret) or the one
        the operator generates (--generate-client-key-hmac). */}}

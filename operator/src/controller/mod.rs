@@ -36,11 +36,12 @@ mod watch;
 pub use scrape::ScrapeOptions;
 pub use watch::run;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{PartialObjectMeta, Patch, PatchParams};
@@ -58,6 +59,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::aggregate::Snapshot;
 use crate::budget::{Permit, Priority, StatusBudget};
 use crate::metrics::{ControllerLabels, ErrorLabels, KindLabels, Metrics, ReasonLabels};
+use crate::publish;
 use crate::render::ClientOverlay;
 use crate::synced::Synced;
 use crate::usage::Seed;
@@ -112,6 +114,11 @@ pub struct Settings {
     /// Where credentials may set `allowPrivateNetwork: true`
     /// (`--allow-private-network-namespaces`; SPEC §14).
     pub private_networks: switchback_crds::network::PrivateNetworks,
+    /// How a namespace's config is split into ConfigMaps (`--max-config-parts`).
+    pub part_limits: switchback_crds::delivery::PartLimits,
+    /// The Role in the gateway namespace whose rules the operator keeps to `get` on
+    /// exactly the rendered objects (`--proxy-reader-role`); none: no Role is kept.
+    pub proxy_reader_role: Option<String>,
 }
 
 /// The informer caches every reconciler reads.
@@ -164,6 +171,13 @@ pub struct Context {
     client_seeds: Mutex<HashMap<ObjectId, Seed>>,
     /// What the last scrape round lays over the rendered clients.
     overlay: RwLock<Arc<ClientOverlay>>,
+    /// The namespaces whose last delivery failed, with their backoff.
+    failures: Mutex<BTreeMap<String, crate::publish::Failure>>,
+    /// The reader Role's rules as last applied, and when.
+    reader_role: Mutex<Option<(Vec<PolicyRule>, tokio::time::Instant)>>,
+    /// What this process delivered last: the index it wrote and the revision key of
+    /// each namespace, ahead of the caches, which may not have seen them yet.
+    delivered: Mutex<Option<publish::Written>>,
 }
 
 impl Context {
@@ -196,7 +210,18 @@ impl Context {
             blocked: Mutex::new(HashMap::new()),
             client_seeds: Mutex::new(HashMap::new()),
             overlay: RwLock::new(Arc::new(ClientOverlay::default())),
+            failures: Mutex::new(BTreeMap::new()),
+            reader_role: Mutex::new(None),
+            delivered: Mutex::new(None),
         }
+    }
+
+    /// The namespaces whose last delivery failed.
+    fn failures(&self) -> BTreeMap<String, crate::publish::Failure> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn overlay(&self) -> Arc<ClientOverlay> {

@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use switchback_crds::LLMRoute;
 use switchback_crds::compile::Kind;
 use switchback_crds::config::ObjectId;
+use switchback_crds::route::LLMRouteStatus;
 
 use super::delivery::World;
 use super::{Context, Error, RESYNC, apply_status, now};
@@ -50,6 +52,7 @@ pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<
         route: &route,
         diagnostics: world.rendering.diagnostics(Kind::LLMRoute, &id).collect(),
         served: world.rendering.served.get(&id).copied(),
+        undelivered: world.undelivered(&ns),
         proxies: &proxies,
         seed,
         now: now(),
@@ -94,9 +97,56 @@ pub async fn reconcile_route(route: Arc<LLMRoute>, ctx: Arc<Context>) -> Result<
             .collect();
         tracing::debug!(route = %id, ?changed, "writing status");
     }
+    report_delivery_failed(&ctx, &route, &current, &desired).await?;
     let api: Api<LLMRoute> = Api::namespaced(ctx.client.clone(), &ns);
     apply_status(&ctx, &api, &route.name_any(), "LLMRoute", &desired).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// A Warning Event `DeliveryFailed` on the route when its Programmed condition turns
+/// to DeliveryFailed (once per change of message, as the status write is).
+async fn report_delivery_failed(
+    ctx: &Context,
+    route: &LLMRoute,
+    current: &LLMRouteStatus,
+    desired: &LLMRouteStatus,
+) -> Result<(), Error> {
+    let programmed = |s: &LLMRouteStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == status::types::PROGRAMMED)
+            .filter(|c| c.reason == status::reasons::DELIVERY_FAILED)
+            .map(|c| c.message.clone())
+    };
+    let Some(message) = programmed(desired) else {
+        return Ok(());
+    };
+    if programmed(current).as_ref() == Some(&message) {
+        return Ok(());
+    }
+    // An Event's note is limited to 1 kB; the condition keeps the whole message.
+    let mut note = message;
+    if note.len() > 1000 {
+        let mut cut = 1000;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    ctx.recorder
+        .publish(
+            &Event {
+                type_: EventType::Warning,
+                reason: status::reasons::DELIVERY_FAILED.into(),
+                note: Some(note),
+                action: "Deliver".into(),
+                secondary: None,
+            },
+            &route.object_ref(&()),
+        )
+        .await?;
+    ctx.published(status::reasons::DELIVERY_FAILED);
+    Ok(())
 }
 
 /// Whether to hold a status write that would only say "not there yet": the route's

@@ -28,6 +28,7 @@ use super::{Context, RESYNC, error_policy};
 use crate::aggregate::{Aggregator, Snapshot};
 use crate::fixtures::{Expect, GATEWAY, client, credential, finish, route, secret};
 use crate::metrics::ErrorLabels;
+use crate::publish;
 use crate::render::{Rendering, render};
 use crate::status::{self, RouteFacts};
 use crate::usage;
@@ -56,9 +57,11 @@ fn world_for(
             ..Default::default()
         },
         &BTreeMap::new(),
+        &BTreeMap::new(),
     );
     // Dated now, as delivery dates it: a Pending route is then held (see `held`).
-    let world = World::new(rendering, routes, creds, &[]).dated(None, tokio::time::Instant::now());
+    let world = World::new(rendering, routes, creds, &[], BTreeMap::new())
+        .dated(None, tokio::time::Instant::now());
     *ctx.world.write().unwrap() = Some(Arc::new(world));
 }
 
@@ -73,56 +76,134 @@ fn echo(body: Option<Value>) -> (u16, Value) {
     (200, body.unwrap_or(Value::Null))
 }
 
+/// What a call's body says, kept for later (the objects delivery wrote).
+type Kept = Arc<std::sync::Mutex<Vec<Value>>>;
+
+fn keep(kept: &Kept) -> impl FnOnce(Option<Value>) -> (u16, Value) + Send + 'static {
+    let kept = kept.clone();
+    move |body| {
+        kept.lock().unwrap().push(body.clone().unwrap());
+        echo(body)
+    }
+}
+
+fn keep_and(
+    kept: &Kept,
+    check: impl FnOnce(&Value) + Send + 'static,
+) -> impl FnOnce(Option<Value>) -> (u16, Value) + Send + 'static {
+    let kept = kept.clone();
+    move |body| {
+        check(body.as_ref().unwrap());
+        kept.lock().unwrap().push(body.clone().unwrap());
+        echo(body)
+    }
+}
+
+/// Feeds what delivery wrote back into the caches, as the watches would.
+fn cache_written(t: &mut crate::fixtures::TestContext, kept: &Kept) {
+    for body in kept.lock().unwrap().drain(..) {
+        match body["kind"].as_str() {
+            Some("ConfigMap") => t
+                .caches
+                .add_rendered_map(serde_json::from_value(body).unwrap()),
+            Some("Secret") => t
+                .caches
+                .add_rendered_secret(serde_json::from_value(body).unwrap()),
+            _ => {}
+        }
+    }
+}
+
+/// The index in a PATCH body.
+fn index_in(body: &Value) -> switchback_crds::delivery::index::Index {
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(body.clone()).unwrap();
+    switchback_crds::delivery::index::read_index(&cm).unwrap()
+}
+
+const ROLE: &str = "sb-proxy-reader";
+
 #[tokio::test]
-async fn delivery_applies_keys_then_config_with_server_side_apply() {
-    let mut t = Context::test();
+async fn delivery_grants_then_writes_keys_then_parts_then_names_them_in_the_index() {
+    let mut t = Context::test_with(|s| s.proxy_reader_role = Some(ROLE.into()));
     let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
     t.caches.add_route(route("team-a", "smart", 2, &["openai"]));
     t.caches
         .add_credential(credential("team-a", "openai", "keys", "openai"));
     t.caches.add_secret(&keys);
+    let granted: Kept = Default::default();
+    let kept: Kept = Default::default();
     let server = t.api.run(vec![
         Expect::new(Method::GET, "/api/v1/namespaces/team-a/secrets/keys", {
             let keys = keys.clone();
             move |_| (200, serde_json::to_value(&keys).unwrap())
         }),
+        // Before the index names a new object, the proxies' Role lets them read it.
         Expect::new(
             Method::PATCH,
-            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a{SSA}"),
-            |body| {
-                let b = body.clone().unwrap();
+            format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{GATEWAY}/roles/{ROLE}{SSA}"),
+            keep_and(&granted, |b| {
+                assert_eq!(b["kind"], "Role");
+                assert!(
+                    b["metadata"].get("labels").is_none(),
+                    "the chart's labels stay the chart's"
+                );
+                let rules = b["rules"].as_array().unwrap();
+                assert_eq!(rules.len(), 2, "{b}");
+                for rule in rules {
+                    assert_eq!(rule["verbs"], json!(["get"]));
+                    assert_eq!(rule["resourceNames"].as_array().unwrap().len(), 1, "{rule}");
+                }
+            }),
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a.*"),
+            keep_and(&kept, |b| {
                 assert_eq!(b["apiVersion"], "v1");
-                assert_eq!(b["kind"], "Secret");
                 assert_eq!(b["metadata"]["labels"]["switchback.dev/config"], "keys");
                 assert_eq!(
                     b["metadata"]["labels"]["switchback.dev/source-namespace"],
                     "team-a"
                 );
-                // base64("sk-a")
-                assert_eq!(b["data"], json!({"openai": "c2stYQ=="}));
-                echo(body)
-            },
+                // base64("sk-a"), and the namespace's revision key (64 hex digits).
+                assert_eq!(b["data"]["openai"], "c2stYQ==");
+                assert_eq!(b["data"]["_revision-key"].as_str().unwrap().len(), 88);
+            }),
         ),
         Expect::new(
             Method::PATCH,
-            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a{SSA}"),
-            |body| {
-                let b = body.clone().unwrap();
-                assert_eq!(
-                    (b["apiVersion"].as_str(), b["kind"].as_str()),
-                    (Some("v1"), Some("ConfigMap"))
-                );
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a.*"),
+            keep_and(&kept, |b| {
                 assert_eq!(b["metadata"]["labels"]["switchback.dev/config"], "routes");
                 let config = b["data"]["config.json"].as_str().unwrap();
                 assert!(!config.contains("sk-a"), "key material in a ConfigMap");
-                let config = switchback_crds::delivery::decode_config("team-a", config).unwrap();
+                let name = b["metadata"]["name"].as_str().unwrap();
+                let config = delivery::decode_config(name, "team-a", config).unwrap();
                 assert_eq!(config.routes[0].generation, 2);
-                echo(body)
-            },
+            }),
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-index{SSA}"),
+            keep(&kept),
         ),
     ]);
     quick(deliver(&t.ctx)).await.unwrap();
     finish(server).await;
+    let written = kept.lock().unwrap().clone();
+    let index = index_in(&written[2]);
+    let entry = &index.namespaces["team-a"];
+    assert_eq!(entry.keys, written[0]["metadata"]["name"].as_str().unwrap());
+    assert_eq!(
+        entry.parts,
+        [written[1]["metadata"]["name"].as_str().unwrap()]
+    );
+    // The Role granted exactly what the index names (and, unchanged, is not applied
+    // again after it).
+    let role = granted.lock().unwrap()[0].clone();
+    assert_eq!(role["rules"][0]["resources"], json!(["configmaps"]));
+    assert_eq!(role["rules"][0]["resourceNames"], json!(entry.parts));
+    assert_eq!(role["rules"][1]["resourceNames"], json!([entry.keys]));
     let world = t.ctx.world().expect("delivery keeps the world");
     assert!(
         world
@@ -130,52 +211,48 @@ async fn delivery_applies_keys_then_config_with_server_side_apply() {
             .served
             .contains_key(&ObjectId::new("team-a", "smart"))
     );
+
+    // Delivered and cached: the next delivery writes nothing, and keeps the
+    // namespace's revision key (and so every revision).
+    cache_written(&mut t, &kept);
+    let before = world.rendering.served[&ObjectId::new("team-a", "smart")].revision;
+    let _server = t.api.run(vec![]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    let after = t.ctx.world().unwrap().rendering.served[&ObjectId::new("team-a", "smart")].revision;
+    assert_eq!(after, before);
 }
 
 #[tokio::test]
-async fn delivery_writes_nothing_when_the_rendered_objects_match() {
-    let mut t = Context::test();
-    let keys = secret("team-a", "keys", &[("openai", "sk-a")]);
-    let routes = [route("team-a", "smart", 2, &["openai"])];
-    let creds = [credential("team-a", "openai", "keys", "openai")];
-    for r in &routes {
-        t.caches.add_route(r.clone());
-    }
-    t.caches.add_credential(creds[0].clone());
-    t.caches.add_secret(&keys);
-    let rendering = render(
-        &Inputs {
-            routes: &routes,
-            credentials: &creds,
-            secrets: std::slice::from_ref(&keys),
-            ..Default::default()
-        },
-        &BTreeMap::new(),
-    );
-    let part = &rendering.namespaces["team-a"];
-    t.caches
-        .add_rendered_map(delivery::config_map(GATEWAY, "team-a", &part.config).unwrap());
-    t.caches
-        .add_rendered_secret(delivery::keys_secret(GATEWAY, "team-a", &part.keys).unwrap());
-    let server = t.api.run(vec![Expect::new(
-        Method::GET,
-        "/api/v1/namespaces/team-a/secrets/keys",
-        move |_| (200, serde_json::to_value(&keys).unwrap()),
-    )]);
-    quick(deliver(&t.ctx)).await.unwrap();
-    finish(server).await;
-    // A second pass reads the Secret from the cache (same resourceVersion): no call.
-    quick(deliver(&t.ctx)).await.unwrap();
-}
-
-#[tokio::test]
-async fn delivery_deletes_the_objects_of_a_namespace_without_routes() {
+async fn delivery_deletes_what_the_index_no_longer_names() {
     let mut t = Context::test();
     let gone = switchback_crds::config::CompiledConfig::default();
-    t.caches
-        .add_rendered_map(delivery::config_map(GATEWAY, "team-z", &gone).unwrap());
+    // An older operator's ConfigMap, and a keys Secret of this one's.
+    let mut old = k8s_openapi::api::core::v1::ConfigMap::default();
+    old.metadata.name = Some("switchback-routes-team-z".into());
+    old.metadata.namespace = Some(GATEWAY.into());
+    old.metadata.labels = Some(
+        [(
+            delivery::MANAGED_BY_LABEL.to_string(),
+            delivery::MANAGED_BY.to_string(),
+        )]
+        .into(),
+    );
+    old.data = Some(
+        [(
+            delivery::CONFIG_KEY.to_string(),
+            delivery::encode_config("team-z", &gone).unwrap(),
+        )]
+        .into(),
+    );
+    t.caches.add_rendered_map(old);
     t.caches.add_rendered_secret(
-        delivery::keys_secret(GATEWAY, "team-z", &Default::default()).unwrap(),
+        delivery::keys_secret(
+            GATEWAY,
+            "team-z",
+            &Default::default(),
+            &switchback_crds::revision::RevisionKey::random(),
+        )
+        .unwrap(),
     );
     let status = |_| {
         (
@@ -185,17 +262,274 @@ async fn delivery_deletes_the_objects_of_a_namespace_without_routes() {
     };
     let server = t.api.run(vec![
         Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-index{SSA}"),
+            |body| {
+                assert!(index_in(body.as_ref().unwrap()).namespaces.is_empty());
+                echo(body)
+            },
+        ),
+        Expect::new(
             Method::DELETE,
             format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-z?"),
             status,
         ),
         Expect::new(
             Method::DELETE,
-            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-z?"),
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-z.*"),
             status,
         ),
     ]);
     quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+}
+
+/// SPEC §14: a namespace whose write the API server refuses keeps its index entry (its
+/// last delivered version), is counted and shown on its routes, and waits out a
+/// backoff; every other namespace is delivered as if it did not exist, stale objects
+/// included; once the API accepts it, it is delivered and the failure is forgotten.
+#[tokio::test(start_paused = true)]
+async fn a_namespace_the_api_refuses_stops_no_other_and_is_retried_after_a_backoff() {
+    let mut t = Context::test();
+    let a_keys = secret("team-a", "keys", &[("openai", "sk-a")]);
+    let b_keys = secret("team-b", "keys", &[("openai", "sk-b")]);
+    t.caches.add_route(route("team-a", "smart", 1, &["openai"]));
+    t.caches.add_route(route("team-b", "fast", 1, &["openai"]));
+    for ns in ["team-a", "team-b"] {
+        t.caches
+            .add_credential(credential(ns, "openai", "keys", "openai"));
+    }
+    t.caches.add_secret(&a_keys);
+    t.caches.add_secret(&b_keys);
+    let get = |s: &KubeSecret| {
+        let s = s.clone();
+        let path = format!(
+            "/api/v1/namespaces/{}/secrets/keys",
+            s.metadata.namespace.clone().unwrap()
+        );
+        Expect::new(Method::GET, path, move |_| {
+            (200, serde_json::to_value(&s).unwrap())
+        })
+    };
+    // Both delivered.
+    let kept: Kept = Default::default();
+    let server = t.api.run(vec![
+        get(&a_keys),
+        get(&b_keys),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a.*"),
+            keep(&kept),
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-b.*"),
+            keep(&kept),
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a.*"),
+            keep(&kept),
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-b.*"),
+            keep(&kept),
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-index{SSA}"),
+            keep(&kept),
+        ),
+    ]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+    let first = index_in(kept.lock().unwrap().last().unwrap());
+    let old_b_part = first.namespaces["team-b"].parts[0].clone();
+    cache_written(&mut t, &kept);
+
+    // team-a's key rotates, and the API server refuses its new keys Secret; team-b
+    // gets a second route meanwhile.
+    let mut rotated = secret("team-a", "keys", &[("openai", "sk-a2")]);
+    rotated.metadata.resource_version = Some("2".into());
+    t.caches.add_secret(&rotated);
+    t.caches.add_route(route("team-b", "more", 1, &["openai"]));
+    let refusal = "Secret \"switchback-keys-team-a.x\" is invalid: data: Too long: may not be more than 1048576 bytes";
+    let server = t.api.run(vec![
+        get(&rotated),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a.*"),
+            move |_| {
+                (
+                    422,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422, "message": refusal}),
+                )
+            },
+        ),
+        Expect::new(Method::PATCH, format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-b.*"), keep(&kept)),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-index{SSA}"),
+            keep_and(&kept, {
+                let first = first.clone();
+                move |b| {
+                    let index = index_in(b);
+                    assert_eq!(index.namespaces["team-a"], first.namespaces["team-a"], "team-a keeps its last delivered version");
+                    assert_ne!(index.namespaces["team-b"], first.namespaces["team-b"], "team-b moves on");
+                }
+            }),
+        ),
+        Expect::new(
+            Method::DELETE,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/{old_b_part}?"),
+            |_| (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
+        ),
+    ]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+    let world = t.ctx.world().unwrap();
+    let why = world
+        .undelivered("team-a")
+        .expect("team-a is not delivered");
+    assert!(
+        why.contains("Too long") && why.contains("switchback-keys-team-a."),
+        "{why}"
+    );
+    assert!(world.undelivered("team-b").is_none());
+    let failures = t
+        .ctx
+        .metrics
+        .delivery_failures
+        .get_or_create(&crate::metrics::DeliveryLabels {
+            namespace: "team-a".into(),
+            reason: "invalid",
+        })
+        .get();
+    assert_eq!(failures, 1);
+    assert_eq!(t.ctx.metrics.namespaces_undelivered.get(), 1);
+    // The written objects arrive in the caches; the deleted part goes.
+    let mut old = k8s_openapi::api::core::v1::ConfigMap::default();
+    old.metadata.name = Some(old_b_part);
+    old.metadata.namespace = Some(GATEWAY.into());
+    t.caches.remove_rendered_map(old);
+    cache_written(&mut t, &kept);
+
+    // Within the backoff, nothing is tried (no call at all).
+    let _server = t.api.run(vec![]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    assert_eq!(t.ctx.metrics.namespaces_undelivered.get(), 1);
+
+    // After it, tried again; accepted now: delivered, the old keys Secret deleted,
+    // the failure forgotten.
+    tokio::time::advance(publish::backoff(1)).await;
+    let old_a_keys = first.namespaces["team-a"].keys.clone();
+    let server = t.api.run(vec![
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a.*"),
+            echo,
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-index{SSA}"),
+            move |body| {
+                let index = index_in(body.as_ref().unwrap());
+                assert_ne!(index.namespaces["team-a"].keys, old_a_keys);
+                echo(body)
+            },
+        ),
+        Expect::new(
+            Method::DELETE,
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a.*"),
+            |_| {
+                (
+                    200,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                )
+            },
+        ),
+    ]);
+    quick(deliver(&t.ctx)).await.unwrap();
+    finish(server).await;
+    assert!(t.ctx.world().unwrap().undelivered("team-a").is_none());
+    assert_eq!(t.ctx.metrics.namespaces_undelivered.get(), 0);
+}
+
+/// A route of a namespace that is not delivered: Programmed=False DeliveryFailed with
+/// the API's message, Ready=False with kstatus's Stalled, and a Warning Event.
+#[tokio::test]
+async fn a_route_of_an_undelivered_namespace_says_delivery_failed_with_an_event() {
+    let t = Context::test();
+    let r = route("team-a", "smart", 1, &["openai"]);
+    let answer = serde_json::to_value(&r).unwrap();
+    let creds = [credential("team-a", "openai", "keys", "openai")];
+    let keys = [secret("team-a", "keys", &[("openai", "sk-a")])];
+    let rendering = render(
+        &Inputs {
+            routes: std::slice::from_ref(&r),
+            credentials: &creds,
+            secrets: &keys,
+            ..Default::default()
+        },
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+    );
+    let why = "writing Secret gw/switchback-keys-team-a.1: data: Too long";
+    let undelivered = BTreeMap::from([("team-a".to_string(), why.to_string())]);
+    let world = World::new(
+        rendering,
+        std::slice::from_ref(&r),
+        &creds,
+        &[],
+        undelivered,
+    )
+    .dated(None, tokio::time::Instant::now());
+    *t.ctx.world.write().unwrap() = Some(Arc::new(world));
+    let server = t.api.run(vec![
+        Expect::new(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/team-a/events?",
+            move |body| {
+                let b = body.clone().unwrap();
+                assert_eq!(b["reason"], "DeliveryFailed");
+                assert_eq!(b["type"], "Warning");
+                assert_eq!(b["regarding"]["kind"], "LLMRoute");
+                assert!(b["note"].as_str().unwrap().ends_with(why), "{b}");
+                echo(body)
+            },
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/apis/switchback.dev/v1alpha1/namespaces/team-a/llmroutes/smart/status{SSA}"),
+            move |body| {
+                let s = &body.as_ref().unwrap()["status"];
+                let c = |t: &str| {
+                    s["conditions"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|c| c["type"] == t)
+                        .cloned()
+                        .unwrap_or_else(|| panic!("{t} in {s}"))
+                };
+                assert_eq!(c("Programmed")["status"], "False");
+                assert_eq!(c("Programmed")["reason"], "DeliveryFailed");
+                assert!(
+                    c("Programmed")["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("Too long")
+                );
+                assert_eq!(c("Ready")["reason"], "DeliveryFailed");
+                assert_eq!(c("Stalled")["status"], "True");
+                with_status(&answer, body)
+            },
+        ),
+    ]);
+    quick(reconcile_route(Arc::new(r), t.ctx.clone()))
+        .await
+        .unwrap();
     finish(server).await;
 }
 
@@ -213,15 +547,21 @@ async fn delivery_queues_the_users_of_a_changed_secret() {
     let server = t.api.run(vec![
         Expect::new(
             Method::PATCH,
-            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a{SSA}"),
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a.*"),
             |body| {
-                assert_eq!(body.as_ref().unwrap()["data"], json!({}));
+                let data = body.as_ref().unwrap()["data"].as_object().unwrap().clone();
+                assert_eq!(data.keys().collect::<Vec<_>>(), ["_revision-key"], "no key");
                 echo(body)
             },
         ),
         Expect::new(
             Method::PATCH,
-            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a{SSA}"),
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a.*"),
+            echo,
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-index{SSA}"),
             echo,
         ),
     ]);
@@ -260,12 +600,17 @@ async fn delivery_queues_the_users_of_a_rotated_key() {
         }),
         Expect::new(
             Method::PATCH,
-            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a{SSA}"),
+            format!("/api/v1/namespaces/{GATEWAY}/secrets/switchback-keys-team-a.*"),
             echo,
         ),
         Expect::new(
             Method::PATCH,
-            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a{SSA}"),
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-routes-team-a.*"),
+            echo,
+        ),
+        Expect::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-index{SSA}"),
             echo,
         ),
     ]);
@@ -352,6 +697,7 @@ async fn an_unchanged_route_status_is_not_written() {
         route: &r,
         diagnostics: world.rendering.diagnostics(Kind::LLMRoute, &id).collect(),
         served: world.rendering.served.get(&id).copied(),
+        undelivered: None,
         proxies: &Snapshot::default(),
         seed: TotalStats::default(),
         now: crate::fixtures::time(0),
@@ -715,6 +1061,7 @@ fn rendered_with_smart(c: &LLMClient) -> (Rendering, [LLMRoute; 1], [ProviderCre
             ..Default::default()
         },
         &BTreeMap::new(),
+        &BTreeMap::new(),
     );
     (rendering, routes, creds)
 }
@@ -725,7 +1072,13 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
     let c = client("team-a", "checkout", "keys", "app", 1_000);
     t.caches.add_client(c.clone());
     let (rendering, routes, creds) = rendered_with_smart(&c);
-    let world = World::new(rendering, &routes, &creds, std::slice::from_ref(&c));
+    let world = World::new(
+        rendering,
+        &routes,
+        &creds,
+        std::slice::from_ref(&c),
+        BTreeMap::new(),
+    );
     *t.ctx.world.write().unwrap() = Some(Arc::new(world));
 
     // Under budget: nothing is laid over but the replica count.
@@ -758,7 +1111,13 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
         Some(&spent),
         "the ConfigMap of the client's namespace carries it"
     );
-    let world = World::new(rendering, &routes, &creds, std::slice::from_ref(&c));
+    let world = World::new(
+        rendering,
+        &routes,
+        &creds,
+        std::slice::from_ref(&c),
+        BTreeMap::new(),
+    );
     *t.ctx.world.write().unwrap() = Some(Arc::new(world));
     *t.ctx.proxies.write().unwrap() = Arc::new(proxies);
     *t.ctx.overlay.write().unwrap() = Arc::new(overlay);

@@ -23,7 +23,10 @@
 //! | `switchback_config_generation` | gauge | configs applied since start |
 //! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
 //! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget; fetched media (SPEC §17): `fetch_media_timeout`: fetches that took too long, `max_fetched_urls`: URLs past the request's count) |
+//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`, `max_header_bytes`: heads answered 431, `max_inflight_header_bytes`: connections closed because their unfinished head did not fit, `client_write_timeout`: clients disconnected for not reading, `max_hops`: requests refused for their `x-switchback-hops` (508, or 400 unreadable), `admin_max_connections`: admin connections closed or refused at the cap, `admin_idle_timeout`; `header_read_timeout`, `max_header_bytes` and `client_write_timeout` count both ports; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget) |
 //! | `switchback_client_connections` | gauge | open client connections on the data port |
+//! | `switchback_admin_connections` | gauge | open connections on the admin port |
+//! | `switchback_header_bytes_held` | gauge | bytes of unfinished request heads held in the head budget (both ports) |
 //! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
 //! | `switchback_response_bytes_held` | gauge | unary provider answer bytes held in the in-flight budget (being read, or on their way to the client) |
 //! | `switchback_resume_held_bytes` | gauge | answer text held to resume broken streams (SPEC §13; each stream at most its route's `maxHeldBytes`) |
@@ -134,7 +137,7 @@ impl Collector for Metrics {
         clients(&mut enc, gw)?;
         limits(
             &mut enc,
-            &gw.front,
+            (&gw.front, &gw.admin_front),
             &gw.refused,
             gw.answers.held(),
             gw.resume_held.load(Ordering::Relaxed),
@@ -426,12 +429,16 @@ fn clients(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
 /// answers, in one family; and what the two in-flight budgets hold now.
 fn limits(
     enc: &mut DescriptorEncoder<'_>,
-    front: &crate::front::Front,
+    (front, admin): (&crate::front::Front, &crate::front::Front),
     upstream: &crate::limits::answers::Refusals,
     answers_held: usize,
     resume_held: usize,
 ) -> Fmt {
-    let r = &front.refusals;
+    let (r, a) = (&front.refusals, &admin.refusals);
+    // Limits both ports keep count on both.
+    let both = |data: &std::sync::atomic::AtomicU64, admin: &std::sync::atomic::AtomicU64| {
+        data.load(Ordering::Relaxed) + admin.load(Ordering::Relaxed)
+    };
     {
         let mut m = enc.encode_descriptor(
             "switchback_limit_refusals",
@@ -439,21 +446,39 @@ fn limits(
             None,
             MetricType::Counter,
         )?;
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
         for (limit, n) in [
-            ("header_read_timeout", &r.header_timeouts),
-            ("body_read_timeout", &r.body_timeouts),
-            ("idle_timeout", &r.idle_timeouts),
-            ("max_connections", &r.connection_waits),
-            ("max_body_bytes", &r.too_large),
-            ("max_inflight_body_bytes", &r.over_budget),
-            ("max_event_bytes", &upstream.events),
-            ("max_response_bytes", &upstream.responses),
-            ("max_inflight_response_bytes", &upstream.over_budget),
-            ("fetch_media_timeout", &upstream.fetch_timeouts),
-            ("max_fetched_urls", &upstream.fetches_over_count),
+            (
+                "header_read_timeout",
+                both(&r.header_timeouts, &a.header_timeouts),
+            ),
+            ("body_read_timeout", load(&r.body_timeouts)),
+            ("idle_timeout", load(&r.idle_timeouts)),
+            ("max_connections", load(&r.connection_waits)),
+            ("max_body_bytes", load(&r.too_large)),
+            ("max_inflight_body_bytes", load(&r.over_budget)),
+            (
+                "max_header_bytes",
+                both(&r.header_too_large, &a.header_too_large),
+            ),
+            (
+                "max_inflight_header_bytes",
+                both(&r.heads_over_budget, &a.heads_over_budget),
+            ),
+            (
+                "client_write_timeout",
+                both(&r.write_timeouts, &a.write_timeouts),
+            ),
+            ("max_hops", load(&r.hops)),
+            ("admin_max_connections", load(&a.evictions)),
+            ("admin_idle_timeout", load(&a.idle_timeouts)),
+            ("max_event_bytes", load(&upstream.events)),
+            ("max_response_bytes", load(&upstream.responses)),
+            ("max_inflight_response_bytes", load(&upstream.over_budget)),
+            ("fetch_media_timeout", load(&upstream.fetch_timeouts)),
+            ("max_fetched_urls", load(&upstream.fetches_over_count)),
         ] {
-            ConstCounter::new(n.load(Ordering::Relaxed))
-                .encode(m.encode_family(&[("limit", limit)])?)?;
+            ConstCounter::new(n).encode(m.encode_family(&[("limit", limit)])?)?;
         }
     }
     for (name, help, value) in [
@@ -461,6 +486,16 @@ fn limits(
             "switchback_client_connections",
             "Open client connections on the data port",
             front.open_connections(),
+        ),
+        (
+            "switchback_admin_connections",
+            "Open connections on the admin port",
+            admin.open_connections(),
+        ),
+        (
+            "switchback_header_bytes_held",
+            "Bytes of unfinished request heads held in the head budget",
+            front.header_bytes_held() + admin.header_bytes_held(),
         ),
         (
             "switchback_request_body_bytes_held",

@@ -132,6 +132,12 @@ async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
             "idleTimeoutMs": limits.idle_timeout.as_millis() as u64,
             "maxConnections": limits.max_connections,
             "maxInflightBodyBytes": limits.max_inflight_body_bytes,
+            "maxHeaderBytes": limits.max_header_bytes,
+            "maxInflightHeaderBytes": limits.max_inflight_header_bytes,
+            "clientWriteTimeoutMs": limits.client_write_timeout.as_millis() as u64,
+            "maxHops": limits.max_hops,
+            "adminMaxConnections": limits.admin_max_connections,
+            "adminIdleTimeoutMs": limits.admin_idle_timeout.as_millis() as u64,
             "maxEventBytes": gw.upstream_limits.max_event_bytes,
             "maxResponseBytes": gw.upstream_limits.max_response_bytes,
             "maxInflightResponseBytes": gw.upstream_limits.max_inflight_response_bytes,
@@ -215,5 +221,10 @@ mod tests {
         assert_eq!(settings["maxEventBytes"], 2048);
         assert_eq!(settings["maxResponseBytes"], 32 << 20);
         assert_eq!(settings["allowEmptyConfig"], false);
+        assert_eq!(settings["maxHeaderBytes"], 64 << 10);
+        assert_eq!(settings["clientWriteTimeoutMs"], 60_000);
+        assert_eq!(settings["maxHops"], 2);
+        assert_eq!(settings["adminMaxConnections"], 128);
+        assert_eq!(settings["adminIdleTimeoutMs"], 30_000);
     }
 }

@@ -184,7 +184,7 @@ pub fn prepare(
 ) -> Result<Snapshot, PrepareError> {
     let mut maps = carried_state.0.lock().unwrap_or_else(|p| p.into_inner());
     let credentials = prepare_credentials(compiled, clients, &mut maps)?;
-    let revisions = Revisions::new(&compiled.config, &compiled.keys);
+    let revisions = Revisions::new(&compiled.config, &compiled.keys, &compiled.revision_keys);
     let mut routes = HashMap::new();
     let mut route_list = Vec::new();
     for r in &compiled.config.routes {

@@ -1,13 +1,25 @@
-//! Client connections on the data port: the accept loop (at most
+//! Client connections: the data port's accept loop (at most
 //! [`ClientLimits::max_connections`](super::ClientLimits) open; past it the loop stops
-//! accepting and new connections wait in the kernel's accept queue), and the two
-//! connection-level timeouts, kept by [`ClientIo`] around each socket:
+//! accepting and new connections wait in the kernel's accept queue), the admin port's
+//! ([`serve_admin`]: past its cap the connection quiet the longest is closed to make
+//! room, so a probe always gets in), the head size limit (hyper's read buffer is
+//! capped at `max_header_bytes`: a longer head is answered 431 and the connection
+//! closed), and the connection-level timeouts, kept by [`ClientIo`] around each
+//! socket:
 //!
 //! * idle: from the connection's start, or the end of the previous answer, to the
 //!   first byte of the next request;
-//! * header read: from that first byte to the end of the request's headers.
+//! * header read: from that first byte to the end of the request's headers, and the
+//!   bytes of a head that did not arrive in one read held in the replica's
+//!   `max_inflight_header_bytes` budget until it is complete (one that does not fit
+//!   closes the connection: slow heads cannot hold more memory than that, however
+//!   many connections there are; a head that arrives whole costs nothing);
+//! * client write: an answer's bytes the socket has not taken for that long (the
+//!   client stopped reading). The connection fails, hyper drops the answer's body,
+//!   and with it what the request held (answer bytes in the in-flight budget, the
+//!   client's concurrency slot).
 //!
-//! (The body-read timeout is the handler's, see [`super::intake`].) Both close the
+//! (The body-read timeout is the handler's, see [`super::intake`].) All close the
 //! connection. hyper's own `header_read_timeout` is not used: it runs from the end of
 //! the previous answer, so it would cut every keep-alive connection idle for longer
 //! than the header timeout.
@@ -16,13 +28,13 @@
 //! at the phase's first read that would wait, which is microseconds after the phase
 //! began, and never when a request arrives whole; the timer is only polled then, and
 //! only moved when it fires before the real deadline (then once per idle period, not
-//! per request).
+//! per request). The write timer likewise: made and polled only when a write waits.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use axum::Router;
@@ -96,10 +108,25 @@ pub(crate) async fn connection<T>(io: T, app: Router, front: Arc<Front>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let shared = Arc::new(Shared::default());
+    serve_connection(io, app, front, Arc::default()).await;
+}
+
+/// [`connection`], with its [`Shared`] made by the caller (the admin port lists it in
+/// its roster as it accepts it).
+async fn serve_connection<T>(io: T, app: Router, front: Arc<Front>, shared: Arc<Shared>)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = ClientIo::new(io, shared.clone(), front.clone());
     let service = Service { app, shared };
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // The head is read into hyper's buffer, which never grows past this: a longer
+    // one is answered 431 and the connection closed.
+    let head = front.limits.max_header_bytes.max(MIN_HEADER_BYTES);
+    builder.http1().max_buf_size(head);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(head).unwrap_or(u32::MAX));
     let conn = builder.serve_connection(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
     let mut shutting = false;
@@ -112,7 +139,124 @@ where
     })
     .await;
     if let Err(e) = served {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_parse_too_large)
+        {
+            Refusals::count(&front.refusals.header_too_large);
+        }
         tracing::debug!(error = %e, "client connection ended");
+    }
+}
+
+/// hyper's smallest read buffer: `--max-header-bytes` may not be lower.
+pub const MIN_HEADER_BYTES: usize = 8 << 10;
+
+/// How long a connection let in past the admin cap waits for the one closed to make
+/// room for it (microseconds, normally); past it, it is closed too.
+const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Serves the admin router on `listener` for the rest of the process's life. At the
+/// cap (`front.limits.max_connections`) the connection quiet the longest (no request
+/// in progress: idle, or still sending its head) is closed to make room, and the new
+/// one takes its slot; the accept loop waits for that (microseconds) before it accepts
+/// another, so a flood cannot take the room it makes. When none is quiet (every one
+/// is busy) the new one waits up to a second for a slot, then is closed. Each
+/// connection closed so (the quiet one, or the new one) is counted.
+pub(crate) async fn serve_admin(listener: tokio::net::TcpListener, app: Router, front: Arc<Front>) {
+    let Some(roster) = front.roster.as_ref() else {
+        return tracing::error!("the admin port needs a roster");
+    };
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                accept_error(e).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let permit = match front.slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                Refusals::count(&front.refusals.evictions);
+                roster.evict_quietest();
+                let slot = tokio::time::timeout(ROOM_WAIT, front.slots.clone().acquire_owned());
+                match slot.await {
+                    Ok(Ok(permit)) => permit,
+                    // Every connection stayed busy: this one is closed (counted above).
+                    _ => continue,
+                }
+            }
+        };
+        let (app, front) = (app.clone(), front.clone());
+        let (shared, listed) = roster.list(&front);
+        tokio::spawn(async move {
+            serve_connection(tcp, app, front, shared).await;
+            drop((listed, permit));
+        });
+    }
+}
+
+/// The open connections of a port that makes room at its cap (the admin port).
+#[derive(Debug, Default)]
+pub(crate) struct Roster {
+    open: std::sync::Mutex<Vec<Arc<Shared>>>,
+    epoch: std::sync::OnceLock<Instant>,
+}
+
+/// A connection's place in its port's [`Roster`], given up when dropped.
+pub(crate) struct Listed {
+    front: Arc<Front>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        if let Some(roster) = &self.front.roster {
+            let mut open = roster.open.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = open.iter().position(|s| Arc::ptr_eq(s, &self.shared)) {
+                open.swap_remove(i);
+            }
+        }
+    }
+}
+
+impl Roster {
+    /// Milliseconds since the roster's first use (never 0: 0 is "not yet quiet").
+    fn now_ms(&self) -> u64 {
+        let epoch = *self.epoch.get_or_init(Instant::now);
+        epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// A new connection of `front`'s port, listed (quiet since now).
+    fn list(&self, front: &Arc<Front>) -> (Arc<Shared>, Listed) {
+        let shared = Arc::new(Shared::default());
+        shared.quiet_since.store(self.now_ms(), Ordering::Relaxed);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.push(shared.clone());
+        let listed = Listed {
+            front: front.clone(),
+            shared: shared.clone(),
+        };
+        (shared, listed)
+    }
+
+    /// Closes the connection with no request in progress that has been so the
+    /// longest; false when every connection is busy.
+    pub(crate) fn evict_quietest(&self) -> bool {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let quietest = open
+            .iter()
+            .filter(|s| s.active.load(Ordering::Relaxed) == 0 && !s.evicted.load(Ordering::Relaxed))
+            .min_by_key(|s| s.quiet_since.load(Ordering::Relaxed));
+        match quietest {
+            Some(s) => {
+                s.evicted.store(true, Ordering::Relaxed);
+                s.reader.wake();
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -124,8 +268,13 @@ pub(crate) struct Shared {
     active: AtomicU32,
     finished: AtomicU32,
     /// A read that waited while a request was in progress (so without a deadline):
-    /// woken when the request ends, to start the idle deadline.
+    /// woken when the request ends, to start the idle deadline. On the admin port,
+    /// any read that waits: woken to close the connection when it is evicted.
     reader: futures_util::task::AtomicWaker,
+    /// Admin port: when the connection last had no request in progress ([`Roster`]
+    /// milliseconds), and whether it was chosen to make room at the cap.
+    quiet_since: AtomicU64,
+    evicted: AtomicBool,
 }
 
 /// Held by a request from its head to the end of its answer's body.
@@ -241,6 +390,15 @@ pub(crate) struct ClientIo<T> {
     /// HTTP/2 (prior knowledge): no header phase; a stream's headers are one frame.
     h2: bool,
     first_read: bool,
+    /// A write waits: when the client must have taken a byte by (the client-write
+    /// timeout from the first write that waited since the last progress), and its
+    /// timer, made on the first write that ever waits.
+    write_deadline: Option<Instant>,
+    write_timer: Option<Pin<Box<Sleep>>>,
+    /// Bytes read of the head in progress, and their reservation in the replica's
+    /// head budget, made when the head first waits for more bytes.
+    head_len: usize,
+    head_held: Option<crate::limits::bytes::Held<Arc<crate::limits::bytes::Budget>>>,
 }
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
@@ -258,6 +416,10 @@ impl<T> ClientIo<T> {
             stop: None,
             h2: false,
             first_read: true,
+            write_deadline: None,
+            write_timer: None,
+            head_len: 0,
+            head_held: None,
         }
     }
 
@@ -266,6 +428,7 @@ impl<T> ClientIo<T> {
     fn update_phase(&mut self) {
         if self.shared.active.load(Ordering::Relaxed) > 0 {
             self.phase = Phase::Busy;
+            self.head_held = None; // the head is complete: given back
             return;
         }
         let finished = self.shared.finished.load(Ordering::Relaxed);
@@ -273,6 +436,12 @@ impl<T> ClientIo<T> {
             self.seen = finished;
             self.phase = Phase::Idle;
             self.deadline = None;
+            self.head_held = None;
+            if let Some(roster) = &self.front.roster {
+                self.shared
+                    .quiet_since
+                    .store(roster.now_ms(), Ordering::Relaxed);
+            }
         }
     }
 
@@ -334,6 +503,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for ClientIo<T> {
         if this.phase == Phase::Idle && this.front.stop_accepting.is_set() {
             return Poll::Ready(Ok(())); // reads as closed: hyper ends the connection
         }
+        if this.phase != Phase::Busy && this.shared.evicted.load(Ordering::Relaxed) {
+            return Poll::Ready(Ok(())); // made room for a new admin connection
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -346,6 +518,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for ClientIo<T> {
                     if this.phase == Phase::Idle && !this.h2 {
                         this.phase = Phase::Head;
                         this.deadline = None;
+                        this.head_len = got.len();
+                    } else if this.phase == Phase::Head {
+                        this.head_len += got.len();
+                        if !this.head_fits() {
+                            return Poll::Ready(Err(this.heads_full()));
+                        }
                     }
                 }
                 Poll::Ready(Ok(()))
@@ -359,7 +537,93 @@ impl<T: AsyncRead + Unpin> AsyncRead for ClientIo<T> {
                 }
                 Poll::Pending
             }
-            Poll::Pending => this.poll_deadline(cx),
+            Poll::Pending => {
+                if this.front.roster.is_some() {
+                    this.shared.reader.register(cx.waker());
+                    if this.shared.evicted.load(Ordering::Relaxed) {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                // A head that waits for more bytes holds what it has in the budget.
+                if this.phase == Phase::Head {
+                    let heads = &this.front.heads;
+                    this.head_held
+                        .get_or_insert_with(|| crate::limits::bytes::Held::new(heads.clone()));
+                    if !this.head_fits() {
+                        return Poll::Ready(Err(this.heads_full()));
+                    }
+                }
+                this.poll_deadline(cx)
+            }
+        }
+    }
+}
+
+impl<T> ClientIo<T> {
+    /// The head read so far fits in its reservation (grown to it), or nothing is
+    /// reserved yet (the head has not waited).
+    #[inline]
+    fn head_fits(&mut self) -> bool {
+        let len = self.head_len;
+        self.head_held.as_mut().is_none_or(|h| h.grow_to(len))
+    }
+
+    /// The head budget is spent: the connection is closed (counted).
+    fn heads_full(&mut self) -> std::io::Error {
+        self.head_held = None;
+        Refusals::count(&self.front.refusals.heads_over_budget);
+        std::io::Error::other(
+            "the replica holds as many unfinished request heads as it may \
+             (--max-inflight-header-bytes)",
+        )
+    }
+}
+
+impl<T> ClientIo<T> {
+    /// After a write (or flush) that made progress: the client is reading.
+    #[inline]
+    fn wrote(&mut self) {
+        if self.write_deadline.is_some() {
+            self.write_deadline = None;
+        }
+    }
+
+    /// A write that waits: `Ready(Err)` once the client has taken nothing for the
+    /// client-write timeout.
+    fn poll_write_deadline(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        let timeout = self.front.limits.client_write_timeout;
+        let deadline = *self
+            .write_deadline
+            .get_or_insert_with(|| Instant::now() + timeout);
+        let timer = self
+            .write_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        Refusals::count(&self.front.refusals.write_timeouts);
+        Poll::Ready(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the client did not read its answer",
+        ))
+    }
+
+    /// A write's result, its wait bounded by the client-write timeout.
+    #[inline]
+    fn bounded<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        match r {
+            Poll::Pending => self.poll_write_deadline(cx).map(Err),
+            Poll::Ready(r) => {
+                self.wrote();
+                Poll::Ready(r)
+            }
         }
     }
 }
@@ -371,7 +635,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.bounded(cx, r)
     }
 
     #[inline]
@@ -380,7 +645,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.bounded(cx, r)
     }
 
     #[inline]
@@ -390,12 +656,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
 
     #[inline]
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.bounded(cx, r)
     }
 
     #[inline]
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let r = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.bounded(cx, r)
     }
 }
 
@@ -404,6 +672,7 @@ mod tests {
     use std::time::Duration;
 
     use axum::routing::get;
+    use futures_util::StreamExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
     use super::*;
@@ -413,17 +682,56 @@ mod tests {
         Arc::new(Front::new(ClientLimits::default(), 1))
     }
 
+    /// Dropped with the answer body that holds it: says when the body is let go.
+    struct Dropped(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// `/`: `ok`; `/slow`: `ok` after 200 s; `/big`: 1 MiB, then a body that never
+    /// ends, holding `released`'s guard (as an answer holds its budget bytes) until
+    /// the connection lets it go.
+    fn app(released: Arc<std::sync::atomic::AtomicBool>) -> Router {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(200)).await;
+                    "ok"
+                }),
+            )
+            .route(
+                "/big",
+                get(move || {
+                    let released = released.clone();
+                    async move {
+                        let chunks = (0..16).map(|_| {
+                            Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 64 << 10]))
+                        });
+                        let chunks: Vec<_> = chunks.collect();
+                        let guard = Dropped(released.clone());
+                        let endless = futures_util::stream::pending().map(move |b| {
+                            let _held = &guard;
+                            b
+                        });
+                        Body::from_stream(futures_util::stream::iter(chunks).chain(endless))
+                    }
+                }),
+            )
+    }
+
     /// A connection served in the background; the test holds the client's end.
     fn open(front: &Arc<Front>) -> DuplexStream {
-        let app = Router::new().route("/", get(|| async { "ok" })).route(
-            "/slow",
-            get(|| async {
-                tokio::time::sleep(Duration::from_secs(200)).await;
-                "ok"
-            }),
-        );
+        open_with(front, Arc::default())
+    }
+
+    fn open_with(front: &Arc<Front>, released: Arc<std::sync::atomic::AtomicBool>) -> DuplexStream {
         let (client, server) = tokio::io::duplex(1 << 16);
-        tokio::spawn(connection(server, app, front.clone()));
+        tokio::spawn(connection(server, app(released), front.clone()));
         client
     }
 
@@ -524,5 +832,187 @@ mod tests {
         assert!(head.contains("connection: close"), "{head}");
         assert_eq!(closed(&mut busy).await, Duration::ZERO);
         assert_eq!(count(&f.refusals.idle_timeouts), 0);
+    }
+
+    /// A connection that asked for `/big`; the flag its answer sets when let go.
+    async fn big(f: &Arc<Front>) -> (DuplexStream, Arc<std::sync::atomic::AtomicBool>) {
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut c = open_with(f, released.clone());
+        c.write_all(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        (c, released)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_is_disconnected_and_its_answer_let_go() {
+        let f = front();
+        let (mut c, released) = big(&f).await;
+        // The client reads nothing: the answer fills the pipe and waits.
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert_eq!(count(&f.refusals.write_timeouts), 0);
+        assert!(
+            !released.load(Ordering::Relaxed),
+            "held while within the timeout"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(count(&f.refusals.write_timeouts), 1);
+        assert!(released.load(Ordering::Relaxed), "the answer was let go");
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest).await;
+        assert!(rest.len() < 1 << 20, "cut short: {}", rest.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_slowly_is_not_disconnected() {
+        let f = front();
+        let (mut c, released) = big(&f).await;
+        // 64 KiB every 50 s: never 60 s without taking a byte, 17 minutes in all.
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 << 10];
+        while got < 1 << 20 {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            match c.read(&mut buf).await.unwrap() {
+                0 => break,
+                n => got += n,
+            }
+        }
+        assert!(got >= 1 << 20, "{got}");
+        assert_eq!(count(&f.refusals.write_timeouts), 0);
+        // Then waiting for the rest of an answer is no write that waits: still open.
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(count(&f.refusals.write_timeouts), 0);
+        assert!(!released.load(Ordering::Relaxed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_over_max_header_bytes_gets_431_and_the_connection_closes() {
+        let f = front();
+        let mut c = open(&f);
+        let big = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "a".repeat(100 << 10)
+        );
+        let _ = c.write_all(big.as_bytes()).await;
+        let mut refused = Vec::new();
+        let _ = c.read_to_end(&mut refused).await;
+        let text = String::from_utf8_lossy(&refused);
+        assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+        assert_eq!(count(&f.refusals.header_too_large), 1);
+        // Just under the limit is served.
+        let mut c = open(&f);
+        let fits = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "a".repeat(60 << 10)
+        );
+        c.write_all(fits.as_bytes()).await.unwrap();
+        assert!(answer(&mut c).await.starts_with("HTTP/1.1 200"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unfinished_heads_hold_their_bytes_and_one_that_does_not_fit_is_closed() {
+        let f = Arc::new(Front::new(
+            ClientLimits {
+                max_inflight_header_bytes: 10 << 10,
+                ..ClientLimits::default()
+            },
+            1,
+        ));
+        let part = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-pad: {}",
+            "a".repeat(6 << 10)
+        );
+        let mut first = open(&f);
+        first.write_all(part.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            f.header_bytes_held() >= 6 << 10,
+            "{}",
+            f.header_bytes_held()
+        );
+        // A second unfinished head of 6 KiB does not fit beside it: closed.
+        let mut second = open(&f);
+        second.write_all(part.as_bytes()).await.unwrap();
+        assert_eq!(closed(&mut second).await, Duration::ZERO);
+        assert_eq!(count(&f.refusals.heads_over_budget), 1);
+        // The first one finishes its head: answered, and its bytes given back.
+        first.write_all(b"\r\n\r\n").await.unwrap();
+        answer(&mut first).await;
+        assert_eq!(f.header_bytes_held(), 0);
+        // A head that arrives whole never waits, so it never counts.
+        let mut whole = open(&f);
+        whole
+            .write_all(format!("{part}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        answer(&mut whole).await;
+        assert_eq!(count(&f.refusals.heads_over_budget), 1);
+    }
+
+    /// The admin port on loopback with a cap of 2, on the real clock.
+    async fn admin_port() -> (Arc<Front>, std::net::SocketAddr) {
+        let f = Arc::new(Front::admin(&ClientLimits {
+            admin_max_connections: 2,
+            ..ClientLimits::default()
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_admin(listener, app(Arc::default()), f.clone()));
+        (f, addr)
+    }
+
+    async fn fetch(tcp: &mut tokio::net::TcpStream, path: &str) -> String {
+        tcp.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(b"ok") {
+            match tcp.read(&mut buf).await.unwrap() {
+                0 => break,
+                n => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    #[tokio::test]
+    async fn at_the_admin_cap_the_quietest_connection_makes_room() {
+        let (f, addr) = admin_port().await;
+        let connect = || tokio::net::TcpStream::connect(addr);
+        let mut oldest = connect().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut used = connect().await.unwrap();
+        assert!(fetch(&mut used, "/").await.starts_with("HTTP/1.1 200"));
+        // A third: the oldest quiet one is closed for it, the others served.
+        let mut third = connect().await.unwrap();
+        assert!(fetch(&mut third, "/").await.starts_with("HTTP/1.1 200"));
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), oldest.read_to_end(&mut rest));
+        assert!(closed.await.is_ok() && rest.is_empty());
+        assert_eq!(count(&f.refusals.evictions), 1);
+        assert!(fetch(&mut third, "/").await.starts_with("HTTP/1.1 200"));
+        assert_eq!(f.open_connections(), 2);
+    }
+
+    #[tokio::test]
+    async fn at_the_admin_cap_with_every_connection_busy_the_new_one_is_closed() {
+        let (f, addr) = admin_port().await;
+        let mut busy = Vec::new();
+        for _ in 0..2 {
+            let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            busy.push(tcp);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut late = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), late.read_to_end(&mut rest));
+        assert!(closed.await.is_ok(), "closed after the room wait");
+        assert!(rest.is_empty());
+        assert_eq!(count(&f.refusals.evictions), 1);
+        assert_eq!(f.open_connections(), 2, "the busy ones are untouched");
     }
 }

@@ -2,8 +2,10 @@
 //! connections, time to send headers and bodies, idle keep-alive sockets, request
 //! bytes in memory) and how it stops serving them on shutdown (SPEC §8).
 //!
-//! * [`conn`]: the accept loop under the connection cap, and the header-read and idle
-//!   keep-alive timeouts (kept by a wrapper around each client socket).
+//! * [`conn`]: the accept loop under the connection cap, the header size limit, and
+//!   the header-read, idle keep-alive and client-write timeouts (kept by a wrapper
+//!   around each client socket); the admin port's connections too (its own cap, which
+//!   closes the longest-quiet connection to make room, and idle timeout).
 //! * [`intake`]: reading one request body: the size limit before reading, the global
 //!   in-flight budget, and the body-read timeout.
 //! * [`drain`]: ending open streams with the error event when the grace is over.
@@ -39,6 +41,25 @@ pub struct ClientLimits {
     pub max_connections: usize,
     /// Request body bytes held at once by all requests; past it, 503 `overloaded`.
     pub max_inflight_body_bytes: usize,
+    /// A request's head (request line and headers) larger than this gets 431 and the
+    /// connection is closed. At least 8 KiB (hyper's smallest read buffer).
+    pub max_header_bytes: usize,
+    /// Bytes of request heads still being received (a head that did not arrive in one
+    /// read), all connections together; a head that does not fit closes its
+    /// connection. Bounds what slow heads hold whatever `max_connections` allows.
+    pub max_inflight_header_bytes: usize,
+    /// A connection whose answer the client has not taken a byte of for this long is
+    /// closed, and what its request held (answer bytes, slots) given back.
+    pub client_write_timeout: Duration,
+    /// A request arriving with `x-switchback-hops` at this or more is answered 508
+    /// `loop_detected` and not sent on (SPEC §14). 1 to [`crate::wire::hops::MAX`].
+    pub max_hops: u8,
+    /// Open connections on the admin port; past it the one quiet the longest (no
+    /// request in progress) is closed to make room, or, when all are busy, the new
+    /// one is.
+    pub admin_max_connections: usize,
+    /// An admin connection with no request in progress is closed after this long.
+    pub admin_idle_timeout: Duration,
 }
 
 impl Default for ClientLimits {
@@ -49,6 +70,24 @@ impl Default for ClientLimits {
             idle_timeout: Duration::from_secs(90),
             max_connections: 10_000,
             max_inflight_body_bytes: 256 << 20,
+            max_header_bytes: 64 << 10,
+            max_inflight_header_bytes: 32 << 20,
+            client_write_timeout: Duration::from_secs(60),
+            max_hops: 2,
+            admin_max_connections: 128,
+            admin_idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ClientLimits {
+    /// The admin port's: its own cap and idle timeout, the data port's header and
+    /// write limits.
+    pub(crate) fn admin(&self) -> ClientLimits {
+        ClientLimits {
+            idle_timeout: self.admin_idle_timeout,
+            max_connections: self.admin_max_connections,
+            ..self.clone()
         }
     }
 }
@@ -64,6 +103,17 @@ pub struct Refusals {
     pub connection_waits: AtomicU64,
     pub too_large: AtomicU64,
     pub over_budget: AtomicU64,
+    /// Request heads over `max_header_bytes` (or hyper's header count): 431.
+    pub header_too_large: AtomicU64,
+    /// Connections closed because their unfinished head did not fit in
+    /// `max_inflight_header_bytes`.
+    pub heads_over_budget: AtomicU64,
+    /// Connections closed because the client took no byte of its answer in time.
+    pub write_timeouts: AtomicU64,
+    /// Requests refused for their `x-switchback-hops` (508, or 400 when unreadable).
+    pub hops: AtomicU64,
+    /// Admin port: connections closed (or refused) at the connection cap.
+    pub evictions: AtomicU64,
 }
 
 impl Refusals {
@@ -121,12 +171,17 @@ pub struct Front {
     /// Request body bytes reserved by requests being read or handled
     /// (`max_inflight_body_bytes`).
     pub(crate) bodies: crate::limits::bytes::Budget,
+    /// Bytes of unfinished request heads (`max_inflight_header_bytes`).
+    pub(crate) heads: Arc<crate::limits::bytes::Budget>,
     /// SIGTERM seen: `/readyz` answers 503.
     pub(crate) draining: AtomicBool,
     /// Listeners stop accepting; idle connections close, busy ones after their answer.
     pub(crate) stop_accepting: Signal,
     /// The grace is over: open streams end with the error event.
     pub(crate) end_streams: Signal,
+    /// The admin port's connections, to close the quietest at the cap (`None` on
+    /// the data port, where new connections wait in the accept queue instead).
+    pub(crate) roster: Option<conn::Roster>,
 }
 
 impl Front {
@@ -134,14 +189,28 @@ impl Front {
         // A semaphore holds at most `usize::MAX >> 3` permits.
         let slots = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
         let bodies = crate::limits::bytes::Budget::new(limits.max_inflight_body_bytes);
+        let heads = Arc::new(crate::limits::bytes::Budget::new(
+            limits.max_inflight_header_bytes,
+        ));
         Self {
             limits,
             refusals: Refusals::default(),
             slots: Arc::new(Semaphore::new(slots)),
             bodies,
+            heads,
             draining: AtomicBool::new(false),
             stop_accepting: Signal::new(lanes),
             end_streams: Signal::new(lanes),
+            roster: None,
+        }
+    }
+
+    /// The admin port's: `limits.admin()`, a roster of its connections, and a stop
+    /// signal that is never set (the admin port answers until the process exits).
+    pub fn admin(limits: &ClientLimits) -> Self {
+        Self {
+            roster: Some(conn::Roster::default()),
+            ..Self::new(limits.admin(), 1)
         }
     }
 
@@ -158,6 +227,11 @@ impl Front {
     /// Request body bytes held now.
     pub fn body_bytes_held(&self) -> usize {
         self.bodies.held()
+    }
+
+    /// Bytes of unfinished request heads held now.
+    pub fn header_bytes_held(&self) -> usize {
+        self.heads.held()
     }
 
     /// True once a shutdown has begun.

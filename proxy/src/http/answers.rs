@@ -1,7 +1,7 @@
 //! The answers the data port gives itself, in the surface's error shape with the
-//! headers every answer carries: a request refused before it was routed (401, 400,
-//! 404, 405, 408, 413, 503) or a client over its limits or budget (429). Nothing was
-//! sent upstream for any of them.
+//! headers every answer carries: a request refused before it was routed (508 for a
+//! loop, 401, 400, 404, 405, 408, 413, 503) or a client over its limits or budget
+//! (429). Nothing was sent upstream for any of them.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Response, StatusCode, header};
@@ -9,9 +9,11 @@ use axum::http::{HeaderValue, Response, StatusCode, header};
 use super::auth;
 use crate::config::snapshot::RouteRt;
 use crate::front::intake::Refused;
+use crate::front::{Front, Refusals};
 use crate::gateway::Gateway;
 use crate::limits::clients::{ClientRt, Throttled, USD_PER_MONTH, Uncovered};
 use crate::wire::headers::{X_ATTEMPTS, X_FALLBACKS, X_GENERATION, X_ROUTE};
+use crate::wire::hops;
 use crate::wire::surface::{self, Wire};
 
 /// 401 in the surface's shape (`invalid_api_key`). The body was not read, so the
@@ -26,6 +28,28 @@ pub(super) fn unauthenticated(wire: Wire, denied: auth::Denied) -> Response<Body
     let h = r.headers_mut();
     h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// A request whose `x-switchback-hops` refused it (counted): 508 `loop_detected`, or
+/// 400 `invalid_request` for a count that is not a number. The body was not read, so
+/// the connection is closed after it.
+pub(super) fn hops_refused(wire: Wire, refused: hops::Refused, front: &Front) -> Response<Body> {
+    Refusals::count(&front.refusals.hops);
+    let (status, code) = match refused {
+        hops::Refused::Loop { .. } => (StatusCode::LOOP_DETECTED, "loop_detected"),
+        hops::Refused::Unreadable => (StatusCode::BAD_REQUEST, "invalid_request"),
+    };
+    tracing::info!(
+        target: "switchback::request",
+        status = status.as_u16(),
+        code,
+        "request refused for its x-switchback-hops: {}",
+        refused.message()
+    );
+    let mut r = gateway_error(wire, status, code, &refused.message());
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
 }
 

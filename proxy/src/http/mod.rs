@@ -1,5 +1,7 @@
 //! The data port (default 8080): the OpenAI- and Anthropic-compatible endpoints.
-//! A request is authenticated (`auth`), its body read within the client limits
+//! A request that has passed through `--max-hops` gateways is refused (508
+//! `loop_detected`, before anything else: `wire::hops`), then it is authenticated
+//! (`auth`), its body read within the client limits
 //! (`front::intake`), its route picked by the body's `model` among those the client
 //! may call, its client admitted (`limits::clients`), and the call handed to the
 //! pipeline (`route`); every answer carries `x-request-id` and the `x-switchback-*`
@@ -27,7 +29,7 @@ use crate::front::intake;
 use crate::gateway::Gateway;
 use crate::wire::headers::{X_GENERATION, X_REQUEST_ID};
 use crate::wire::surface::{Surface, Wire};
-use answers::{gateway_error, refusal, unauthenticated};
+use answers::{gateway_error, hops_refused, refusal, unauthenticated};
 use stamp::{request_id, unrouted};
 
 /// The body limit and timeout are applied by [`intake`], not by an extractor.
@@ -89,16 +91,26 @@ async fn handle(gw: &Arc<Gateway>, surface: Surface, request: Request) -> Respon
     let request_id = request_id(&headers);
     let wire = surface.wire();
     let snapshot = gw.snapshot();
-    // Before the body is read: an unauthenticated caller spends no body budget.
-    let mut response = match auth::authenticate(&gw.auth, &snapshot, &headers) {
-        Err(denied) => unauthenticated(wire, denied),
-        Ok(tenant) => match intake::read(&gw.front, gw.max_body_bytes, body).await {
-            Err(refused) => refusal(wire, refused, gw),
-            // The body's budget bytes are held until the answer head is out.
-            Ok((body, _held)) => {
-                route::route_and_run(gw, &snapshot, tenant, surface, &headers, &request_id, body)
-                    .await
-            }
+    // A loop is refused before anything else: nothing read, nothing sent on.
+    let hops = crate::wire::hops::incoming(&headers, gw.front.limits.max_hops);
+    let mut response = match hops {
+        Err(refused) => hops_refused(wire, refused, &gw.front),
+        // Before the body is read: an unauthenticated caller spends no body budget.
+        Ok(hops) => match auth::authenticate(&gw.auth, &snapshot, &headers) {
+            Err(denied) => unauthenticated(wire, denied),
+            Ok(tenant) => match intake::read(&gw.front, gw.max_body_bytes, body).await {
+                Err(refused) => refusal(wire, refused, gw),
+                // The body's budget bytes are held until the answer head is out.
+                Ok((body, _held)) => {
+                    let request = route::Request {
+                        surface,
+                        headers: &headers,
+                        request_id: &request_id,
+                        hops,
+                    };
+                    route::route_and_run(gw, &snapshot, tenant, request, body).await
+                }
+            },
         },
     };
     response.headers_mut().insert(X_REQUEST_ID, request_id);

@@ -102,15 +102,28 @@ struct Peeked<'a> {
     cap: Option<(&'static str, u64)>,
 }
 
+/// What the handler read of a request before its body: its API, its headers, its id
+/// and the gateways it has passed through (`x-switchback-hops`).
+pub(super) struct Request<'a> {
+    pub surface: Surface,
+    pub headers: &'a HeaderMap,
+    pub request_id: &'a HeaderValue,
+    pub hops: u8,
+}
+
 pub(super) async fn route_and_run(
     gw: &Arc<Gateway>,
     snapshot: &Snapshot,
     tenant: Option<&Tenant>,
-    surface: Surface,
-    headers: &HeaderMap,
-    request_id: &HeaderValue,
+    request: Request<'_>,
     body: Bytes,
 ) -> Response<Body> {
+    let Request {
+        surface,
+        headers,
+        request_id,
+        hops,
+    } = request;
     let wire = surface.wire();
     let Peeked { model, stream, cap } = match peek(&body) {
         Ok(peeked) => peeked,
@@ -154,6 +167,7 @@ pub(super) async fn route_and_run(
         body: usage.body.unwrap_or_else(|| body.clone()),
         client_headers: headers,
         request_id,
+        hops,
         client,
         include_usage: usage.include,
         strip_usage: usage.strip,

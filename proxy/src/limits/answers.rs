@@ -34,8 +34,8 @@ impl Default for UpstreamLimits {
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
 /// The default `--max-inflight-response-bytes`: with the 256 MiB of request bodies
-/// (`--max-inflight-body-bytes`) and the process's own ~60 MiB, under the chart's
-/// 512 MiB memory limit (see the chart's `proxy.resources`).
+/// (`--max-inflight-body-bytes`), the client connections and heads and the process's
+/// own ~60 MiB, under the chart's 768 MiB memory limit (docs/limits.md, Memory).
 pub const DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES: usize = 128 * 1024 * 1024;
 
 /// Provider answers refused by a limit, by limit (`switchback_limit_refusals_total`).

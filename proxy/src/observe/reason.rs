@@ -40,6 +40,13 @@ pub enum Reason {
     /// (`spec.hedge`, SPEC §13) committed first. Not the provider's failure (no
     /// class, no circuit); only ever in the attempt log and the counts.
     HedgeLost,
+    /// The target answered 508: the request came back to a Switchback gateway it had
+    /// passed through (`x-switchback-hops` reached that gateway's `--max-hops`), so the
+    /// credential's base URL leads back to a gateway. Never retried (the same request
+    /// loops the same way); the chain moves on to the next target; no circuit. A chain
+    /// that ends on it answers 508 `loop_detected` itself, so the hop before does not
+    /// retry either (SPEC §14).
+    LoopDetected,
     // Skipped before commitment:
     MissingKey,
     UnsupportedSurface,
@@ -61,7 +68,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 24;
     pub const ALL: [Reason; Self::COUNT] = [
         Self::Status5xx,
         Self::RateLimited,
@@ -77,6 +84,7 @@ impl Reason {
         Self::EventTooLarge,
         Self::Overloaded,
         Self::HedgeLost,
+        Self::LoopDetected,
         Self::MissingKey,
         Self::UnsupportedSurface,
         Self::Parked,
@@ -139,6 +147,7 @@ impl Reason {
             Self::EventTooLarge => "eventTooLarge",
             Self::Overloaded => "overloaded",
             Self::HedgeLost => "hedgeLost",
+            Self::LoopDetected => "loopDetected",
             Self::MissingKey => "missingKey",
             Self::UnsupportedSurface => "unsupportedSurface",
             Self::Parked => "parked",

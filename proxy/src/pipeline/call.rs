@@ -26,6 +26,9 @@ pub struct Call<'a> {
     pub client_headers: &'a HeaderMap,
     /// The client's `x-request-id`, or the one the gateway made up; forwarded too.
     pub request_id: &'a HeaderValue,
+    /// Gateways the request has passed through (`x-switchback-hops`, below
+    /// `--max-hops`); every upstream request says one more.
+    pub hops: u8,
     /// The LLMClient the request comes from: where its usage is counted.
     pub client: Option<&'a ClientUsage>,
     /// An OpenAI stream: the client's own `stream_options.include_usage` when

@@ -3,7 +3,8 @@
 //! (context length, auth, another 4xx, a content filter), else an error in the
 //! client's shape whose status says how the chain ended (SPEC §3: 429
 //! `rate_limited`, 504 `upstream_timeout`, 502 `all_providers_failed`, 503
-//! `no_available_target`), with the attempt log as `attempts`.
+//! `no_available_target`; SPEC §14: 508 `loop_detected`), with the attempt log as
+//! `attempts`.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -147,6 +148,15 @@ fn error_for(
                 "the provider rejected the request in its stream".into(),
             )
         }
+        // The last target led back to a gateway: said as the gateway that refused it
+        // said it, so the hop before this one does not retry it either.
+        Reason::LoopDetected => (
+            StatusCode::LOOP_DETECTED,
+            "loop_detected",
+            "loop detected: a target's credential leads back to a Switchback gateway the \
+             request had passed through (x-switchback-hops reached --max-hops)"
+                .into(),
+        ),
         // The answer came but this replica may hold no more answers now: the same
         // answer as for a body over the in-flight budget.
         Reason::Overloaded => (

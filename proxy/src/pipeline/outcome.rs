@@ -12,8 +12,11 @@ use crate::observe::reason::Reason;
 /// May the same target be tried again after this failure (attempts permitting)?
 pub fn retryable(reason: Reason, status: Option<u16>, retry: &Retry) -> bool {
     // A context-length or content-filter answer is never retried, even if its status
-    // is listed: the same request gets the same answer.
-    if matches!(reason, Reason::ContextLength | Reason::ContentFilter) {
+    // is listed: the same request gets the same answer; a loop loops again.
+    if matches!(
+        reason,
+        Reason::ContextLength | Reason::ContentFilter | Reason::LoopDetected
+    ) {
         return false;
     }
     match (reason, status) {
@@ -36,6 +39,8 @@ pub fn may_advance(reason: Reason, status: Option<u16>, fallback: &Fallback) -> 
     match reason {
         // Skips always advance: nothing was sent, so nothing else could answer.
         r if r.is_skip() => true,
+        // A target that leads back to a gateway can answer nothing: like a skip.
+        Reason::LoopDetected => true,
         other => other
             .class()
             .is_some_and(|c| fallback.on_failures.contains(&c)),
@@ -107,6 +112,29 @@ mod tests {
         assert!(!may_advance(Reason::Overloaded, None, &every));
         assert!(!retryable(Reason::Overloaded, None, &retry_default()));
         assert!(!Reason::Overloaded.is_skip());
+    }
+
+    #[test]
+    fn a_loop_is_never_retried_and_always_advances() {
+        let listed = Retry {
+            on_status_codes: Some(vec![508]),
+            ..retry_default()
+        };
+        for r in [retry_default(), listed] {
+            assert!(!retryable(Reason::LoopDetected, Some(508), &r));
+        }
+        let none = Fallback {
+            on_failures: vec![],
+            ..Fallback::default()
+        };
+        assert!(may_advance(Reason::LoopDetected, Some(508), &none));
+        assert!(!Reason::LoopDetected.trips_breaker(Some(508)));
+        assert!(!Reason::LoopDetected.is_skip(), "it was sent");
+        assert!(!Reason::LoopDetected.returns_upstream_answer());
+        assert_eq!(
+            crate::providers::classify::classify_status(508, b""),
+            Reason::LoopDetected
+        );
     }
 
     #[test]

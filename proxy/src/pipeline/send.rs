@@ -26,7 +26,8 @@ use crate::providers::classify::{self, classify_status};
 use crate::providers::translate;
 use crate::providers::{Authorising, Unsigned};
 use crate::upstream;
-use crate::wire::headers::X_REQUEST_ID;
+use crate::wire::headers::{X_HOPS, X_REQUEST_ID};
+use crate::wire::hops;
 
 /// Client headers passed on to providers, besides `x-request-id` (`Call::request_id`),
 /// each only to a provider of its API (see `Adapter::forwards`). Everything else
@@ -130,8 +131,9 @@ impl Transport for Http {
 }
 
 /// The upstream request's URL and headers: the credential's headers, the request id,
-/// the client's headers of the upstream's API, content type and trace context. The
-/// endpoint authorises them next.
+/// the hop count (one more than the client's: over the credential's static headers
+/// too, which cannot reset it), the client's headers of the upstream's API, content
+/// type and trace context. The endpoint authorises them next.
 fn request_parts(a: &Attempt<'_, '_>) -> Result<(http::Uri, HeaderMap), Reason> {
     let (t, call, plan) = (a.target, a.call, a.plan);
     let cred = &t.credential;
@@ -140,6 +142,7 @@ fn request_parts(a: &Attempt<'_, '_>) -> Result<(http::Uri, HeaderMap), Reason> 
     };
     let mut headers = base.clone();
     headers.insert(X_REQUEST_ID, call.request_id.clone());
+    headers.insert(X_HOPS, hops::value(call.hops + 1));
     for name in FORWARDED {
         if cred.adapter.forwards(plan.exchange.dialect, &name)
             && let Some(v) = call.client_headers.get(&name)

@@ -275,15 +275,15 @@ impl Kept {
 /// The usual headers: the credential's static `headers`, `fixed` ones, the key's
 /// header (marked sensitive: never logged), and `accept-encoding: identity` (the
 /// proxy rewrites answers, so it must read them, and it does not decode, SPEC §8).
-/// Room is left for what each request adds to its copy (x-request-id, forwarded
-/// client headers, content-type, traceparent, tracestate, host): a clone keeps the
-/// table size, so those inserts never rehash it.
+/// Room is left for what each request adds to its copy (x-request-id,
+/// x-switchback-hops, forwarded client headers, content-type, traceparent,
+/// tracestate, host): a clone keeps the table size, so those inserts never rehash it.
 pub fn headers(
     credential: &Credential,
     fixed: &[(&'static str, &'static str)],
     key: Option<(&'static str, &str)>,
 ) -> Result<HeaderMap, CredentialError> {
-    let mut h = HeaderMap::with_capacity(credential.headers.len() + 3 + 8);
+    let mut h = HeaderMap::with_capacity(credential.headers.len() + 3 + 9);
     for (name, value) in &credential.headers {
         let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| CredentialError {
             field: "spec.headers",

@@ -1,18 +1,26 @@
-//! Cluster mode (`--namespace NS`): watch the ConfigMaps and Secrets labelled
-//! `switchback.dev/config` in NS through the API (in-cluster config, or KUBECONFIG
-//! outside), merge every source namespace into one config and apply it exactly as
-//! standalone mode does (prepare, then swap).
+//! Cluster mode (`--namespace NS`): watch the index ConfigMap `switchback-index` of NS
+//! through the API (in-cluster config, or KUBECONFIG outside), fetch by name the parts
+//! and keys Secrets it names, assemble each source namespace, merge them into one
+//! config and apply it exactly as standalone mode does (prepare, then swap).
 //!
-//! A rendered object that cannot be read (hand-edited, unknown format version) does
-//! not take the others down: its source namespace keeps its last good config, the
-//! rest is applied, and the problem is recorded as a refusal (`/admin/v1/config`,
-//! `/admin/v1/stats`) until the operator rewrites the object. A merged config that
-//! cannot be prepared, or that has no LLMRoute at all (SPEC §8, unless
+//! The index is the operator's commit point (`switchback_crds::delivery::index`): a
+//! namespace is swapped only once every object its entry names has arrived and reads
+//! back as the content its name stands for, so a proxy never serves part of a
+//! namespace, nor a mix of two of its generations. Parts never change once written,
+//! so each is fetched once; what the index no longer names is forgotten.
+//!
+//! A namespace that cannot be assembled (an object missing or unreadable, hand-edited,
+//! an unknown format version) does not take the others down: it keeps its last good
+//! config, the rest is applied, and the problem is recorded as a refusal
+//! (`/admin/v1/config`, `/admin/v1/stats`) and fetched again after a backoff. A merged
+//! config that cannot be prepared, or that has no LLMRoute at all (SPEC §8, unless
 //! `--allow-empty-config`), is refused whole and the last good one keeps serving.
 //!
-//! Needs only get/list/watch on ConfigMaps and Secrets of NS.
+//! Needs only get, list and watch on the index ConfigMap by name (the watch selects it
+//! with `metadata.name`, which RBAC authorizes as a request on that name) and get on
+//! the objects it names: the chart's Role and the reader Role the operator keeps.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,17 +28,22 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use switchback_crds::compile::Compiled;
-use switchback_crds::config::{CompiledConfig, Keys};
-use switchback_crds::delivery::{self, NamespaceConfig};
+use switchback_crds::delivery::index::{self, Entry, Index};
+use switchback_crds::delivery::{self, DeliveryError, NamespaceConfig};
 use tokio::sync::Notify;
 
 use crate::gateway::{Gateway, Problem};
 
-/// Quiet time after a change before applying: the operator writes a namespace's Secret
-/// and ConfigMap back to back.
+/// Quiet time after a change of the index before applying it.
 const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Objects fetched at once.
+const FETCHERS: usize = 8;
+/// The first wait before fetching again what could not be read; it doubles up to
+/// [`MAX_RETRY`]. A new index retries at once.
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+const MAX_RETRY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -43,11 +56,20 @@ pub async fn connect() -> Result<Client, ClusterError> {
     Ok(Client::try_default().await?)
 }
 
-/// The last good config and keys of each source namespace.
+/// The last good version of each source namespace, with the index entry it was read
+/// from.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LastGood {
-    pub configs: BTreeMap<String, CompiledConfig>,
-    pub keys: BTreeMap<String, Keys>,
+    pub namespaces: BTreeMap<String, (Entry, NamespaceConfig)>,
+}
+
+/// The objects fetched by name, and why others could not be.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub maps: HashMap<String, ConfigMap>,
+    pub secrets: HashMap<String, KubeSecret>,
+    /// Objects that could not be read, with why (never their content).
+    pub errors: BTreeMap<String, String>,
 }
 
 /// What to serve, and what was wrong with the objects read.
@@ -71,8 +93,14 @@ fn problem(object: String, message: String) -> Problem {
     }
 }
 
-/// Pure: the config to serve from the rendered objects, updating `last` with what
-/// read well. Source namespaces whose ConfigMap is gone are dropped.
+/// The index in `index` (none yet: nothing delivered, an empty one).
+pub fn read_index(index: Option<&ConfigMap>) -> Result<Index, DeliveryError> {
+    index.map_or_else(|| Ok(Index::default()), index::read_index)
+}
+
+/// Pure: the config to serve from the index and the objects fetched, updating `last`
+/// with each namespace that assembled whole. An index that does not read keeps every
+/// namespace's last good config; source namespaces it no longer names are dropped.
 ///
 /// `models_per_client` (`--auth required`): a model name is unique within a source
 /// namespace only, since each client resolves names among the routes it may call
@@ -80,58 +108,122 @@ fn problem(object: String, message: String) -> Problem {
 /// unique across all of them.
 pub fn merge(
     gateway_namespace: &str,
-    maps: &[Arc<ConfigMap>],
-    secrets: &[Arc<KubeSecret>],
+    index: &Result<Index, DeliveryError>,
+    fetched: &Fetched,
     last: &mut LastGood,
     models_per_client: bool,
 ) -> Merged {
     let mut problems = Vec::new();
-    let mut present = BTreeSet::new();
-    for cm in maps {
-        let name = cm.name_any();
-        if let Ok(ns) = delivery::source_namespace(&name, delivery::ROUTES_PREFIX) {
-            present.insert(ns.to_string());
-        }
-        match delivery::read_config_map(cm) {
-            Ok((ns, config)) => {
-                last.configs.insert(ns, config);
-            }
-            Err(e) => problems.push(problem(
-                format!("{gateway_namespace}/{name}"),
-                e.to_string(),
-            )),
-        }
+    match index {
+        Ok(index) => assemble_all(gateway_namespace, index, fetched, last, &mut problems),
+        Err(e) => problems.push(problem(
+            format!("{gateway_namespace}/{}", index::INDEX_NAME),
+            e.to_string(),
+        )),
     }
-    last.configs.retain(|ns, _| present.contains(ns));
-    let mut keyed = BTreeSet::new();
-    for s in secrets {
-        let name = s.name_any();
-        if let Ok(ns) = delivery::source_namespace(&name, delivery::KEYS_PREFIX) {
-            keyed.insert(ns.to_string());
-        }
-        match delivery::read_keys_secret(s) {
-            Ok((ns, keys)) => {
-                last.keys.insert(ns, keys);
-            }
-            // Never echo Secret content: the error names the key, not its value.
-            Err(e) => problems.push(problem(
-                format!("{gateway_namespace}/{name}"),
-                e.to_string(),
-            )),
-        }
+    let parts = claim_models(last, models_per_client, &mut problems);
+    let compiled = delivery::merge(parts.iter().map(|(ns, p)| (ns.as_str(), p)));
+    let warnings = compiled
+        .config
+        .credentials
+        .iter()
+        .filter(|c| compiled.keys.get(&c.id).is_none())
+        .map(|c| {
+            let keys = last
+                .namespaces
+                .get(&c.id.namespace)
+                .map_or_else(String::new, |(e, _)| e.keys.clone());
+            problem(
+                c.id.to_string(),
+                format!(
+                    "no key in Secret {gateway_namespace}/{keys}; targets using this credential \
+                     are skipped"
+                ),
+            )
+        })
+        .collect();
+    Merged {
+        compiled,
+        problems,
+        warnings,
     }
-    last.keys.retain(|ns, _| keyed.contains(ns));
+}
 
-    // One model, one route (per namespace, with models per client): the operator
-    // guarantees it; a hand edit might not.
+/// Assembles each namespace whose entry changed; keeps the last good one of those that
+/// do not assemble, and drops the namespaces the index no longer names.
+fn assemble_all(
+    gateway_namespace: &str,
+    index: &Index,
+    fetched: &Fetched,
+    last: &mut LastGood,
+    problems: &mut Vec<Problem>,
+) {
+    last.namespaces
+        .retain(|ns, _| index.namespaces.contains_key(ns));
+    for (ns, entry) in &index.namespaces {
+        if last.namespaces.get(ns).is_some_and(|(e, _)| e == entry) {
+            continue;
+        }
+        let read = delivery::assemble(
+            ns,
+            entry,
+            |n| fetched.maps.get(n),
+            |n| fetched.secrets.get(n),
+        );
+        match read {
+            Ok(config) => {
+                last.namespaces.insert(ns.clone(), (entry.clone(), config));
+            }
+            Err(DeliveryError::Missing { object, .. }) if fetched.errors.contains_key(&object) => {
+                problems.push(problem(
+                    format!("{gateway_namespace}/{object}"),
+                    format!(
+                        "cannot be read ({}); namespace {ns} keeps its last good config",
+                        fetched.errors[&object]
+                    ),
+                ));
+            }
+            // Never echo Secret content: the errors name keys and objects, not values.
+            Err(e) => problems.push(problem(
+                format!("{gateway_namespace}/{}", e_object(&e, entry)),
+                format!("{e}; namespace {ns} keeps its last good config"),
+            )),
+        }
+    }
+}
+
+/// The object an assembly error is about (the first part, when it does not say).
+fn e_object<'a>(e: &'a DeliveryError, entry: &'a Entry) -> &'a str {
+    match e {
+        DeliveryError::Missing { object, .. }
+        | DeliveryError::Content { object }
+        | DeliveryError::MissingConfig { object }
+        | DeliveryError::Json { object, .. }
+        | DeliveryError::Version { object, .. }
+        | DeliveryError::ForeignObject { object, .. }
+        | DeliveryError::KeyEncoding { object, .. }
+        | DeliveryError::RevisionKey { object }
+        | DeliveryError::Name { object, .. } => object,
+        _ => entry.parts.first().map_or("", String::as_str),
+    }
+}
+
+/// One model, one route (per namespace, with models per client): the operator
+/// guarantees it; a hand edit might not. The namespaces' configs with the routes that
+/// lost a claim left out.
+fn claim_models(
+    last: &LastGood,
+    models_per_client: bool,
+    problems: &mut Vec<Problem>,
+) -> Vec<(String, NamespaceConfig)> {
     let mut claimed: BTreeMap<String, String> = BTreeMap::new();
     let mut parts = Vec::new();
-    for (ns, config) in &last.configs {
+    for (ns, (_, part)) in &last.namespaces {
         if models_per_client {
             claimed.clear();
         }
-        let mut config = config.clone();
-        config.routes.retain(|r| {
+        let mut part = part.clone();
+        part.config.routes.retain(|r| {
             let taken = r
                 .models
                 .iter()
@@ -150,35 +242,122 @@ pub fn merge(
             }
             true
         });
-        parts.push(NamespaceConfig {
-            config,
-            keys: last.keys.get(ns).cloned().unwrap_or_default(),
-        });
+        parts.push((ns.clone(), part));
     }
-    let compiled = delivery::merge(parts.iter());
-    let warnings = compiled
-        .config
-        .credentials
-        .iter()
-        .filter(|c| compiled.keys.get(&c.id).is_none())
-        .map(|c| {
-            problem(
-                c.id.to_string(),
-                format!(
-                    "no key in Secret {gateway_namespace}/{}; targets using this credential are skipped",
-                    delivery::keys_name(&c.id.namespace)
-                ),
-            )
-        })
-        .collect();
-    Merged {
-        compiled,
-        problems,
-        warnings,
+    parts
+}
+
+/// The objects `index` names that `last` does not already hold the content of and
+/// `fetched` does not have: what to GET.
+pub fn wanted(index: &Index, last: &LastGood, fetched: &Fetched) -> (Vec<String>, Vec<String>) {
+    let mut maps = Vec::new();
+    let mut secrets = Vec::new();
+    for (ns, entry) in &index.namespaces {
+        if last.namespaces.get(ns).is_some_and(|(e, _)| e == entry) {
+            continue;
+        }
+        maps.extend(
+            entry
+                .parts
+                .iter()
+                .filter(|n| !fetched.maps.contains_key(*n))
+                .cloned(),
+        );
+        if !fetched.secrets.contains_key(&entry.keys) {
+            secrets.push(entry.keys.clone());
+        }
+    }
+    (maps, secrets)
+}
+
+impl Fetched {
+    /// Forgets what `index` does not name (their namespaces moved on or went).
+    fn prune(&mut self, index: &Index) {
+        let (maps, secrets) = index.names();
+        let maps: BTreeSet<&str> = maps.into_iter().collect();
+        let secrets: BTreeSet<&str> = secrets.into_iter().collect();
+        self.maps.retain(|n, _| maps.contains(n.as_str()));
+        self.secrets.retain(|n, _| secrets.contains(n.as_str()));
+        self.errors.clear();
+    }
+
+    /// Forgets the objects of every namespace of `index` that did not assemble (an
+    /// object edited in place is fetched again once the operator has put it back).
+    fn forget_unassembled(&mut self, index: &Index, last: &LastGood) {
+        for (ns, entry) in &index.namespaces {
+            if last.namespaces.get(ns).is_some_and(|(e, _)| e == entry) {
+                continue;
+            }
+            for name in entry.names() {
+                self.maps.remove(name);
+                self.secrets.remove(name);
+            }
+        }
+    }
+
+    /// GETs `maps` and `secrets` by name, a few at once.
+    async fn fetch(
+        &mut self,
+        client: &Client,
+        namespace: &str,
+        maps: Vec<String>,
+        secrets: Vec<String>,
+    ) {
+        for (name, got) in get_all::<ConfigMap>(client, namespace, maps).await {
+            match got {
+                Ok(cm) => {
+                    self.maps.insert(name, cm);
+                }
+                Err(e) => {
+                    self.errors.insert(name, e);
+                }
+            }
+        }
+        for (name, got) in get_all::<KubeSecret>(client, namespace, secrets).await {
+            match got {
+                Ok(s) => {
+                    self.secrets.insert(name, s);
+                }
+                Err(e) => {
+                    self.errors.insert(name, e);
+                }
+            }
+        }
     }
 }
 
-/// Watches the rendered objects and applies them. Dropping it stops watching.
+/// Each of `names` of kind `K` in `namespace`, or why it could not be read ("not
+/// found", or kube's error, which names the request, never a Secret's data).
+async fn get_all<K>(
+    client: &Client,
+    namespace: &str,
+    names: Vec<String>,
+) -> Vec<(String, Result<K, String>)>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let gets = names.into_iter().map(|name| {
+        let api = api.clone();
+        async move {
+            let got = match api.get_opt(&name).await {
+                Ok(Some(object)) => Ok(object),
+                Ok(None) => Err("not found".to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            (name, got)
+        }
+    });
+    futures_util::stream::iter(gets)
+        .buffer_unordered(FETCHERS)
+        .collect()
+        .await
+}
+
+/// Watches the index and applies what it names. Dropping it stops watching.
 pub struct ClusterWatch {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -198,48 +377,44 @@ impl Drop for ClusterWatch {
     }
 }
 
-/// Starts watching `namespace`; the gateway becomes ready once both lists are read
-/// and applied. A namespace with no route rendered gives a config with no LLMRoute:
-/// served while no route has been ([`Gateway::empty_until_routed`], set in cluster
-/// mode: a fresh install is ready), refused once routes were served unless
+/// Starts watching `namespace`'s index; the gateway becomes ready once it is read and
+/// what it names applied. No index, or one naming no route, gives a config with no
+/// LLMRoute: served while no route has been ([`Gateway::empty_until_routed`], set in
+/// cluster mode: a fresh install is ready), refused once routes were served unless
 /// [`Gateway::allow_empty_config`].
 pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch {
-    let config = watcher::Config::default().labels(delivery::LABEL);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", index::INDEX_NAME));
     let changed = Arc::new(Notify::new());
-    let (maps, writer) = reflector::store::<ConfigMap>();
-    let map_events = reflector::reflector(
+    let (index, writer) = reflector::store::<ConfigMap>();
+    let index_events = reflector::reflector(
         writer,
-        watcher(Api::namespaced(client.clone(), namespace), config.clone()),
+        watcher(Api::namespaced(client.clone(), namespace), config),
     )
     .default_backoff();
-    let (secrets, writer) = reflector::store::<KubeSecret>();
-    let secret_events =
-        reflector::reflector(writer, watcher(Api::namespaced(client, namespace), config))
-            .default_backoff();
     let tasks = vec![
-        tokio::spawn(map_events.for_each(drain(changed.clone(), "ConfigMaps"))),
-        tokio::spawn(secret_events.for_each(drain(changed.clone(), "Secrets"))),
+        tokio::spawn(index_events.for_each(drain(changed.clone()))),
         tokio::spawn(apply_loop(
             gw,
+            client,
             namespace.to_string(),
-            maps,
-            secrets,
+            index,
             changed,
         )),
     ];
     ClusterWatch { tasks }
 }
 
-/// Consumes a watch stream, signalling every event (errors are logged; the stream
-/// retries with backoff).
+/// Consumes the index's watch stream, signalling every event (errors are logged; the
+/// stream retries with backoff).
 fn drain<T>(
     changed: Arc<Notify>,
-    what: &'static str,
 ) -> impl FnMut(Result<T, watcher::Error>) -> std::future::Ready<()> {
     move |event| {
         match event {
             Ok(_) => changed.notify_one(),
-            Err(e) => tracing::warn!(error = %e, "watching rendered {what}"),
+            Err(e) => {
+                tracing::warn!(error = %e, "watching the index ConfigMap {}", index::INDEX_NAME)
+            }
         }
         std::future::ready(())
     }
@@ -247,59 +422,86 @@ fn drain<T>(
 
 async fn apply_loop(
     gw: Arc<Gateway>,
+    client: Client,
     namespace: String,
-    maps: Store<ConfigMap>,
-    secrets: Store<KubeSecret>,
+    index: Store<ConfigMap>,
     changed: Arc<Notify>,
 ) {
-    let _ = futures_util::join!(maps.wait_until_ready(), secrets.wait_until_ready());
+    let _ = index.wait_until_ready().await;
     let mut last = LastGood::default();
+    let mut fetched = Fetched::default();
     let mut applied: Option<Compiled> = None;
+    let mut retry = FIRST_RETRY;
     loop {
+        let current = read_index(index.state().first().map(|cm| &**cm));
+        if let Ok(current) = &current {
+            fetched.prune(current);
+            let (maps, secrets) = wanted(current, &last, &fetched);
+            fetched.fetch(&client, &namespace, maps, secrets).await;
+        }
         let merged = merge(
             &namespace,
-            &maps.state(),
-            &secrets.state(),
+            &current,
+            &fetched,
             &mut last,
             gw.auth.mode == crate::config::keys::AuthMode::Required,
         );
-        let same = applied
-            .as_ref()
-            .is_some_and(|a| a.config == merged.compiled.config && a.keys == merged.compiled.keys);
-        if !same {
-            for w in &merged.warnings {
-                tracing::warn!(problem = %w, "config warning");
-            }
-            match gw.apply(&merged.compiled, merged.warnings.clone()) {
-                Ok(()) => {
-                    tracing::info!(
-                        namespace = %namespace,
-                        routes = merged.compiled.config.routes.len(),
-                        generation = gw.report().generation,
-                        "config applied"
-                    );
-                    applied = Some(merged.compiled);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "config refused; still serving the last good config");
-                    gw.refuse(vec![Problem {
-                        file: None,
-                        line: None,
-                        object: None,
-                        field: None,
-                        message: e.to_string(),
-                    }]);
-                }
-            }
-        }
-        if !merged.problems.is_empty() {
+        apply(&gw, &namespace, &merged, &mut applied);
+        if merged.problems.is_empty() {
+            retry = FIRST_RETRY;
+            changed.notified().await;
+        } else {
             for p in &merged.problems {
                 tracing::error!(problem = %p, "rendered object refused; its namespace keeps its last good config");
             }
             gw.refuse(merged.problems);
+            if let Ok(current) = &current {
+                fetched.forget_unassembled(current, &last);
+            }
+            // What could not be read may be there in a moment (the operator's reader
+            // Role, a part deleted under an older index): look again, or on news.
+            tokio::select! {
+                _ = changed.notified() => retry = FIRST_RETRY,
+                _ = tokio::time::sleep(retry) => retry = (retry * 2).min(MAX_RETRY),
+            }
         }
-        changed.notified().await;
         tokio::time::sleep(DEBOUNCE).await;
+    }
+}
+
+/// Applies `merged` when it differs from what was applied last.
+fn apply(gw: &Gateway, namespace: &str, merged: &Merged, applied: &mut Option<Compiled>) {
+    let same = applied.as_ref().is_some_and(|a| {
+        a.config == merged.compiled.config
+            && a.keys == merged.compiled.keys
+            && a.revision_keys == merged.compiled.revision_keys
+    });
+    if same {
+        return;
+    }
+    for w in &merged.warnings {
+        tracing::warn!(problem = %w, "config warning");
+    }
+    match gw.apply(&merged.compiled, merged.warnings.clone()) {
+        Ok(()) => {
+            tracing::info!(
+                namespace = %namespace,
+                routes = merged.compiled.config.routes.len(),
+                generation = gw.report().generation,
+                "config applied"
+            );
+            *applied = Some(merged.compiled.clone());
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "config refused; still serving the last good config");
+            gw.refuse(vec![Problem {
+                file: None,
+                line: None,
+                object: None,
+                field: None,
+                message: e.to_string(),
+            }]);
+        }
     }
 }
 
@@ -308,43 +510,49 @@ mod tests {
     use std::collections::BTreeMap;
 
     use http::{Request, Response};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::client::Body;
     use serde_json::json;
     use switchback_crds::config::{
-        CircuitBreaker, Credential, Fallback, ObjectId, Provider, Route, SecretKeyRef, Strategy,
-        Target,
+        CircuitBreaker, CompiledConfig, Credential, Fallback, Keys, ObjectId, Provider, Route,
+        SecretKeyRef, Strategy, Target,
     };
+    use switchback_crds::delivery::{NamespaceObjects, PartLimits};
+    use switchback_crds::revision::{RevisionKey, Revisions};
     use switchback_crds::secret::Secret;
 
     use super::*;
 
     const GW: &str = "switchback";
 
-    fn config(ns: &str, route: &str, model: &str) -> CompiledConfig {
-        let credential = ObjectId::new(ns, "openai");
-        CompiledConfig {
-            routes: vec![Route {
-                id: ObjectId::new(ns, route),
-                generation: 2,
-                models: vec![model.into()],
-                strategy: Strategy::Fallback,
-                targets: vec![Target {
-                    model_map: Default::default(),
-                    credential: credential.clone(),
-                    model: None,
-                    weight: 1,
-                    timeout_ms: None,
-                    retry: Default::default(),
-                    price: None,
-                }],
-                fallback: Fallback::default(),
-                circuit_breaker: CircuitBreaker::default(),
-                timeout_ms: 60_000,
-                shared_with: Vec::new(),
-                stream: None,
-                hedge: None,
+    fn route(ns: &str, name: &str, model: &str) -> Route {
+        Route {
+            id: ObjectId::new(ns, name),
+            generation: 2,
+            models: vec![model.into()],
+            strategy: Strategy::Fallback,
+            targets: vec![Target {
+                model_map: Default::default(),
+                credential: ObjectId::new(ns, "openai"),
+                model: None,
+                weight: 1,
+                timeout_ms: None,
+                retry: Default::default(),
+                price: None,
             }],
+            fallback: Fallback::default(),
+            circuit_breaker: CircuitBreaker::default(),
+            timeout_ms: 60_000,
+            shared_with: Vec::new(),
+            stream: None,
+            hedge: None,
+        }
+    }
+
+    fn config(ns: &str, routes: &[(&str, &str)]) -> CompiledConfig {
+        let mut routes: Vec<Route> = routes.iter().map(|(n, m)| route(ns, n, m)).collect();
+        routes.sort_by(|a, b| a.id.cmp(&b.id));
+        CompiledConfig {
+            routes,
             credentials: vec![Credential {
                 api_version: None,
                 responses_api: false,
@@ -352,7 +560,7 @@ mod tests {
                 project: None,
                 location: None,
                 region: None,
-                id: credential,
+                id: ObjectId::new(ns, "openai"),
                 provider: Provider::Openai,
                 base_url: "https://api.openai.com/v1".into(),
                 headers: BTreeMap::new(),
@@ -375,73 +583,46 @@ mod tests {
         )]))
     }
 
-    fn map(ns: &str, c: &CompiledConfig) -> Arc<ConfigMap> {
-        Arc::new(delivery::config_map(GW, ns, c).unwrap())
+    /// One namespace rendered by the operator's own function, in parts of at most
+    /// `part_bytes`.
+    fn render(ns: &str, config: CompiledConfig, key: &str, part_bytes: usize) -> NamespaceObjects {
+        let part = NamespaceConfig {
+            config,
+            keys: keys(ns, key),
+            revision_key: Some(RevisionKey::random()),
+        };
+        let limits = PartLimits {
+            max_parts: 64,
+            max_part_bytes: part_bytes,
+        };
+        delivery::render_namespace(GW, ns, &part, limits).unwrap()
     }
 
-    fn secret(ns: &str, k: &Keys) -> Arc<KubeSecret> {
-        Arc::new(delivery::keys_secret(GW, ns, k).unwrap())
+    /// A small namespace of `routes` (name, model), in one part, key `sk-<ns>`.
+    fn one_part(ns: &str, routes: &[(&str, &str)]) -> NamespaceObjects {
+        render(ns, config(ns, routes), &format!("sk-{ns}"), 900 * 1024)
     }
 
-    #[test]
-    fn namespaces_are_merged_with_their_keys() {
-        let mut last = LastGood::default();
-        let m = merge(
-            GW,
-            &[
-                map("team-a", &config("team-a", "smart", "smart")),
-                map("team-b", &config("team-b", "fast", "fast")),
-            ],
-            &[secret("team-a", &keys("team-a", "sk-a"))],
-            &mut last,
-            false,
-        );
-        assert!(m.problems.is_empty(), "{:?}", m.problems);
-        assert_eq!(m.compiled.config.routes.len(), 2);
-        assert_eq!(m.compiled.keys.0.len(), 1);
-        // team-b's credential has no key: a warning, not a refusal.
-        assert_eq!(m.warnings.len(), 1);
-        assert_eq!(m.warnings[0].object.as_deref(), Some("team-b/openai"));
+    fn index_of(rendered: &[(&str, &NamespaceObjects)]) -> Index {
+        Index {
+            namespaces: rendered
+                .iter()
+                .map(|(ns, o)| (ns.to_string(), o.entry()))
+                .collect(),
+            ..Index::default()
+        }
     }
 
-    #[test]
-    fn a_broken_object_keeps_its_namespace_last_good_config() {
-        let mut last = LastGood::default();
-        let good = map("team-a", &config("team-a", "smart", "smart"));
-        merge(GW, std::slice::from_ref(&good), &[], &mut last, false);
-        let mut broken = (*good).clone();
-        broken
-            .data
-            .as_mut()
-            .unwrap()
-            .insert(delivery::CONFIG_KEY.into(), "{ hand edited".into());
-        let m = merge(
-            GW,
-            &[
-                Arc::new(broken),
-                map("team-b", &config("team-b", "fast", "fast")),
-            ],
-            &[],
-            &mut last,
-            false,
-        );
-        assert_eq!(m.problems.len(), 1);
-        assert_eq!(
-            m.problems[0].object.as_deref(),
-            Some("switchback/switchback-routes-team-a")
-        );
-        let ids = served(&m);
-        assert_eq!(ids, ["team-a/smart", "team-b/fast"]);
-        // The ConfigMap is deleted: the namespace goes.
-        let m = merge(
-            GW,
-            &[map("team-b", &config("team-b", "fast", "fast"))],
-            &[],
-            &mut last,
-            false,
-        );
-        assert_eq!(m.compiled.config.routes.len(), 1);
-        assert!(m.problems.is_empty());
+    fn fetched(rendered: &[&NamespaceObjects]) -> Fetched {
+        let mut f = Fetched::default();
+        for o in rendered {
+            for p in &o.parts {
+                f.maps.insert(p.metadata.name.clone().unwrap(), p.clone());
+            }
+            f.secrets
+                .insert(o.keys.metadata.name.clone().unwrap(), o.keys.clone());
+        }
+        f
     }
 
     /// The routes a merge serves, as `namespace/name`.
@@ -455,18 +636,183 @@ mod tests {
     }
 
     #[test]
-    fn a_model_claimed_twice_is_served_once() {
+    fn namespaces_are_merged_with_their_keys_and_revision_keys() {
+        let a = one_part("team-a", &[("smart", "smart")]);
+        let b = one_part("team-b", &[("fast", "fast")]);
+        let index = index_of(&[("team-a", &a), ("team-b", &b)]);
         let mut last = LastGood::default();
         let m = merge(
             GW,
-            &[
-                map("team-a", &config("team-a", "x", "same")),
-                map("team-b", &config("team-b", "y", "same")),
-            ],
-            &[],
+            &Ok(index.clone()),
+            &fetched(&[&a, &b]),
             &mut last,
             false,
         );
+        assert!(m.problems.is_empty(), "{:?}", m.problems);
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert_eq!(served(&m), ["team-a/smart", "team-b/fast"]);
+        assert_eq!(m.compiled.keys.0.len(), 2);
+        assert_eq!(m.compiled.revision_keys.len(), 2);
+        // The operator's revision of a route, from what it rendered, is the one the
+        // proxy computes from what it assembled: the revision key came with the keys.
+        let key = |o: &NamespaceObjects| {
+            let data = o.keys.data.as_ref().unwrap();
+            String::from_utf8(data[delivery::REVISION_KEY].0.clone())
+                .unwrap()
+                .parse::<RevisionKey>()
+                .unwrap()
+        };
+        let operator_keys = BTreeMap::from([
+            ("team-a".to_string(), key(&a)),
+            ("team-b".to_string(), key(&b)),
+        ]);
+        let rendered = config("team-a", &[("smart", "smart")]);
+        let operator = Revisions::new(&rendered, &keys("team-a", "sk-team-a"), &operator_keys)
+            .route(&rendered.routes[0]);
+        let proxy = Revisions::new(
+            &m.compiled.config,
+            &m.compiled.keys,
+            &m.compiled.revision_keys,
+        )
+        .route(&m.compiled.config.routes[0]);
+        assert_eq!(proxy, operator);
+        // Nothing to fetch again while the index stays.
+        assert_eq!(wanted(&index, &last, &Fetched::default()), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_namespace_is_swapped_only_whole_and_never_as_a_mix_of_generations() {
+        let routes: Vec<(String, String)> = (0..300)
+            .map(|i| (format!("r{i}"), format!("m{i}")))
+            .collect();
+        let pairs = |v: &[(String, String)]| -> Vec<(String, String)> { v.to_vec() };
+        let as_refs = |v: &[(String, String)]| -> CompiledConfig {
+            let refs: Vec<(&str, &str)> = v.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            config("team-a", &refs)
+        };
+        let v1 = render("team-a", as_refs(&routes), "sk-a", 16 * 1024);
+        assert!(v1.parts.len() >= 4, "{}", v1.parts.len());
+        let mut edited = pairs(&routes);
+        edited[17].1 = "renamed".into();
+        edited[250].1 = "renamed-too".into();
+        let mut v2 = render("team-a", as_refs(&edited), "sk-a", 16 * 1024);
+        // Same revision key as v1 (the operator keeps it): only the edited parts differ.
+        v2.keys = v1.keys.clone();
+        let b = one_part("team-b", &[("fast", "fast")]);
+
+        let mut last = LastGood::default();
+        let gen1 = index_of(&[("team-a", &v1), ("team-b", &b)]);
+        let m = merge(GW, &Ok(gen1), &fetched(&[&v1, &b]), &mut last, false);
+        assert!(m.problems.is_empty(), "{:?}", m.problems);
+        assert_eq!(m.compiled.config.routes.len(), 301);
+
+        // Generation 2 is indexed; one of its new parts has not arrived (or cannot be
+        // read yet): team-a stays on generation 1 whole, team-b is served.
+        let gen2 = index_of(&[("team-a", &v2), ("team-b", &b)]);
+        let (old_entry, new_entry) = (v1.entry(), v2.entry());
+        let new_parts: Vec<&str> = new_entry
+            .parts
+            .iter()
+            .filter(|n| !old_entry.parts.contains(n))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(new_parts.len(), 2, "two edits in two parts");
+        let mut partial = fetched(&[&v1, &v2, &b]);
+        partial.maps.remove(new_parts[1]);
+        partial
+            .errors
+            .insert(new_parts[1].to_string(), "forbidden".into());
+        let (maps, _) = wanted(&gen2, &last, &partial);
+        assert_eq!(maps, [new_parts[1]], "only what is missing is fetched");
+        let m = merge(GW, &Ok(gen2.clone()), &partial, &mut last, false);
+        assert_eq!(m.problems.len(), 1, "{:?}", m.problems);
+        let why = m.problems[0].to_string();
+        assert!(why.contains("cannot be read (forbidden)"), "{why}");
+        assert!(why.contains("team-a keeps its last good config"), "{why}");
+        let models: Vec<&str> = m
+            .compiled
+            .config
+            .routes
+            .iter()
+            .flat_map(|r| r.models.iter().map(String::as_str))
+            .collect();
+        assert!(
+            models.contains(&"m17") && models.contains(&"m250"),
+            "generation 1, whole"
+        );
+        assert!(!models.contains(&"renamed"), "no part of generation 2");
+        assert!(models.contains(&"fast"));
+
+        // The missing part arrives holding generation 1's content under generation 2's
+        // name (an edit in place): refused the same way.
+        let mut mixed = fetched(&[&v1, &v2, &b]);
+        let stale = v1.parts.iter().find(|p| !v2.parts.contains(p)).unwrap();
+        mixed.maps.get_mut(new_parts[1]).unwrap().data = stale.data.clone();
+        let m = merge(GW, &Ok(gen2.clone()), &mixed, &mut last, false);
+        assert!(
+            m.problems[0]
+                .to_string()
+                .contains("not the one its name stands for"),
+            "{:?}",
+            m.problems
+        );
+        assert!(
+            !m.compiled
+                .config
+                .routes
+                .iter()
+                .any(|r| r.models == ["renamed"])
+        );
+        // What did not assemble is fetched again (the operator puts an object edited
+        // in place back under its name).
+        mixed.forget_unassembled(&gen2, &last);
+        let (maps, secrets) = wanted(&gen2, &last, &mixed);
+        assert_eq!(maps.len(), v2.parts.len(), "{maps:?}");
+        assert_eq!(secrets, [v2.entry().keys]);
+
+        // Everything arrived: generation 2, whole.
+        let m = merge(GW, &Ok(gen2), &fetched(&[&v2, &b]), &mut last, false);
+        assert!(m.problems.is_empty(), "{:?}", m.problems);
+        let models: Vec<&str> = m
+            .compiled
+            .config
+            .routes
+            .iter()
+            .flat_map(|r| r.models.iter().map(String::as_str))
+            .collect();
+        assert!(models.contains(&"renamed") && models.contains(&"renamed-too"));
+        assert!(!models.contains(&"m17") && !models.contains(&"m250"));
+
+        // The index stops naming team-a: it goes. An index that does not read keeps
+        // every namespace as it is.
+        let m = merge(
+            GW,
+            &Ok(index_of(&[("team-b", &b)])),
+            &fetched(&[&b]),
+            &mut last,
+            false,
+        );
+        assert_eq!(served(&m), ["team-b/fast"]);
+        let broken = Err(DeliveryError::Index {
+            object: index::INDEX_NAME.into(),
+            key: index::INDEX_KEY,
+            message: "not JSON".into(),
+        });
+        let m = merge(GW, &broken, &Fetched::default(), &mut last, false);
+        assert_eq!(served(&m), ["team-b/fast"]);
+        assert_eq!(
+            m.problems[0].object.as_deref(),
+            Some("switchback/switchback-index")
+        );
+    }
+
+    #[test]
+    fn a_model_claimed_twice_is_served_once() {
+        let a = one_part("team-a", &[("x", "same")]);
+        let b = one_part("team-b", &[("y", "same")]);
+        let mut last = LastGood::default();
+        let index = Ok(index_of(&[("team-a", &a), ("team-b", &b)]));
+        let m = merge(GW, &index, &fetched(&[&a, &b]), &mut last, false);
         assert_eq!(m.compiled.config.routes.len(), 1);
         assert_eq!(m.problems.len(), 1);
         assert!(m.problems[0].message.contains("already served by team-a/x"));
@@ -474,59 +820,47 @@ mod tests {
 
     #[test]
     fn with_models_per_client_each_namespace_may_serve_a_name_once() {
+        let a = one_part("team-a", &[("x", "same"), ("x2", "same")]);
+        let b = one_part("team-b", &[("y", "same")]);
         let mut last = LastGood::default();
-        let mut a = config("team-a", "x", "same");
-        let twice = a.routes[0].clone();
-        a.routes.push(Route {
-            id: ObjectId::new("team-a", "x2"),
-            ..twice
-        });
-        let m = merge(
-            GW,
-            &[
-                map("team-a", &a),
-                map("team-b", &config("team-b", "y", "same")),
-            ],
-            &[],
-            &mut last,
-            true,
-        );
+        let index = Ok(index_of(&[("team-a", &a), ("team-b", &b)]));
+        let m = merge(GW, &index, &fetched(&[&a, &b]), &mut last, true);
         // team-b's `same` is for team-b's clients; team-a's second one is refused.
-        let served = served(&m);
-        assert_eq!(served, ["team-a/x", "team-b/y"]);
+        assert_eq!(served(&m), ["team-a/x", "team-b/y"]);
         assert_eq!(m.problems.len(), 1);
         assert!(m.problems[0].message.contains("already served by team-a/x"));
     }
 
-    /// A fake API server on kube's mock service: lists `maps` and `secrets` (of the
-    /// gateway namespace, selected by label) and keeps every watch open; when
-    /// `delete_maps` fires, the first ConfigMap watch reports each listed map deleted.
+    /// A fake API server on kube's mock service, with the proxy's RBAC: it lists and
+    /// watches the index by name only (asserting the field selector) and answers GETs
+    /// of the objects `objects` holds by name (404 for others, 403 for what `forbidden`
+    /// names, once); when `empty_index` fires, the index watch reports an index that
+    /// names nothing.
     fn fake_api(
-        maps: Vec<Arc<ConfigMap>>,
-        secrets: Vec<Arc<KubeSecret>>,
-        delete_maps: Option<tokio::sync::oneshot::Receiver<()>>,
+        index: Option<ConfigMap>,
+        objects: Vec<NamespaceObjects>,
+        forbidden: Option<String>,
+        empty_index: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> (Client, tokio::task::JoinHandle<()>) {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let server = tokio::spawn(async move {
             let mut open_watches = Vec::new();
-            let mut map_watch = None;
-            let mut delete_maps = delete_maps;
+            let mut index_watch = None;
+            let mut empty_index = empty_index;
+            let mut forbidden = forbidden;
             loop {
                 let next = tokio::select! {
                     next = handle.next_request() => next,
-                    Ok(()) = async { delete_maps.as_mut().unwrap().await }, if delete_maps.is_some() && map_watch.is_some() => {
-                        delete_maps = None;
+                    Ok(()) = async { empty_index.as_mut().unwrap().await }, if empty_index.is_some() && index_watch.is_some() => {
+                        empty_index = None;
                         let send: tower_test::mock::SendResponse<Response<Body>> =
-                            map_watch.take().unwrap();
-                        let mut events = Vec::new();
-                        for cm in &maps {
-                            let mut object = serde_json::to_value(&**cm).unwrap();
-                            object["metadata"]["resourceVersion"] = json!("11");
-                            let line = json!({"type": "DELETED", "object": object});
-                            events.extend(serde_json::to_vec(&line).unwrap());
-                            events.push(b'\n');
-                        }
+                            index_watch.take().unwrap();
+                        let mut object = serde_json::to_value(index::index_config_map(GW, &Index::default())).unwrap();
+                        object["metadata"]["resourceVersion"] = json!("11");
+                        let line = json!({"type": "MODIFIED", "object": object});
+                        let mut events = serde_json::to_vec(&line).unwrap();
+                        events.push(b'\n');
                         send.send_response(Response::builder().body(Body::from(events)).unwrap());
                         continue;
                     }
@@ -535,45 +869,68 @@ mod tests {
                     return;
                 };
                 let uri = request.uri().to_string();
-                assert!(
-                    uri.contains("labelSelector=switchback.dev%2Fconfig"),
-                    "selects by label: {uri}"
-                );
-                let of_maps = uri.starts_with(&format!("/api/v1/namespaces/{GW}/configmaps"));
-                if uri.contains("watch=true") {
-                    if of_maps && map_watch.is_none() && delete_maps.is_some() {
-                        map_watch = Some(send);
-                    } else {
-                        open_watches.push(send); // never answered: the watch stays open
+                let maps = format!("/api/v1/namespaces/{GW}/configmaps");
+                let secrets = format!("/api/v1/namespaces/{GW}/secrets");
+                let (path, query) = uri.split_once('?').unwrap_or((&uri, ""));
+                if path == maps {
+                    assert!(
+                        query.contains("fieldSelector=metadata.name%3Dswitchback-index"),
+                        "lists and watches the index alone: {uri}"
+                    );
+                    if query.contains("watch=true") {
+                        if index_watch.is_none() && empty_index.is_some() {
+                            index_watch = Some(send);
+                        } else {
+                            open_watches.push(send); // never answered: the watch stays open
+                        }
+                        continue;
                     }
+                    let list = json!({
+                        "apiVersion": "v1", "kind": "ConfigMapList",
+                        "metadata": {"resourceVersion": "10"},
+                        "items": index.iter().collect::<Vec<_>>(),
+                    });
+                    send.send_response(
+                        Response::builder()
+                            .body(Body::from(serde_json::to_vec(&list).unwrap()))
+                            .unwrap(),
+                    );
                     continue;
                 }
-                let (kind, items) = if of_maps {
-                    (
-                        "ConfigMapList",
-                        maps.iter()
-                            .map(|m| serde_json::to_value(&**m).unwrap())
-                            .collect::<Vec<_>>(),
-                    )
-                } else if uri.starts_with(&format!("/api/v1/namespaces/{GW}/secrets")) {
-                    (
-                        "SecretList",
-                        secrets
-                            .iter()
-                            .map(|m| serde_json::to_value(&**m).unwrap())
-                            .collect(),
-                    )
+                let name = path.rsplit('/').next().unwrap().to_string();
+                let found = if path.starts_with(&maps) {
+                    objects
+                        .iter()
+                        .flat_map(|o| &o.parts)
+                        .find(|p| p.metadata.name.as_deref() == Some(&name))
+                        .map(|p| serde_json::to_value(p).unwrap())
+                } else if path.starts_with(&secrets) {
+                    objects
+                        .iter()
+                        .map(|o| &o.keys)
+                        .find(|s| s.metadata.name.as_deref() == Some(&name))
+                        .map(|s| serde_json::to_value(s).unwrap())
                 } else {
                     panic!("unexpected call {uri}");
                 };
-                let list = json!({
-                    "apiVersion": "v1", "kind": kind,
-                    "metadata": {"resourceVersion": "10"},
-                    "items": items,
-                });
+                let (code, body) = match found {
+                    _ if forbidden.as_deref() == Some(&name) => {
+                        forbidden = None;
+                        (
+                            403,
+                            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"}),
+                        )
+                    }
+                    Some(object) => (200, object),
+                    None => (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+                    ),
+                };
                 send.send_response(
                     Response::builder()
-                        .body(Body::from(serde_json::to_vec(&list).unwrap()))
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
                         .unwrap(),
                 );
             }
@@ -581,15 +938,15 @@ mod tests {
         (client, server)
     }
 
-    /// Waits (at most 2 s) until `done` holds.
+    /// Waits (at most 5 s) until `done` holds.
     async fn until(what: &str, done: impl Fn() -> bool) {
-        tokio::time::timeout(Duration::from_secs(2), async {
+        tokio::time::timeout(Duration::from_secs(5), async {
             while !done() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("{what}, within 2 s"));
+        .unwrap_or_else(|_| panic!("{what}, within 5 s"));
     }
 
     fn refusal(gw: &Gateway) -> Option<String> {
@@ -597,13 +954,15 @@ mod tests {
         Some(error.problems.iter().map(|p| p.to_string()).collect())
     }
 
-    /// The watch wiring against kube's mock service: both lists are answered, the
-    /// watches stay open, and the gateway serves what was listed.
+    /// The watch wiring against kube's mock service: the index is listed by name, the
+    /// objects it names are fetched by name (a 403, as while the operator's reader Role
+    /// is not updated yet, is fetched again), and the gateway serves them.
     #[tokio::test]
-    async fn lists_are_applied_and_the_gateway_becomes_ready() {
-        let cm = map("team-a", &config("team-a", "smart", "smart"));
-        let s = secret("team-a", &keys("team-a", "sk-a"));
-        let (client, server) = fake_api(vec![cm], vec![s], None);
+    async fn the_index_is_applied_by_name_and_the_gateway_becomes_ready() {
+        let a = one_part("team-a", &[("smart", "smart")]);
+        let index = index::index_config_map(GW, &index_of(&[("team-a", &a)]));
+        let part = a.parts[0].metadata.name.clone();
+        let (client, server) = fake_api(Some(index), vec![a], part, None);
         let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
         let _watch = watch(gw.clone(), client, GW);
         until("the gateway becomes ready", || gw.is_ready()).await;
@@ -618,13 +977,14 @@ mod tests {
         server.abort();
     }
 
-    /// SPEC §8 and §11: a delivered config with no LLMRoute is refused where a route
-    /// is needed (`empty_until_routed` off: not ready, saying why); a fresh cluster
-    /// install (`empty_until_routed`, as `start` sets in cluster mode) serves it and is
-    /// ready, answering 404 until routes arrive; `--allow-empty-config` serves it too.
+    /// SPEC §8 and §11: a delivered config with no LLMRoute (no index yet) is refused
+    /// where a route is needed (`empty_until_routed` off: not ready, saying why); a
+    /// fresh cluster install (`empty_until_routed`, as `start` sets in cluster mode)
+    /// serves it and is ready, answering 404 until routes arrive; `--allow-empty-config`
+    /// serves it too.
     #[tokio::test]
     async fn a_first_delivery_with_no_route_is_served_in_a_fresh_cluster_install() {
-        let (client, server) = fake_api(Vec::new(), Vec::new(), None);
+        let (client, server) = fake_api(None, Vec::new(), None, None);
         let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
         let _watch = watch(gw.clone(), client, GW);
         until("the empty delivery is refused", || refusal(&gw).is_some()).await;
@@ -637,7 +997,7 @@ mod tests {
         server.abort();
 
         for (empty_until_routed, allow_empty_config) in [(true, false), (false, true)] {
-            let (client, server) = fake_api(Vec::new(), Vec::new(), None);
+            let (client, server) = fake_api(None, Vec::new(), None, None);
             let mut served = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
             served.empty_until_routed = empty_until_routed;
             served.allow_empty_config = allow_empty_config;
@@ -652,21 +1012,21 @@ mod tests {
         }
     }
 
-    /// Every rendered route going away (the operator's objects deleted) is a delivery
-    /// with no LLMRoute: refused, and the last good config keeps serving, ready.
+    /// Every rendered route going away (an index naming nothing) is a delivery with no
+    /// LLMRoute: refused, and the last good config keeps serving, ready.
     #[tokio::test]
     async fn a_delivery_that_drops_every_route_keeps_the_last_good_config() {
-        let cm = map("team-a", &config("team-a", "smart", "smart"));
-        let s = secret("team-a", &keys("team-a", "sk-a"));
-        let (delete, deleted) = tokio::sync::oneshot::channel();
-        let (client, server) = fake_api(vec![cm], vec![s], Some(deleted));
+        let a = one_part("team-a", &[("smart", "smart")]);
+        let index = index::index_config_map(GW, &index_of(&[("team-a", &a)]));
+        let (empty, emptied) = tokio::sync::oneshot::channel();
+        let (client, server) = fake_api(Some(index), vec![a], None, Some(emptied));
         let mut gw = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
         // As in cluster mode: an empty first config would be served, an emptying edit not.
         gw.empty_until_routed = true;
         let gw = Arc::new(gw);
         let _watch = watch(gw.clone(), client, GW);
         until("the gateway becomes ready", || gw.is_ready()).await;
-        delete.send(()).unwrap();
+        empty.send(()).unwrap();
         until("the delivery without routes is refused", || {
             refusal(&gw).is_some()
         })
@@ -678,20 +1038,5 @@ mod tests {
         assert_eq!(gw.report().generation, 1);
         drop(_watch);
         server.abort();
-    }
-
-    #[test]
-    fn object_names_parse() {
-        let meta = ObjectMeta {
-            name: Some("switchback-routes-".into()),
-            ..ObjectMeta::default()
-        };
-        let cm = ConfigMap {
-            metadata: meta,
-            ..ConfigMap::default()
-        };
-        let mut last = LastGood::default();
-        let m = merge(GW, &[Arc::new(cm)], &[], &mut last, false);
-        assert_eq!(m.problems.len(), 1);
     }
 }

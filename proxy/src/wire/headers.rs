@@ -19,3 +19,6 @@ pub const X_GENERATION: HeaderName = HeaderName::from_static("x-switchback-gener
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The provider's `x-request-id`, as the client sees it.
 pub const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
+/// Gateways passed through so far (SPEC §14): read from every request, set on every
+/// upstream request to the count plus one (see [`super::hops`]).
+pub const X_HOPS: HeaderName = HeaderName::from_static("x-switchback-hops");

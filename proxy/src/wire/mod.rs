@@ -2,14 +2,15 @@
 //! error shapes (`surface`), server-sent events (`sse`: framing, openings, in-band
 //! errors, the failure event), a JSON object check that builds nothing (`json`), the
 //! `model` rewrite in raw bytes (`rewrite`), usage as the client APIs report it
-//! (`usage`), what a stream event carries of the answer (`content`), and the names
-//! of the gateway's own headers (`headers`).
+//! (`usage`), what a stream event carries of the answer (`content`), the names of the
+//! gateway's own headers (`headers`), and the hop count that stops loops (`hops`).
 //!
 //! Pure functions over bytes: nothing here knows routes, providers, the config or the
 //! network.
 
 pub mod content;
 pub mod headers;
+pub mod hops;
 pub mod json;
 pub mod rewrite;
 pub mod sse;

@@ -58,6 +58,7 @@ pub(super) async fn find(
         stream: true,
         client_headers: &seed.client_headers,
         request_id: &seed.request_id,
+        hops: seed.hops,
         client: seed.client.as_ref(),
         include_usage: seed.include_usage,
         strip_usage: seed.strip_usage,
