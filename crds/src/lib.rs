@@ -6,6 +6,7 @@ pub mod admintoken;
 pub mod client;
 pub mod compile;
 pub mod config;
+pub mod cost;
 pub mod crdgen;
 pub mod credential;
 pub mod delivery;

@@ -481,6 +481,16 @@ pub struct WindowStats {
     /// (status5xx, timeout, circuitOpen, parked, ...): why fallbacks happened.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub fallbacks_by_reason: std::collections::BTreeMap<String, i64>,
+    /// What the window's answers cost at their targets' price (spec.targets[].price;
+    /// reported and estimated usage; unpriced targets cost 0), in USD: an exact
+    /// decimal string like "12.3456" (like an LLMClient's usd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<String>,
+    /// Of costUsd, what answers by a target other than the first (in declared order)
+    /// cost beyond what the first target's price would have charged for the same
+    /// tokens, in USD. A fallback cheaper than the first adds nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_extra_usd: Option<String>,
 }
 
 /// Counters since the route was created, monotonic across proxy restarts.
@@ -499,6 +509,17 @@ pub struct TotalStats {
     /// (spec.stream.resume).
     #[serde(default)]
     pub resumed: i64,
+    /// What the route's answers cost at their targets' price (spec.targets[].price;
+    /// reported and estimated usage; unpriced targets cost 0), in USD: an exact
+    /// decimal string like "1234.5678" (like an LLMClient's usd), monotonic across
+    /// proxy restarts like the counters above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<String>,
+    /// Of costUsd, what answers by a target other than the first (in declared order)
+    /// cost beyond what the first target's price would have charged for the same
+    /// tokens, in USD. A fallback cheaper than the first adds nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_extra_usd: Option<String>,
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ObjectId;
+use crate::cost::Usd;
 use crate::revision::Revision;
 
 /// Bump on an incompatible change of this document.
@@ -101,6 +102,16 @@ pub struct RouteStats {
     /// (`spec.stream.resume`, SPEC §13). Absent (0) from a proxy older than the field.
     #[serde(default)]
     pub resumed: u64,
+    /// What the requests answered on this route cost at their targets' `price`
+    /// (reported and estimated usage), exact (see [`crate::cost`]). Absent: zero, or
+    /// a proxy older than the field.
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub cost_usd: Usd,
+    /// What the requests answered by a target other than the route's first (declared)
+    /// cost beyond what the first would have charged for the same tokens, request by
+    /// request (a cheaper answer adds nothing).
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub fallback_extra_usd: Usd,
     pub targets: Vec<TargetStats>,
     /// Indexes of `targets` in the order a request takes them now (skipped targets in
     /// their place): for loadbalance, by weight, heaviest first (the most likely
@@ -145,6 +156,9 @@ pub struct TargetStats {
     /// Hedged attempts on this target that answered first.
     #[serde(default)]
     pub hedge_wins: u64,
+    /// What the requests it answered cost at its `price`.
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub cost_usd: Usd,
     /// The same, by the reason the request left it (its last failure there, or why it
     /// was skipped). Left out when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -239,6 +239,8 @@ fn main() {
                     fallbacks: 3 * round,
                     failed: round,
                     resumed: 0,
+                    cost_usd: Default::default(),
+                    fallback_extra_usd: Default::default(),
                     order: Vec::new(),
                     targets: r
                         .spec

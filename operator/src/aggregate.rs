@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use switchback_crds::config::ObjectId;
+use switchback_crds::cost::Usd;
 use switchback_crds::revision::Revision;
 use switchback_crds::stats::{
     CircuitState, LastFailure, RouteStats, StatsReport, TargetState, TargetStats,
@@ -47,6 +48,10 @@ pub struct Counters {
     pub failed: u64,
     /// Streams resumed on another target after their commit.
     pub resumed: u64,
+    /// What the answers cost, and what of it was beyond the first target's price
+    /// (exact: see `switchback_crds::cost`).
+    pub cost: Usd,
+    pub fallback_extra: Usd,
 }
 
 impl Counters {
@@ -57,6 +62,8 @@ impl Counters {
             fallbacks: r.fallbacks,
             failed: r.failed,
             resumed: r.resumed,
+            cost: r.cost_usd,
+            fallback_extra: r.fallback_extra_usd,
         }
     }
 
@@ -66,6 +73,8 @@ impl Counters {
         self.fallbacks += o.fallbacks;
         self.failed += o.failed;
         self.resumed += o.resumed;
+        self.cost = self.cost.saturating_add(o.cost);
+        self.fallback_extra = self.fallback_extra.saturating_add(o.fallback_extra);
     }
 
     /// `self - earlier`, or `self` when any counter went down (a reset).
@@ -75,6 +84,8 @@ impl Counters {
             || self.fallbacks < earlier.fallbacks
             || self.failed < earlier.failed
             || self.resumed < earlier.resumed
+            || self.cost < earlier.cost
+            || self.fallback_extra < earlier.fallback_extra
         {
             return *self;
         }
@@ -84,6 +95,8 @@ impl Counters {
             fallbacks: self.fallbacks - earlier.fallbacks,
             failed: self.failed - earlier.failed,
             resumed: self.resumed - earlier.resumed,
+            cost: self.cost.saturating_sub(earlier.cost),
+            fallback_extra: self.fallback_extra.saturating_sub(earlier.fallback_extra),
         }
     }
 }
@@ -700,6 +713,8 @@ mod tests {
                 fallbacks: requests / 2,
                 failed: 0,
                 resumed: requests / 5,
+                cost_usd: Default::default(),
+                fallback_extra_usd: Default::default(),
                 targets: vec![TargetStats {
                     credential: ObjectId::new("team-a", "openai"),
                     model: Some("gpt-4o".into()),
@@ -816,6 +831,47 @@ mod tests {
         // Resumed streams too: 5 (of 25), then 0 and 1 (of 4 and 6) after the restart.
         assert_eq!(view.totals.resumed, 5 + 1);
         assert_eq!(view.window.requests, 31);
+    }
+
+    #[test]
+    fn cost_is_summed_exactly_over_replicas_and_across_restarts() {
+        let usd = |s: &str| s.parse::<Usd>().unwrap();
+        // `cost`, `extra`: what the replica reports, cumulative since it started.
+        let priced = |instance: &str, started: u64, cost: &str, extra: &str| {
+            let mut r = report(instance, &at(started), 1, CircuitState::Closed);
+            r.routes[0].cost_usd = usd(cost);
+            r.routes[0].fallback_extra_usd = usd(extra);
+            r
+        };
+        let mut agg = Aggregator::new(300_000, START);
+        agg.observe(
+            START + 1_000,
+            &[
+                ok("a", priced("i1", 0, "0.1", "0.0000001")),
+                ok("b", priced("i2", 0, "0.2", "0")),
+            ],
+        );
+        // Float sums would give 0.30000000000000004.
+        assert_eq!(agg.snapshot().routes[&id()].totals.cost.to_string(), "0.30");
+        agg.observe(
+            START + 2_000,
+            &[
+                ok("a", priced("i1", 0, "0.100000000000003", "0.0000001")),
+                ok("b", priced("i2", 0, "0.25", "0.05")),
+            ],
+        );
+        // Replica a restarts: its cost starts from zero again, the totals go on.
+        agg.observe(
+            START + 3_000,
+            &[
+                ok("a", priced("i3", 3, "0.000000000000001", "0")),
+                ok("b", priced("i2", 0, "0.25", "0.05")),
+            ],
+        );
+        let view = &agg.snapshot().routes[&id()];
+        assert_eq!(view.totals.cost.to_string(), "0.350000000000004");
+        assert_eq!(view.totals.fallback_extra.to_string(), "0.0500001");
+        assert_eq!(view.window.cost, view.totals.cost, "all in the window");
     }
 
     #[test]

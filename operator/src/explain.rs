@@ -273,6 +273,7 @@ mod tests {
                 fallbacks: 40,
                 failed: 0,
                 resumed: 0,
+                ..Counters::default()
             },
             ..RouteView::default()
         };
@@ -313,6 +314,7 @@ mod tests {
                 fallbacks: 1,
                 failed: 0,
                 resumed: 0,
+                ..Counters::default()
             },
             ..RouteView::default()
         };

@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use switchback_crds::client::{ClientUsage, LLMClientStatus};
 use switchback_crds::compile::{Diagnostic, Severity, reason};
 use switchback_crds::config::{Exhausted, ObjectId};
+use switchback_crds::cost::Usd;
 use switchback_crds::route::{
     CircuitState, LLMRouteStatus, LastFailure, TargetStatus, TotalStats, WindowStats,
 };
@@ -400,6 +401,8 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
             fallbacks: clamp(counters.0.fallbacks),
             failed: clamp(counters.0.failed),
             fallbacks_by_reason: explained.map(|e| e.fallbacks_by_reason).unwrap_or_default(),
+            cost_usd: Some(counters.0.cost.to_string()),
+            fallback_extra_usd: Some(counters.0.fallback_extra.to_string()),
         }),
         totals: Some(TotalStats {
             requests: f.seed.requests.saturating_add(clamp(counters.1.requests)),
@@ -407,8 +410,23 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
             fallbacks: f.seed.fallbacks.saturating_add(clamp(counters.1.fallbacks)),
             failed: f.seed.failed.saturating_add(clamp(counters.1.failed)),
             resumed: f.seed.resumed.saturating_add(clamp(counters.1.resumed)),
+            cost_usd: Some(seeded(&f.seed.cost_usd, counters.1.cost)),
+            fallback_extra_usd: Some(seeded(
+                &f.seed.fallback_extra_usd,
+                counters.1.fallback_extra,
+            )),
         }),
     }
+}
+
+/// A USD total of status: the amount it had when this operator first saw the route
+/// (`seed`; one it cannot read counts as 0) plus what was counted since.
+fn seeded(seed: &Option<String>, counted: Usd) -> String {
+    let seed: Usd = seed
+        .as_deref()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_default();
+    seed.saturating_add(counted).to_string()
 }
 
 /// One target's status line: its state now as explained over the replicas (`e`), and
@@ -825,6 +843,44 @@ mod tests {
 
     fn get<'a>(s: &'a LLMRouteStatus, t: &str) -> &'a Condition {
         s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn cost_is_in_the_window_and_the_totals_that_continue_from_status() {
+        let r = route("team-a", "smart", 4, &["openai"]);
+        let mut proxies = replicas(&[("a", 4)]);
+        let view = proxies
+            .routes
+            .get_mut(&ObjectId::new("team-a", "smart"))
+            .unwrap();
+        view.window.cost = "0.0225".parse().unwrap();
+        view.window.fallback_extra = "0.02115".parse().unwrap();
+        view.totals.cost = "0.04635".parse().unwrap();
+        view.totals.fallback_extra = "0.0423".parse().unwrap();
+        let facts = |seed| RouteFacts {
+            route: &r,
+            diagnostics: vec![],
+            served: served(4),
+            proxies: &proxies,
+            seed,
+            undelivered: None,
+            now: time(10),
+        };
+        // What status said when this operator first saw the route, plus its counts.
+        let s = route_status(&facts(TotalStats {
+            cost_usd: Some("100.00".into()),
+            fallback_extra_usd: Some("1.5".into()),
+            ..TotalStats::default()
+        }));
+        let w = s.window.unwrap();
+        assert_eq!(w.cost_usd.as_deref(), Some("0.0225"));
+        assert_eq!(w.fallback_extra_usd.as_deref(), Some("0.02115"));
+        let t = s.totals.unwrap();
+        assert_eq!(t.cost_usd.as_deref(), Some("100.04635"));
+        assert_eq!(t.fallback_extra_usd.as_deref(), Some("1.5423"));
+        // A route status from before the field: counted from zero.
+        let t = route_status(&facts(TotalStats::default())).totals.unwrap();
+        assert_eq!(t.cost_usd.as_deref(), Some("0.04635"));
     }
 
     #[test]

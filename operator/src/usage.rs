@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{Timestamp, ToSpan, tz::TimeZone};
 use switchback_crds::client::{LLMClientStatus, Throttled, UsagePeriod};
 use switchback_crds::config::{BudgetLeft, Exhausted};
+use switchback_crds::cost::Usd;
 use switchback_crds::stats::ClientStats;
 
 /// Budget names, as in `spec.budget` and `Exhausted.budget`.
@@ -377,39 +378,13 @@ pub fn rerender(before: &BudgetLeft, now: &BudgetLeft, replicas: u32) -> bool {
 /// A decimal USD string ("200.00", "0.0015") as millionths; `None` when it is not a
 /// plain non-negative decimal or has more than six decimals.
 pub fn parse_micro_usd(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
-    if whole.is_empty() && frac.is_empty()
-        || !whole.bytes().all(|b| b.is_ascii_digit())
-        || !frac.bytes().all(|b| b.is_ascii_digit())
-        || frac.len() > 6
-    {
-        return None;
-    }
-    let whole: u64 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().ok()?
-    };
-    let frac: u64 = if frac.is_empty() {
-        0
-    } else {
-        format!("{frac:0<6}").parse().ok()?
-    };
-    whole.checked_mul(1_000_000)?.checked_add(frac)
+    s.parse::<Usd>().ok()?.exact_micro()
 }
 
 /// Millionths of a USD as a decimal string with at least two decimals: "3.10",
 /// "0.000150" → "0.00015".
 pub fn format_micro_usd(micro: u64) -> String {
-    let frac = format!("{:06}", micro % 1_000_000);
-    let frac = frac.trim_end_matches('0');
-    let frac = if frac.len() < 2 {
-        format!("{frac:0<2}")
-    } else {
-        frac.to_string()
-    };
-    format!("{}.{frac}", micro / 1_000_000)
+    Usd::from_micro(micro).to_string()
 }
 
 /// The status form of one period.

@@ -977,6 +977,8 @@ fn values_reach_their_flags_and_fields() {
         "--set",
         "proxy.tracing.otlpEndpoint=http://otel.obs:4318",
         "--set",
+        "proxy.tracing.otlpMetricsInterval=15s",
+        "--set",
         "proxy.allowEmptyConfig=true",
         "--set",
         "proxy.extraArgs={--log-format=text}",
@@ -1021,6 +1023,7 @@ fn values_reach_their_flags_and_fields() {
         "--admin-max-connections=16",
         "--threads=3",
         "--otlp-endpoint=http://otel.obs:4318",
+        "--otlp-metrics-interval=15s",
         "--allow-empty-config",
     ] {
         assert!(

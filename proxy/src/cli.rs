@@ -168,6 +168,12 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 
+    /// With --otlp-endpoint: send the OpenTelemetry GenAI semantic conventions'
+    /// metrics (gen_ai.client.token.usage, gen_ai.client.operation.duration, ...) to
+    /// URL/v1/metrics this often, and once more at shutdown. 0s: traces only.
+    #[arg(long, env = "SWITCHBACK_OTLP_METRICS_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub otlp_metrics_interval: Duration,
+
     /// Client authentication on the data port (SPEC §9). `required`: every request
     /// must carry an LLMClient's key (Authorization: Bearer or x-api-key), else 401,
     /// and model names are resolved among the routes that client may call. `off`:
@@ -461,6 +467,7 @@ mod tests {
             )
         );
         assert_eq!(cli.drain_delay, Duration::from_secs(5));
+        assert_eq!(cli.otlp_metrics_interval, Duration::from_secs(60));
         assert_eq!(cli.shutdown_grace, Duration::from_secs(30));
         assert!(!cli.allow_empty_config);
         assert!(cli.budget_reservation);

@@ -26,6 +26,7 @@ use std::time::Duration;
 use config::keys as auth;
 use front::lanes;
 use gateway::{Gateway, Problem};
+use observe::telemetry::otlp_metrics;
 use sources::{cluster, manifest, standalone as reload};
 
 /// Where the config comes from.
@@ -153,6 +154,26 @@ impl Running {
     /// returned future ends (and `self` is dropped).
     pub async fn drain(self, delay: std::time::Duration, grace: std::time::Duration) {
         front::drain::drain(&self.gateway.front, delay, grace).await;
+    }
+
+    /// Export the OpenTelemetry GenAI metrics over OTLP/HTTP to `endpoint` every
+    /// `interval` while the returned exporter lives (see
+    /// [`observe::telemetry::otlp_metrics`]).
+    pub fn export_otlp_metrics(
+        &self,
+        endpoint: &str,
+        interval: std::time::Duration,
+    ) -> Result<otlp_metrics::Exporting, observe::telemetry::TelemetryError> {
+        let gw = self.gateway.clone();
+        let source: otlp_metrics::Source =
+            Arc::new(move || admin::metrics::genai::series(&gw.snapshot()));
+        let exporter = otlp_metrics::OtlpMetrics::new(
+            endpoint,
+            source,
+            &self.gateway.instance_id,
+            self.gateway.started_at,
+        )?;
+        Ok(exporter.start(interval))
     }
 
     /// [`Running::drain`], then the handover of the final usage counts: up to

@@ -30,6 +30,11 @@ async fn main() -> std::process::ExitCode {
     let limits = cli.client_limits();
     let (drain_delay, shutdown_grace) = (cli.drain_delay, cli.shutdown_grace);
     let usage_handover = cli.usage_handover;
+    let otlp_metrics = cli
+        .otlp_endpoint
+        .clone()
+        .filter(|_| !cli.otlp_metrics_interval.is_zero())
+        .map(|endpoint| (endpoint, cli.otlp_metrics_interval));
     let upstream_limits = cli.upstream_limits();
     let fetch_limits = cli.fetch_limits();
     let source = match (cli.manifests, cli.namespace) {
@@ -64,6 +69,14 @@ async fn main() -> std::process::ExitCode {
     match started {
         Ok(mut running) => {
             tracing::info!(data = %running.data_addr, admin = %running.admin_addr, "switchback-proxy serving");
+            let metrics = match otlp_metrics.map(|(e, i)| running.export_otlp_metrics(&e, i)) {
+                None => None,
+                Some(Ok(m)) => Some(m),
+                Some(Err(e)) => {
+                    eprintln!("error: {e}");
+                    return std::process::ExitCode::from(2);
+                }
+            };
             tokio::select! {
                 () = running.stopped() => {
                     tracing::error!("the data listener stopped");
@@ -74,6 +87,12 @@ async fn main() -> std::process::ExitCode {
             tokio::select! {
                 () = running.drain_and_hand_over(drain_delay, shutdown_grace, usage_handover) => {}
                 () = shutdown.next() => tracing::warn!("second signal: exiting without waiting"),
+            }
+            // The last counts, which the next interval would have sent.
+            if let Some(m) = &metrics
+                && let Err(e) = m.exporter.export().await
+            {
+                tracing::warn!(error = %e, "the last OTLP metrics export failed");
             }
             // `_telemetry` is dropped on the way out: the request log is flushed.
             std::process::ExitCode::SUCCESS

@@ -123,8 +123,16 @@ pub fn priced_client(provider: &str, base_url: &str, key: &str, client_spec: &st
       price: { inputPerMillion: \"2.50\", outputPerMillion: \"10.00\" }
 ",
         ),
-        format!(
-            "---
+        app_client(key, client_spec),
+    ]
+    .concat()
+}
+
+/// The LLMClient team-a/app authenticating with `key` (its Secret included),
+/// `client_spec` (indented spec lines: limits, budget) added to its spec.
+pub fn app_client(key: &str, client_spec: &str) -> String {
+    format!(
+        "---
 apiVersion: v1
 kind: Secret
 metadata: {{ name: app-llm, namespace: {NS} }}
@@ -136,9 +144,7 @@ metadata: {{ name: app, namespace: {NS} }}
 spec:
   keySecretRef: {{ name: app-llm, key: apiKey }}
 {client_spec}"
-        ),
-    ]
-    .concat()
+    )
 }
 
 /// The proxy's default `--max-body-bytes`.

@@ -2184,6 +2184,30 @@ pub fn openai_completion(model: &str, text: &str) -> Value {
     })
 }
 
+/// A recorded OpenAI answer naming `model`, of `text` and exactly `input` prompt and
+/// `output` completion tokens: unary, and streamed as a role chunk, one chunk per
+/// piece of `text`, a stop chunk and the usage chunk (whether asked for or not).
+pub fn openai_recorded(model: &str, text: &[&str], input: u64, output: u64) -> Behavior {
+    let usage = json!({"prompt_tokens": input, "completion_tokens": output,
+                       "total_tokens": input + output});
+    let mut events = vec![openai_chunk(
+        model,
+        json!({"role": "assistant", "content": ""}),
+        None,
+    )];
+    events.extend(
+        text.iter()
+            .map(|t| openai_chunk(model, json!({"content": t}), None)),
+    );
+    events.push(openai_chunk(model, json!({}), Some("stop")));
+    let mut last = openai_usage_chunk(model, output);
+    last["usage"] = usage.clone();
+    events.push(last);
+    let mut unary = openai_completion(model, &text.concat());
+    unary["usage"] = usage;
+    Behavior::Replay { unary, events }
+}
+
 /// OpenAI `chat.completion.chunk` with one choice.
 pub fn openai_chunk(model: &str, delta: Value, finish_reason: Option<&str>) -> Value {
     json!({

@@ -628,7 +628,8 @@ async fn operator_and_proxy_against_a_real_api_server() {
     let flaky = SimProvider::start_named("flaky", Flavor::OpenAi).await;
     let mut stack = Stack::start(&gw, 2, &[&allow_private(&[&a, &b])]);
 
-    // 1. Apply a Secret, two credentials and a route; `kubectl wait` for Programmed.
+    // 1. Apply a Secret, two credentials and a route (a cheap first target, a dear
+    // second); `kubectl wait` for Programmed.
     apply(&format!(
         "{}{}{}{}",
         secret(&a, &key1),
@@ -638,7 +639,8 @@ async fn operator_and_proxy_against_a_real_api_server() {
             &a,
             "smart",
             "smart",
-            "[ { credentialRef: { name: flaky } }, { credentialRef: { name: steady } } ]"
+            "[ { credentialRef: { name: flaky }, price: { inputPerMillion: \"0.15\", outputPerMillion: \"0.60\" } }, \
+               { credentialRef: { name: steady }, price: { inputPerMillion: \"2.50\", outputPerMillion: \"10.00\" } } ]"
         ),
     ));
     wait_programmed(&a, "smart");
@@ -715,6 +717,28 @@ async fn operator_and_proxy_against_a_real_api_server() {
     )
     .await;
     assert!(route_json["status"]["totals"]["attempts"].as_i64().unwrap() >= 12);
+    // What they cost, exactly: every answer reports 10 prompt and 3 completion tokens
+    // ("Hello from steady."); 2 by the first target at $0.15/$0.60 (3.3 µUSD each),
+    // 8 by the second at $2.50/$10.00 (55 µUSD each, 51.7 beyond the first's price).
+    let status = &route_json["status"];
+    assert_eq!(status["totals"]["requests"], 10, "{status}");
+    assert_eq!(status["totals"]["costUsd"], "0.0004466", "{status}");
+    assert_eq!(
+        status["totals"]["fallbackExtraUsd"], "0.0004136",
+        "{status}"
+    );
+    assert_eq!(status["window"]["costUsd"], "0.0004466", "{status}");
+    assert_eq!(
+        status["window"]["fallbackExtraUsd"], "0.0004136",
+        "{status}"
+    );
+    let explained = ok(&["explain", "llmroute.status.totals.costUsd"]);
+    let words = explained.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("an exact decimal string")
+            && words.contains("monotonic across proxy restarts"),
+        "{explained}"
+    );
     let rows = table(&ok(&["get", "llmroutes", "-n", &a]));
     assert_eq!(
         rows[0],
@@ -793,12 +817,14 @@ async fn operator_and_proxy_against_a_real_api_server() {
     )
     .await;
 
-    // 4. Swap the targets: served within 2 s of `kubectl apply` returning.
+    // 4. Swap the targets (prices and all): served within 2 s of `kubectl apply`
+    // returning.
     apply(&route(
         &a,
         "smart",
         "smart",
-        "[ { credentialRef: { name: steady } }, { credentialRef: { name: flaky } } ]",
+        "[ { credentialRef: { name: steady }, price: { inputPerMillion: \"2.50\", outputPerMillion: \"10.00\" } }, \
+           { credentialRef: { name: flaky }, price: { inputPerMillion: \"0.15\", outputPerMillion: \"0.60\" } } ]",
     ));
     let applied = Instant::now();
     eventually_async(
@@ -907,26 +933,34 @@ async fn operator_and_proxy_against_a_real_api_server() {
     stack.restart_proxy(1).await;
     wait_programmed(&a, "smart");
 
-    // 8. Restart both proxies: totals never go back.
-    let before =
-        get_json(&["llmroute", "-n", &a, "smart"]).unwrap()["status"]["totals"]["requests"]
-            .as_i64()
-            .unwrap();
+    // 8. Restart both proxies: totals never go back, cost included.
+    let totals = get_json(&["llmroute", "-n", &a, "smart"]).unwrap()["status"]["totals"].clone();
+    let before = totals["requests"].as_i64().unwrap();
+    let usd = |v: &serde_json::Value| -> switchback_crds::cost::Usd {
+        v.as_str().unwrap_or("0").parse().unwrap()
+    };
+    let cost_before = usd(&totals["costUsd"]);
     stack.restart_proxy(0).await;
     stack.restart_proxy(1).await;
     wait_programmed(&a, "smart");
     for i in 0..2 {
         assert_eq!(stack.chat_on(i, "smart").await.status(), 200);
     }
-    eventually(
+    let after = eventually(
         "totals to grow past the restart",
         Duration::from_secs(30),
         || {
             let r = get_json(&["llmroute", "-n", &a, "smart"])?;
-            (r["status"]["totals"]["requests"].as_i64()? >= before + 2).then_some(())
+            (r["status"]["totals"]["requests"].as_i64()? >= before + 2).then_some(r)
         },
     )
     .await;
+    assert!(
+        usd(&after["status"]["totals"]["costUsd"]) > cost_before,
+        "the cost grows past the restart: {} then {}",
+        cost_before,
+        after["status"]["totals"]
+    );
 
     // 9. A missing credential: ResolvedRefs=False, and the last good version serves on.
     apply(&route(

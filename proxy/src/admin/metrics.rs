@@ -30,6 +30,13 @@
 //! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
 //! | `switchback_response_bytes_held` | gauge | unary provider answer bytes held in the in-flight budget (being read, or on their way to the client) |
 //! | `switchback_resume_held_bytes` | gauge | answer text held to resume broken streams (SPEC §13; each stream at most its route's `maxHeldBytes`) |
+//! | `switchback_cost_usd_total` | counter | `route`, `target`, `model`, `client` (empty with authentication off): what answers cost at their target's `price`, in USD (`cost`) |
+//! | `switchback_fallback_extra_cost_usd_total` | counter | `route`: what answers by a target other than the route's first cost beyond the first's price for the same tokens |
+//! | `switchback_primary_answers_total` | counter | `route`, `mode` (the route's strategy): requests answered by the route's first declared target |
+//! | `gen_ai_client_token_usage` | histogram | the OpenTelemetry GenAI semantic conventions' metrics of upstream operations, with their attributes (`genai`) |
+//! | `gen_ai_client_operation_duration_seconds` | histogram | |
+//! | `gen_ai_server_time_to_first_token_seconds` | histogram | |
+//! | `gen_ai_server_time_per_output_token_seconds` | histogram | |
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -46,6 +53,11 @@ use crate::config::snapshot::{RouteRt, TargetRt};
 use crate::gateway::Gateway;
 use crate::limits::circuit::Reported;
 use crate::observe::counters::{self, Histogram};
+
+mod cost;
+pub mod genai;
+
+pub use cost::route_costs;
 
 struct Metrics(Arc<Gateway>);
 
@@ -130,6 +142,8 @@ impl Collector for Metrics {
             gw.answers.held(),
             gw.resume_held.load(Ordering::Relaxed),
         )?;
+        cost::encode(&mut enc, gw, &snapshot)?;
+        genai::encode(&mut enc, &snapshot)?;
         Ok(())
     }
 }

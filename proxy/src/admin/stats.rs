@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use switchback_crds::stats::TargetState;
 use tokio::time::Instant;
 
+use super::metrics::route_costs as costs;
 use crate::config::snapshot::TargetRt;
 use crate::gateway::Gateway;
 use crate::limits::circuit::{Reported, State};
@@ -87,6 +88,8 @@ pub fn report_for(gw: &Gateway, round: Option<u64>) -> switchback_crds::stats::S
             fallbacks: get(&r.counters.fallbacks),
             failed: get(&r.counters.failed),
             resumed: get(&r.counters.resumed),
+            cost_usd: costs(r).0,
+            fallback_extra_usd: costs(r).1,
             targets: r
                 .targets
                 .iter()
@@ -187,6 +190,7 @@ fn target_stats(
         resumed: c.resumes.get(ResumeOutcome::Resumed),
         hedges: get(&c.hedges),
         hedge_wins: get(&c.hedge_wins),
+        cost_usd: c.cost.get(),
         state_since: state_since.map(rfc3339),
         state_until: state_until.map(rfc3339),
         fallbacks_away_by_reason: c

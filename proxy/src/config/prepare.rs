@@ -24,6 +24,7 @@ use crate::limits::clients::{
 };
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
+use crate::observe::cost::{Pricing, UsdCounter};
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{self, Kept};
 use crate::upstream::Clients;
@@ -49,6 +50,9 @@ struct CarriedMaps {
     clients: HashMap<ObjectId, Arc<ClientCounters>>,
     /// Per (client, route), for `switchback_client_tokens_total`; never dropped either.
     client_routes: HashMap<(ObjectId, ObjectId), Arc<RouteTokens>>,
+    /// Per (client, route, target credential and model), for
+    /// `switchback_cost_usd_total`; never dropped either.
+    client_costs: HashMap<ClientCostKey, Arc<UsdCounter>>,
     /// Keyed by the shares too: new shares (limits or replicas changed) start fresh.
     client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
     /// What providers keep per credential and key across reloads (an OAuth token).
@@ -69,6 +73,23 @@ impl Carried {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .client_routes,
+        )
+    }
+}
+
+/// Where an LLMClient's cost on one target of one route is counted: the client, the
+/// route, the target's credential and upstream model.
+pub type ClientCostKey = (ObjectId, ObjectId, ObjectId, Option<String>);
+
+impl Carried {
+    /// Every (client, route, target) cost.
+    pub fn client_costs(&self) -> Vec<(ClientCostKey, Arc<UsdCounter>)> {
+        sorted(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .client_costs,
         )
     }
 }
@@ -234,6 +255,7 @@ fn prepare_targets(
     maps: &mut CarriedMaps,
 ) -> Result<Vec<TargetRt>, PrepareError> {
     let mut targets = Vec::with_capacity(r.targets.len());
+    let primary = r.targets.first().and_then(|t| t.price.as_ref());
     for (index, t) in r.targets.iter().enumerate() {
         let credential = credentials.get(&t.credential).cloned().ok_or_else(|| {
             PrepareError::DanglingCredential {
@@ -268,6 +290,7 @@ fn prepare_targets(
                 false => HashMap::new(),
             },
             credential,
+            pricing: Pricing::new(t.price.as_ref(), primary, index),
         });
     }
     Ok(targets)
@@ -330,14 +353,16 @@ fn prepare_tenants(
             if !route.spec.is_offered_to(&c.id.namespace) {
                 continue;
             }
+            let usage = ClientUsage {
+                client: rt.clone(),
+                route: carried(&mut maps.client_routes, (c.id.clone(), (*id).clone())),
+                costs: client_costs(&c.id, route, maps),
+            };
             for m in &route.spec.models {
                 let entry = ModelRoute {
                     route: (*route).clone(),
                     model_json: JsonStr::new(m),
-                    client: Some(ClientUsage {
-                        client: rt.clone(),
-                        route: carried(&mut maps.client_routes, (c.id.clone(), (*id).clone())),
-                    }),
+                    client: Some(usage.clone()),
                 };
                 if let Some(prev) = models.insert(m.clone(), entry) {
                     return Err(PrepareError::ClientDuplicateModel {
@@ -368,6 +393,27 @@ fn prepare_tenants(
         );
     }
     Ok(tenants)
+}
+
+/// Where a client's cost on each target of `route` is counted, by target index.
+fn client_costs(
+    client: &ObjectId,
+    route: &RouteRt,
+    maps: &mut CarriedMaps,
+) -> Arc<[Arc<UsdCounter>]> {
+    route
+        .targets
+        .iter()
+        .map(|t| {
+            let key = (
+                client.clone(),
+                route.spec.id.clone(),
+                t.spec.credential.clone(),
+                t.spec.model.clone(),
+            );
+            carried(&mut maps.client_costs, key)
+        })
+        .collect()
 }
 
 /// One client's runtime: its counters, this replica's share of its limits, and its

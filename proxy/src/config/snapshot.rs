@@ -17,6 +17,7 @@ use super::target::TargetState;
 use crate::limits::clients::{ClientRt, ClientUsage};
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
+use crate::observe::cost::Pricing;
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{Adapter, Endpoint};
 use crate::upstream;
@@ -68,6 +69,8 @@ pub struct TargetRt {
     /// names (`model`, the `modelMap` values), made once. A model named by the
     /// client (neither set) is made per request.
     pub urls: HashMap<String, ModelUrls>,
+    /// Its price and the route's first target's, ready to charge answers with.
+    pub pricing: Pricing,
 }
 
 impl TargetRt {

@@ -245,7 +245,11 @@ fn need(
     let Some(budget) = &c.client.budget else {
         return Need::default();
     };
-    let price = route.targets.first().and_then(|t| t.spec.price.as_ref());
+    let price = route
+        .targets
+        .first()
+        .filter(|t| t.pricing.priced)
+        .map(|t| &t.pricing.price);
     Need::of(cap, body, budget, price, surface != Surface::Embeddings)
 }
 

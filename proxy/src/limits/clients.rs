@@ -17,10 +17,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use switchback_crds::config::{Client, ClientBudget, ObjectId, Price};
+use switchback_crds::config::{Client, ClientBudget, ObjectId};
+use switchback_crds::cost::UnitPrice;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::observe::cost::UsdCounter;
 use crate::wire::usage::Usage;
 
 /// Usage of one client since this replica started, across reloads.
@@ -446,7 +448,7 @@ impl Need {
         cap: Option<(&'static str, u64)>,
         body: usize,
         budget: &ClientBudget,
-        price: Option<&Price>,
+        price: Option<&UnitPrice>,
         output: bool,
     ) -> Need {
         let input = (body as u64).div_ceil(4);
@@ -461,7 +463,10 @@ impl Need {
         };
         Need {
             tokens: input.saturating_add(out),
-            micro_usd: micro_usd(usage, price),
+            micro_usd: price.map_or(0, |p| {
+                p.cost(usage.input_tokens, usage.output_tokens)
+                    .micro_rounded()
+            }),
             cap: cap.filter(|_| output),
             output: out,
             input,
@@ -683,27 +688,19 @@ impl ClientRt {
 const SHARE_RETRY_AFTER: u64 = 30;
 
 /// Where one request's usage is counted: its client, and the client's counters on
-/// the route serving it.
+/// the route serving it (tokens; cost by target index).
 #[derive(Debug, Clone)]
 pub struct ClientUsage {
     pub client: Arc<ClientRt>,
     pub route: Arc<RouteTokens>,
-}
-
-/// Millionths of a USD for `u` at `price` (USD per million tokens = micro-USD per
-/// token); an unpriced target costs nothing.
-pub fn micro_usd(u: Usage, price: Option<&Price>) -> u64 {
-    price.map_or(0, |p| {
-        (u.input_tokens as f64 * p.input_per_million
-            + u.output_tokens as f64 * p.output_per_million)
-            .round() as u64
-    })
+    pub costs: Arc<[Arc<UsdCounter>]>,
 }
 
 impl ClientUsage {
     /// Count what a provider reported (a unary answer, or one stream event), priced
-    /// with the answering target's price, and charge it to tokens per minute.
-    pub fn record(&self, u: Usage, price: Option<&Price>) {
+    /// by the answering target (`micro`: millionths of a USD, see `pipeline::charge`),
+    /// and charge it to tokens per minute.
+    pub fn record(&self, u: Usage, micro: u64) {
         let c = &self.client.counters;
         c.input_tokens.fetch_add(u.input_tokens, Ordering::Relaxed);
         c.output_tokens
@@ -714,7 +711,6 @@ impl ClientUsage {
         self.route
             .output
             .fetch_add(u.output_tokens, Ordering::Relaxed);
-        let micro = micro_usd(u, price);
         c.micro_usd.fetch_add(micro, Ordering::Relaxed);
         let tokens = u.input_tokens + u.output_tokens;
         let bucket = self.client.limits.as_ref().and_then(|l| l.tokens.as_ref());
@@ -737,8 +733,8 @@ impl ClientUsage {
 
     /// Count usage the proxy estimated (nothing reported it): as [`Self::record`],
     /// and in the client's estimates.
-    pub fn record_estimate(&self, u: Usage, price: Option<&Price>) {
-        self.record(u, price);
+    pub fn record_estimate(&self, u: Usage, micro: u64) {
+        self.record(u, micro);
         let c = &self.client.counters;
         c.estimated_requests.fetch_add(1, Ordering::Relaxed);
         c.estimated_tokens
@@ -844,6 +840,7 @@ mod tests {
                 settling: Arc::default(),
             }),
             route: Arc::default(),
+            costs: Arc::default(),
         }
     }
 
@@ -860,7 +857,7 @@ mod tests {
                 input_tokens: input,
                 output_tokens: output,
             },
-            None,
+            0,
         );
     }
 
@@ -924,10 +921,7 @@ mod tests {
         assert_eq!((n.tokens, n.cap), (310, None));
         let n = Need::of(Some(("max_tokens", 50)), 40, &b, None, false);
         assert_eq!((n.tokens, n.output, n.cap), (10, 0, None), "an embedding");
-        let price = Price {
-            input_per_million: 2.5,
-            output_per_million: 10.0,
-        };
+        let price = UnitPrice::parse("2.5", "10").unwrap();
         let n = Need::of(Some(("max_tokens", 100)), 400, &b, Some(&price), true);
         assert_eq!(
             n.micro_usd,

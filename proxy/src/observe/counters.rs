@@ -1,6 +1,7 @@
 //! What the request path counts per route and per (route, target): requests,
 //! attempts, retries, successes, failures and fallbacks by reason, resumes by
-//! outcome, tokens, and latency histograms. Read back by the admin port (`/admin/v1/stats` for the
+//! outcome, tokens, cost, and latency histograms (the GenAI semantic conventions'
+//! ones in `genai`). Read back by the admin port (`/admin/v1/stats` for the
 //! operator, Prometheus `/metrics`), which walks the live snapshot at scrape time.
 //!
 //! The request path only ever touches atomics here (no lock, no allocation).
@@ -10,6 +11,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::observe::cost::UsdCounter;
+use crate::observe::genai::GenAi;
 use crate::observe::reason::{Reason, ResumeOutcome};
 use crate::wire::usage::Usage;
 
@@ -153,6 +156,9 @@ pub struct RouteCounters {
     pub failed: AtomicU64,
     /// Committed streams continued on another target (SPEC §13).
     pub resumed: AtomicU64,
+    /// Requests answered by the route's first declared target (its primary): how
+    /// much of the route it still carries (the cost-inversion alert).
+    pub primary_answers: AtomicU64,
     /// Client request to response head (for streams: to the first content event).
     pub duration: Histogram,
     /// `duration` minus time spent waiting on providers and in deliberate waits.
@@ -185,6 +191,12 @@ pub struct RouteTargetCounters {
     pub hedge_wins: AtomicU64,
     pub hedge_losses: AtomicU64,
     pub hedge_failures: AtomicU64,
+    /// What the answers of this target cost at its `price` (reported and estimated
+    /// usage), and how much of that was beyond the route's first target's price.
+    pub cost: UsdCounter,
+    pub fallback_extra: UsdCounter,
+    /// The OpenTelemetry GenAI metrics of its upstream operations.
+    pub genai: GenAi,
 }
 
 impl RouteTargetCounters {

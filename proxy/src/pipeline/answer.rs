@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::attempt::{Attempt, Attempted, Failure, UpstreamAnswer, timed_out};
 use super::call::Call;
+use super::charge::charge;
 use super::relay::{self, relay};
 use crate::config::snapshot::TargetRt;
 use crate::gateway::Gateway;
@@ -24,7 +25,7 @@ use crate::limits::bytes::{Budget, Held};
 use crate::observe::reason::Reason;
 use crate::providers::translate::{self, Translation};
 use crate::wire::json;
-use crate::wire::rewrite::replace_model;
+use crate::wire::rewrite::{answer_model, replace_model};
 use crate::wire::usage;
 
 /// A unary answer's read within the attempt's deadline ([`Capping`]), as the
@@ -73,11 +74,10 @@ pub(super) fn unary(
         Some(tr) => tr.upstream().usage(&bytes),
         None => usage::usage(&bytes),
     };
+    // The model the answer names, before the client's name replaces it.
+    let response_model = t.counters.genai.response_model(answer_model(&bytes));
     if let Some(u) = usage {
-        t.counters.add_usage(u);
-        if let Some(c) = call.client {
-            c.record(u, t.spec.price.as_ref());
-        }
+        charge(&t.counters, &t.pricing, call.client, u, false);
         tracing::Span::current()
             .record("gen_ai.usage.input_tokens", u.input_tokens)
             .record("gen_ai.usage.output_tokens", u.output_tokens);
@@ -108,6 +108,9 @@ pub(super) fn unary(
             }),
         });
     }
+    let genai = &t.counters.genai;
+    let at = genai.at(call.surface.operation(), t.model(call.client_model));
+    genai.answered_unary(at, response_model, a.started.elapsed(), usage);
     // The reservation goes with the answer until its last byte is handed on.
     let body = Body::new(HeldAnswer::new(bytes, held));
     Attempted::Committed(relay(status, headers, body), None)
@@ -299,7 +302,11 @@ impl Drop for Unanswered<'_, '_> {
         let reserved = self.call.reservation.and_then(|r| r.take());
         let client = client.clone();
         let counters = self.target.counters.clone();
-        let price = self.target.spec.price;
+        let pricing = self.target.pricing;
+        let at = counters.genai.at(
+            self.call.surface.operation(),
+            self.target.model(self.call.client_model),
+        );
         let (translation, deadline) = (self.translation, self.deadline);
         let cap = self.gw.upstream_limits.max_response_bytes;
         let answers = self.gw.answers.clone();
@@ -332,8 +339,9 @@ impl Drop for Unanswered<'_, '_> {
                 None => usage::usage(&bytes),
             };
             if let Some(u) = usage {
-                counters.add_usage(u);
-                client.record(u, price.as_ref());
+                charge(&counters, &pricing, Some(&client), u, false);
+                let response_model = counters.genai.response_model(answer_model(&bytes));
+                counters.genai.tokens(at, response_model, u);
             }
             tracing::debug!(target_credential = %label, client = &*client.client.label,
                 input_tokens = usage.map(|u| u.input_tokens),

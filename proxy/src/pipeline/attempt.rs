@@ -43,6 +43,8 @@ pub(super) struct Attempt<'a, 'c> {
     pub deadline: Instant,
     /// The whole call's.
     pub budget: Instant,
+    /// When this try started (the GenAI operation's duration runs from here).
+    pub started: Instant,
     /// The credential's concurrency slot, held until the answer is out.
     pub permit: Option<OwnedSemaphorePermit>,
     pub span: &'a tracing::Span,

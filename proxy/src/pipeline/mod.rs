@@ -7,12 +7,13 @@
 //! target that cannot fetch it (`fetch`). A committed stream of a route that resumes is
 //! continued on the next target when it breaks (`resume`), and a route may hedge a
 //! slow try on the next target (`hedge`, both SPEC §13). What the request log line
-//! is told of the attempts is in `log`.
+//! is told of the attempts is in `log`; what an answer's usage is charged to, in
+//! `charge`.
 //!
 //! No file here imports one that imports it back: `request` imports `walk` and
 //! `resume`; `target`, `hedge` and `resume` extend the walk and import it, never the
 //! other way round (what the walk holds of a hedge is in `hedge::state`); `stream`,
-//! `attempt`, `call` and `log` are below them all.
+//! `attempt`, `call`, `charge` and `log` are below them all.
 //!
 //! It reaches providers only through the `providers` interface (an adapter, a
 //! credential's endpoint, a dialect, the translation): it names none. It knows
@@ -24,6 +25,7 @@
 mod answer;
 mod attempt;
 mod call;
+mod charge;
 mod failure;
 pub mod fetch;
 mod hedge;

@@ -176,6 +176,7 @@ pub(crate) mod tests {
                     model_json: None,
                     model_map_json: Default::default(),
                     urls: Default::default(),
+                    pricing: Default::default(),
                 })
                 .collect(),
         }

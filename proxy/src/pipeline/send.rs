@@ -204,10 +204,15 @@ fn stream_attempt<'a>(a: Attempt<'a, '_>) -> StreamAttempt<'a> {
         }),
         permit: a.permit,
         client: call.client.cloned(),
-        price: t.spec.price,
+        pricing: t.pricing,
         strip_usage: call.strip_usage && plan.translation.is_none(),
         reservation: call.reservation,
         prompt_bytes: call.body.len(),
+        started: a.started,
+        genai: t
+            .counters
+            .genai
+            .at(call.surface.operation(), t.model(call.client_model)),
     }
 }
 

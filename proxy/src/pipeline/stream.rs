@@ -24,6 +24,7 @@ use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until};
 
+use super::charge::charge;
 use super::log::ResumeLog;
 use super::outcome::may_advance;
 use super::relay::{mask_key, masked, relay};
@@ -32,17 +33,19 @@ use crate::config::target::TargetState;
 use crate::limits::answers::Refusals;
 use crate::limits::circuit::Transition;
 use crate::limits::clients::{ClientUsage, HeldReservation, Reserved};
+use crate::observe::cost::Pricing;
 use crate::observe::counters::{self, RouteCounters, RouteTargetCounters};
+use crate::observe::genai::{At, NO_RESPONSE_MODEL, Streamed};
 use crate::observe::reason::Reason;
 use crate::providers::Dialect;
 use crate::providers::classify::classify_status;
 use crate::providers::translate::{StreamTranslator, Translation};
 use crate::wire::content;
-use crate::wire::rewrite::{JsonStr, replace_model_into};
+use crate::wire::rewrite::{JsonStr, answer_model, replace_model_into};
 use crate::wire::sse::{self, EventTooLarge, Framer, Opening, StreamError};
 use crate::wire::surface::Surface;
 use crate::wire::usage::{self, Usage};
-use switchback_crds::config::{Fallback, Price};
+use switchback_crds::config::Fallback;
 
 /// Whether `route` resumes the streams of a client of `surface`: chat completions
 /// and messages streams, when the route asks for it.
@@ -214,8 +217,8 @@ pub(crate) struct StreamAttempt<'a> {
     pub permit: Option<OwnedSemaphorePermit>,
     /// The LLMClient whose usage the stream's events count to.
     pub client: Option<ClientUsage>,
-    /// The target's price, for the client's cost.
-    pub price: Option<Price>,
+    /// The target's prices, to charge its usage with.
+    pub pricing: Pricing,
     /// Drop the usage-only chunk (asked for on the client's behalf).
     pub strip_usage: bool,
     /// The request's budget reservation, taken when the stream commits.
@@ -223,6 +226,9 @@ pub(crate) struct StreamAttempt<'a> {
     /// The request body's size: the prompt's estimate (bytes / 4), should the usage
     /// have to be estimated.
     pub prompt_bytes: usize,
+    /// When the try started, and where its GenAI metrics go.
+    pub started: Instant,
+    pub genai: At,
 }
 
 /// How long a stream whose content has ended is read on for its usage after the
@@ -342,6 +348,14 @@ fn committed<U>(
         // Under a resuming body, the body writes the line when the answer ends.
         line: report.is_none().then_some(line),
         estimated: false,
+        genai: Some(GenAiStream {
+            at: a.genai,
+            response_model: NO_RESPONSE_MODEL,
+            look: GenAiStream::LOOK,
+            started: a.started,
+            first: a.started.elapsed(),
+            usage: Usage::default(),
+        }),
     };
     Committed {
         upstream,
@@ -365,7 +379,7 @@ fn committed<U>(
         reserved: a.reservation.and_then(|r| r.take()),
         prompt_estimate: (a.prompt_bytes as u64).div_ceil(4),
         client: a.client,
-        price: a.price,
+        pricing: a.pricing,
         strip_usage: a.strip_usage,
         reported: Usage::default(),
         relayed: Relayed::default(),
@@ -473,10 +487,53 @@ pub(crate) struct Ending {
     pub line: Option<Arc<LineSlot>>,
     /// The stream's usage was estimated (SPEC §15), as its log line says.
     pub estimated: bool,
+    /// What the GenAI metrics are told at its end (`None` in tests).
+    pub genai: Option<GenAiStream>,
+}
+
+/// What a committed stream tells the GenAI metrics (`observe::genai`) at its end.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GenAiStream {
+    pub at: At,
+    /// The slot of the model its events name, once one did.
+    pub response_model: u8,
+    /// Events still looked at for it (a provider that names none, Bedrock, is not
+    /// searched to the end).
+    pub look: u8,
+    pub started: Instant,
+    /// From the try's start to its commit, at the first content event.
+    pub first: Duration,
+    /// What its provider reported (the largest count of each kind).
+    pub usage: Usage,
+}
+
+impl GenAiStream {
+    const LOOK: u8 = 4;
+
+    /// Told at the stream's end: how it went, in the target's GenAI metrics.
+    fn tell(&self, counters: &RouteTargetCounters, failure: Option<Reason>, completed: bool) {
+        let duration = self.started.elapsed();
+        match failure {
+            Some(reason) => counters.genai.failed(self.at, reason, duration),
+            None => counters.genai.streamed(
+                self.at,
+                self.response_model,
+                Streamed {
+                    duration,
+                    first: self.first,
+                    completed,
+                    usage: (self.usage != Usage::default()).then_some(self.usage),
+                },
+            ),
+        }
+    }
 }
 
 impl Drop for Ending {
     fn drop(&mut self) {
+        if let Some(g) = &self.genai {
+            g.tell(&self.counters, self.failure.map(|f| f.0), self.completed);
+        }
         let end = match self.failure {
             Some((reason, status)) => {
                 self.counters.failures.inc(reason);
@@ -567,9 +624,9 @@ pub(crate) struct Committed<U = Upstream> {
     pub credential: Option<Arc<CredentialRt>>,
     /// The concurrency slot, held until the stream ends.
     pub permit: Option<OwnedSemaphorePermit>,
-    /// The LLMClient whose usage the events count to, and the target's price.
+    /// The LLMClient whose usage the events count to, and the target's prices.
     pub client: Option<ClientUsage>,
-    pub price: Option<Price>,
+    pub pricing: Pricing,
     /// The request's budget reservation, settled once the stream's usage is in.
     pub reserved: Option<Reserved>,
     /// The prompt's size in tokens, estimated (request bytes / 4).
@@ -595,6 +652,15 @@ impl<U> Committed<U> {
     /// API or given the client's `model` name. May append nothing (an event the
     /// client's API has no counterpart for).
     fn forward(&mut self, ev: &[u8], out: &mut BytesMut) {
+        if let Some(g) = self.ending.as_mut().and_then(|e| e.genai.as_mut())
+            && g.look > 0
+        {
+            g.look -= 1;
+            if let Some(m) = answer_model(ev) {
+                g.response_model = self.counters.genai.response_model(Some(m));
+                g.look = 0;
+            }
+        }
         let mark = out.len();
         let usage = self.forward_counted(ev, out);
         // Only a billed client's stream is read for what it relayed.
@@ -624,10 +690,16 @@ impl<U> Committed<U> {
             };
             self.reported.input_tokens += new.input_tokens;
             self.reported.output_tokens += new.output_tokens;
-            self.counters.add_usage(new);
-            if let Some(c) = &self.client {
-                c.record(new, self.price.as_ref());
+            if let Some(g) = self.ending.as_mut().and_then(|e| e.genai.as_mut()) {
+                g.usage = self.reported;
             }
+            charge(
+                &self.counters,
+                &self.pricing,
+                self.client.as_ref(),
+                new,
+                false,
+            );
             // Asked for on the client's behalf: counted, not forwarded.
             if self.strip_usage && is_usage_only(ev) {
                 return true;
@@ -781,8 +853,7 @@ impl<U> Committed<U> {
         // it, sums what the providers reported.
         self.relayed.estimated.input_tokens += new.input_tokens;
         self.relayed.estimated.output_tokens += new.output_tokens;
-        self.counters.add_usage(new);
-        c.record_estimate(new, self.price.as_ref());
+        charge(&self.counters, &self.pricing, Some(c), new, true);
         if let Some(e) = &mut self.ending {
             e.estimated = true;
         }
@@ -1095,7 +1166,7 @@ mod tests {
             credential: None,
             permit: None,
             client: None,
-            price: None,
+            pricing: Default::default(),
             reserved: None,
             prompt_estimate: 0,
             strip_usage: false,
@@ -1182,6 +1253,7 @@ mod tests {
             refused: v.refused.clone(),
             line: Some(v.line.clone()),
             estimated: false,
+            genai: None,
         };
         (e, v)
     }

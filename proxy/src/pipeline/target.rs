@@ -18,6 +18,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
+use super::call::Call;
 use super::hedge::state::Raced;
 use super::log::AttemptLog;
 use super::outcome::{attempt_deadline, backoff, retryable};
@@ -104,6 +105,7 @@ impl<T: Transport> Walk<'_, '_, T> {
                 plan: &plan,
                 deadline: attempt_deadline(started, &t.spec, self.budget),
                 budget: self.budget,
+                started,
                 permit,
                 span: &span,
             };
@@ -296,7 +298,7 @@ impl<T: Transport> Walk<'_, '_, T> {
         ended: Instant,
     ) -> Duration {
         let elapsed = ended.saturating_duration_since(started);
-        recorded(t, span, seen, elapsed);
+        recorded(t, self.call, span, seen, elapsed);
         self.waited += elapsed;
         elapsed
     }
@@ -412,9 +414,13 @@ fn seen(result: &Attempted) -> (Option<u16>, Option<Reason>) {
     }
 }
 
-/// A try's outcome on its span, and its duration in the target's histogram.
+/// A try's outcome on its span, and its duration in the target's histogram; a
+/// failed one's in the GenAI operation duration with its `error.type` (a try that
+/// answered is counted there with what it answered: `answer`, `stream`). A try
+/// cancelled because its hedge answered first did not fail: it is not.
 pub(super) fn recorded(
     t: &TargetRt,
+    call: &Call<'_>,
     span: &tracing::Span,
     (status, failure): (Option<u16>, Option<Reason>),
     elapsed: Duration,
@@ -422,6 +428,11 @@ pub(super) fn recorded(
     span.record("http.response.status_code", status);
     if let Some(reason) = failure {
         span.record("error.type", reason.as_str());
+        if reason != Reason::HedgeLost {
+            let genai = &t.counters.genai;
+            let at = genai.at(call.surface.operation(), t.model(call.client_model));
+            genai.failed(at, reason, elapsed);
+        }
     }
     t.counters.attempt_duration.observe(elapsed);
 }

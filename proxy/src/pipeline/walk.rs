@@ -280,6 +280,9 @@ impl<T: Transport> Walk<'_, '_, T> {
         if pos > 0 {
             counters::inc(&self.route.counters.fallbacks);
         }
+        if i == 0 {
+            counters::inc(&self.route.counters.primary_answers);
+        }
         Outcome {
             response,
             attempts: self.sent,

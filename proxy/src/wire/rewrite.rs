@@ -32,12 +32,38 @@ impl JsonStr {
     }
 }
 
+/// Gemini's answers name their model so.
+const VERSION_KEY: &[u8] = b"\"modelVersion\"";
+static VERSION_FINDER: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(VERSION_KEY));
+
+/// The model an answer (or a stream event) says it came from: the first `"model"`
+/// string value in it (nested ones too: Anthropic's `message_start`), else Gemini's
+/// `"modelVersion"`, as the JSON literal (quotes included); `None` when it names none
+/// (Bedrock's Converse never does).
+pub fn answer_model(doc: &[u8]) -> Option<&[u8]> {
+    next_model_value(doc, 0)
+        .or_else(|| next_string_value(doc, 0, &VERSION_FINDER, VERSION_KEY.len()))
+        .map(|(start, end)| &doc[start..end])
+}
+
 /// Where a `"model": "<value>"` pair's string value sits: `start..end` covers the
 /// value's quotes.
 fn next_model_value(doc: &[u8], from: usize) -> Option<(usize, usize)> {
+    next_string_value(doc, from, &FINDER, KEY.len())
+}
+
+/// Where the string value of the next key `finder` finds (of `key_len` bytes, quotes
+/// included) sits.
+fn next_string_value(
+    doc: &[u8],
+    from: usize,
+    finder: &memmem::Finder<'_>,
+    key_len: usize,
+) -> Option<(usize, usize)> {
     let mut at = from;
-    while let Some(found) = FINDER.find(&doc[at..]) {
-        let key_end = at + found + KEY.len();
+    while let Some(found) = finder.find(&doc[at..]) {
+        let key_end = at + found + key_len;
         at = key_end;
         let mut i = skip_ws(doc, key_end);
         if doc.get(i) != Some(&b':') {
@@ -275,6 +301,25 @@ mod tests {
             Some(b) => String::from_utf8(b.to_vec()).unwrap(),
             None => doc.to_string(),
         }
+    }
+
+    #[test]
+    fn an_answer_names_its_model_as_providers_spell_it() {
+        let model = |doc: &str| answer_model(doc.as_bytes()).map(|m| m.to_vec());
+        assert_eq!(
+            model(r#"{"id":"x","model":"gpt-4o-2024-08-06","choices":[]}"#),
+            Some(br#""gpt-4o-2024-08-06""#.to_vec())
+        );
+        assert_eq!(
+            model(r#"{"type":"message_start","message":{"model" : "claude-x"}}"#),
+            Some(br#""claude-x""#.to_vec())
+        );
+        assert_eq!(
+            model(r#"{"candidates":[],"modelVersion":"gemini-2.5-flash"}"#),
+            Some(br#""gemini-2.5-flash""#.to_vec())
+        );
+        assert_eq!(model(r#"{"output":{},"model":null}"#), None);
+        assert_eq!(model(r#"{"output":{"message":{}}}"#), None);
     }
 
     #[test]

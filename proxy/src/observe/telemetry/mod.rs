@@ -1,7 +1,8 @@
 //! Where the proxy's logs and traces go: log lines (text or JSON) through a
 //! non-blocking writer, and OpenTelemetry traces over OTLP/HTTP when an endpoint is
 //! configured: one span per request and one child span per upstream attempt, with
-//! GenAI semantic-convention attributes.
+//! GenAI semantic-convention attributes; the GenAI metrics go there too
+//! (`otlp_metrics`).
 //!
 //! Trace spans use the target [`TRACE_TARGET`]. Only the OTLP layer listens to it, so
 //! with tracing off those spans are disabled at their call sites and cost nothing
@@ -20,6 +21,7 @@ use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, fil
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+pub mod otlp_metrics;
 mod request_lines;
 mod writer;
 pub use request_lines::RequestLines;

@@ -141,6 +141,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
                 plan: &plan,
                 deadline: attempt_deadline(Instant::now(), &tj.spec, budget),
                 budget,
+                started: hedge_started,
                 permit,
                 span: &hedge_span,
             };
@@ -273,7 +274,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
         if waited {
             self.waited += elapsed;
         }
-        super::target::recorded(t, span, (None, Some(Reason::HedgeLost)), elapsed);
+        super::target::recorded(t, self.call, span, (None, Some(Reason::HedgeLost)), elapsed);
         t.counters.failures.inc(Reason::HedgeLost);
         self.log.push(super::log::AttemptLog {
             target: i,
@@ -297,7 +298,13 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
     ) -> (Response<Body>, Option<Arc<LineSlot>>) {
         let t = &self.route.targets[j as usize];
         let elapsed = started.elapsed();
-        super::target::recorded(t, span, (Some(response.status().as_u16()), None), elapsed);
+        super::target::recorded(
+            t,
+            self.call,
+            span,
+            (Some(response.status().as_u16()), None),
+            elapsed,
+        );
         counters::inc(&t.counters.hedge_wins);
         self.succeeded(t, probe, elapsed, response, line)
     }
@@ -314,7 +321,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
     ) {
         let t = &self.route.targets[j as usize];
         let elapsed = started.elapsed();
-        super::target::recorded(t, span, (f.status, Some(f.reason)), elapsed);
+        super::target::recorded(t, self.call, span, (f.status, Some(f.reason)), elapsed);
         counters::inc(&t.counters.hedge_failures);
         self.note(j, &f, elapsed, 1);
         let _ = self.after(t, &f, 1, probe);
