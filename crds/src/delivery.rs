@@ -436,6 +436,7 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
             generation: 1,
             key_hash: None,
             key_secret_ref: crate::config::SecretKeyRef {
+                keys: Vec::new(),
                 name: "app-llm".into(),
                 key: "apiKey".into(),
             },

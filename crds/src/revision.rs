@@ -147,6 +147,7 @@ mod tests {
 
     fn credential(name: &str) -> Credential {
         Credential {
+            key_rejected_for_ms: 300_000,
             api_version: None,
             responses_api: false,
             prefill: false,
@@ -161,6 +162,7 @@ mod tests {
             max_queue: None,
             allow_private_network: false,
             secret_ref: SecretKeyRef {
+                keys: Vec::new(),
                 name: "keys".into(),
                 key: name.into(),
             },
@@ -169,6 +171,7 @@ mod tests {
 
     fn route(name: &str, credentials: &[&str]) -> Route {
         Route {
+            response_model: Default::default(),
             id: ObjectId::new("team-a", name),
             generation: 1,
             models: vec![name.into()],
@@ -176,6 +179,7 @@ mod tests {
             targets: credentials
                 .iter()
                 .map(|c| Target {
+                    health_check: None,
                     model_map: Default::default(),
                     credential: ObjectId::new("team-a", *c),
                     model: None,

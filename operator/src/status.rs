@@ -390,6 +390,8 @@ pub fn route_status(f: &RouteFacts<'_>) -> LLMRouteStatus {
 /// its circuit and last failure as the replicas report them.
 fn target_status(t: &TargetView, e: Option<&explain::Explanation>) -> TargetStatus {
     TargetStatus {
+        last_probe: None,
+        probing: None,
         credential: t.credential.name.clone(),
         model: t.model.clone(),
         state: e.map(|e| e.state.as_str().to_string()),
@@ -602,6 +604,8 @@ pub fn credential_status(f: &CredentialFacts<'_>) -> ProviderCredentialStatus {
     };
     let kstatus = kstatus(f.previous, &ready, not_ready, f.generation, &f.now);
     ProviderCredentialStatus {
+        keys: Vec::new(),
+        usable_keys: None,
         observed_generation: f.generation,
         conditions: [ready, secret].into_iter().chain(kstatus).collect(),
         routes: Some(f.routes.len() as i32),
