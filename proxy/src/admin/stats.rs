@@ -95,6 +95,7 @@ pub fn report_for(gw: &Gateway, round: Option<u64>) -> switchback_crds::stats::S
         })
         .collect();
     doc::StatsReport {
+        credentials: Vec::new(),
         version: doc::STATS_VERSION,
         instance_id: gw.instance_id.clone(),
         started_at: rfc3339(gw.started_at),
@@ -183,6 +184,9 @@ fn target_stats(
     let ewma = t.state.latency_ewma_us();
     let (state, state_since, state_until) = target_state(t, now, now_ms, wall);
     doc::TargetStats {
+        last_probe: None,
+        probes: Default::default(),
+        probing: false,
         state: Some(state),
         resumed: c.resumes.get(ResumeOutcome::Resumed),
         hedges: get(&c.hedges),

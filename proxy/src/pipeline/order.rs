@@ -10,7 +10,7 @@ use crate::config::snapshot::RouteRt;
 
 pub const MAX_TARGETS: usize = 8;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Order {
     idx: [u8; MAX_TARGETS],
     len: u8,
@@ -102,6 +102,7 @@ pub(crate) mod tests {
     /// A route over one credential `ns/c`: a target per `(weight, price)`.
     pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
         let spec = Credential {
+            key_rejected_for_ms: 300_000,
             api_version: None,
             responses_api: false,
             prefill: false,
@@ -116,6 +117,7 @@ pub(crate) mod tests {
             max_queue: None,
             allow_private_network: false,
             secret_ref: SecretKeyRef {
+                keys: Vec::new(),
                 name: "s".into(),
                 key: "k".into(),
             },
@@ -137,6 +139,7 @@ pub(crate) mod tests {
         });
         RouteRt {
             spec: Route {
+                response_model: Default::default(),
                 id: ObjectId::new("ns", "r"),
                 generation: 1,
                 models: vec!["m".into()],
@@ -158,6 +161,7 @@ pub(crate) mod tests {
                 .into_iter()
                 .map(|(weight, price)| TargetRt {
                     spec: Target {
+                        health_check: None,
                         model_map: Default::default(),
                         credential: ObjectId::new("ns", "c"),
                         model: None,

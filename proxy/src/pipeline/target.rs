@@ -20,7 +20,7 @@ use tracing::Instrument;
 use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span};
 use super::hedge::state::Raced;
 use super::log::AttemptLog;
-use super::outcome::{attempt_deadline, backoff, retryable};
+use super::outcome::{attempt_deadline, backoff, retryable, share_end};
 use super::stream::LineSlot;
 use super::walk::{Tried, Walk};
 use crate::config::snapshot::TargetRt;
@@ -61,6 +61,8 @@ impl<T: Transport> Walk<'_, '_, T> {
             Ok(plan) => plan,
             Err(reason) => return self.skip(i, reason),
         };
+        // Its tries end by then: the budget, less what later targets are owed.
+        let end = self.target_end(i, t);
         let mut tries = 0u32;
         loop {
             tries += 1;
@@ -83,7 +85,7 @@ impl<T: Transport> Walk<'_, '_, T> {
                 target: t,
                 call: self.call,
                 plan: &plan,
-                deadline: attempt_deadline(started, &t.spec, self.budget),
+                deadline: attempt_deadline(started, &t.spec, end),
                 budget: self.budget,
                 permit,
                 span: &span,
@@ -126,10 +128,7 @@ impl<T: Transport> Walk<'_, '_, T> {
             match self.after(t, &failure, tries, &mut probe) {
                 Next::GiveUp => return Tried::Failed(failure),
                 Next::RetryAfter(wait) => {
-                    let Some(resume) = Instant::now()
-                        .checked_add(wait)
-                        .filter(|r| *r < self.budget)
-                    else {
+                    let Some(resume) = Instant::now().checked_add(wait).filter(|r| *r < end) else {
                         // The wait does not fit the budget: let the next target try.
                         return Tried::Failed(failure);
                     };
@@ -138,6 +137,33 @@ impl<T: Transport> Walk<'_, '_, T> {
                 }
             }
         }
+    }
+
+    /// When target `i`'s tries must be done: the call's budget for a target with its
+    /// own `timeout` (each try has that), else the budget less what the targets after
+    /// it in the order are owed (`share_end`), counting only those that could be tried
+    /// now (not skipped for their circuit, park, key or surface).
+    fn target_end(&self, i: u8, t: &TargetRt) -> Instant {
+        let order = self.order.as_slice();
+        let Some(pos) = order.iter().position(|&k| k == i) else {
+            return self.budget;
+        };
+        if t.spec.timeout_ms.is_some() || pos + 1 == order.len() {
+            return self.budget;
+        }
+        let now = Instant::now();
+        let later = order[pos + 1..]
+            .iter()
+            .map(|&j| &self.route.targets[j as usize])
+            .filter(|l| self.exchange(l).is_ok() && !l.state.breaker.is_open(now))
+            .map(|l| l.spec.timeout_ms);
+        share_end(
+            now,
+            self.budget,
+            self.route.spec.timeout_ms,
+            self.route.targets.len(),
+            later,
+        )
     }
 
     /// The failback ramp (`circuitBreaker.rampUp`) gives this request to the next

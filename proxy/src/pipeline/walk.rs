@@ -22,7 +22,7 @@ use super::call::{Call, Outcome};
 use super::failure::finish_failed;
 use super::hedge::state::Hedging;
 use super::log::AttemptLog;
-use super::order::order;
+use super::order::{Order, order};
 use super::outcome::may_advance;
 use super::stream::LineSlot;
 use crate::config::snapshot::RouteRt;
@@ -46,6 +46,7 @@ pub(super) async fn walk<T: Transport>(
     let budget = started + Duration::from_millis(route.spec.timeout_ms);
     let order = order(route, draw);
     let mut walk = Walk::new(transport, gw, route, call, budget);
+    walk.order = order;
     walk.hedge = Hedging::begin(gw, route, order);
     let order = order.as_slice();
     // The walk's loop is here, not in a method of its own: a nested async fn would be
@@ -146,6 +147,10 @@ pub(super) struct Walk<'a, 'c, T> {
     pub hedge: Option<Box<Hedging>>,
     /// The walk came back to a target the failback ramp passed over: no ramp now.
     pub unramped: bool,
+    /// The order the walk takes (empty for a continuation's walk, whose targets may
+    /// then each use the whole budget): what a target without a timeout leaves the
+    /// targets after it (`outcome::share_end`).
+    pub order: Order,
 }
 
 impl<'a, 'c, T> Walk<'a, 'c, T> {
@@ -171,6 +176,7 @@ impl<'a, 'c, T> Walk<'a, 'c, T> {
             prefilled: 0,
             hedge: None,
             unramped: false,
+            order: Order::default(),
         }
     }
 }
@@ -612,10 +618,52 @@ pub(super) mod tests {
         assert_eq!(outcome.answered_by, Some(1));
     }
 
+    /// SPEC §16: with the defaults (a 60 s budget, no target timeouts), a first target
+    /// that never answers gets half the budget, and the second answers.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_target_leaves_the_next_one_its_share_of_the_budget() {
+        let mut route = targets(2);
+        route.spec.timeout_ms = 60_000;
+        let script = Script::new(
+            &route,
+            &[&[(3_600_000 * MS, Play::Ok)], &[(10 * MS, Play::Ok)]],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.response.status(), StatusCode::OK);
+        assert_eq!(outcome.answered_by, Some(1));
+        assert_eq!(script.at(start), [Duration::ZERO, 30_000 * MS]);
+        assert_eq!(reasons(&outcome), [(0, Reason::Timeout)]);
+
+        // Three targets: each later one is owed a third; the second, hung too, leaves
+        // the last all that remains.
+        let mut route = targets(3);
+        route.spec.timeout_ms = 60_000;
+        let hang = [(3_600_000 * MS, Play::Ok)];
+        let script = Script::new(&route, &[&hang, &hang, &[(MS, Play::Ok)]]);
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.answered_by, Some(2));
+        assert_eq!(script.at(start), [Duration::ZERO, 20_000 * MS, 40_000 * MS]);
+
+        // A later target's own timeout is what it is owed; the last may use all.
+        let mut route = targets(2);
+        route.spec.timeout_ms = 60_000;
+        route.targets[1].spec.timeout_ms = Some(5_000);
+        let script = Script::new(&route, &[&hang, &hang]);
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.at(start), [Duration::ZERO, 55_000 * MS]);
+        assert_eq!(outcome.response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(start.elapsed(), 60_000 * MS);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_budget_ends_the_walk_with_504() {
         let mut route = targets(3);
         route.spec.timeout_ms = 500;
+        // A timeout of its own past the budget: the first may spend all of it.
+        route.targets[0].spec.timeout_ms = Some(10_000);
         let slow = [(10_000 * MS, Play::Ok)];
         let script = Script::new(&route, &[&slow, &slow, &slow]);
         let start = Instant::now();

@@ -86,6 +86,7 @@ mod tests {
         responses_api: bool,
     ) -> Credential {
         Credential {
+            key_rejected_for_ms: 300_000,
             id: switchback_crds::config::ObjectId::new("team-a", "c"),
             provider,
             base_url: "https://llm.example.com/v1".into(),
@@ -94,6 +95,7 @@ mod tests {
             max_queue: None,
             allow_private_network: false,
             secret_ref: switchback_crds::config::SecretKeyRef {
+                keys: Vec::new(),
                 name: "k".into(),
                 key: "apiKey".into(),
             },

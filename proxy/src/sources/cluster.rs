@@ -325,11 +325,13 @@ mod tests {
         let credential = ObjectId::new(ns, "openai");
         CompiledConfig {
             routes: vec![Route {
+                response_model: Default::default(),
                 id: ObjectId::new(ns, route),
                 generation: 2,
                 models: vec![model.into()],
                 strategy: Strategy::Fallback,
                 targets: vec![Target {
+                    health_check: None,
                     model_map: Default::default(),
                     credential: credential.clone(),
                     model: None,
@@ -346,6 +348,7 @@ mod tests {
                 hedge: None,
             }],
             credentials: vec![Credential {
+                key_rejected_for_ms: 300_000,
                 api_version: None,
                 responses_api: false,
                 prefill: false,
@@ -360,6 +363,7 @@ mod tests {
                 max_queue: None,
                 allow_private_network: false,
                 secret_ref: SecretKeyRef {
+                    keys: Vec::new(),
                     name: "keys".into(),
                     key: "openai".into(),
                 },
