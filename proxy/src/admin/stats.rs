@@ -24,7 +24,7 @@ fn target_state(
     wall: SystemTime,
 ) -> (TargetState, Option<SystemTime>, Option<SystemTime>) {
     let at = |instant: Instant| wall + instant.saturating_duration_since(now);
-    if t.credential.headers.is_none() {
+    if t.credential.keys.is_empty() {
         return (TargetState::NoKey, None, None);
     }
     match t.state.breaker.state() {

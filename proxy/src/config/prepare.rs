@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use http::header::HeaderValue;
 use switchback_crds::compile::Compiled;
-use switchback_crds::config::{Client, Credential, ObjectId, Route};
+use switchback_crds::config::{Client, Credential, KeyPool, ObjectId, Route};
 use switchback_crds::revision::Revisions;
+use switchback_crds::secret::Secret;
 
 use super::snapshot::{
     ByKeyHash, ConfigGeneration, CredentialRt, ModelRoute, RouteRt, Snapshot, TargetRt, Tenant,
@@ -24,6 +25,7 @@ use crate::limits::clients::{
 };
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
+use crate::limits::keys::{KeyPool as Pool, KeyState, PoolKey};
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{self, Kept};
 use crate::upstream::Clients;
@@ -53,6 +55,9 @@ struct CarriedMaps {
     client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
     /// What providers keep per credential and key across reloads (an OAuth token).
     kept: Kept,
+    /// Each key's park and rejection, by credential, data-key name and a hash of its
+    /// value: a rotated key starts afresh.
+    keys: HashMap<(ObjectId, Box<str>, u64), Arc<KeyState>>,
 }
 
 impl Carried {
@@ -111,6 +116,7 @@ impl CarriedMaps {
         prune(&mut self.route_targets);
         prune(&mut self.limiters);
         prune(&mut self.client_limits);
+        prune(&mut self.keys);
         self.kept.prune();
     }
 }
@@ -218,7 +224,7 @@ fn prepare_credentials(
                 .or_insert_with(|| Arc::new(Limiter::new(max, queue)))
                 .clone()
         });
-        let rt = prepare_credential(c, compiled, clients, limiter, &mut maps.kept)?;
+        let rt = prepare_credential(c, compiled, clients, limiter, maps)?;
         credentials.insert(c.id.clone(), Arc::new(rt));
     }
     Ok(credentials)
@@ -415,6 +421,40 @@ fn client_rt(
     }
 }
 
+/// A credential's key values by data-key name, in declared order: a pool's (those its
+/// Secret held), or its one key (`bedrock`'s key pair as one, by its access key id's
+/// name). Empty while the key is missing.
+fn key_values(
+    c: &Credential,
+    compiled: &Compiled,
+) -> Result<Vec<(Box<str>, Secret<String>)>, PrepareError> {
+    let Some(entry) = compiled.keys.get(&c.id) else {
+        return Ok(Vec::new());
+    };
+    if c.secret_ref.keys.is_empty() {
+        let name = c.key_names().first().copied().unwrap_or_default();
+        return Ok(vec![(name.into(), entry.clone())]);
+    }
+    let mut pool = KeyPool::decode(entry).ok_or_else(|| PrepareError::Credential {
+        credential: c.id.clone(),
+        field: "secretRef.keys",
+        message: "the delivered keys are not a key pool".into(),
+    })?;
+    Ok(c.secret_ref
+        .keys
+        .iter()
+        .filter_map(|name| Some((name.as_str().into(), pool.0.remove(name)?)))
+        .collect())
+}
+
+/// A key value's hash: which state it keeps (never shown anywhere).
+fn value_hash(value: &Secret<String>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.expose().hash(&mut h);
+    h.finish()
+}
+
 fn header_value(s: &str) -> HeaderValue {
     // Object names are DNS labels: always valid header values.
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
@@ -425,16 +465,48 @@ fn prepare_credential(
     compiled: &Compiled,
     clients: &Clients,
     limiter: Option<Arc<Limiter>>,
-    kept: &mut Kept,
+    maps: &mut CarriedMaps,
 ) -> Result<CredentialRt, PrepareError> {
     let adapter = providers::adapter(c.provider);
-    let prepared = adapter
-        .prepare(c, compiled.keys.get(&c.id), kept)
-        .map_err(|e| PrepareError::Credential {
-            credential: c.id.clone(),
-            field: e.field,
-            message: e.message,
-        })?;
+    let refused = |e: providers::CredentialError| PrepareError::Credential {
+        credential: c.id.clone(),
+        field: e.field,
+        message: e.message,
+    };
+    let values = key_values(c, compiled)?;
+    // Without a key: the endpoint alone (the target is skipped as `missingKey`).
+    let mut endpoint = None;
+    if values.is_empty() {
+        endpoint = Some(
+            adapter
+                .prepare(c, None, &mut maps.kept)
+                .map_err(refused)?
+                .endpoint,
+        );
+    }
+    let mut keys = Vec::with_capacity(values.len());
+    for (name, value) in values {
+        let prepared = adapter
+            .prepare(c, Some(&value), &mut maps.kept)
+            .map_err(refused)?;
+        // Every key of a pool reaches the same endpoint: its URLs do not depend on
+        // the key (providers whose authorisation does take the whole Secret, and no
+        // pool).
+        endpoint.get_or_insert(prepared.endpoint);
+        let Some(headers) = prepared.headers else {
+            continue;
+        };
+        let slot = (c.id.clone(), name.clone(), value_hash(&value));
+        keys.push(PoolKey {
+            name,
+            headers,
+            secret: prepared.secret,
+            state: maps.keys.entry(slot).or_default().clone(),
+        });
+    }
+    let Some(endpoint) = endpoint else {
+        unreachable!("an endpoint is prepared with or without a key");
+    };
     let host = c
         .base_url
         .parse::<http::Uri>()
@@ -443,11 +515,10 @@ fn prepare_credential(
         .unwrap_or_default();
     Ok(CredentialRt {
         adapter,
-        endpoint: prepared.endpoint,
+        endpoint,
         target_header: header_value(&c.id.to_string()),
         host,
-        headers: prepared.headers,
-        secret: prepared.secret,
+        keys: Pool::new(keys),
         client: if c.allow_private_network {
             clients.private.clone()
         } else {

@@ -7,16 +7,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderValue;
 use switchback_crds::config::{CompiledConfig, Credential, ObjectId, Route, Target};
 use switchback_crds::keyhash::KeyHash;
 use switchback_crds::revision::Revision;
-use switchback_crds::secret::Secret;
 
 use super::target::TargetState;
 use crate::limits::clients::{ClientRt, ClientUsage};
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
+use crate::limits::keys::KeyPool;
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{Adapter, Endpoint};
 use crate::upstream;
@@ -34,11 +34,9 @@ pub struct CredentialRt {
     pub target_header: HeaderValue,
     /// The host its requests go to (`server.address` of attempt spans).
     pub host: Box<str>,
-    /// Static headers plus the key's; `None` when the key is missing or unusable.
-    pub headers: Option<HeaderMap>,
-    /// Key material, only to mask it in provider error bodies relayed to clients
-    /// (some echo it back); `None` when missing.
-    pub secret: Option<Secret<String>>,
+    /// Its keys (one, or a pool), each with the static headers plus its own; empty
+    /// when the key is missing or unusable.
+    pub keys: KeyPool,
     pub client: upstream::Lanes,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,

@@ -98,9 +98,19 @@ pub(crate) mod tests {
     use super::*;
     use crate::config::snapshot::{CredentialRt, TargetRt};
     use crate::config::target::TargetState;
+    use crate::limits::keys::{KeyPool, PoolKey};
 
     /// A route over one credential `ns/c`: a target per `(weight, price)`.
     pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
+        route_with_keys(strategy, targets, 1)
+    }
+
+    /// [`route`], its credential holding a pool of `keys` keys named `k0`, `k1`, ...
+    pub(crate) fn route_with_keys(
+        strategy: Strategy,
+        targets: Vec<(u32, Option<f64>)>,
+        keys: usize,
+    ) -> RouteRt {
         let spec = Credential {
             key_rejected_for_ms: 300_000,
             api_version: None,
@@ -132,8 +142,16 @@ pub(crate) mod tests {
             endpoint: prepared.endpoint,
             target_header: HeaderValue::from_static("ns/c"),
             host: "x".into(),
-            headers: Some(Default::default()),
-            secret: None,
+            keys: KeyPool::new(
+                (0..keys)
+                    .map(|i| PoolKey {
+                        name: format!("k{i}").into(),
+                        headers: Default::default(),
+                        secret: None,
+                        state: Arc::default(),
+                    })
+                    .collect(),
+            ),
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
         });

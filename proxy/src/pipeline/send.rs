@@ -20,6 +20,7 @@ use super::answer::{Capping, Unanswered};
 use super::attempt::{Attempt, Attempted, Failure, Transport, UpstreamAnswer, timed_out};
 use super::stream::{self, LineSlot, NotCommitted, StreamAttempt};
 use super::{answer, relay};
+use crate::observe::counters;
 use crate::observe::reason::Reason;
 use crate::observe::telemetry;
 use crate::providers::classify::{self, classify_status};
@@ -135,10 +136,12 @@ impl Transport for Http {
 fn request_parts(a: &Attempt<'_, '_>) -> Result<(http::Uri, HeaderMap), Reason> {
     let (t, call, plan) = (a.target, a.call, a.plan);
     let cred = &t.credential;
-    let Some(base) = &cred.headers else {
+    if cred.keys.is_empty() {
         return Err(Reason::MissingKey);
-    };
-    let mut headers = base.clone();
+    }
+    let key = cred.keys.get(a.key);
+    counters::inc(&key.state.attempts);
+    let mut headers = key.headers.clone();
     headers.insert(X_REQUEST_ID, call.request_id.clone());
     for name in FORWARDED {
         if cred.adapter.forwards(plan.exchange.dialect, &name)
@@ -242,10 +245,7 @@ async fn failure(
         // status alone answers.
         Ok(Ok(_)) if relay::is_encoded(&headers) => Bytes::new(),
         // Some providers echo the key they refused: never relayed to the client.
-        Ok(Ok(b)) => match &cred.secret {
-            Some(key) => relay::mask_key(b, key.expose()),
-            None => b,
-        },
+        Ok(Ok(b)) => relay::mask_keys(b, cred.keys.secrets()),
     };
     let code = status.as_u16();
     let translation = a.plan.translation;

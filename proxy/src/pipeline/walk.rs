@@ -392,6 +392,8 @@ pub(super) mod tests {
         route: &'r RouteRt,
         plays: Mutex<Vec<VecDeque<(Duration, Play)>>>,
         tries: Mutex<Vec<(u8, Instant)>>,
+        /// The key each try was sent with.
+        keys: Mutex<Vec<u8>>,
     }
 
     impl<'r> Script<'r> {
@@ -400,6 +402,7 @@ pub(super) mod tests {
                 route,
                 plays: Mutex::new(plays.iter().map(|p| p.iter().copied().collect()).collect()),
                 tries: Mutex::default(),
+                keys: Mutex::default(),
             }
         }
 
@@ -424,6 +427,7 @@ pub(super) mod tests {
                 .position(|t| std::ptr::eq(t, a.target))
                 .expect("a target of the route") as u8;
             self.tries.lock().unwrap().push((i, Instant::now()));
+            self.keys.lock().unwrap().push(a.key);
             let next = self.plays.lock().unwrap()[i as usize].pop_front();
             let (delay, play) = next.expect("a try the script foresaw");
             if timeout_at(a.deadline, sleep(delay)).await.is_err() {
@@ -705,6 +709,85 @@ pub(super) mod tests {
         assert_eq!(outcome.answered_by, Some(0));
         assert!(!target(&route, 0).state.breaker.is_open(Instant::now()));
         assert!(target(&route, 1).state.breaker.is_open(Instant::now()));
+    }
+
+    /// SPEC §16: a 429 parks the key sent and the same try goes at once to the next
+    /// key (an attempt, not a retry or a fallback); a 401 rejects the key for
+    /// `keyRejectedFor`, and later requests pass it over.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_set_aside_hands_the_same_try_to_the_next_key() {
+        let mut route = crate::pipeline::order::tests::route_with_keys(
+            Strategy::Fallback,
+            vec![(1, None); 2],
+            3,
+        );
+        route.spec.timeout_ms = 60_000;
+        let keys = &route.targets[0].credential.keys;
+        let script = Script::new(
+            &route,
+            &[&[(MS, rate_limited(20_000 * MS)), (MS, Play::Ok)], &[]],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.answered_by, Some(0));
+        assert_eq!((outcome.attempts, outcome.fallbacks), (2, 0));
+        assert_eq!(*script.keys.lock().unwrap(), [0, 1]);
+        assert_eq!(
+            script.at(start),
+            [Duration::ZERO, MS],
+            "at once, no backoff"
+        );
+        assert_eq!(reasons(&outcome), [(0, Reason::RateLimited)]);
+        assert_eq!(counters::get(&target(&route, 0).counters.retries), 0);
+        assert_eq!(
+            keys.get(0).state.shown(1).0,
+            switchback_crds::stats::KeyState::Parked
+        );
+        assert_eq!(
+            target(&route, 0).state.parked_until_ms(),
+            0,
+            "the target is not"
+        );
+
+        // The next request starts at the next key in turn; a 401 rejects it, and the
+        // next usable one (not the parked one) answers.
+        let script = Script::new(&route, &[&[(MS, fail(401)), (MS, Play::Ok)], &[]]);
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(
+            outcome.answered_by,
+            Some(0),
+            "authError is opt-in, but a key is not the target"
+        );
+        assert_eq!(*script.keys.lock().unwrap(), [2, 1]);
+        let rejected = keys.get(2).state.shown(10);
+        assert_eq!(rejected.0, switchback_crds::stats::KeyState::Rejected);
+        assert!(
+            rejected.1.unwrap() >= 300_000,
+            "keyRejectedFor, 5m by default"
+        );
+
+        // Only key 1 is usable now: every request takes it.
+        let script = Script::new(&route, &[&[(MS, Play::Ok), (MS, Play::Ok)], &[]]);
+        walk_once(&route, &script).await;
+        walk_once(&route, &script).await;
+        assert_eq!(*script.keys.lock().unwrap(), [1, 1]);
+
+        // Its 429 leaves no key usable: the target counts as rate limited, parked until
+        // its first key is back, and the walk moves on.
+        let script = Script::new(
+            &route,
+            &[&[(MS, rate_limited(5_000 * MS))], &[(MS, Play::Ok)]],
+        );
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0, 1]);
+        assert_eq!(outcome.answered_by, Some(1));
+        let now = Gateway::new(1024, "t".into(), 1).unwrap().now_ms();
+        let parked = target(&route, 0).state.parked_until_ms();
+        assert!(
+            parked > now && parked <= now + 5_001,
+            "the first key back: {parked}"
+        );
+        assert_eq!(keys.usable(now), 0);
     }
 
     #[tokio::test(start_paused = true)]
