@@ -145,6 +145,9 @@ pub struct Gateway {
     /// What the operator last read of the clients' counters, for the handover at
     /// shutdown.
     pub handover: crate::admin::handover::Handover,
+    /// The background prober's schedule (SPEC §16): woken when a circuit opens or a
+    /// config is applied.
+    pub health: crate::health::Health,
 }
 
 impl Gateway {
@@ -181,6 +184,7 @@ impl Gateway {
             reserve_budgets: true,
             settling: Arc::default(),
             handover: Default::default(),
+            health: Default::default(),
         })
     }
 
@@ -244,6 +248,7 @@ impl Gateway {
         r.loaded_at = Some(SystemTime::now());
         r.warnings = warnings;
         r.last_error = None;
+        self.health.wake();
         Ok(())
     }
 

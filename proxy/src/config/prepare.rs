@@ -172,6 +172,8 @@ pub fn prepare(
     let revisions = Revisions::new(&compiled.config, &compiled.keys);
     let mut routes = HashMap::new();
     let mut route_list = Vec::new();
+    // Targets whose probing the first route using them has set, this pass.
+    let mut probed = std::collections::HashSet::new();
     for r in &compiled.config.routes {
         let route = Arc::new(RouteRt {
             counters: carried(&mut maps.routes, r.id.clone()),
@@ -183,7 +185,7 @@ pub fn prepare(
             generation_header: HeaderValue::from(r.generation),
             revision: revisions.route(r),
             spec: r.clone(),
-            targets: prepare_targets(r, &credentials, compiled, &mut maps)?,
+            targets: prepare_targets(r, &credentials, compiled, &mut maps, &mut probed)?,
         });
         if !auth_required {
             index_models(&mut routes, &route)?;
@@ -238,6 +240,7 @@ fn prepare_targets(
     credentials: &HashMap<ObjectId, Arc<CredentialRt>>,
     compiled: &Compiled,
     maps: &mut CarriedMaps,
+    probed: &mut std::collections::HashSet<TargetKey>,
 ) -> Result<Vec<TargetRt>, PrepareError> {
     let mut targets = Vec::with_capacity(r.targets.len());
     for (index, t) in r.targets.iter().enumerate() {
@@ -255,8 +258,18 @@ fn prepare_targets(
         };
         let state = carried(&mut maps.targets, key.clone());
         state.adopt(fingerprint(&credential.spec, compiled));
+        // One state per target, whichever routes use it: the first route's settings
+        // decide how its open circuit is probed (as `health` probes it for that route).
+        if probed.insert(key.clone()) {
+            state.breaker.set_probing(crate::health::probe_every(r, t));
+        }
         let named = t.model.iter().chain(t.model_map.values());
+        let model_headers = named
+            .clone()
+            .filter_map(|m| Some((m.clone(), HeaderValue::from_str(m).ok()?)))
+            .collect();
         targets.push(TargetRt {
+            model_headers,
             spec: t.clone(),
             counters: carried(&mut maps.route_targets, (r.id.clone(), key)),
             state,

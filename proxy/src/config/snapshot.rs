@@ -62,6 +62,9 @@ pub struct TargetRt {
     pub model_json: Option<JsonStr>,
     /// `modelMap` as JSON literals, by the name the client sent.
     pub model_map_json: HashMap<String, JsonStr>,
+    /// The `x-switchback-model` values of the models it names (`model`, the
+    /// `modelMap` values), made once; a model named by the client is made per request.
+    pub model_headers: HashMap<String, HeaderValue>,
     /// For endpoints whose URLs name the model: the URLs of the models this target
     /// names (`model`, the `modelMap` values), made once. A model named by the
     /// client (neither set) is made per request.
@@ -73,6 +76,16 @@ impl TargetRt {
     /// client's name, or the client's.
     pub fn model<'a>(&'a self, client_model: &'a str) -> &'a str {
         self.spec.upstream_model(client_model)
+    }
+
+    /// The `x-switchback-model` value for a request whose client sent `client_model`;
+    /// `None` for a name no header can carry.
+    pub fn model_header(&self, client_model: &str) -> Option<HeaderValue> {
+        let model = self.model(client_model);
+        match self.model_headers.get(model) {
+            Some(v) => Some(v.clone()),
+            None => HeaderValue::from_str(model).ok(),
+        }
     }
 
     /// The upstream model to splice into a request body whose client sent

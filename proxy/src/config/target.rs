@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use switchback_crds::config::ObjectId;
 
+use crate::health::Probes;
 use crate::limits::circuit::Breaker;
 use crate::observe::counters::Histogram;
 use crate::observe::reason::Reason;
@@ -30,6 +31,8 @@ pub struct TargetState {
     /// Latency of answered attempts (full answer, or first content event for streams).
     pub latency: Histogram,
     last_failure: Mutex<Option<FailureRecord>>,
+    /// Its background probes and health checks (SPEC §16).
+    pub probes: Probes,
 }
 
 /// The last failure of a target, for stats.

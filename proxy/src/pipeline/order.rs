@@ -178,6 +178,7 @@ pub(crate) mod tests {
             targets: targets
                 .into_iter()
                 .map(|(weight, price)| TargetRt {
+                    model_headers: Default::default(),
                     spec: Target {
                         health_check: None,
                         model_map: Default::default(),

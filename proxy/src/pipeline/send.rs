@@ -189,18 +189,19 @@ fn streamed(a: &Attempt<'_, '_>, headers: &HeaderMap) -> bool {
 /// What committing a stream needs of the attempt (its slot goes with it).
 fn stream_attempt<'a>(a: Attempt<'a, '_>) -> StreamAttempt<'a> {
     let (gw, t, call, plan) = (a.gw, a.target, a.call, a.plan);
+    let (model_json, model) = call.answer_model(a.route, t);
     StreamAttempt {
         target: t,
         route: a.route,
         max_event_bytes: gw.upstream_limits.max_event_bytes,
         refused: &gw.refused,
-        model: &call.client_model_json,
+        model: model_json,
         surface: call.surface,
         translator: plan.translation.map(|tr| {
             let usage = call
                 .include_usage
                 .unwrap_or_else(|| translate::include_usage(&call.body));
-            (tr, call.client_model, usage)
+            (tr, model, usage)
         }),
         permit: a.permit,
         client: call.client.cloned(),

@@ -383,6 +383,8 @@ impl<T: Transport> Walk<'_, '_, T> {
                 tracing::warn!(target_credential = %t.label,
                     model = t.model(self.call.client_model), reason = f.reason.as_str(),
                     "circuit opened");
+                // Its probes, if it is probed, are due once `openFor` has passed.
+                self.gw.health.wake();
                 return Next::GiveUp;
             }
         } else {

@@ -273,16 +273,13 @@ impl<T: Transport> Walk<'_, '_, T> {
         if pos > 0 {
             counters::inc(&self.route.counters.fallbacks);
         }
+        let t = &self.route.targets[i as usize];
         Outcome {
             response,
             attempts: self.sent,
             fallbacks: pos,
-            target: Some(
-                self.route.targets[i as usize]
-                    .credential
-                    .target_header
-                    .clone(),
-            ),
+            target: Some(t.credential.target_header.clone()),
+            model: t.model_header(self.call.client_model),
             answered_by: Some(i),
             log: std::mem::take(&mut self.log),
             stream_line,
@@ -318,6 +315,7 @@ impl<T: Transport> Walk<'_, '_, T> {
                 attempts: 0,
                 fallbacks,
                 target: None,
+                model: None,
                 answered_by: None,
                 log: std::mem::take(&mut self.log),
                 stream_line: None,

@@ -37,7 +37,8 @@ mod vocab;
 use switchback_crds::config::Provider;
 
 pub use adapter::{
-    Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared, Unsigned,
+    Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared,
+    ProbeRequest, Unsigned,
 };
 pub use dialect::Dialect;
 

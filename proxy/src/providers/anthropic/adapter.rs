@@ -5,8 +5,11 @@ use bytes::Bytes;
 use switchback_crds::config::Credential;
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{Adapter, CredentialError, Kept, Prefilled, Prepared, SurfaceUrls};
+use super::super::adapter::{
+    Adapter, CredentialError, Kept, Prefilled, Prepared, ProbeRequest, SurfaceUrls,
+};
 use super::super::dialect::Dialect;
+use crate::wire::surface::Surface;
 
 /// The `anthropic-version` header sent with every request.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -23,6 +26,14 @@ impl Adapter for Anthropic {
 
     fn dialect(&self, _model: &str) -> &'static dyn Dialect {
         &super::MESSAGES
+    }
+
+    /// A message of one user word and `max_tokens: 1`, in its own API.
+    fn probe(&self) -> ProbeRequest {
+        ProbeRequest {
+            surface: Surface::Messages,
+            body: r#"{"model":"","max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#,
+        }
     }
 
     /// Every Anthropic model continues a prefill (trailing whitespace left out).
