@@ -4,7 +4,8 @@
 //! A key answered with 429 is *parked* until its Retry-After (or the retry backoff)
 //! ends; one answered with 401 or 403 is *rejected* for the credential's
 //! `keyRejectedFor`. Requests take the usable keys in turn: [`KeyPool::pick`] is one
-//! atomic add and a scan of at most 32 atomics, no lock. When no key is usable, the one
+//! atomic add and a scan of at most 32 atomics, no lock; a try whose key was set
+//! aside goes at once to the next usable key ([`KeyPool::after`]). When no key is usable, the one
 //! set aside the shortest is taken anyway (the walk decides whether to send at all:
 //! a target parked after its last usable key's 429 is skipped as `parked`).
 //!
@@ -119,24 +120,39 @@ impl KeyPool {
         self.keys.iter()
     }
 
-    /// The key a request uses at `now_ms`: the next usable one in turn, else the one
-    /// whose park or rejection ends soonest. `None` only for an empty pool.
+    /// The key a request uses at `now_ms`: the usable ones in turn (each request the
+    /// next of those usable now), else the one whose park or rejection ends soonest.
+    /// `None` only for an empty pool.
     pub fn pick(&self, now_ms: u64) -> Option<u8> {
         let n = self.keys.len();
         if n <= 1 {
             return (n == 1).then_some(0);
         }
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut soonest = (u64::MAX, 0);
-        for k in 0..n {
-            let i = (start + k) % n;
-            let from = self.keys[i].state.usable_from_ms();
-            if from <= now_ms {
-                return Some(i as u8);
-            }
-            soonest = soonest.min((from, i));
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        let usable = self.usable(now_ms);
+        if usable == 0 {
+            return Some(self.soonest());
         }
-        Some(soonest.1 as u8)
+        let nth = turn % usable;
+        let mut usable = (0..n).filter(|&i| self.keys[i].state.usable(now_ms));
+        usable.nth(nth).map(|i| i as u8)
+    }
+
+    /// The first usable key after `key` (in declared order, round and round): where a
+    /// try whose key was just set aside goes; else the one back soonest.
+    pub fn after(&self, key: u8, now_ms: u64) -> u8 {
+        let n = self.keys.len();
+        (1..n)
+            .map(|k| (usize::from(key) + k) % n)
+            .find(|&i| self.keys[i].state.usable(now_ms))
+            .map_or_else(|| self.soonest(), |i| i as u8)
+    }
+
+    /// The key whose park or rejection ends soonest.
+    fn soonest(&self) -> u8 {
+        (0..self.keys.len())
+            .min_by_key(|&i| self.keys[i].state.usable_from_ms())
+            .unwrap_or(0) as u8
     }
 
     /// Whether a key other than `but` is usable at `now_ms`.
@@ -193,9 +209,11 @@ mod tests {
         assert_eq!(turns, [0, 1, 2, 0, 1, 2]);
         p.get(1).state.park_until(1_000);
         let turns: Vec<u8> = (0..4).map(|_| p.pick(500).unwrap()).collect();
-        assert_eq!(turns, [0, 2, 2, 0], "the parked key is passed over");
+        assert_eq!(turns, [0, 2, 0, 2], "the parked key is passed over, the rest alternate");
         assert!(p.another_usable(500, 0));
         assert_eq!(p.usable(500), 2);
+        assert_eq!(p.after(0, 500), 2, "the next usable after the one set aside");
+        assert_eq!(p.after(2, 500), 0);
         // Its park over, it takes its turn again.
         let turns: Vec<u8> = (0..3).map(|_| p.pick(1_000).unwrap()).collect();
         assert_eq!(turns, [1, 2, 0]);

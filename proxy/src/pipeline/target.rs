@@ -69,6 +69,8 @@ impl<T: Transport> Walk<'_, '_, T> {
         // Keys set aside and replaced at once: each is an attempt, not a retry, and
         // a request goes through each key once at most.
         let mut switched = 0usize;
+        // The key the next try goes with, when a key was just set aside.
+        let mut next_key = None;
         loop {
             tries += 1;
             if Instant::now() >= self.budget {
@@ -84,7 +86,10 @@ impl<T: Transport> Walk<'_, '_, T> {
                 },
             };
             let (span, started) = self.counted(t, tries);
-            let key = t.credential.keys.pick(self.gw.now_ms()).unwrap_or(0);
+            let key = match next_key.take() {
+                Some(k) => k,
+                None => t.credential.keys.pick(self.gw.now_ms()).unwrap_or(0),
+            };
             let attempt = Attempt {
                 gw: self.gw,
                 route,
@@ -139,6 +144,7 @@ impl<T: Transport> Walk<'_, '_, T> {
                 Next::OtherKey => {
                     switched += 1;
                     tries -= 1;
+                    next_key = Some(t.credential.keys.after(key, self.gw.now_ms()));
                 }
                 Next::RetryAfter(wait) => {
                     let Some(resume) = Instant::now().checked_add(wait).filter(|r| *r < end) else {
