@@ -130,7 +130,10 @@ async fn a_key_pool_takes_keys_in_turn_and_sets_aside_the_ones_refused() {
         ]
     );
     let k3 = &stats["credentials"][1]["keys"][2];
-    assert_eq!((k3["rejected"].as_u64(), k3["rateLimited"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(
+        (k3["rejected"].as_u64(), k3["rateLimited"].as_u64()),
+        (Some(1), Some(0))
+    );
     let metrics = proxy.admin_text("/metrics").await;
     for line in [
         r#"switchback_key_state{credential="team-a/primary",key="k2",state="Parked"} 1"#,
@@ -201,7 +204,9 @@ async fn an_open_circuit_is_probed_and_traffic_is_back_within_one_interval() {
         let by = header(&r, "x-switchback-target").to_owned();
         match (by.as_str(), back) {
             ("team-a/primary", None) if at > Duration::ZERO => back = Some(at),
-            ("team-a/backup", Some(b)) => panic!("back on the primary at {b:?}, then not at {at:?}"),
+            ("team-a/backup", Some(b)) => {
+                panic!("back on the primary at {b:?}, then not at {at:?}")
+            }
             _ => {}
         }
     }
@@ -256,7 +261,11 @@ async fn while_probing_the_stats_say_so_and_no_request_reaches_the_target() {
     primary.set_default(Behavior::Hang);
     served(&proxy).await; // the primary hangs: its share runs out, the backup answers
     let t = proxy.admin_stats().await["routes"][0]["targets"][0].clone();
-    assert_eq!((t["state"].as_str(), t["probing"].as_bool()), (Some("CircuitOpen"), Some(true)), "{t}");
+    assert_eq!(
+        (t["state"].as_str(), t["probing"].as_bool()),
+        (Some("CircuitOpen"), Some(true)),
+        "{t}"
+    );
     // Past openFor, requests still skip it; the probes time out (10 s, no target
     // timeout) one after the other.
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -299,15 +308,25 @@ async fn a_hung_first_target_gets_half_the_budget_and_the_second_answers() {
         took >= Duration::from_secs(30) && took < Duration::from_secs(31),
         "{took:?}"
     );
-    assert_eq!(primary.cancelled(), 1, "the hung attempt was dropped at 30 s");
+    assert_eq!(
+        primary.cancelled(),
+        1,
+        "the hung attempt was dropped at 30 s"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn health_checks_feed_least_latency_and_open_the_circuit() {
     let slow = SimProvider::start_named("slow", Flavor::OpenAi).await;
     let fast = SimProvider::start_named("fast", Flavor::OpenAi).await;
-    slow.set_default(Behavior::Delay(Duration::from_millis(400), Box::new(Behavior::Answer)));
-    fast.set_default(Behavior::Delay(Duration::from_millis(50), Box::new(Behavior::Answer)));
+    slow.set_default(Behavior::Delay(
+        Duration::from_millis(400),
+        Box::new(Behavior::Answer),
+    ));
+    fast.set_default(Behavior::Delay(
+        Duration::from_millis(50),
+        Box::new(Behavior::Answer),
+    ));
     let manifests = [
         credential("slow", "openai", &slow.base_url(), "sk-slow"),
         credential("fast", "openai", &fast.base_url(), "sk-fast"),
@@ -335,7 +354,11 @@ async fn health_checks_feed_least_latency_and_open_the_circuit() {
         assert!(t["probes"]["success"].as_u64() >= Some(2), "{t}");
         assert!(t["latency"]["smoothedMs"].as_f64().is_some(), "{t}");
     }
-    assert_eq!(slow.hits() + fast.hits(), 6, "one check each at 0, 5 and 10 s");
+    assert_eq!(
+        slow.hits() + fast.hits(),
+        6,
+        "one check each at 0, 5 and 10 s"
+    );
     assert_eq!(
         header(&served(&proxy).await, "x-switchback-target"),
         "team-a/fast"
@@ -404,7 +427,10 @@ async fn every_provider_answers_its_probe() {
     let mut stats = proxy.admin_stats().await;
     for _ in 0..40 {
         let probed = stats["routes"].as_array().unwrap().iter();
-        if probed.clone().all(|r| r["targets"][0]["lastProbe"].is_object()) {
+        if probed
+            .clone()
+            .all(|r| r["targets"][0]["lastProbe"].is_object())
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -412,7 +438,11 @@ async fn every_provider_answers_its_probe() {
     }
     for r in stats["routes"].as_array().unwrap() {
         let t = &r["targets"][0];
-        assert_eq!(t["lastProbe"]["outcome"], "success", "{}: {t}", r["route"]["name"]);
+        assert_eq!(
+            t["lastProbe"]["outcome"], "success",
+            "{}: {t}",
+            r["route"]["name"]
+        );
     }
     for (sim, path) in [
         (&openai, "/v1/chat/completions"),
@@ -443,7 +473,11 @@ async fn the_answer_says_which_model_answered() {
     let openai = SimProvider::start_named("openai", Flavor::OpenAi).await;
     let anthropic = SimProvider::start_named("anthropic", Flavor::Anthropic).await;
     let routes = |served: bool| {
-        let mode = if served { "  responseModel: served\n" } else { "" };
+        let mode = if served {
+            "  responseModel: served\n"
+        } else {
+            ""
+        };
         [
             route(
                 "smart",

@@ -209,10 +209,18 @@ mod tests {
         assert_eq!(turns, [0, 1, 2, 0, 1, 2]);
         p.get(1).state.park_until(1_000);
         let turns: Vec<u8> = (0..4).map(|_| p.pick(500).unwrap()).collect();
-        assert_eq!(turns, [0, 2, 0, 2], "the parked key is passed over, the rest alternate");
+        assert_eq!(
+            turns,
+            [0, 2, 0, 2],
+            "the parked key is passed over, the rest alternate"
+        );
         assert!(p.another_usable(500, 0));
         assert_eq!(p.usable(500), 2);
-        assert_eq!(p.after(0, 500), 2, "the next usable after the one set aside");
+        assert_eq!(
+            p.after(0, 500),
+            2,
+            "the next usable after the one set aside"
+        );
         assert_eq!(p.after(2, 500), 0);
         // Its park over, it takes its turn again.
         let turns: Vec<u8> = (0..3).map(|_| p.pick(1_000).unwrap()).collect();
