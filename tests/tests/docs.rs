@@ -497,7 +497,8 @@ See [a](docs/a.md#part) and ![b](img/b.png \"title\"), [c](<d e.md>).
 }
 
 /// SPEC §12: the troubleshooting page names every failure and skip reason the proxy
-/// gives, every target state the status shows, and the Events the operator records.
+/// gives, every target state the status shows, every key state (SPEC §16), where
+/// probes and keys show, and the Events the operator records.
 #[test]
 fn the_troubleshooting_page_names_every_reason_state_and_event() {
     let page = std::fs::read_to_string(
@@ -513,6 +514,16 @@ fn the_troubleshooting_page_names_every_reason_state_and_event() {
     for state in switchback_crds::stats::TargetState::ALL {
         if !page.contains(&format!("`{}`", state.as_str())) {
             missing.push(format!("state {}", state.as_str()));
+        }
+    }
+    for state in switchback_crds::stats::KeyState::ALL {
+        if !page.contains(&format!("`{}`", state.as_str())) {
+            missing.push(format!("key state {}", state.as_str()));
+        }
+    }
+    for field in ["probing", "lastProbe", "usableKeys", "KEYS", "x-switchback-model"] {
+        if !page.contains(field) {
+            missing.push(format!("status field {field}"));
         }
     }
     for event in ["CircuitOpened", "CircuitClosed"] {
