@@ -521,7 +521,13 @@ fn the_troubleshooting_page_names_every_reason_state_and_event() {
             missing.push(format!("key state {}", state.as_str()));
         }
     }
-    for field in ["probing", "lastProbe", "usableKeys", "KEYS", "x-switchback-model"] {
+    for field in [
+        "probing",
+        "lastProbe",
+        "usableKeys",
+        "KEYS",
+        "x-switchback-model",
+    ] {
         if !page.contains(field) {
             missing.push(format!("status field {field}"));
         }

@@ -1791,11 +1791,15 @@ async fn key_pools_and_probes_reach_status() {
         .replace("openFor: 8s }", "openFor: 3s, probeInterval: 2s }"),
     ));
     // 1. k2 is not in the Secret: the route says so naming the field, and serves.
-    let rr = eventually("ResolvedRefs=False naming keys[1]", Duration::from_secs(30), || {
-        let r = get_json(&["llmroute", "-n", &a, "smart"])?;
-        let c = condition(&r, "ResolvedRefs")?.clone();
-        (c["status"] == "False").then_some(c)
-    })
+    let rr = eventually(
+        "ResolvedRefs=False naming keys[1]",
+        Duration::from_secs(30),
+        || {
+            let r = get_json(&["llmroute", "-n", &a, "smart"])?;
+            let c = condition(&r, "ResolvedRefs")?.clone();
+            (c["status"] == "False").then_some(c)
+        },
+    )
     .await;
     assert_eq!(rr["reason"], "SecretKeyMissing", "{rr}");
     let message = rr["message"].as_str().unwrap();
@@ -1803,7 +1807,10 @@ async fn key_pools_and_probes_reach_status() {
     let c = get_json(&["providercredential", "-n", &a, "pool"]).unwrap();
     let resolved = condition(&c, "SecretResolved").unwrap();
     assert!(
-        resolved["message"].as_str().unwrap().contains("spec.secretRef.keys[1]"),
+        resolved["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.secretRef.keys[1]"),
         "{resolved}"
     );
     wait_programmed(&a, "smart");
@@ -1824,7 +1831,9 @@ async fn key_pools_and_probes_reach_status() {
     );
 
     // 2. The missing key arrives: resolved; k3 refused (401) on both replicas.
-    apply(&pool_secret("k1: sk-pool-one, k2: sk-pool-two, k3: sk-pool-three"));
+    apply(&pool_secret(
+        "k1: sk-pool-one, k2: sk-pool-two, k3: sk-pool-three",
+    ));
     eventually("ResolvedRefs=True", Duration::from_secs(30), || {
         let r = get_json(&["llmroute", "-n", &a, "smart"])?;
         (condition(&r, "ResolvedRefs")?["status"] == "True").then_some(())
@@ -1838,13 +1847,21 @@ async fn key_pools_and_probes_reach_status() {
             retry_after: None,
         }),
     );
-    eventually_async("k3 refused on both replicas", Duration::from_secs(30), || async {
-        for i in 0..2 {
-            assert_eq!(served_by(&stack.chat_on(i, "smart").await), format!("{a}/pool"));
-        }
-        let keys = get_json(&["providercredential", "-n", &a, "pool"])?["status"]["keys"].clone();
-        (keys[2]["state"] == "Rejected" && keys[2]["replicas"] == 2).then_some(())
-    })
+    eventually_async(
+        "k3 refused on both replicas",
+        Duration::from_secs(30),
+        || async {
+            for i in 0..2 {
+                assert_eq!(
+                    served_by(&stack.chat_on(i, "smart").await),
+                    format!("{a}/pool")
+                );
+            }
+            let keys =
+                get_json(&["providercredential", "-n", &a, "pool"])?["status"]["keys"].clone();
+            (keys[2]["state"] == "Rejected" && keys[2]["replicas"] == 2).then_some(())
+        },
+    )
     .await;
     let c = get_json(&["providercredential", "-n", &a, "pool"]).unwrap();
     let keys = &c["status"]["keys"];
@@ -1858,7 +1875,10 @@ async fn key_pools_and_probes_reach_status() {
     assert_eq!(rows[0][3], "KEYS", "{rows:?}");
     let pool = rows.iter().find(|r| r[0] == "pool").unwrap();
     assert_eq!(pool[3], "2/3", "{rows:?}");
-    println!("--- kubectl get pcred:\n{}", ok(&["get", "pcred", "-n", &a]));
+    println!(
+        "--- kubectl get pcred:\n{}",
+        ok(&["get", "pcred", "-n", &a])
+    );
 
     // 3. The pool's provider fails: its circuit opens and is probed, not retried by
     // clients; status says so.
@@ -1892,10 +1912,22 @@ async fn key_pools_and_probes_reach_status() {
         )
     };
     for (yaml, field) in [
-        (bad_credential("{ name: s, keys: [] }", ""), "spec.secretRef.keys"),
-        (bad_credential("{ name: s, keys: [a, a] }", ""), "spec.secretRef.keys"),
-        (bad_credential("{ name: s, key: k, keys: [a] }", ""), "spec.secretRef.keys"),
-        (bad_credential("{ name: s, keys: [\"a/b\"] }", ""), "spec.secretRef.keys[0]"),
+        (
+            bad_credential("{ name: s, keys: [] }", ""),
+            "spec.secretRef.keys",
+        ),
+        (
+            bad_credential("{ name: s, keys: [a, a] }", ""),
+            "spec.secretRef.keys",
+        ),
+        (
+            bad_credential("{ name: s, key: k, keys: [a] }", ""),
+            "spec.secretRef.keys",
+        ),
+        (
+            bad_credential("{ name: s, keys: [\"a/b\"] }", ""),
+            "spec.secretRef.keys[0]",
+        ),
         (
             bad_credential("{ name: s, keys: [a] }", ", keyRejectedFor: 100ms"),
             "spec.keyRejectedFor",
@@ -1906,7 +1938,12 @@ async fn key_pools_and_probes_reach_status() {
             "spec.circuitBreaker.probeInterval",
         ),
         (
-            route(&a, "bad", "bad", "[ { credentialRef: { name: pool }, healthCheck: { interval: 10ms } } ]"),
+            route(
+                &a,
+                "bad",
+                "bad",
+                "[ { credentialRef: { name: pool }, healthCheck: { interval: 10ms } } ]",
+            ),
             "spec.targets[0].healthCheck.interval",
         ),
         (
@@ -1921,7 +1958,10 @@ async fn key_pools_and_probes_reach_status() {
     }
     let all = stack.everything_they_say().await;
     for key in ["sk-pool-one", "sk-pool-two", "sk-pool-three"] {
-        assert!(!all.contains(key), "{key} leaked into an admin output or a log");
+        assert!(
+            !all.contains(key),
+            "{key} leaked into an admin output or a log"
+        );
     }
     drop(stack);
 }

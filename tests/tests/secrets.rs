@@ -225,7 +225,10 @@ stringData: {{ one: {}, two: {}, three: {} }}
         POOL[0],
         Some(Behavior::Status {
             status: 401,
-            body: Some(format!(r#"{{"error":{{"message":"bad key {}"}}}}"#, POOL[0])),
+            body: Some(format!(
+                r#"{{"error":{{"message":"bad key {}"}}}}"#,
+                POOL[0]
+            )),
             retry_after: None,
         }),
     );
@@ -242,7 +245,10 @@ stringData: {{ one: {}, two: {}, three: {} }}
     capture.stop();
     let logs = logs.text();
     for key in POOL {
-        assert!(!logs.contains(key), "a pool key leaked into the logs:\n{logs}");
+        assert!(
+            !logs.contains(key),
+            "a pool key leaked into the logs:\n{logs}"
+        );
         assert!(
             !seen.contains(key),
             "a pool key leaked into an answer or admin output:\n{seen}"
@@ -256,7 +262,10 @@ stringData: {{ one: {}, two: {}, three: {} }}
         .filter_map(|r| r.key().map(str::to_owned))
         .collect();
     assert_eq!(sent.len(), 3, "{sent:?}");
-    assert!(seen.contains("Incorrect API key provided") || seen.contains("bad key"), "{seen}");
+    assert!(
+        seen.contains("Incorrect API key provided") || seen.contains("bad key"),
+        "{seen}"
+    );
     assert!(seen.contains(r#"key="three""#), "metrics name keys: {seen}");
     assert!(logs.contains("key rejected by the provider"), "{logs}");
 }

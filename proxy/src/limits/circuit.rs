@@ -204,6 +204,40 @@ impl Breaker {
         Transition::None
     }
 
+    /// The fleet says the circuit is open (another replica opened it, issue 32 item 5):
+    /// a closed circuit opens for `open_for` from `now`, as if it had failed here, and
+    /// is probed (or client-probed) like one that did. An open one is left as it is.
+    pub fn adopt_open(&self, now: Instant, open_for: Duration) -> Transition {
+        let mut g = self.lock();
+        if !matches!(g.state, State::Closed { .. }) {
+            return Transition::None;
+        }
+        g.state = State::Open {
+            until: now + open_for,
+            open_for,
+        };
+        g.since = SystemTime::now();
+        g.opened += 1;
+        g.closed_at = None;
+        Transition::Opened
+    }
+
+    /// The fleet says the circuit is closed (another replica's probe succeeded): an
+    /// open one closes as a probe's success closes it (the ramp starts from `now`). A
+    /// background probe running here finds it closed and changes nothing.
+    pub fn adopt_closed(&self, now: Instant) -> Transition {
+        let mut g = self.lock();
+        if matches!(g.state, State::Closed { .. }) {
+            return Transition::None;
+        }
+        g.background = false;
+        g.state = State::Closed { failures: 0 };
+        g.since = SystemTime::now();
+        g.closed_at = Some(now);
+        g.credit = 0;
+        Transition::Closed
+    }
+
     /// A background probe that ended without a verdict (cancelled): probe again now.
     pub fn probe_dropped(&self, now: Instant) {
         let mut g = self.lock();
@@ -581,6 +615,33 @@ mod tests {
         b.failure(due, 1, BASE, false);
         assert_eq!(b.admit(due + BASE), Admit::Probe);
         assert!(!b.begin_probe(due + BASE));
+    }
+
+    /// What a fleet-wide view (issue 32 item 5) feeds in: an open circuit elsewhere
+    /// opens this one (probed here as if it had failed here); a success elsewhere
+    /// closes it, ramp included, and a probe still running here changes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn the_fleet_can_open_and_close_a_circuit() {
+        let b = Breaker::default();
+        b.set_probing(Some(EVERY));
+        let now = Instant::now();
+        assert_eq!(b.adopt_open(now, BASE), Transition::Opened);
+        assert_eq!(b.adopt_open(now, BASE), Transition::None, "already open");
+        assert_eq!(b.admit(now), Admit::No);
+        assert_eq!(b.next_probe(), Some(now + BASE));
+        assert!(b.begin_probe(now + BASE));
+        assert_eq!(b.adopt_closed(now + BASE), Transition::Closed);
+        assert_eq!(
+            b.probe_done(now + BASE, false),
+            Transition::None,
+            "late, ignored"
+        );
+        assert_eq!(b.admit(now + BASE), Admit::Yes);
+        assert!(
+            !b.ramp_admits(now + BASE, Duration::from_secs(30)),
+            "the ramp starts"
+        );
+        assert_eq!(b.adopt_closed(now + BASE), Transition::None);
     }
 
     #[tokio::test(start_paused = true)]

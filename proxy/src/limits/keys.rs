@@ -49,6 +49,13 @@ impl KeyState {
             .fetch_max(until_ms, Ordering::Relaxed);
     }
 
+    /// Use it again now, whatever set it aside: for a fleet-wide view that learns the
+    /// key works again (issue 32 item 5). Nothing here calls it.
+    pub fn lift(&self) {
+        self.parked_until_ms.store(0, Ordering::Relaxed);
+        self.rejected_until_ms.store(0, Ordering::Relaxed);
+    }
+
     /// When it may be used again (`0`: now).
     pub fn usable_from_ms(&self) -> u64 {
         self.parked_until_ms
@@ -244,6 +251,8 @@ mod tests {
         p.get(1).state.reject_until(10_000);
         p.get(1).state.park_until(1);
         assert_eq!(p.get(1).state.shown(3_000), (Shown::Rejected, Some(10_000)));
+        p.get(1).state.lift();
+        assert_eq!(p.get(1).state.shown(3_000), (Shown::Active, None));
         assert_eq!(pool(0).pick(0), None);
         assert_eq!(pool(1).pick(0), Some(0));
     }
