@@ -671,12 +671,14 @@ fn targets(reports: &[(&str, &RouteStats)]) -> Vec<TargetView> {
         .collect()
 }
 
+/// Each replica's state of one key, and until when.
+type Seen = Vec<(KeyState, Option<String>)>;
+
 /// The keys of every credential over one round's ready replicas.
 #[derive(Default)]
 struct Credentials {
-    /// Per credential, per key in the order first reported: each replica's state and
-    /// until.
-    keys: BTreeMap<ObjectId, Vec<(String, Vec<(KeyState, Option<String>)>)>>,
+    /// Per credential, per key in the order first reported: what each replica sees.
+    keys: BTreeMap<ObjectId, Vec<(String, Seen)>>,
 }
 
 impl Credentials {

@@ -337,63 +337,63 @@ fn keys(enc: &mut DescriptorEncoder<'_>, gw: &crate::gateway::Gateway) -> Fmt {
     let snapshot = gw.snapshot();
     let mut credentials: Vec<_> = snapshot.credentials.values().collect();
     credentials.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+    let keys: Vec<(String, &crate::limits::keys::PoolKey)> = credentials
+        .iter()
+        .flat_map(|c| c.keys.iter().map(|k| (c.spec.id.to_string(), k)))
+        .collect();
     let now_ms = gw.now_ms();
-    let each = |enc: &mut DescriptorEncoder<'_>,
-                name: &str,
-                help: &str,
-                kind: MetricType,
-                emit: &dyn Fn(
-        &crate::limits::keys::PoolKey,
-        &mut dyn FnMut(Option<(&str, &str)>, i64) -> Fmt,
-    ) -> Fmt|
-     -> Fmt {
-        let mut m = enc.encode_descriptor(name, help, None, kind)?;
-        for c in &credentials {
-            let credential = c.spec.id.to_string();
-            for k in c.keys.iter() {
-                emit(k, &mut |extra, n| {
-                    let mut labels = vec![("credential", credential.as_str()), ("key", &*k.name)];
-                    labels.extend(extra);
-                    match kind {
-                        MetricType::Gauge => ConstGauge::new(n).encode(m.encode_family(&labels)?),
-                        _ => ConstCounter::new(n as u64).encode(m.encode_family(&labels)?),
-                    }
-                })?;
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_key_attempts",
+            "Upstream requests sent with each key of a credential",
+            None,
+            MetricType::Counter,
+        )?;
+        for (credential, k) in &keys {
+            let labels = [("credential", credential.as_str()), ("key", &*k.name)];
+            ConstCounter::new(counters::get(&k.state.attempts))
+                .encode(m.encode_family(&labels)?)?;
+        }
+    }
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_key_set_aside",
+            "Keys set aside by a 429 (rateLimited) or a 401/403 (authError)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (credential, k) in &keys {
+            for (reason, n) in [
+                ("rateLimited", &k.state.rate_limited),
+                ("authError", &k.state.rejected),
+            ] {
+                let labels = [
+                    ("credential", credential.as_str()),
+                    ("key", &*k.name),
+                    ("reason", reason),
+                ];
+                ConstCounter::new(counters::get(n)).encode(m.encode_family(&labels)?)?;
             }
         }
-        Ok(())
-    };
-    let get = |a: &std::sync::atomic::AtomicU64| counters::get(a) as i64;
-    each(
-        enc,
-        "switchback_key_attempts",
-        "Upstream requests sent with each key of a credential",
-        MetricType::Counter,
-        &|k, emit| emit(None, get(&k.state.attempts)),
-    )?;
-    each(
-        enc,
-        "switchback_key_set_aside",
-        "Keys set aside by a 429 (rateLimited) or a 401/403 (authError)",
-        MetricType::Counter,
-        &|k, emit| {
-            emit(Some(("reason", "rateLimited")), get(&k.state.rate_limited))?;
-            emit(Some(("reason", "authError")), get(&k.state.rejected))
-        },
-    )?;
-    each(
-        enc,
+    }
+    let mut m = enc.encode_descriptor(
         "switchback_key_state",
         "State of each key of a credential: 1 for the current state",
+        None,
         MetricType::Gauge,
-        &|k, emit| {
-            let now = k.state.shown(now_ms).0;
-            for s in KeyState::ALL {
-                emit(Some(("state", s.as_str())), i64::from(now == s))?;
-            }
-            Ok(())
-        },
-    )
+    )?;
+    for (credential, k) in &keys {
+        let now = k.state.shown(now_ms).0;
+        for s in KeyState::ALL {
+            let labels = [
+                ("credential", credential.as_str()),
+                ("key", &*k.name),
+                ("state", s.as_str()),
+            ];
+            ConstGauge::new(i64::from(now == s)).encode(m.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// The request and attempt histograms.

@@ -434,13 +434,13 @@ fn client_rt(
     }
 }
 
+/// A credential's keys: data-key name and value.
+type KeyValues = Vec<(Box<str>, Secret<String>)>;
+
 /// A credential's key values by data-key name, in declared order: a pool's (those its
 /// Secret held), or its one key (`bedrock`'s key pair as one, by its access key id's
 /// name). Empty while the key is missing.
-fn key_values(
-    c: &Credential,
-    compiled: &Compiled,
-) -> Result<Vec<(Box<str>, Secret<String>)>, PrepareError> {
+fn key_values(c: &Credential, compiled: &Compiled) -> Result<KeyValues, PrepareError> {
     let Some(entry) = compiled.keys.get(&c.id) else {
         return Ok(Vec::new());
     };

@@ -182,12 +182,11 @@ async fn send(gw: &Gateway, route: &RouteRt, t: &TargetRt) -> Verdict {
     verdict
 }
 
+/// A probe made: its URL, its body, and the translation its answer is read through.
+type Made = (http::Uri, Bytes, Option<Translation>);
+
 /// The probe's URL and body for `model`, as any request to `t` is made.
-#[allow(clippy::type_complexity)]
-fn request(
-    t: &TargetRt,
-    model: &str,
-) -> Result<(http::Uri, Bytes, Option<Translation>), (Reason, Option<u16>)> {
+fn request(t: &TargetRt, model: &str) -> Result<Made, (Reason, Option<u16>)> {
     let cred = &t.credential;
     let adapter = cred.adapter;
     let probe = adapter.probe();
