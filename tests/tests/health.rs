@@ -7,31 +7,43 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchback_tests::harness::{NS, TestProxy, credential, header, route, streamed_text};
+use switchback_tests::harness::{TestProxy, credential, header, route, streamed_text};
 use switchback_tests::sim::{Behavior, Flavor, SimProvider};
 use tokio::time::Instant;
 
 /// A pool credential `name` over the data keys `k1`, `k2`, `k3` of its Secret, whose
 /// values are `sk-<name>-1` .. `sk-<name>-3`.
 fn pool(name: &str, base_url: &str) -> String {
-    format!(
-        "---
-apiVersion: switchback.dev/v1alpha1
-kind: ProviderCredential
-metadata: {{ name: {name}, namespace: {NS} }}
-spec:
-  provider: openai
-  baseURL: {base_url}
-  secretRef: {{ name: {name}-keys, keys: [k1, k2, k3] }}
-  keyRejectedFor: 10m
-  allowPrivateNetwork: true
----
-apiVersion: v1
-kind: Secret
-metadata: {{ name: {name}-keys, namespace: {NS} }}
-stringData: {{ k1: sk-{name}-1, k2: sk-{name}-2, k3: sk-{name}-3 }}
-"
-    )
+    credential(name, "openai", base_url, "unused")
+        .replace(
+            &format!("secretRef: {{ name: {name}-key, key: apiKey }}"),
+            &format!(
+                "secretRef: {{ name: {name}-key, keys: [k1, k2, k3] }}\n  keyRejectedFor: 10m"
+            ),
+        )
+        .replace(
+            "stringData: { apiKey: unused }",
+            &format!("stringData: {{ k1: sk-{name}-1, k2: sk-{name}-2, k3: sk-{name}-3 }}"),
+        )
+}
+
+/// Simulated `primary` and `backup` providers and a proxy serving the route `smart`
+/// over them in that order, with `spec` (indented spec lines) before its targets.
+async fn primary_and_backup(spec: &str) -> (SimProvider, SimProvider, TestProxy) {
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let manifests = [
+        credential("primary", "openai", &primary.base_url(), "sk-primary"),
+        credential("backup", "openai", &backup.base_url(), "sk-backup"),
+        route(
+            "smart",
+            &format!(
+                "{spec}  targets:\n    - credentialRef: {{ name: primary }}\n    - credentialRef: {{ name: backup }}\n"
+            ),
+        ),
+    ]
+    .concat();
+    (primary, backup, TestProxy::start(&manifests).await)
 }
 
 /// The keys the provider was sent, in order, by their number (`sk-primary-2` is 2).
@@ -177,18 +189,7 @@ async fn a_key_pool_takes_keys_in_turn_and_sets_aside_the_ones_refused() {
 /// request as the half-open probe, doubling `openFor` on failure, took a minute).
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_is_probed_and_traffic_is_back_within_one_interval() {
-    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
-    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
-    let manifests = [
-        credential("primary", "openai", &primary.base_url(), "sk-primary"),
-        credential("backup", "openai", &backup.base_url(), "sk-backup"),
-        route(
-            "smart",
-            "  targets:\n    - credentialRef: { name: primary }\n    - credentialRef: { name: backup }\n",
-        ),
-    ]
-    .concat();
-    let proxy = TestProxy::start(&manifests).await;
+    let (primary, _backup, proxy) = primary_and_backup("").await;
     let start = Instant::now();
     primary.set_default(Behavior::ServerError(503));
     let recovered = Duration::from_secs(60);
@@ -245,19 +246,10 @@ async fn an_open_circuit_is_probed_and_traffic_is_back_within_one_interval() {
 
 #[tokio::test(start_paused = true)]
 async fn while_probing_the_stats_say_so_and_no_request_reaches_the_target() {
-    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
-    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
-    let manifests = [
-        credential("primary", "openai", &primary.base_url(), "sk-primary"),
-        credential("backup", "openai", &backup.base_url(), "sk-backup"),
-        route(
-            "smart",
-            "  circuitBreaker: { consecutiveFailures: 1, openFor: 5s, probeInterval: 2s }
-  targets:\n    - credentialRef: { name: primary }\n    - credentialRef: { name: backup }\n",
-        ),
-    ]
-    .concat();
-    let proxy = TestProxy::start(&manifests).await;
+    let (primary, _backup, proxy) = primary_and_backup(
+        "  circuitBreaker: { consecutiveFailures: 1, openFor: 5s, probeInterval: 2s }\n",
+    )
+    .await;
     primary.set_default(Behavior::Hang);
     served(&proxy).await; // the primary hangs: its share runs out, the backup answers
     let t = proxy.admin_stats().await["routes"][0]["targets"][0].clone();
@@ -287,18 +279,7 @@ async fn while_probing_the_stats_say_so_and_no_request_reaches_the_target() {
 /// that never answers gets half the budget, and the second answers.
 #[tokio::test(start_paused = true)]
 async fn a_hung_first_target_gets_half_the_budget_and_the_second_answers() {
-    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
-    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
-    let manifests = [
-        credential("primary", "openai", &primary.base_url(), "sk-primary"),
-        credential("backup", "openai", &backup.base_url(), "sk-backup"),
-        route(
-            "smart",
-            "  targets:\n    - credentialRef: { name: primary }\n    - credentialRef: { name: backup }\n",
-        ),
-    ]
-    .concat();
-    let proxy = TestProxy::start(&manifests).await;
+    let (primary, _backup, proxy) = primary_and_backup("").await;
     primary.set_default(Behavior::Hang);
     let start = Instant::now();
     let r = served(&proxy).await;

@@ -184,6 +184,21 @@ impl KeyPool {
             .unwrap_or(0)
     }
 
+    /// A pool of `n` keys named `k0`, `k1`, ... with no headers and no value (tests).
+    #[cfg(test)]
+    pub(crate) fn unkeyed(n: usize) -> Self {
+        Self::new(
+            (0..n)
+                .map(|i| PoolKey {
+                    name: format!("k{i}").into(),
+                    headers: HeaderMap::new(),
+                    secret: None,
+                    state: Arc::default(),
+                })
+                .collect(),
+        )
+    }
+
     /// The values, to mask in what providers echo.
     pub fn secrets(&self) -> impl Iterator<Item = &str> {
         self.keys
@@ -197,16 +212,7 @@ mod tests {
     use super::*;
 
     fn pool(n: usize) -> KeyPool {
-        KeyPool::new(
-            (0..n)
-                .map(|i| PoolKey {
-                    name: format!("k{i}").into(),
-                    headers: HeaderMap::new(),
-                    secret: None,
-                    state: Arc::default(),
-                })
-                .collect(),
-        )
+        KeyPool::unkeyed(n)
     }
 
     #[test]

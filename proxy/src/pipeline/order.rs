@@ -98,7 +98,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::config::snapshot::{CredentialRt, TargetRt};
     use crate::config::target::TargetState;
-    use crate::limits::keys::{KeyPool, PoolKey};
+    use crate::limits::keys::KeyPool;
 
     /// A route over one credential `ns/c`: a target per `(weight, price)`.
     pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
@@ -142,16 +142,7 @@ pub(crate) mod tests {
             endpoint: prepared.endpoint,
             target_header: HeaderValue::from_static("ns/c"),
             host: "x".into(),
-            keys: KeyPool::new(
-                (0..keys)
-                    .map(|i| PoolKey {
-                        name: format!("k{i}").into(),
-                        headers: Default::default(),
-                        secret: None,
-                        state: Arc::default(),
-                    })
-                    .collect(),
-            ),
+            keys: KeyPool::unkeyed(keys),
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
         });
