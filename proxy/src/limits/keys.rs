@@ -4,8 +4,9 @@
 //! A key answered with 429 is *parked* until its Retry-After (or the retry backoff)
 //! ends; one answered with 401 or 403 is *rejected* for the credential's
 //! `keyRejectedFor`. Requests take the usable keys in turn: [`KeyPool::pick`] is one
-//! atomic add and a scan of at most 32 atomics, no lock; a try whose key was set
-//! aside goes at once to the next usable key ([`KeyPool::after`]). When no key is usable, the one
+//! atomic add and one atomic read while every key is usable (one more of each per key
+//! set aside that comes up), no lock; a try whose key was set aside goes at once to
+//! the next usable key ([`KeyPool::after`]). `benches/keys.rs` measures it. When no key is usable, the one
 //! set aside the shortest is taken anyway (the walk decides whether to send at all:
 //! a target parked after its last usable key's 429 is skipped as `parked`).
 //!
@@ -127,22 +128,23 @@ impl KeyPool {
         self.keys.iter()
     }
 
-    /// The key a request uses at `now_ms`: the usable ones in turn (each request the
-    /// next of those usable now), else the one whose park or rejection ends soonest.
-    /// `None` only for an empty pool.
+    /// The key a request uses at `now_ms`: the usable ones in turn, else the one whose
+    /// park or rejection ends soonest. `None` only for an empty pool. A turn that comes
+    /// up on a key set aside is passed on to the next turn, not to the next key: each
+    /// usable key keeps an equal share (a parked key's turns do not all go to its
+    /// neighbour).
     pub fn pick(&self, now_ms: u64) -> Option<u8> {
         let n = self.keys.len();
         if n <= 1 {
             return (n == 1).then_some(0);
         }
-        let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        let usable = self.usable(now_ms);
-        if usable == 0 {
-            return Some(self.soonest());
+        for _ in 0..n {
+            let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+            if self.keys[i].state.usable(now_ms) {
+                return Some(i as u8);
+            }
         }
-        let nth = turn % usable;
-        let mut usable = (0..n).filter(|&i| self.keys[i].state.usable(now_ms));
-        usable.nth(nth).map(|i| i as u8)
+        Some(self.soonest())
     }
 
     /// The first usable key after `key` (in declared order, round and round): where a
@@ -237,7 +239,7 @@ mod tests {
         assert_eq!(p.after(2, 500), 0);
         // Its park over, it takes its turn again.
         let turns: Vec<u8> = (0..3).map(|_| p.pick(1_000).unwrap()).collect();
-        assert_eq!(turns, [1, 2, 0]);
+        assert_eq!(turns, [0, 1, 2]);
     }
 
     #[test]

@@ -747,8 +747,8 @@ pub(super) mod tests {
             "the target is not"
         );
 
-        // The next request starts at the next key in turn; a 401 rejects it, and the
-        // next usable one (not the parked one) answers.
+        // The next request takes the next key in turn; a 401 rejects it, and the next
+        // usable one answers.
         let script = Script::new(&route, &[&[(MS, fail(401)), (MS, Play::Ok)], &[]]);
         let outcome = walk_once(&route, &script).await;
         assert_eq!(
@@ -756,19 +756,19 @@ pub(super) mod tests {
             Some(0),
             "authError is opt-in, but a key is not the target"
         );
-        assert_eq!(*script.keys.lock().unwrap(), [2, 1]);
-        let rejected = keys.get(2).state.shown(10);
+        assert_eq!(*script.keys.lock().unwrap(), [1, 2]);
+        let rejected = keys.get(1).state.shown(10);
         assert_eq!(rejected.0, switchback_crds::stats::KeyState::Rejected);
         assert!(
             rejected.1.unwrap() >= 300_000,
             "keyRejectedFor, 5m by default"
         );
 
-        // Only key 1 is usable now: every request takes it.
+        // Only key 2 is usable now: every request takes it.
         let script = Script::new(&route, &[&[(MS, Play::Ok), (MS, Play::Ok)], &[]]);
         walk_once(&route, &script).await;
         walk_once(&route, &script).await;
-        assert_eq!(*script.keys.lock().unwrap(), [1, 1]);
+        assert_eq!(*script.keys.lock().unwrap(), [2, 2]);
 
         // Its 429 leaves no key usable: the target counts as rate limited, parked until
         // its first key is back, and the walk moves on.
