@@ -521,3 +521,30 @@ fn models_in(body: &str, stream: bool) -> Vec<String> {
         .filter_map(|m| m.as_str().map(str::to_owned))
         .collect()
 }
+
+/// A probe that cannot be sent (here: the credential's key is missing) says nothing of
+/// the provider: counted by its reason, the circuit left as it is, nothing sent.
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_cannot_be_sent_changes_no_circuit() {
+    let keyless = SimProvider::start_named("keyless", Flavor::OpenAi).await;
+    let manifests = [
+        credential("keyless", "openai", &keyless.base_url(), "sk-k")
+            .replace("key: apiKey }", "key: absent }"),
+        route(
+            "smart",
+            "  circuitBreaker: { consecutiveFailures: 1 }
+  targets:\n    - credentialRef: { name: keyless }\n      healthCheck: { interval: 1s }\n",
+        ),
+    ]
+    .concat();
+    let proxy = TestProxy::start(&manifests).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let t = proxy.admin_stats().await["routes"][0]["targets"][0].clone();
+    assert!(t["probes"]["missingKey"].as_u64() >= Some(2), "{t}");
+    assert_eq!(t["lastProbe"]["outcome"], "missingKey", "{t}");
+    assert_eq!(
+        (t["circuit"].as_str(), t["state"].as_str()),
+        (Some("Closed"), Some("NoKey"))
+    );
+    assert_eq!(keyless.hits(), 0);
+}

@@ -6,8 +6,11 @@
 //! The verdict is about the provider's health, as the circuit counts it: a usable
 //! 2xx is a success; a failure that trips a breaker (5xx, transport, timeout, an
 //! unusable 2xx) is a failure; any other answer (a 4xx, a 429) proves the provider
-//! answers and does not keep the circuit open, but is counted by its reason. A 429
-//! parks the key it was sent with, a 401 or 403 rejects it, as for any request.
+//! answers and does not keep the circuit open, but is counted by its reason. A probe
+//! that could not be sent (no key, no URL or body for the model, no access token) says
+//! nothing of the provider: an open circuit stays open one more interval, a check
+//! counts neither way. A 429 parks the key it was sent with, a 401 or 403 rejects it,
+//! as for any request.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,9 +56,15 @@ pub(super) async fn run(gw: Arc<Gateway>, route: Arc<RouteRt>, i: usize, kind: K
     let verdict = send(&gw, &route, t).await;
     let now = Instant::now();
     turn.done = true;
+    // `None`: nothing reached the provider.
     let healthy = match verdict {
-        Ok(()) => true,
-        Err((reason, status)) => !reason.trips_breaker(status),
+        Ok(()) => Some(true),
+        Err((reason, status))
+            if reason.is_skip() || (reason, status) == (Reason::AuthError, None) =>
+        {
+            None
+        }
+        Err((reason, status)) => Some(!reason.trips_breaker(status)),
     };
     t.state.probes.record(verdict.map_err(|(r, _)| r));
     if verdict.is_ok() {
@@ -64,20 +73,21 @@ pub(super) async fn run(gw: Arc<Gateway>, route: Arc<RouteRt>, i: usize, kind: K
     let model = probed_model(&route, t);
     match kind {
         Kind::Circuit => {
-            if t.state.breaker.probe_done(now, healthy) == Transition::Closed {
+            if t.state.breaker.probe_done(now, healthy == Some(true)) == Transition::Closed {
                 tracing::info!(target_credential = %t.label, model, "circuit closed by a probe");
             }
         }
         Kind::Check => {
             let cb = &route.spec.circuit_breaker;
-            if healthy {
+            if healthy == Some(true) {
                 t.state.breaker.success(false);
-            } else if t.state.breaker.failure(
-                now,
-                cb.consecutive_failures,
-                Duration::from_millis(cb.open_for_ms),
-                false,
-            ) == Transition::Opened
+            } else if healthy == Some(false)
+                && t.state.breaker.failure(
+                    now,
+                    cb.consecutive_failures,
+                    Duration::from_millis(cb.open_for_ms),
+                    false,
+                ) == Transition::Opened
             {
                 tracing::warn!(target_credential = %t.label, model,
                     "circuit opened by failed health checks");
