@@ -943,7 +943,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
         Duration::from_secs(10),
         || {
             let c = get_json(&["pcred", "-n", &a, "steady"])?;
-            (c["status"]["routes"] == 1).then_some(())
+            (c["status"]["routes"] == 1 && c["status"]["usableKeys"] == "1/1").then_some(())
         },
     )
     .await;
@@ -955,6 +955,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
             "NAME",
             "PROVIDER",
             "SECRET",
+            "KEYS",
             "READY",
             "ROUTES",
             "AGE"
@@ -965,8 +966,8 @@ async fn operator_and_proxy_against_a_real_api_server() {
         .find(|r| r[0] == a && r[1] == "steady")
         .unwrap_or_else(|| panic!("{rows:?}"));
     assert_eq!(
-        &steady_row[2..6],
-        ["openai-compatible", "provider-keys", "True", "1"],
+        &steady_row[2..7],
+        ["openai-compatible", "provider-keys", "1/1", "True", "1"],
         "{rows:?}"
     );
     let rows = table(&ok(&["get", "llmroutes", "-A"]));
