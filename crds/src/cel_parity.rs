@@ -385,6 +385,48 @@ fn route_rules_agree() {
             Box::new(|s| set(s, &["fallback", "onFailures"], "[status5xx, contentFilter]")),
             true,
         ),
+        (
+            "probing off",
+            Box::new(|s| set(s, &["circuitBreaker", "probeInterval"], "0s")),
+            true,
+        ),
+        (
+            "probeInterval of a second",
+            Box::new(|s| set(s, &["circuitBreaker", "probeInterval"], "1s")),
+            true,
+        ),
+        (
+            "probeInterval under a second",
+            Box::new(|s| set(s, &["circuitBreaker", "probeInterval"], "500ms")),
+            false,
+        ),
+        (
+            "probeInterval above an hour",
+            Box::new(|s| set(s, &["circuitBreaker", "probeInterval"], "61m")),
+            false,
+        ),
+        (
+            "a health check",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, healthCheck: {interval: 30s}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            true,
+        ),
+        (
+            "a health check under a second",
+            Box::new(|s| {
+                set(
+                    s,
+                    &["targets"],
+                    "[{credentialRef: {name: openai-prod}, healthCheck: {interval: 999ms}}, {credentialRef: {name: anthropic-prod}}]",
+                )
+            }),
+            false,
+        ),
     ];
     for (name, change, accepted) in cases {
         assert_eq!(route_verdicts(change), (accepted, accepted), "{name}");
@@ -601,6 +643,55 @@ fn credential_rules_agree() {
                 set(s, &["maxConcurrency"], "4");
             }),
             true,
+        ),
+        (
+            "a key pool",
+            Box::new(|s| set(s, &["secretRef"], "{name: key, keys: [a, b]}")),
+            true,
+        ),
+        (
+            "a key pool and a key",
+            Box::new(|s| set(s, &["secretRef"], "{name: key, key: apiKey, keys: [a, b]}")),
+            false,
+        ),
+        (
+            "neither a key nor a pool",
+            Box::new(|s| set(s, &["secretRef"], "{name: key}")),
+            false,
+        ),
+        (
+            "a key named twice in a pool",
+            Box::new(|s| set(s, &["secretRef"], "{name: key, keys: [a, b, a]}")),
+            false,
+        ),
+        (
+            "a key pool on vertex",
+            Box::new(|s| {
+                set(s, &["provider"], "vertex");
+                set(s, &["project"], "my-project");
+                set(s, &["location"], "us-east5");
+                set(s, &["secretRef"], "{name: key, keys: [a, b]}");
+            }),
+            false,
+        ),
+        (
+            "a key pool on bedrock",
+            Box::new(|s| {
+                set(s, &["provider"], "bedrock");
+                set(s, &["region"], "us-east-1");
+                set(s, &["secretRef"], "{name: key, keys: [a]}");
+            }),
+            false,
+        ),
+        (
+            "keyRejectedFor",
+            Box::new(|s| set(s, &["keyRejectedFor"], "10m")),
+            true,
+        ),
+        (
+            "keyRejectedFor under a second",
+            Box::new(|s| set(s, &["keyRejectedFor"], "500ms")),
+            false,
         ),
     ];
     // Static headers that may carry a key are refused by name, any case (SPEC §14).

@@ -111,6 +111,28 @@ pub struct Route {
     /// no hedging.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<Hedge>,
+    /// The `model` answers carry (`spec.responseModel`, SPEC §16): the name the client
+    /// sent (the default, and then absent from the JSON) or the upstream model that
+    /// answered.
+    #[serde(default, skip_serializing_if = "ResponseModel::is_requested")]
+    pub response_model: ResponseModel,
+}
+
+/// What an answer's `model` field (every stream chunk's too) says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ResponseModel {
+    /// The name the client sent (SPEC §3).
+    #[default]
+    Requested,
+    /// The upstream model that answered.
+    Served,
+}
+
+impl ResponseModel {
+    pub fn is_requested(&self) -> bool {
+        *self == Self::Requested
+    }
 }
 
 /// What happens to a stream after its commit.
@@ -199,6 +221,18 @@ pub struct Target {
     pub timeout_ms: Option<u64>,
     pub retry: Retry,
     pub price: Option<Price>,
+    /// Opt-in health checks (`healthCheck`, SPEC §16): probed every interval while its
+    /// circuit is closed too. `None` (and then absent from the JSON) = no checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+/// A target's opt-in health check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthCheck {
+    /// One check every this long (1 s ..= 1 h).
+    pub interval_ms: u64,
 }
 
 impl Target {
@@ -329,6 +363,35 @@ pub struct CircuitBreaker {
     /// existing revisions do not change) = the full share at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ramp_up_ms: Option<u64>,
+    /// Background probes of an open circuit (`probeInterval`, SPEC §16): the first
+    /// once `openFor` has passed, then one every this long while they fail. 0 = no
+    /// probes (a client request is the half-open probe, SPEC §2). Absent from the JSON
+    /// at its default, so existing revisions do not change.
+    #[serde(
+        default = "CircuitBreaker::default_probe_interval_ms",
+        skip_serializing_if = "CircuitBreaker::is_default_probe_interval"
+    )]
+    pub probe_interval_ms: u64,
+}
+
+impl CircuitBreaker {
+    pub const DEFAULT_PROBE_INTERVAL_MS: u64 = 10_000;
+    /// The shortest `probeInterval` other than 0.
+    pub const MIN_PROBE_INTERVAL_MS: u64 = 1_000;
+
+    fn default_probe_interval_ms() -> u64 {
+        Self::DEFAULT_PROBE_INTERVAL_MS
+    }
+
+    fn is_default_probe_interval(ms: &u64) -> bool {
+        *ms == Self::DEFAULT_PROBE_INTERVAL_MS
+    }
+
+    /// Whether open circuits are probed in the background (and so never by a client
+    /// request).
+    pub fn probes(&self) -> bool {
+        self.probe_interval_ms > 0
+    }
 }
 
 impl Default for CircuitBreaker {
@@ -337,6 +400,7 @@ impl Default for CircuitBreaker {
             consecutive_failures: 5,
             open_for_ms: 30_000,
             ramp_up_ms: None,
+            probe_interval_ms: Self::DEFAULT_PROBE_INTERVAL_MS,
         }
     }
 }
@@ -449,6 +513,13 @@ pub struct Credential {
     /// absent from the JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// How long a key answered with 401 or 403 is set aside (`keyRejectedFor`, SPEC
+    /// §16). Absent from the JSON at its default, so existing revisions do not change.
+    #[serde(
+        default = "Credential::default_key_rejected_for_ms",
+        skip_serializing_if = "Credential::is_default_key_rejected_for"
+    )]
+    pub key_rejected_for_ms: u64,
 }
 
 /// The Vertex AI endpoint of a location: `https://{location}-aiplatform.googleapis.com/v1`,
@@ -477,6 +548,29 @@ pub const AWS_SESSION_TOKEN: &str = "sessionToken";
 pub const VERTEX_SERVICE_ACCOUNT_KEY: &str = "serviceAccount.json";
 
 impl Credential {
+    pub const DEFAULT_KEY_REJECTED_FOR_MS: u64 = 5 * 60_000;
+
+    fn default_key_rejected_for_ms() -> u64 {
+        Self::DEFAULT_KEY_REJECTED_FOR_MS
+    }
+
+    fn is_default_key_rejected_for(ms: &u64) -> bool {
+        *ms == Self::DEFAULT_KEY_REJECTED_FOR_MS
+    }
+
+    /// The names of its keys, as stats, status and metrics show them (never a value):
+    /// a pool's data keys in declared order, else its one data key (`bedrock`, which
+    /// reads a key pair, by [`AWS_ACCESS_KEY_ID`]).
+    pub fn key_names(&self) -> Vec<&str> {
+        if !self.secret_ref.keys.is_empty() {
+            return self.secret_ref.keys.iter().map(String::as_str).collect();
+        }
+        if self.secret_ref.key.is_empty() {
+            return vec![AWS_ACCESS_KEY_ID];
+        }
+        vec![self.secret_ref.key.as_str()]
+    }
+
     /// Can this credential answer the OpenAI Responses API (`POST /responses`)?
     /// openai and azure-openai on its v1 API do; openai-compatible when it declares
     /// it; anthropic, gemini, vertex and bedrock never. Azure's classic (dated `apiVersion`) paths are not used
@@ -499,6 +593,10 @@ pub struct SecretKeyRef {
     /// absent from the JSON).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
+    /// A key pool (`secretRef.keys`, SPEC §16): its data keys in declared order, and
+    /// then `key` is empty. Empty (and absent from the JSON) for one key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
 }
 
 /// One `LLMClient`, validated and defaulted: who it is (the hash of its key), which
@@ -681,7 +779,41 @@ impl AwsKeys {
     }
 }
 
-/// API keys by credential (for `bedrock`, see [`AwsKeys`]). Kept apart from [`CompiledConfig`] so the config can be
+/// A key pool's values by data-key name, as its credential's one [`Keys`] entry
+/// travels: the JSON object `{"<name>": "<value>", ...}` ([`KeyPool::encode`]), so the
+/// keys Secret and its delivery stay one value per credential, as for [`AwsKeys`]. Only
+/// the keys the Secret holds are in it; which names the pool has and in what order is
+/// the credential's `secretRef.keys`. `Debug` prints the names only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KeyPool(pub BTreeMap<String, Secret<String>>);
+
+impl fmt::Debug for KeyPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl KeyPool {
+    /// The one [`Keys`] entry that carries them.
+    pub fn encode(&self) -> Secret<String> {
+        let v: serde_json::Map<String, serde_json::Value> = self
+            .0
+            .iter()
+            .map(|(name, value)| (name.clone(), value.expose().clone().into()))
+            .collect();
+        Secret::new(serde_json::Value::Object(v).to_string())
+    }
+
+    /// Reads a [`Keys`] entry made by [`KeyPool::encode`]; `None` when it is not one.
+    pub fn decode(entry: &Secret<String>) -> Option<Self> {
+        let v: BTreeMap<String, String> = serde_json::from_str(entry.expose()).ok()?;
+        Some(Self(
+            v.into_iter().map(|(k, v)| (k, Secret::new(v))).collect(),
+        ))
+    }
+}
+
+/// API keys by credential (for `bedrock`, see [`AwsKeys`]; for a pool, [`KeyPool`]). Kept apart from [`CompiledConfig`] so the config can be
 /// shown, logged and stored in a ConfigMap; `Debug` never prints a key.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Keys(pub BTreeMap<ObjectId, Secret<String>>);
@@ -703,6 +835,7 @@ pub(crate) mod samples {
     /// An `openai` credential `namespace/name`, key `name` of Secret `keys`.
     pub(crate) fn credential(namespace: &str, name: &str) -> Credential {
         Credential {
+            key_rejected_for_ms: 300_000,
             api_version: None,
             responses_api: false,
             prefill: false,
@@ -717,6 +850,7 @@ pub(crate) mod samples {
             max_queue: None,
             allow_private_network: false,
             secret_ref: SecretKeyRef {
+                keys: Vec::new(),
                 name: "keys".into(),
                 key: name.into(),
             },
@@ -727,6 +861,7 @@ pub(crate) mod samples {
     /// namespace), in that order, with every default.
     pub(crate) fn route(namespace: &str, name: &str, model: &str, credentials: &[&str]) -> Route {
         Route {
+            response_model: Default::default(),
             id: ObjectId::new(namespace, name),
             generation: 1,
             models: vec![model.into()],
@@ -734,6 +869,7 @@ pub(crate) mod samples {
             targets: credentials
                 .iter()
                 .map(|c| Target {
+                    health_check: None,
                     model_map: Default::default(),
                     credential: ObjectId::new(namespace, *c),
                     model: None,

@@ -485,6 +485,7 @@ mod tests {
             [
                 ("PROVIDER", ".spec.provider"),
                 ("SECRET", ".spec.secretRef.name"),
+                ("KEYS", ".status.usableKeys"),
                 ("READY", ".status.conditions[?(@.type==\"Ready\")].status"),
                 ("ROUTES", ".status.routes"),
                 ("AGE", ".metadata.creationTimestamp"),
@@ -537,9 +538,26 @@ mod tests {
                 "!has(self.maxQueue) || has(self.maxConcurrency)",
                 "self.provider != 'bedrock' || has(self.region)",
                 "!has(self.region) || self.provider == 'bedrock'",
-                "self.provider in ['bedrock', 'vertex'] || has(self.secretRef.key)",
+                "self.provider in ['bedrock', 'vertex'] || has(self.secretRef.key) || has(self.secretRef.keys)",
+                "!has(self.secretRef.key) || !has(self.secretRef.keys)",
+                "!has(self.secretRef.keys) || !(self.provider in ['bedrock', 'vertex'])",
                 "self.provider != 'bedrock' || !has(self.secretRef.key)",
             ]
+        );
+        // A key pool: 1 to 32 Secret data key names, unique (SPEC §16).
+        let keys = &p["secretRef"]["properties"]["keys"];
+        assert_eq!(
+            (keys["minItems"].clone(), keys["maxItems"].clone()),
+            (json!(1), json!(32))
+        );
+        assert_eq!(keys["items"]["pattern"], crate::schema::SECRET_KEY_PATTERN);
+        assert_eq!(
+            keys["x-kubernetes-validations"][0]["rule"],
+            "self.all(k, self.exists_one(n, n == k))"
+        );
+        assert_eq!(
+            p["keyRejectedFor"]["pattern"],
+            crate::schema::DURATION_PATTERN
         );
     }
 

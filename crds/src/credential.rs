@@ -29,6 +29,7 @@ use crate::schema;
     doc = "ProviderCredential is one LLM provider endpoint and the Secret key used to call it, referenced by LLMRoutes in the same namespace.",
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider","description":"Provider API flavour"}"#,
     printcolumn = r#"{"name":"Secret","type":"string","jsonPath":".spec.secretRef.name","description":"Secret holding the API key"}"#,
+    printcolumn = r#"{"name":"Keys","type":"string","jsonPath":".status.usableKeys","description":"Keys usable now on every proxy replica, of the credential's keys"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Valid and its key resolved"}"#,
     printcolumn = r#"{"name":"Routes","type":"integer","jsonPath":".status.routes","description":"LLMRoutes that reference it"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -46,7 +47,9 @@ use crate::schema;
 #[x_kube(validation = Rule::new("!has(self.maxQueue) || has(self.maxConcurrency)").message("maxQueue needs maxConcurrency").field_path(".maxQueue"))]
 #[x_kube(validation = Rule::new("self.provider != 'bedrock' || has(self.region)").message("region is required for provider bedrock").field_path(".region"))]
 #[x_kube(validation = Rule::new("!has(self.region) || self.provider == 'bedrock'").message("region is only meaningful for provider bedrock").field_path(".region"))]
-#[x_kube(validation = Rule::new("self.provider in ['bedrock', 'vertex'] || has(self.secretRef.key)").message("secretRef.key is required (it names the Secret key holding the API key)").field_path(".secretRef.key"))]
+#[x_kube(validation = Rule::new("self.provider in ['bedrock', 'vertex'] || has(self.secretRef.key) || has(self.secretRef.keys)").message("secretRef.key is required (it names the Secret key holding the API key), or secretRef.keys for a pool of keys").field_path(".secretRef.key"))]
+#[x_kube(validation = Rule::new("!has(self.secretRef.key) || !has(self.secretRef.keys)").message("secretRef.key (one key) and secretRef.keys (a pool) are mutually exclusive").field_path(".secretRef.keys"))]
+#[x_kube(validation = Rule::new("!has(self.secretRef.keys) || !(self.provider in ['bedrock', 'vertex'])").message("providers bedrock and vertex take the whole Secret: secretRef.keys (a key pool) is not supported for them").field_path(".secretRef.keys"))]
 #[x_kube(validation = Rule::new("self.provider != 'bedrock' || !has(self.secretRef.key)").message("provider bedrock takes the whole Secret (accessKeyId, secretAccessKey, optional sessionToken): secretRef.key must not be set").field_path(".secretRef.key"))]
 pub struct ProviderCredentialSpec {
     /// Provider API flavour: openai, anthropic, openai-compatible (any server speaking
@@ -83,7 +86,7 @@ pub struct ProviderCredentialSpec {
     /// service-account JSON key from key serviceAccount.json unless a key is named;
     /// bedrock names no key and reads accessKeyId, secretAccessKey and, for
     /// temporary credentials, sessionToken.
-    pub secret_ref: SecretKeySelector,
+    pub secret_ref: CredentialSecretRef,
 
     /// Static headers sent with every request to this provider, e.g.
     /// OpenAI-Organization. No secrets here: they are rendered into a ConfigMap. Names
@@ -172,6 +175,15 @@ pub struct ProviderCredentialSpec {
         regex(pattern = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
     )]
     pub region: Option<String>,
+
+    /// How long a key the provider answered with 401 or 403 is set aside (state
+    /// Rejected): requests use the credential's other keys meanwhile, and only when
+    /// every key is set aside is one tried anyway. A Gateway API duration from 1s to
+    /// 24h. Default: 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('24h')").message("must be from 1s to 24h"))]
+    pub key_rejected_for: Option<String>,
 }
 
 /// Names one key of a Secret in the same namespace.
@@ -188,6 +200,44 @@ pub struct SecretKeySelector {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
+}
+
+/// A credential's Secret: one of its keys, or a pool of them (SPEC §16).
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CredentialSecretRef {
+    /// Name of the Secret. Required, 1 to 253 characters.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret's data whose value is the API key. Required, 1 to 253
+    /// characters, except on a vertex ProviderCredential (default
+    /// serviceAccount.json) and a bedrock one (which reads the whole Secret and must
+    /// not set it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+    /// A pool of keys instead of key: data keys of the Secret, each holding one API
+    /// key of the same provider account kind. Requests are spread round-robin over the
+    /// keys usable now; a key answered with 429 is parked for its Retry-After (or the
+    /// retry backoff) and the same request is sent at once with the next usable key;
+    /// one answered with 401 or 403 is set aside for keyRejectedFor. Only when every
+    /// key is parked does the target count as rate limited. 1 to 32 unique Secret data
+    /// key names. Not with key; not for bedrock or vertex (they take the whole Secret).
+    /// Default: none (one key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::key_pool")]
+    #[x_kube(validation = Rule::new("self.all(k, self.exists_one(n, n == k))").message("key names must be unique"))]
+    pub keys: Option<Vec<String>>,
+}
+
+impl CredentialSecretRef {
+    /// The one key it names, as a [`SecretKeySelector`].
+    pub fn selector(&self) -> SecretKeySelector {
+        SecretKeySelector {
+            name: self.name.clone(),
+            key: self.key.clone(),
+        }
+    }
 }
 
 /// Observed state of a ProviderCredential, written by the operator.
@@ -208,6 +258,36 @@ pub struct ProviderCredentialStatus {
     /// Number of LLMRoutes that reference this credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<i32>,
+
+    /// Its keys usable now (Active on every ready proxy replica) of all its keys, as
+    /// "2/3". Absent until the proxies have reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usable_keys: Option<String>,
+
+    /// Each key (by its Secret data-key name, never its value) as the proxy replicas
+    /// see it now, in declared order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<KeyStatus>,
+}
+
+/// One key of a credential, aggregated over the ready proxy replicas.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyStatus {
+    /// The Secret data key that holds it.
+    pub name: String,
+    /// Active (used), Parked (answered 429: set aside until its Retry-After ends) or
+    /// Rejected (answered 401 or 403: set aside for keyRejectedFor). When replicas
+    /// disagree, the state that keeps requests away the most, with `replicas` saying
+    /// how many see it.
+    #[schemars(schema_with = "crate::schema::key_state")]
+    pub state: String,
+    /// When a Parked or Rejected key is used again, at the latest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Ready proxy replicas that see this state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
 }
 
 #[cfg(test)]
@@ -244,7 +324,7 @@ spec:
             ("baseURL", "baseUrl"),
             (
                 "secretRef: { name: openai-key, key: apiKey }",
-                "secretRef: { name: openai-key, keys: apiKey }",
+                "secretRef: { name: openai-key, kes: [apiKey] }",
             ),
             ("maxQueue", "maxQueued"),
         ] {

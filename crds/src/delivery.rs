@@ -456,6 +456,7 @@ spec: { targets: [ { credentialRef: { name: anthropic } } ] }
             generation: 1,
             key_hash: None,
             key_secret_ref: crate::config::SecretKeyRef {
+                keys: Vec::new(),
                 name: "app-llm".into(),
                 key: "apiKey".into(),
             },

@@ -101,6 +101,13 @@ pub struct LLMRouteSpec {
     /// wins; the other is cancelled at once. Default: none (no hedging).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<HedgeSpec>,
+
+    /// What the "model" field of answers (every stream chunk too) says: requested, the
+    /// name the client sent; served, the upstream model that answered. Either way the
+    /// x-switchback-model response header names the upstream model. Default: requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::response_model")]
+    pub response_model: Option<String>,
 }
 
 /// Committed streams: stall detection and resume after commit.
@@ -236,6 +243,23 @@ pub struct TargetSpec {
     /// USD per million tokens, read by mode cost-optimized. Default: none (sorted last).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price: Option<PriceSpec>,
+
+    /// Opt-in health checks: the proxy sends this target a minimal request (one output
+    /// token) every interval while its circuit is closed too; circuitBreaker's
+    /// consecutiveFailures failed checks open the circuit, and the checks' latency
+    /// feeds mode least-latency. Default: none (no checks while closed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckSpec>,
+}
+
+/// A target's opt-in health check.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthCheckSpec {
+    /// Time between two checks. A Gateway API duration from 1s to 1h. Required.
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('1h')").message("must be from 1s to 1h"))]
+    pub interval: String,
 }
 
 /// Names a ProviderCredential in the route's namespace.
@@ -335,8 +359,9 @@ pub struct CircuitBreakerSpec {
     #[schemars(range(min = 1, max = 1000))]
     pub consecutive_failures: Option<i32>,
 
-    /// How long an open circuit skips the target before one half-open probe; a failed
-    /// probe reopens it for twice as long, capped at 5m. A Gateway API duration above 0.
+    /// How long an open circuit skips the target before it is probed. With
+    /// probeInterval 0s the probe is one client request, and a failed one reopens the
+    /// circuit for twice as long, capped at 5m. A Gateway API duration above 0.
     /// Default: 30s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::duration")]
@@ -352,6 +377,17 @@ pub struct CircuitBreakerSpec {
     #[schemars(schema_with = "schema::duration")]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1h')").message("must be above 0 and at most 1h"))]
     pub ramp_up: Option<String>,
+
+    /// Probes of an open circuit: once openFor has passed, each proxy replica sends the
+    /// target a minimal request of its own (one output token), then one every interval
+    /// while they fail; a success closes the circuit (or starts rampUp), a failure
+    /// keeps it open without doubling anything. No client request is used as a probe.
+    /// 0s switches probing off: a client request is the half-open probe. A Gateway API
+    /// duration: 0s, or from 1s to 1h. Default: 10s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    #[x_kube(validation = Rule::new("duration(self) == duration('0s') || (duration(self) >= duration('1s') && duration(self) <= duration('1h'))").message("must be 0s (probing off) or from 1s to 1h"))]
+    pub probe_interval: Option<String>,
 }
 
 /// Observed state of an LLMRoute, written by the operator.
@@ -435,6 +471,14 @@ pub struct TargetStatus {
     /// Replicas on which the circuit is open.
     #[serde(default)]
     pub open_replicas: i32,
+    /// The circuit is open and the proxies probe it in the background
+    /// (circuitBreaker.probeInterval), or the target has a healthCheck: what the last
+    /// probe found is in lastProbe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probing: Option<bool>,
+    /// The most recent probe or health check of this target on any replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe: Option<LastProbe>,
     /// The most recent failed attempt on this target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<LastFailure>,
@@ -459,6 +503,17 @@ pub struct LastFailure {
     /// Failure class, e.g. status5xx, rateLimited, timeout, connectionError.
     pub reason: String,
     /// When it happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+}
+
+/// The most recent probe of a target.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastProbe {
+    /// success, or the failure's reason (status5xx, timeout, connectionError, ...).
+    pub outcome: String,
+    /// When it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<Time>,
 }

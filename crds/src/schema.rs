@@ -109,6 +109,39 @@ pub(crate) fn duration(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// Most keys in a credential's pool (`secretRef.keys`).
+pub const MAX_POOL_KEYS: u32 = 32;
+/// A Secret data key name (Kubernetes' own rule).
+pub const SECRET_KEY_PATTERN: &str = r"^[-._a-zA-Z0-9]+$";
+
+/// `secretRef.keys`: 1 to 32 Secret data key names.
+pub(crate) fn key_pool(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_POOL_KEYS,
+        "items": { "type": "string", "minLength": 1, "maxLength": MAX_NAME_LEN, "pattern": SECRET_KEY_PATTERN },
+    })
+}
+
+/// A key's state in a credential's status (SPEC §16).
+pub(crate) fn key_state(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": crate::stats::KeyState::ALL.map(|s| s.as_str()),
+    })
+}
+
+/// `spec.responseModel`.
+pub(crate) fn response_model(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "enum": RESPONSE_MODELS,
+    })
+}
+
+pub const RESPONSE_MODELS: [&str; 2] = ["requested", "served"];
+
 /// A target's state in status (SPEC §12).
 pub(crate) fn target_state(_: &mut SchemaGenerator) -> Schema {
     let states: Vec<&str> = crate::stats::TargetState::ALL

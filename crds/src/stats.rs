@@ -40,6 +40,74 @@ pub struct StatsReport {
     /// out of the ready replicas (limits' and budgets' shares, `Programmed`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+    /// Per ProviderCredential the replica serves: its keys (SPEC §16). Left out when
+    /// empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialStats>,
+}
+
+/// One credential's keys as one replica sees them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialStats {
+    pub credential: ObjectId,
+    /// In declared order; only the keys the replica holds a value for.
+    pub keys: Vec<KeyStats>,
+}
+
+/// One key of a credential, by its Secret data-key name (never its value),
+/// cumulative since the replica started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyStats {
+    /// The Secret data key holding it.
+    pub name: String,
+    pub state: KeyState,
+    /// RFC 3339: when a Parked or Rejected key is used again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// Upstream requests sent with it (probes included).
+    pub attempts: u64,
+    /// Answers of 429 that parked it.
+    pub rate_limited: u64,
+    /// Answers of 401 or 403 that set it aside.
+    pub rejected: u64,
+}
+
+/// What a key is to requests now (SPEC §16).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum KeyState {
+    /// Used in turn.
+    #[default]
+    Active,
+    /// Answered 429: not used until its Retry-After (or backoff) ends.
+    Parked,
+    /// Answered 401 or 403: not used for the credential's `keyRejectedFor`.
+    Rejected,
+}
+
+impl KeyState {
+    pub const ALL: [KeyState; 3] = [KeyState::Active, KeyState::Parked, KeyState::Rejected];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyState::Active => "Active",
+            KeyState::Parked => "Parked",
+            KeyState::Rejected => "Rejected",
+        }
+    }
+
+    /// How much it keeps requests away, the most first: the state shown when replicas
+    /// disagree.
+    pub fn severity(self) -> u8 {
+        match self {
+            KeyState::Rejected => 2,
+            KeyState::Parked => 1,
+            KeyState::Active => 0,
+        }
+    }
 }
 
 /// What one replica saw of one LLMClient, cumulative since the replica started.
@@ -183,6 +251,27 @@ pub struct TargetStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<LastFailure>,
     pub latency: Latency,
+    /// The replica probes this target in the background now: its circuit is open and
+    /// its route probes (`circuitBreaker.probeInterval`), or it has a `healthCheck`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub probing: bool,
+    /// Probes sent (of an open circuit, and health checks), by outcome: `success` or
+    /// the failure's reason. Left out when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probes: BTreeMap<String, u64>,
+    /// The most recent probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe: Option<ProbeRecord>,
+}
+
+/// One probe's outcome.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeRecord {
+    /// `success`, or the failure's reason.
+    pub outcome: String,
+    /// RFC 3339: when it ended.
+    pub at: String,
 }
 
 /// What a request finds at a target now, as one replica sees it. Every state but

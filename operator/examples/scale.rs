@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use switchback_crds::compile::{Inputs, Kind};
 use switchback_crds::config::ObjectId;
-use switchback_crds::credential::SecretKeySelector;
+use switchback_crds::credential::CredentialSecretRef;
 use switchback_crds::delivery;
 use switchback_crds::revision::RevisionKey;
 use switchback_crds::route::{CredentialRef, TargetSpec, TotalStats};
@@ -89,9 +89,10 @@ fn main() {
                 c,
                 ProviderCredentialSpec {
                     provider: c.into(),
-                    secret_ref: SecretKeySelector {
+                    secret_ref: CredentialSecretRef {
                         name: "keys".into(),
                         key: c.into(),
+                        keys: None,
                     },
                     ..Default::default()
                 },
@@ -216,6 +217,7 @@ fn main() {
     });
 
     let report = |replica: usize, round: u64| StatsReport {
+        credentials: Default::default(),
         version: 1,
         instance_id: format!("replica-{replica}"),
         started_at: "2027-01-01T00:00:00Z".into(),

@@ -15,6 +15,10 @@
 //!   away the most among the replicas, with how many see it, the earliest `since` and
 //!   the latest `until` they report; and per target, the window's requests, answers,
 //!   failures and fallbacks by reason, in the same buckets as the route's counters.
+//!   Whether any replica probes it, and the most recent probe (SPEC §16).
+//! - Each credential's keys (SPEC §16): per key, the state that keeps requests away the
+//!   most among the replicas (Rejected, Parked, Active), how many see it and the latest
+//!   `until`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -22,7 +26,8 @@ use switchback_crds::config::ObjectId;
 use switchback_crds::cost::Usd;
 use switchback_crds::revision::Revision;
 use switchback_crds::stats::{
-    CircuitState, LastFailure, RouteStats, StatsReport, TargetState, TargetStats,
+    CircuitState, KeyState, LastFailure, ProbeRecord, RouteStats, StatsReport, TargetState,
+    TargetStats,
 };
 
 use crate::usage::{Counted, Reading};
@@ -119,6 +124,22 @@ pub struct TargetView {
     pub until: Option<String>,
     /// Counters over the rolling window.
     pub window: TargetCounts,
+    /// Some replica probes it in the background now.
+    pub probing: bool,
+    /// The most recent probe any replica reports.
+    pub last_probe: Option<ProbeRecord>,
+}
+
+/// One key of a credential, over the replicas that report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyView {
+    pub name: String,
+    /// The state that keeps requests away the most among them.
+    pub state: KeyState,
+    /// Replicas that see `state`.
+    pub replicas: u32,
+    /// RFC 3339: the latest end those replicas report.
+    pub until: Option<String>,
 }
 
 /// Cumulative or windowed counters of one target.
@@ -256,6 +277,8 @@ pub struct Snapshot {
     /// Clients any replica reported, or counted since this operator started.
     pub clients: BTreeMap<ObjectId, ClientView>,
     pub window_seconds: u64,
+    /// Each credential's keys, as the ready replicas of this round report them.
+    pub credentials: BTreeMap<ObjectId, Vec<KeyView>>,
 }
 
 #[derive(Debug)]
@@ -346,6 +369,7 @@ impl Aggregator {
         let mut replicas = Vec::new();
         let mut draining = 0;
         let mut per_route: BTreeMap<ObjectId, Vec<(&str, &RouteStats)>> = BTreeMap::new();
+        let mut credentials = Credentials::default();
         for scrape in scrapes {
             let report = match &scrape.result {
                 Ok(report) => report,
@@ -375,6 +399,7 @@ impl Aggregator {
                     .or_default()
                     .push((scrape.endpoint.as_str(), route));
             }
+            credentials.add(report);
         }
         self.instances
             .retain(|_, i| now_ms.saturating_sub(i.last_seen_ms) < FORGET_INSTANCE_MS);
@@ -407,6 +432,7 @@ impl Aggregator {
             routes,
             clients,
             window_seconds: self.window_ms / 1000,
+            credentials: credentials.views(),
         };
         let transitions = transitions(&self.last, &next);
         self.last = next;
@@ -581,6 +607,8 @@ fn targets(reports: &[(&str, &RouteStats)]) -> Vec<TargetView> {
                 since: None,
                 until: None,
                 window: TargetCounts::default(),
+                probing: false,
+                last_probe: None,
             };
             let mut half_open = false;
             // (state, since, until) per replica that reports a state.
@@ -611,6 +639,15 @@ fn targets(reports: &[(&str, &RouteStats)]) -> Vec<TargetView> {
                     });
                     if newer {
                         view.last_failure = Some(f.clone());
+                    }
+                }
+                view.probing |= o.probing;
+                if let Some(p) = &o.last_probe {
+                    let newer = view.last_probe.as_ref().is_none_or(|cur| {
+                        started_ms(&p.at).unwrap_or(0) > started_ms(&cur.at).unwrap_or(0)
+                    });
+                    if newer {
+                        view.last_probe = Some(p.clone());
                     }
                 }
             }
@@ -645,6 +682,64 @@ fn targets(reports: &[(&str, &RouteStats)]) -> Vec<TargetView> {
             view
         })
         .collect()
+}
+
+/// Each replica's state of one key, and until when.
+type Seen = Vec<(KeyState, Option<String>)>;
+
+/// The keys of every credential over one round's ready replicas.
+#[derive(Default)]
+struct Credentials {
+    /// Per credential, per key in the order first reported: what each replica sees.
+    keys: BTreeMap<ObjectId, Vec<(String, Seen)>>,
+}
+
+impl Credentials {
+    fn add(&mut self, report: &StatsReport) {
+        for c in &report.credentials {
+            let keys = self.keys.entry(c.credential.clone()).or_default();
+            for k in &c.keys {
+                let at = match keys.iter().position(|(name, _)| *name == k.name) {
+                    Some(at) => at,
+                    None => {
+                        keys.push((k.name.clone(), Vec::new()));
+                        keys.len() - 1
+                    }
+                };
+                keys[at].1.push((k.state, k.until.clone()));
+            }
+        }
+    }
+
+    fn views(self) -> BTreeMap<ObjectId, Vec<KeyView>> {
+        self.keys
+            .into_iter()
+            .map(|(id, keys)| {
+                let views = keys
+                    .into_iter()
+                    .map(|(name, seen)| {
+                        let worst = seen
+                            .iter()
+                            .map(|(s, _)| *s)
+                            .max_by_key(|s| s.severity())
+                            .unwrap_or_default();
+                        let seeing: Vec<_> = seen.iter().filter(|(s, _)| *s == worst).collect();
+                        KeyView {
+                            name,
+                            state: worst,
+                            replicas: seeing.len() as u32,
+                            until: seeing
+                                .iter()
+                                .filter_map(|(_, u)| u.as_ref())
+                                .max_by_key(|u| started_ms(u).unwrap_or(0))
+                                .cloned(),
+                        }
+                    })
+                    .collect();
+                (id, views)
+            })
+            .collect()
+    }
 }
 
 fn transitions(before: &Snapshot, after: &Snapshot) -> Vec<Transition> {
@@ -697,6 +792,7 @@ mod tests {
 
     fn report(instance: &str, started: &str, requests: u64, circuit: CircuitState) -> StatsReport {
         StatsReport {
+            credentials: Default::default(),
             version: 1,
             instance_id: instance.into(),
             started_at: started.into(),
@@ -757,6 +853,104 @@ mod tests {
             ..Default::default()
         }];
         r
+    }
+
+    fn with_keys(mut r: StatsReport, keys: &[(&str, KeyState, Option<u64>)]) -> StatsReport {
+        use switchback_crds::stats::{CredentialStats, KeyStats};
+        r.credentials = vec![CredentialStats {
+            credential: ObjectId::new("team-a", "openai"),
+            keys: keys
+                .iter()
+                .map(|(name, state, until)| KeyStats {
+                    name: name.to_string(),
+                    state: *state,
+                    until: until.map(at),
+                    ..KeyStats::default()
+                })
+                .collect(),
+        }];
+        r
+    }
+
+    /// SPEC §16: a key's state over the replicas is the one that keeps requests away
+    /// the most, with how many replicas see it and the latest end they report; a
+    /// draining replica's keys are not counted.
+    #[test]
+    fn keys_are_shown_by_the_state_that_keeps_requests_away_the_most() {
+        let mut agg = Aggregator::new(300_000, START);
+        let r = |i: &str, keys| with_keys(report(i, &at(0), 1, CircuitState::Closed), keys);
+        let mut draining = r("i3", &[("k1", KeyState::Rejected, Some(900))]);
+        draining.draining = true;
+        agg.observe(
+            START + 1_000,
+            &[
+                ok(
+                    "a",
+                    r(
+                        "i1",
+                        &[
+                            ("k1", KeyState::Active, None),
+                            ("k2", KeyState::Parked, Some(20)),
+                            ("k3", KeyState::Parked, Some(5)),
+                        ],
+                    ),
+                ),
+                ok(
+                    "b",
+                    r(
+                        "i2",
+                        &[
+                            ("k1", KeyState::Active, None),
+                            ("k2", KeyState::Parked, Some(30)),
+                            ("k3", KeyState::Rejected, Some(300)),
+                        ],
+                    ),
+                ),
+                ok("c", draining),
+            ],
+        );
+        let keys = &agg.snapshot().credentials[&ObjectId::new("team-a", "openai")];
+        let shown: Vec<(&str, KeyState, u32, Option<String>)> = keys
+            .iter()
+            .map(|k| (k.name.as_str(), k.state, k.replicas, k.until.clone()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("k1", KeyState::Active, 2, None),
+                ("k2", KeyState::Parked, 2, Some(at(30))),
+                ("k3", KeyState::Rejected, 1, Some(at(300))),
+            ]
+        );
+    }
+
+    /// Whether any replica probes a target, and the latest probe any reports.
+    #[test]
+    fn a_target_is_probing_when_any_replica_probes_it() {
+        let mut agg = Aggregator::new(300_000, START);
+        let probed = |i: &str, probing: bool, s: u64, outcome: &str| {
+            let mut r = report(i, &at(0), 1, CircuitState::Open);
+            let t = &mut r.routes[0].targets[0];
+            t.probing = probing;
+            t.last_probe = Some(ProbeRecord {
+                outcome: outcome.into(),
+                at: at(s),
+            });
+            r
+        };
+        agg.observe(
+            START + 1_000,
+            &[
+                ok("a", probed("i1", false, 40, "success")),
+                ok("b", probed("i2", true, 10, "timeout")),
+            ],
+        );
+        let t = &agg.snapshot().routes[&id()].targets[0];
+        assert!(t.probing);
+        assert_eq!(
+            t.last_probe.as_ref().map(|p| p.outcome.as_str()),
+            Some("success")
+        );
     }
 
     #[test]

@@ -233,6 +233,8 @@ mod tests {
 
     fn target(name: &str, state: Option<TargetState>, successes: u64) -> TargetView {
         TargetView {
+            last_probe: None,
+            probing: false,
             credential: ObjectId::new("team-a", name),
             model: None,
             circuit: CircuitState::Closed,

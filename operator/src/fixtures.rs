@@ -14,7 +14,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::Value;
-use switchback_crds::credential::SecretKeySelector;
+use switchback_crds::credential::{CredentialSecretRef, SecretKeySelector};
 use switchback_crds::route::{CredentialRef, TargetSpec};
 use switchback_crds::{
     LLMClient, LLMRoute, LLMRouteSpec, ProviderCredential, ProviderCredentialSpec,
@@ -62,9 +62,10 @@ pub fn credential(ns: &str, name: &str, secret: &str, key: &str) -> ProviderCred
         name,
         ProviderCredentialSpec {
             provider: "openai".into(),
-            secret_ref: SecretKeySelector {
+            secret_ref: CredentialSecretRef {
                 name: secret.into(),
                 key: key.into(),
+                keys: None,
             },
             ..ProviderCredentialSpec::default()
         },

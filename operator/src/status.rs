@@ -8,13 +8,14 @@ use switchback_crds::client::{ClientUsage, LLMClientStatus};
 use switchback_crds::compile::{Diagnostic, Severity, reason};
 use switchback_crds::config::{Exhausted, ObjectId};
 use switchback_crds::cost::Usd;
+use switchback_crds::credential::KeyStatus;
 use switchback_crds::route::{
-    CircuitState, LLMRouteStatus, LastFailure, TargetStatus, TotalStats, WindowStats,
+    CircuitState, LLMRouteStatus, LastFailure, LastProbe, TargetStatus, TotalStats, WindowStats,
 };
 use switchback_crds::stats;
 use switchback_crds::{LLMClient, LLMRoute, ProviderCredentialStatus};
 
-use crate::aggregate::{ClientView, RouteView, Snapshot, TargetView};
+use crate::aggregate::{ClientView, KeyView, RouteView, Snapshot, TargetView};
 use crate::explain;
 use crate::render::{Served, is_reference_reason};
 use crate::usage::{self, Budget, Current};
@@ -433,6 +434,11 @@ fn seeded(seed: &Option<String>, counted: Usd) -> String {
 /// its circuit and last failure as the replicas report them.
 fn target_status(t: &TargetView, e: Option<&explain::Explanation>) -> TargetStatus {
     TargetStatus {
+        probing: t.probing.then_some(true),
+        last_probe: t.last_probe.as_ref().map(|p| LastProbe {
+            outcome: p.outcome.clone(),
+            at: p.at.parse().ok().map(Time),
+        }),
         credential: t.credential.name.clone(),
         model: t.model.clone(),
         state: e.map(|e| e.state.as_str().to_string()),
@@ -576,6 +582,32 @@ pub struct CredentialFacts<'a> {
     /// Deletion requested and held by the finalizer.
     pub deleting: bool,
     pub now: Time,
+    /// Its keys as the proxy replicas report them (`None` before they have), and how
+    /// many keys it has (a pool's, or 1).
+    pub keys: Option<&'a [KeyView]>,
+    pub key_count: usize,
+}
+
+/// A credential's keys in status (SPEC §16): each key's state over the replicas, and
+/// how many are usable (Active on every replica that reports it) of all its keys.
+fn key_statuses(keys: &[KeyView], count: usize) -> (Option<String>, Vec<KeyStatus>) {
+    let usable = keys
+        .iter()
+        .filter(|k| k.state == stats::KeyState::Active)
+        .count();
+    let statuses = keys
+        .iter()
+        .map(|k| KeyStatus {
+            name: k.name.clone(),
+            state: k.state.as_str().to_string(),
+            until: k.until.as_ref().and_then(|u| u.parse().ok()).map(Time),
+            replicas: Some(k.replicas as i32),
+        })
+        .collect();
+    (
+        Some(format!("{usable}/{}", count.max(keys.len()))),
+        statuses,
+    )
 }
 
 pub fn credential_status(f: &CredentialFacts<'_>) -> ProviderCredentialStatus {
@@ -655,7 +687,13 @@ pub fn credential_status(f: &CredentialFacts<'_>) -> ProviderCredentialStatus {
         )
     };
     let kstatus = kstatus(f.previous, &ready, not_ready, f.generation, &f.now);
+    let (usable_keys, keys) = match f.keys {
+        Some(keys) => key_statuses(keys, f.key_count),
+        None => (None, Vec::new()),
+    };
     ProviderCredentialStatus {
+        keys,
+        usable_keys,
         observed_generation: f.generation,
         conditions: [ready, secret].into_iter().chain(kstatus).collect(),
         routes: Some(f.routes.len() as i32),
@@ -816,6 +854,7 @@ mod tests {
         view.window.requests = 7;
         view.totals.requests = 9;
         Snapshot {
+            credentials: Default::default(),
             replicas: generations
                 .iter()
                 .map(|(e, _)| Replica {
@@ -1206,6 +1245,8 @@ mod tests {
         };
         let routes = vec!["a".to_string(), "b".to_string()];
         let s = credential_status(&CredentialFacts {
+            key_count: 1,
+            keys: None,
             generation: Some(1),
             previous: &[],
             diagnostics: vec![&missing],
@@ -1218,6 +1259,8 @@ mod tests {
         assert_eq!(s.conditions[0].reason, reason::SECRET_KEY_MISSING);
         assert_eq!(s.conditions[1].status, "False");
         let s = credential_status(&CredentialFacts {
+            key_count: 1,
+            keys: None,
             generation: Some(1),
             previous: &s.conditions,
             diagnostics: vec![],
@@ -1247,6 +1290,8 @@ mod tests {
             message: "key \"apiKey\" not found in Secret \"keys\"".into(),
         };
         let facts = |diagnostics| CredentialFacts {
+            key_count: 1,
+            keys: None,
             generation: Some(3),
             previous: &[],
             diagnostics,
@@ -1268,6 +1313,58 @@ mod tests {
                 .iter()
                 .all(|c| c.type_ != types::STALLED && c.type_ != types::RECONCILING)
         );
+    }
+
+    /// SPEC §16: `status.keys[]` by name with state, until and replicas, and how many
+    /// of the credential's keys are usable (the `KEYS` printer column); nothing before
+    /// the proxies have reported.
+    #[test]
+    fn a_credential_shows_its_keys_and_how_many_are_usable() {
+        let keys = [
+            KeyView {
+                name: "k1".into(),
+                state: stats::KeyState::Active,
+                replicas: 3,
+                until: None,
+            },
+            KeyView {
+                name: "k3".into(),
+                state: stats::KeyState::Rejected,
+                replicas: 1,
+                until: Some("2026-01-02T03:04:05Z".into()),
+            },
+        ];
+        let facts = |keys| CredentialFacts {
+            key_count: 3,
+            keys,
+            generation: Some(1),
+            previous: &[],
+            diagnostics: vec![],
+            routes: &[],
+            deleting: false,
+            now: time(1),
+        };
+        let s = credential_status(&facts(Some(&keys)));
+        assert_eq!(
+            s.usable_keys.as_deref(),
+            Some("1/3"),
+            "k2 is not in the Secret"
+        );
+        assert_eq!(s.keys.len(), 2);
+        assert_eq!(
+            (
+                s.keys[1].name.as_str(),
+                s.keys[1].state.as_str(),
+                s.keys[1].replicas
+            ),
+            ("k3", "Rejected", Some(1))
+        );
+        assert_eq!(
+            s.keys[1].until.as_ref().map(|t| t.0.to_string()),
+            Some("2026-01-02T03:04:05Z".to_string())
+        );
+        let s = credential_status(&facts(None));
+        assert_eq!((s.usable_keys, s.keys.len()), (None, 0));
     }
 }
 

@@ -152,6 +152,9 @@ pub struct Gateway {
     pub media_fetch: crate::pipeline::fetch::MediaFetch,
     /// `--fetch-media-timeout`, `--max-fetched-urls`.
     pub fetch_limits: crate::pipeline::fetch::FetchLimits,
+    /// The background prober's schedule (SPEC §16): woken when a circuit opens or a
+    /// config is applied.
+    pub health: crate::health::Health,
 }
 
 impl Gateway {
@@ -191,6 +194,7 @@ impl Gateway {
             handover: Default::default(),
             media_fetch: Default::default(),
             fetch_limits: Default::default(),
+            health: Default::default(),
         })
     }
 
@@ -264,6 +268,7 @@ impl Gateway {
         r.loaded_at = Some(SystemTime::now());
         r.warnings = warnings;
         r.last_error = None;
+        self.health.wake();
         Ok(())
     }
 

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod front;
 pub mod gateway;
+pub mod health;
 pub mod http;
 pub mod limits;
 pub mod observe;
@@ -276,6 +277,8 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         }
     };
     let mut tasks = vec![data_task, admin_task];
+    // Probes of open circuits and health checks (SPEC §16).
+    tasks.push(tokio::spawn(health::run(gw.clone())));
     tasks.extend(watch_tasks);
     Ok(Running {
         data_addr,

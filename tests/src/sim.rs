@@ -10,7 +10,9 @@
 //!
 //! Scripting: every request takes the next [`Behavior`] from a queue ([`SimProvider::push`])
 //! and falls back to a default ([`SimProvider::set_default`], initially
-//! [`Behavior::Answer`]) when the queue is empty. Requests are recorded on arrival,
+//! [`Behavior::Answer`]) when the queue is empty. A request presenting a key given its
+//! own behaviour ([`SimProvider::set_key_behavior`]) takes that one instead: the
+//! provider tells keys apart, as one account's rate limits and revocations do. Requests are recorded on arrival,
 //! before their behaviour runs.
 //!
 //! Continuing: a request whose final message is the assistant's (a prefill, as a
@@ -459,6 +461,12 @@ impl Received {
         self.headers.get(name)?.to_str().ok()
     }
 
+    /// The API key the request presented, in whichever header its API carries it
+    /// (`Authorization: Bearer`, `x-api-key`, `api-key`, `x-goog-api-key`).
+    pub fn key(&self) -> Option<&str> {
+        presented_key(&self.headers)
+    }
+
     /// `messages` of the JSON body (empty when absent).
     fn messages(&self) -> &[Value] {
         self.json
@@ -670,6 +678,8 @@ struct State {
     deployments: Mutex<Vec<String>>,
     queue: Mutex<VecDeque<Behavior>>,
     default: Mutex<Behavior>,
+    /// Behaviours of requests presenting a given key, before the queue.
+    by_key: Mutex<Vec<(String, Behavior)>>,
     received: Mutex<Vec<Received>>,
     recording: AtomicBool,
     /// Position in a [`Behavior::Cycle`].
@@ -718,6 +728,7 @@ impl SimProvider {
             deployments: Mutex::new(AZURE_DEPLOYMENTS.map(String::from).to_vec()),
             queue: Mutex::new(VecDeque::new()),
             default: Mutex::new(Behavior::Answer),
+            by_key: Mutex::new(Vec::new()),
             received: Mutex::new(Vec::new()),
             recording: AtomicBool::new(true),
             cycle: AtomicUsize::new(0),
@@ -843,6 +854,16 @@ impl SimProvider {
         *lock(&self.inner.state.default) = b;
     }
 
+    /// Every request presenting `key` behaves as `b` from now on, queue or not;
+    /// `None` takes the key's own behaviour away.
+    pub fn set_key_behavior(&self, key: &str, b: Option<Behavior>) {
+        let mut by_key = lock(&self.inner.state.by_key);
+        by_key.retain(|(k, _)| k != key);
+        if let Some(b) = b {
+            by_key.push((key.to_owned(), b));
+        }
+    }
+
     /// Queued behaviours not consumed yet.
     pub fn queued(&self) -> usize {
         lock(&self.inner.state.queue).len()
@@ -933,6 +954,16 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
+}
+
+/// The API key in `headers`, in whichever header an API carries it.
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    text("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| text("x-api-key"))
+        .or_else(|| text("api-key"))
+        .or_else(|| text("x-goog-api-key"))
 }
 
 /// Returned by the service to make hyper close the connection without a response.
@@ -1115,8 +1146,16 @@ async fn handle(
 
     // Arrival: record, count, and take this request's behaviour, all before it runs.
     // A request the strict Azure flavor refuses takes none.
+    let own = presented_key(&parts.headers).and_then(|k| {
+        lock(&state.by_key)
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, b)| b.clone())
+    });
     let behavior = if refusal.is_some() || bedrock_refusal.is_some() {
         Behavior::Answer
+    } else if let Some(b) = own {
+        b
     } else {
         let mut queue = lock(&state.queue);
         queue

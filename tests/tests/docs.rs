@@ -498,7 +498,7 @@ See [a](docs/a.md#part) and ![b](img/b.png \"title\"), [c](<d e.md>).
 
 /// SPEC §12: the troubleshooting page names every failure and skip reason the proxy
 /// gives, every condition reason of `compile`, every target state the status shows,
-/// and the Events the operator records.
+/// every key state, where probes and keys show, and the Events the operator records.
 #[test]
 fn the_troubleshooting_page_names_every_reason_state_and_event() {
     let page = std::fs::read_to_string(
@@ -521,6 +521,22 @@ fn the_troubleshooting_page_names_every_reason_state_and_event() {
     for reason in switchback_crds::compile::reason::ALL {
         if !page.contains(&format!("| `{reason}` |")) {
             missing.push(format!("condition reason {reason}"));
+        }
+    }
+    for state in switchback_crds::stats::KeyState::ALL {
+        if !page.contains(&format!("`{}`", state.as_str())) {
+            missing.push(format!("key state {}", state.as_str()));
+        }
+    }
+    for field in [
+        "probing",
+        "lastProbe",
+        "usableKeys",
+        "KEYS",
+        "x-switchback-model",
+    ] {
+        if !page.contains(field) {
+            missing.push(format!("status field {field}"));
         }
     }
     for event in ["CircuitOpened", "CircuitClosed"] {

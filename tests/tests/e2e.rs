@@ -1025,7 +1025,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
         Duration::from_secs(10),
         || {
             let c = get_json(&["pcred", "-n", &a, "steady"])?;
-            (c["status"]["routes"] == 1).then_some(())
+            (c["status"]["routes"] == 1 && c["status"]["usableKeys"] == "1/1").then_some(())
         },
     )
     .await;
@@ -1037,6 +1037,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
             "NAME",
             "PROVIDER",
             "SECRET",
+            "KEYS",
             "READY",
             "ROUTES",
             "AGE"
@@ -1047,8 +1048,8 @@ async fn operator_and_proxy_against_a_real_api_server() {
         .find(|r| r[0] == a && r[1] == "steady")
         .unwrap_or_else(|| panic!("{rows:?}"));
     assert_eq!(
-        &steady_row[2..6],
-        ["openai-compatible", "provider-keys", "True", "1"],
+        &steady_row[2..7],
+        ["openai-compatible", "provider-keys", "1/1", "True", "1"],
         "{rows:?}"
     );
     let rows = table(&ok(&["get", "llmroutes", "-A"]));
@@ -1845,6 +1846,219 @@ async fn status_says_why_requests_go_where_they_go() {
         "--- kubectl describe llmroute keyless:\n{}",
         ok(&["describe", "llmroute", "-n", &a, "keyless"])
     );
+    drop(stack);
+}
+
+/// SPEC §16 on a real API server: a key pool with a data key its Secret lacks (the
+/// field named in ResolvedRefs, the others serving), the keys' states in
+/// `status.keys[]` and the `KEYS` column of `kubectl get pcred`, an open circuit shown
+/// probing in `status.targets[]`, and the CRD refusing a bad pool or probeInterval.
+#[tokio::test(flavor = "multi_thread")]
+async fn key_pools_and_probes_reach_status() {
+    if !enabled("key_pools_and_probes_reach_status") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let (gw, a) = (format!("sb-e2e-keys-gw-{id}"), format!("sb-e2e-keys-{id}"));
+    let _namespaces = Namespaces::create(&[gw.clone(), a.clone()]);
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let stack = Stack::start(&gw, 2, &[]);
+    let pool_secret = |keys: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: pool-keys, namespace: {a} }}\nstringData: {{ {keys} }}\n"
+        )
+    };
+    apply(&format!(
+        "{}{}---\napiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\nmetadata: {{ name: pool, namespace: {a} }}\n\
+         spec: {{ provider: openai-compatible, baseURL: \"{}\", secretRef: {{ name: pool-keys, keys: [k1, k2, k3] }}, allowPrivateNetwork: true }}\n{}{}",
+        secret(&a, "sk-backup"),
+        pool_secret("k1: sk-pool-one, k3: sk-pool-three"),
+        primary.base_url(),
+        credential(&a, "backup", &backup.base_url()).replace("key: backup", "key: steady"),
+        route(
+            &a,
+            "smart",
+            "smart",
+            "[ { credentialRef: { name: pool } }, { credentialRef: { name: backup } } ]",
+        )
+        .replace("openFor: 8s }", "openFor: 3s, probeInterval: 2s }"),
+    ));
+    // 1. k2 is not in the Secret: the route says so naming the field, and serves.
+    let rr = eventually(
+        "ResolvedRefs=False naming keys[1]",
+        Duration::from_secs(30),
+        || {
+            let r = get_json(&["llmroute", "-n", &a, "smart"])?;
+            let c = condition(&r, "ResolvedRefs")?.clone();
+            (c["status"] == "False").then_some(c)
+        },
+    )
+    .await;
+    assert_eq!(rr["reason"], "SecretKeyMissing", "{rr}");
+    let message = rr["message"].as_str().unwrap();
+    assert!(message.contains("spec.secretRef.keys[1]"), "{message}");
+    let c = get_json(&["providercredential", "-n", &a, "pool"]).unwrap();
+    let resolved = condition(&c, "SecretResolved").unwrap();
+    assert!(
+        resolved["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.secretRef.keys[1]"),
+        "{resolved}"
+    );
+    wait_programmed(&a, "smart");
+    for i in 0..2 {
+        for _ in 0..4 {
+            let r = stack.chat_on(i, "smart").await;
+            assert_eq!(served_by(&r), format!("{a}/pool"));
+        }
+    }
+    let sent: Vec<String> = primary
+        .take_received()
+        .iter()
+        .filter_map(|r| r.key().map(str::to_owned))
+        .collect();
+    assert!(
+        sent.iter().any(|k| k == "sk-pool-one") && sent.iter().any(|k| k == "sk-pool-three"),
+        "both keys in turn: {sent:?}"
+    );
+
+    // 2. The missing key arrives: resolved; k3 refused (401) on both replicas.
+    apply(&pool_secret(
+        "k1: sk-pool-one, k2: sk-pool-two, k3: sk-pool-three",
+    ));
+    eventually("ResolvedRefs=True", Duration::from_secs(30), || {
+        let r = get_json(&["llmroute", "-n", &a, "smart"])?;
+        (condition(&r, "ResolvedRefs")?["status"] == "True").then_some(())
+    })
+    .await;
+    primary.set_key_behavior(
+        "sk-pool-three",
+        Some(Behavior::Status {
+            status: 401,
+            body: None,
+            retry_after: None,
+        }),
+    );
+    eventually_async(
+        "k3 refused on both replicas",
+        Duration::from_secs(30),
+        || async {
+            for i in 0..2 {
+                assert_eq!(
+                    served_by(&stack.chat_on(i, "smart").await),
+                    format!("{a}/pool")
+                );
+            }
+            let keys =
+                get_json(&["providercredential", "-n", &a, "pool"])?["status"]["keys"].clone();
+            (keys[2]["state"] == "Rejected" && keys[2]["replicas"] == 2).then_some(())
+        },
+    )
+    .await;
+    let c = get_json(&["providercredential", "-n", &a, "pool"]).unwrap();
+    let keys = &c["status"]["keys"];
+    assert_eq!(
+        [&keys[0]["name"], &keys[1]["name"], &keys[2]["name"]],
+        ["k1", "k2", "k3"]
+    );
+    assert_eq!(keys[0]["state"], "Active", "{keys}");
+    assert!(keys[2]["until"].is_string(), "{keys}");
+    let rows = table(&ok(&["get", "pcred", "-n", &a]));
+    assert_eq!(rows[0][3], "KEYS", "{rows:?}");
+    let pool = rows.iter().find(|r| r[0] == "pool").unwrap();
+    assert_eq!(pool[3], "2/3", "{rows:?}");
+    println!(
+        "--- kubectl get pcred:\n{}",
+        ok(&["get", "pcred", "-n", &a])
+    );
+
+    // 3. The pool's provider fails: its circuit opens and is probed, not retried by
+    // clients; status says so.
+    primary.set_default(Behavior::ServerError(503));
+    primary.set_key_behavior("sk-pool-three", None);
+    for i in 0..2 {
+        for _ in 0..3 {
+            assert_eq!(stack.chat_on(i, "smart").await.status(), 200);
+        }
+    }
+    let t = eventually("the pool probing", Duration::from_secs(30), || {
+        let r = get_json(&["llmroute", "-n", &a, "smart"])?;
+        let t = r["status"]["targets"][0].clone();
+        (t["probing"] == true && t["lastProbe"]["outcome"] == "status5xx").then_some(t)
+    })
+    .await;
+    assert_eq!(t["state"], "CircuitOpen", "{t}");
+    primary.set_default(Behavior::Answer);
+    eventually("probes close it", Duration::from_secs(30), || {
+        let r = get_json(&["llmroute", "-n", &a, "smart"])?;
+        let t = &r["status"]["targets"][0];
+        (t["circuit"] == "Closed" && t["lastProbe"]["outcome"] == "success").then_some(())
+    })
+    .await;
+
+    // 4. What the CRD refuses, naming the field.
+    let bad_credential = |secret_ref: &str, extra: &str| {
+        format!(
+            "apiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\nmetadata: {{ name: bad, namespace: {a} }}\n\
+             spec: {{ provider: openai, secretRef: {secret_ref}{extra} }}\n"
+        )
+    };
+    for (yaml, field) in [
+        (
+            bad_credential("{ name: s, keys: [] }", ""),
+            "spec.secretRef.keys",
+        ),
+        (
+            bad_credential("{ name: s, keys: [a, a] }", ""),
+            "spec.secretRef.keys",
+        ),
+        (
+            bad_credential("{ name: s, key: k, keys: [a] }", ""),
+            "spec.secretRef.keys",
+        ),
+        (
+            bad_credential("{ name: s, keys: [\"a/b\"] }", ""),
+            "spec.secretRef.keys[0]",
+        ),
+        (
+            bad_credential("{ name: s, keys: [a] }", ", keyRejectedFor: 100ms"),
+            "spec.keyRejectedFor",
+        ),
+        (
+            route(&a, "bad", "bad", "[ { credentialRef: { name: pool } } ]")
+                .replace("openFor: 8s }", "openFor: 8s, probeInterval: 500ms }"),
+            "spec.circuitBreaker.probeInterval",
+        ),
+        (
+            route(
+                &a,
+                "bad",
+                "bad",
+                "[ { credentialRef: { name: pool }, healthCheck: { interval: 10ms } } ]",
+            ),
+            "spec.targets[0].healthCheck.interval",
+        ),
+        (
+            route(&a, "bad", "bad", "[ { credentialRef: { name: pool } } ]")
+                .replace("  targets:", "  responseModel: upstream\n  targets:"),
+            "spec.responseModel",
+        ),
+    ] {
+        let (accepted, _, err) = kubectl(&["apply", "--server-side", "-f", "-"], Some(&yaml));
+        assert!(!accepted, "accepted:\n{yaml}");
+        assert!(err.contains(field), "the refusal names {field}: {err}");
+    }
+    let all = stack.everything_they_say().await;
+    for key in ["sk-pool-one", "sk-pool-two", "sk-pool-three"] {
+        assert!(
+            !all.contains(key),
+            "{key} leaked into an admin output or a log"
+        );
+    }
     drop(stack);
 }
 

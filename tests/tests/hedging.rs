@@ -220,7 +220,14 @@ async fn under_load_at_most_max_percent_of_the_requests_are_hedged() {
 #[tokio::test(start_paused = true)]
 async fn a_hedge_never_starts_past_the_calls_budget() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let spec = HEDGED.replace("  hedge:", "  timeout: 1500ms\n  hedge:");
+    // The primary's own timeout, past the budget, lets it spend all of it (without
+    // one it would leave the backup its share, SPEC §16).
+    let spec = HEDGED
+        .replace("  hedge:", "  timeout: 1500ms\n  hedge:")
+        .replace(
+            "{ name: primary }\n",
+            "{ name: primary }\n      timeout: 10s\n",
+        );
     let (primary, backup, proxy) = setup(Flavor::OpenAi, &spec).await;
     primary.set_default(Behavior::FirstTokenAfter(SLOW));
     let start = Instant::now();

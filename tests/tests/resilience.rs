@@ -1,6 +1,8 @@
 //! Resilience state end to end: circuit breakers (open, half-open probe, close,
 //! doubling), the all-open rule, concurrency queues, least-latency ordering, and the
-//! stats and metrics a scripted run leaves behind. Paused clock throughout.
+//! stats and metrics a scripted run leaves behind. Paused clock throughout. The
+//! circuits here are probed by a client request (`probeInterval: 0s`, SPEC §2); their
+//! background probes are `health.rs`'s.
 
 use std::time::Duration;
 
@@ -23,7 +25,8 @@ async fn setup_with(extra_cred: &str, spec: &str) -> (SimProvider, SimProvider, 
     (primary, backup, TestProxy::start(&manifests).await)
 }
 
-const BREAKER: &str = "  circuitBreaker: { consecutiveFailures: 2, openFor: 10s }
+const BREAKER: &str =
+    "  circuitBreaker: { consecutiveFailures: 2, openFor: 10s, probeInterval: 0s }
   targets:
     - credentialRef: { name: primary }
     - credentialRef: { name: backup }
@@ -182,7 +185,7 @@ async fn a_failed_probe_reopens_for_twice_as_long() {
 
 #[tokio::test(start_paused = true)]
 async fn when_every_circuit_is_open_one_target_is_still_tried() {
-    let spec = "  circuitBreaker: { consecutiveFailures: 1, openFor: 60s }
+    let spec = "  circuitBreaker: { consecutiveFailures: 1, openFor: 60s, probeInterval: 0s }
   targets:
     - credentialRef: { name: primary }
 ";
@@ -410,7 +413,7 @@ async fn stats_and_metrics_after_a_scripted_run() {
 /// and the metrics. Its state stays Ready (SPEC §12's list has no ramp).
 #[tokio::test(start_paused = true)]
 async fn a_circuit_closed_by_its_probe_ramps_its_share_back_up() {
-    let spec = BREAKER.replace("openFor: 10s }", "openFor: 10s, rampUp: 30s }");
+    let spec = BREAKER.replace("openFor: 10s,", "openFor: 10s, rampUp: 30s,");
     let (primary, backup, proxy) = setup_with("", &spec).await;
     primary.set_default(Behavior::ServerError(503));
     served_by(&proxy).await;

@@ -1,8 +1,9 @@
 //! No key material in any output: logs (JSON, debug level), the admin endpoints,
 //! metrics, response headers and bodies, across a run that succeeds, falls back,
 //! fails, streams and reloads; then client keys with `--auth required` (a known key,
-//! one whose namespace has no route, an unknown one). Also checks the per-request log
-//! line's fields, the client among them.
+//! one whose namespace has no route, an unknown one); then a key pool whose keys are
+//! parked, rejected and echoed back by the provider (SPEC §16). Also checks the
+//! per-request log line's fields, the client among them.
 
 use std::time::Duration;
 
@@ -153,6 +154,120 @@ async fn keys_never_leave_through_any_output() {
     // another test thread registers at the same moment): client keys too.
     captured.0.lock().unwrap().clear();
     client_keys_never_leave_and_the_request_line_names_the_client(&primary, &captured).await;
+    captured.0.lock().unwrap().clear();
+    pool_keys_never_leave(&captured).await;
+}
+
+/// A key pool (SPEC §16): its keys are sent in turn, one is parked (429), one rejected
+/// (401, the provider echoing it in its error body) and probed; none shows in a log,
+/// an answer or an admin output, though stats, metrics and logs name each by its
+/// data-key name.
+async fn pool_keys_never_leave(logs: &CapturedLog) {
+    const POOL: [&str; 3] = [
+        "sk-live-POOL-ONE-5e1a0b",
+        "sk-live-POOL-TWO-7c2d9f",
+        "sk-live-POOL-THREE-91ab34",
+    ];
+    let capture = logs.capture_json_debug();
+    let provider = SimProvider::start_named("pooled", Flavor::OpenAi).await;
+    provider.set_key_behavior(
+        POOL[1],
+        Some(Behavior::RateLimited {
+            retry_after_secs: 30,
+        }),
+    );
+    provider.set_key_behavior(
+        POOL[2],
+        Some(Behavior::Status {
+            status: 401,
+            body: Some(format!(
+                r#"{{"error":{{"message":"Incorrect API key provided: {}","type":"invalid_request_error","code":"invalid_api_key"}}}}"#,
+                POOL[2]
+            )),
+            retry_after: None,
+        }),
+    );
+    let manifests = format!(
+        "---
+apiVersion: switchback.dev/v1alpha1
+kind: ProviderCredential
+metadata: {{ name: pooled, namespace: team-a }}
+spec:
+  provider: openai
+  baseURL: {}
+  secretRef: {{ name: pool-keys, keys: [one, two, three] }}
+  allowPrivateNetwork: true
+---
+apiVersion: v1
+kind: Secret
+metadata: {{ name: pool-keys, namespace: team-a }}
+stringData: {{ one: {}, two: {}, three: {} }}
+{}",
+        provider.base_url(),
+        POOL[0],
+        POOL[1],
+        POOL[2],
+        route(
+            "smart",
+            "  targets:\n    - credentialRef: { name: pooled }\n      healthCheck: { interval: 1s }\n"
+        ),
+    );
+    let proxy = TestProxy::start(&manifests).await;
+    let mut seen = String::new();
+    for stream in [false, false, false, true, true, false] {
+        let r = proxy.chat("smart", stream).await;
+        record(&mut seen, &r);
+        seen.push_str(&r.text().await.unwrap());
+    }
+    // Every key set aside at once: a request takes the one set aside the shortest,
+    // and the 401's echoed key is masked in what reaches the client.
+    provider.set_key_behavior(
+        POOL[0],
+        Some(Behavior::Status {
+            status: 401,
+            body: Some(format!(
+                r#"{{"error":{{"message":"bad key {}"}}}}"#,
+                POOL[0]
+            )),
+            retry_after: None,
+        }),
+    );
+    for _ in 0..3 {
+        let r = proxy.chat("smart", false).await;
+        record(&mut seen, &r);
+        seen.push_str(&r.text().await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await; // a health check or two
+    for path in ["/admin/v1/config", "/admin/v1/stats", "/metrics"] {
+        seen.push_str(&text(&proxy, proxy.admin_url(path)).await);
+    }
+    drop(proxy);
+    capture.stop();
+    let logs = logs.text();
+    for key in POOL {
+        assert!(
+            !logs.contains(key),
+            "a pool key leaked into the logs:\n{logs}"
+        );
+        assert!(
+            !seen.contains(key),
+            "a pool key leaked into an answer or admin output:\n{seen}"
+        );
+    }
+    // Not vacuous: every key was sent, the echoes were relayed (masked), and the
+    // outputs name the keys.
+    let sent: std::collections::BTreeSet<String> = provider
+        .received()
+        .iter()
+        .filter_map(|r| r.key().map(str::to_owned))
+        .collect();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert!(
+        seen.contains("Incorrect API key provided") || seen.contains("bad key"),
+        "{seen}"
+    );
+    assert!(seen.contains(r#"key="three""#), "metrics name keys: {seen}");
+    assert!(logs.contains("key rejected by the provider"), "{logs}");
 }
 
 /// With `--auth required`: no client key (known or not) in the logs, answers or admin

@@ -96,6 +96,7 @@ pub(crate) fn compile(
             key_secret_ref: SecretKeyRef {
                 name: spec.key_secret_ref.name.clone(),
                 key: spec.key_secret_ref.key.clone(),
+                keys: Vec::new(),
             },
             routes: allowed,
             limits,

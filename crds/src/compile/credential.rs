@@ -13,12 +13,13 @@ use std::collections::BTreeMap;
 use crate::compile::fields::{self, Checker};
 use crate::compile::{Diagnostic, Kind, SecretIndex, Severity, reason};
 use crate::config::{
-    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AwsKeys, Credential, ObjectId,
-    Provider, SecretKeyRef, VERTEX_SERVICE_ACCOUNT_KEY, bedrock_base_url, vertex_base_url,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AwsKeys, Credential, KeyPool,
+    ObjectId, Provider, SecretKeyRef, VERTEX_SERVICE_ACCOUNT_KEY, bedrock_base_url,
+    vertex_base_url,
 };
 use crate::credential::ProviderCredentialSpec;
 use crate::network::{self, PrivateNetworks};
-use crate::schema::{MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_NAME_LEN, MAX_URL_LEN};
+use crate::schema::{MAX_HEADER_VALUE_LEN, MAX_HEADERS, MAX_NAME_LEN, MAX_POOL_KEYS, MAX_URL_LEN};
 use crate::secret::Secret;
 use crate::service_account::ServiceAccount;
 
@@ -29,6 +30,9 @@ pub(crate) struct Outcome {
     pub(crate) key: Option<Secret<String>>,
     /// Why a kept credential has no key (its Warning's text).
     pub(crate) key_problem: Option<String>,
+    /// A pool that serves without some of its keys: the first one missing, with its
+    /// field.
+    pub(crate) pool_problem: Option<String>,
     pub(crate) diagnostics: Vec<Diagnostic>,
 }
 
@@ -152,11 +156,14 @@ pub(crate) fn compile(
         MAX_NAME_LEN as usize,
     );
     // vertex takes the whole Secret too: without a key, its `serviceAccount.json`.
-    let mut secret_ref = spec.secret_ref.clone();
+    let mut secret_ref = spec.secret_ref.selector();
     if provider == Some(Provider::Vertex) && secret_ref.key.is_empty() {
         secret_ref.key = VERTEX_SERVICE_ACCOUNT_KEY.to_string();
     }
-    if bedrock {
+    let pool = key_pool(&mut c, provider, spec);
+    if pool.is_some() {
+        // Checked in `key_pool`.
+    } else if bedrock {
         if !spec.secret_ref.key.is_empty() {
             c.invalid(
                 "spec.secretRef.key",
@@ -189,6 +196,26 @@ pub(crate) fn compile(
         );
     }
 
+    let key_rejected_for_ms = match spec.key_rejected_for.as_deref() {
+        Some(text) => {
+            let ms = fields::duration_ms(
+                &mut c,
+                "spec.keyRejectedFor",
+                Some(text),
+                Credential::DEFAULT_KEY_REJECTED_FOR_MS,
+                true,
+            );
+            if !(MIN_KEY_REJECTED_FOR_MS..=MAX_KEY_REJECTED_FOR_MS).contains(&ms) {
+                c.invalid(
+                    "spec.keyRejectedFor",
+                    format!("{text:?} must be from 1s to 24h"),
+                );
+            }
+            ms
+        }
+        None => Credential::DEFAULT_KEY_REJECTED_FOR_MS,
+    };
+
     let max_concurrency = spec
         .max_concurrency
         .map(|v| fields::int_in_range(&mut c, "spec.maxConcurrency", Some(v), 1, i32::MAX, 1));
@@ -204,17 +231,26 @@ pub(crate) fn compile(
             credential: None,
             key: None,
             key_problem: None,
+            pool_problem: None,
             diagnostics: c.diagnostics,
         };
     };
 
     let (namespace, selector, path) = (&id.namespace, &secret_ref, "spec.secretRef");
-    let found = match provider {
-        Provider::Bedrock => aws_keys(namespace, &selector.name, secrets).map(|k| k.encode()),
-        Provider::Vertex => {
+    let mut pool_problems = Vec::new();
+    let found = match (provider, &pool) {
+        (_, Some(names)) => {
+            let (found, problems) = pool_keys(namespace, &selector.name, names, secrets);
+            pool_problems = problems;
+            found
+        }
+        (Provider::Bedrock, None) => {
+            aws_keys(namespace, &selector.name, secrets).map(|k| k.encode())
+        }
+        (Provider::Vertex, None) => {
             vertex_key(namespace, selector, path, secrets, allow_private_network).map(Secret::new)
         }
-        _ => super::secret_key(namespace, selector, path, secrets).map(Secret::new),
+        (_, None) => super::secret_key(namespace, selector, path, secrets).map(Secret::new),
     };
     let (key, key_problem) = match found {
         Ok(key) => (Some(key), None),
@@ -227,6 +263,14 @@ pub(crate) fn compile(
             (None, Some(problem.message))
         }
     };
+    // A pool missing some of its keys serves with the others; each missing one is a
+    // Warning here, and its routes say so (ResolvedRefs=False).
+    let pool_problem = pool_problems
+        .first()
+        .map(|p| format!("{}: {}", p.field, p.message));
+    for problem in pool_problems {
+        c.warning(reason::SECRET_KEY_MISSING, problem.field, problem.message);
+    }
 
     Outcome {
         credential: Some(Credential {
@@ -239,7 +283,12 @@ pub(crate) fn compile(
             allow_private_network,
             secret_ref: SecretKeyRef {
                 name: secret_ref.name,
-                key: secret_ref.key,
+                key: if pool.is_some() {
+                    String::new()
+                } else {
+                    secret_ref.key
+                },
+                keys: pool.unwrap_or_default(),
             },
             api_version,
             responses_api: spec.responses_api.unwrap_or(false),
@@ -247,11 +296,109 @@ pub(crate) fn compile(
             project,
             location,
             region,
+            key_rejected_for_ms,
         }),
         key,
         key_problem,
+        pool_problem,
         diagnostics: c.diagnostics,
     }
+}
+
+const MIN_KEY_REJECTED_FOR_MS: u64 = 1_000;
+const MAX_KEY_REJECTED_FOR_MS: u64 = 24 * 3_600_000;
+
+/// `spec.secretRef.keys`, a pool (SPEC §16): 1 to 32 unique Secret data key names,
+/// not with `key`, not for bedrock or vertex (they take the whole Secret; the CRD's CEL
+/// rules say the same). `None` when the credential has one key.
+fn key_pool(
+    c: &mut Checker,
+    provider: Option<Provider>,
+    spec: &ProviderCredentialSpec,
+) -> Option<Vec<String>> {
+    let names = spec.secret_ref.keys.as_ref()?;
+    let field = "spec.secretRef.keys";
+    if !spec.secret_ref.key.is_empty() {
+        c.invalid(
+            field,
+            "secretRef.key (one key) and secretRef.keys (a pool) are mutually exclusive",
+        );
+    }
+    if matches!(provider, Some(Provider::Bedrock | Provider::Vertex)) {
+        c.invalid(
+            field,
+            "providers bedrock and vertex take the whole Secret: secretRef.keys (a key pool) is not supported for them",
+        );
+    }
+    fields::list_len(c, field, names.len(), 1, MAX_POOL_KEYS as usize, "keys");
+    let mut seen = std::collections::HashSet::new();
+    for (i, name) in names.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        if !is_secret_data_key(name) {
+            c.invalid(
+                &at,
+                format!("{name:?} is not a Secret data key name (letters, digits, '-', '_' and '.', at most {MAX_NAME_LEN} characters)"),
+            );
+        } else if !seen.insert(name.as_str()) {
+            c.invalid(&at, format!("{name:?} is listed more than once"));
+        }
+    }
+    Some(names.clone())
+}
+
+/// Kubernetes' rule for a Secret data key: `[-._a-zA-Z0-9]+`, at most 253 characters.
+fn is_secret_data_key(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN as usize
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+}
+
+/// A pool's keys from Secret `name`, as one [`KeyPool`] entry, and a problem per key
+/// the Secret lacks (or holds unusable), each naming its `spec.secretRef.keys[i]` (or
+/// `spec.secretRef.name` when the Secret itself is missing): the pool serves with the
+/// keys found. With none found it has no key at all (`Err`, the first problem).
+fn pool_keys(
+    namespace: &str,
+    name: &str,
+    names: &[String],
+    secrets: &SecretIndex,
+) -> (
+    Result<Secret<String>, super::KeyProblem>,
+    Vec<super::KeyProblem>,
+) {
+    let mut pool = KeyPool::default();
+    let mut problems = Vec::new();
+    for (i, key) in names.iter().enumerate() {
+        let selector = crate::credential::SecretKeySelector {
+            name: name.to_string(),
+            key: key.clone(),
+        };
+        match super::secret_key(namespace, &selector, "spec.secretRef", secrets) {
+            Ok(value) => {
+                pool.0.insert(key.clone(), Secret::new(value));
+            }
+            // The Secret itself is missing: one problem says so.
+            Err(problem) if problem.field.ends_with(".name") => {
+                return (Err(problem), Vec::new());
+            }
+            // `secret_key` names `.key`; a pool's key is `.keys[i]`.
+            Err(problem) => problems.push(super::KeyProblem {
+                field: format!("spec.secretRef.keys[{i}]"),
+                message: problem.message,
+            }),
+        }
+    }
+    if pool.0.is_empty() {
+        let mut problems = problems.into_iter();
+        let first = problems.next().unwrap_or(super::KeyProblem {
+            field: "spec.secretRef.keys".to_string(),
+            message: "the pool names no key".to_string(),
+        });
+        return (Err(first), problems.collect());
+    }
+    (Ok(pool.encode()), problems)
 }
 
 /// `spec.project` and `spec.location`: required for vertex, refused elsewhere (the

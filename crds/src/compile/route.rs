@@ -9,8 +9,8 @@ use crate::compile::credential::Outcome;
 use crate::compile::fields::{self, Checker};
 use crate::compile::{Diagnostic, Kind, reason};
 use crate::config::{
-    CircuitBreaker, FailureClass, Fallback, Hedge, ObjectId, Price, Resume, Retry, Route,
-    SHARED_WITH_ALL, Strategy, StreamPolicy, Target,
+    CircuitBreaker, FailureClass, Fallback, HealthCheck, Hedge, ObjectId, Price, ResponseModel,
+    Resume, Retry, Route, SHARED_WITH_ALL, Strategy, StreamPolicy, Target,
 };
 use crate::duration::format_ms;
 use crate::route::{
@@ -108,6 +108,12 @@ pub(crate) fn compile(
     let shared_with = shared_with(&mut c, spec.shared_with.as_deref());
     let stream = stream(&mut c, spec.stream.as_ref());
     let hedge = hedge(&mut c, spec.hedge.as_ref());
+    let response_model = match spec.response_model.as_deref() {
+        Some(v) => {
+            fields::one_of(&mut c, "spec.responseModel", v, &RESPONSE_MODELS).unwrap_or_default()
+        }
+        None => ResponseModel::Requested,
+    };
 
     let route = (!c.has_errors()).then(|| Route {
         id: id.clone(),
@@ -121,6 +127,7 @@ pub(crate) fn compile(
         shared_with,
         stream,
         hedge,
+        response_model,
     });
     (route, c.diagnostics)
 }
@@ -225,6 +232,15 @@ fn target(
             &price.output_per_million,
         ),
     });
+    let health_check = spec.health_check.as_ref().and_then(|h| {
+        let field = format!("{path}.healthCheck.interval");
+        let ms = fields::optional_duration_ms(c, &field, Some(&h.interval), true)?;
+        if !at_least(c, &field, ms, MIN_HEALTH_CHECK_MS) {
+            return None;
+        }
+        at_most(c, &field, ms, MAX_HEALTH_CHECK_MS);
+        Some(HealthCheck { interval_ms: ms })
+    });
     Target {
         credential,
         model: spec.model.clone(),
@@ -233,6 +249,7 @@ fn target(
         timeout_ms,
         retry,
         price,
+        health_check,
     }
 }
 
@@ -314,6 +331,15 @@ fn credential_ref(
             field,
             format!(
                 "ProviderCredential {:?} has no key ({problem}); this target is skipped",
+                credential.name
+            ),
+        );
+    } else if let Some(problem) = &outcome.pool_problem {
+        c.warning(
+            reason::SECRET_KEY_MISSING,
+            field,
+            format!(
+                "ProviderCredential {:?} serves with only some of its keys ({problem})",
                 credential.name
             ),
         );
@@ -465,7 +491,28 @@ fn circuit_breaker(c: &mut Checker, spec: Option<&CircuitBreakerSpec>) -> Circui
     if let Some(ms) = ramp_up_ms {
         at_most(c, "spec.circuitBreaker.rampUp", ms, MAX_RAMP_UP_MS);
     }
+    let probe_field = "spec.circuitBreaker.probeInterval";
+    let probe_interval_ms = fields::duration_ms(
+        c,
+        probe_field,
+        spec.probe_interval.as_deref(),
+        defaults.probe_interval_ms,
+        false,
+    );
+    // 0s switches probing off; anything else is at least a second, so probes stay
+    // cheap whatever the route says.
+    if probe_interval_ms != 0
+        && at_least(
+            c,
+            probe_field,
+            probe_interval_ms,
+            CircuitBreaker::MIN_PROBE_INTERVAL_MS,
+        )
+    {
+        at_most(c, probe_field, probe_interval_ms, MAX_PROBE_INTERVAL_MS);
+    }
     CircuitBreaker {
+        probe_interval_ms,
         ramp_up_ms,
         consecutive_failures: fields::int_in_range(
             c,
@@ -487,6 +534,35 @@ fn circuit_breaker(c: &mut Checker, spec: Option<&CircuitBreakerSpec>) -> Circui
 
 const MAX_IDLE_TIMEOUT_MS: u64 = 10 * 60_000;
 const MAX_RAMP_UP_MS: u64 = 60 * 60_000;
+const MAX_PROBE_INTERVAL_MS: u64 = 60 * 60_000;
+const MIN_HEALTH_CHECK_MS: u64 = 1_000;
+const MAX_HEALTH_CHECK_MS: u64 = 60 * 60_000;
+const RESPONSE_MODELS: [(&str, ResponseModel); 2] = [
+    ("requested", ResponseModel::Requested),
+    ("served", ResponseModel::Served),
+];
+
+/// A duration's lower bound (the CEL rule `duration(self) >= duration(...)`); whether
+/// it holds.
+fn at_least(c: &mut Checker, field: &str, ms: u64, min_ms: u64) -> bool {
+    if ms < min_ms {
+        c.invalid(
+            field,
+            format!(
+                "{} is below the minimum {}{}",
+                format_ms(ms),
+                format_ms(min_ms),
+                if field.ends_with("probeInterval") {
+                    " (0s switches probing off)"
+                } else {
+                    ""
+                }
+            ),
+        );
+        return false;
+    }
+    true
+}
 const RESUME_MODES: [(&str, bool); 2] = [("Off", false), ("Continue", true)];
 
 /// A duration's upper bound (the CEL rule `duration(self) <= duration(...)`).

@@ -326,11 +326,13 @@ fn sample_compiles_to_the_expected_config() {
         version: crate::config::CONFIG_VERSION,
         routes: vec![
             Route {
+                response_model: Default::default(),
                 id: id("fast"),
                 generation: 0,
                 models: vec!["fast".into()],
                 strategy: Strategy::Fallback,
                 targets: vec![Target {
+                    health_check: None,
                     model_map: Default::default(),
                     credential: anthropic.clone(),
                     model: None,
@@ -358,6 +360,7 @@ fn sample_compiles_to_the_expected_config() {
                     max_retry_after_ms: 30_000,
                 },
                 circuit_breaker: CircuitBreaker {
+                    probe_interval_ms: 10_000,
                     consecutive_failures: 5,
                     open_for_ms: 30_000,
                     ramp_up_ms: None,
@@ -368,12 +371,14 @@ fn sample_compiles_to_the_expected_config() {
                 hedge: None,
             },
             Route {
+                response_model: Default::default(),
                 id: id("smart"),
                 generation: 4,
                 models: vec!["smart".into(), "smart-latest".into()],
                 strategy: Strategy::Fallback,
                 targets: vec![
                     Target {
+                        health_check: None,
                         model_map: Default::default(),
                         credential: openai.clone(),
                         model: Some("gpt-4o".into()),
@@ -392,6 +397,7 @@ fn sample_compiles_to_the_expected_config() {
                         }),
                     },
                     Target {
+                        health_check: None,
                         model_map: Default::default(),
                         credential: anthropic.clone(),
                         model: Some("claude-sonnet-4-5".into()),
@@ -411,6 +417,7 @@ fn sample_compiles_to_the_expected_config() {
                     max_retry_after_ms: 10_000,
                 },
                 circuit_breaker: CircuitBreaker {
+                    probe_interval_ms: 10_000,
                     consecutive_failures: 3,
                     open_for_ms: 60_000,
                     ramp_up_ms: None,
@@ -423,6 +430,7 @@ fn sample_compiles_to_the_expected_config() {
         ],
         credentials: vec![
             Credential {
+                key_rejected_for_ms: 300_000,
                 api_version: None,
                 responses_api: false,
                 prefill: false,
@@ -437,11 +445,13 @@ fn sample_compiles_to_the_expected_config() {
                 max_queue: None,
                 allow_private_network: false,
                 secret_ref: SecretKeyRef {
+                    keys: Vec::new(),
                     name: "anthropic-key".into(),
                     key: "apiKey".into(),
                 },
             },
             Credential {
+                key_rejected_for_ms: 300_000,
                 api_version: None,
                 responses_api: false,
                 prefill: false,
@@ -456,6 +466,7 @@ fn sample_compiles_to_the_expected_config() {
                 max_queue: Some(512),
                 allow_private_network: false,
                 secret_ref: SecretKeyRef {
+                    keys: Vec::new(),
                     name: "openai-key".into(),
                     key: "apiKey".into(),
                 },
@@ -467,6 +478,7 @@ fn sample_compiles_to_the_expected_config() {
                 generation: 0,
                 key_hash: None,
                 key_secret_ref: SecretKeyRef {
+                    keys: Vec::new(),
                     name: "batch-llm".into(),
                     key: "apiKey".into(),
                 },
@@ -482,6 +494,7 @@ fn sample_compiles_to_the_expected_config() {
                 generation: 2,
                 key_hash: None,
                 key_secret_ref: SecretKeyRef {
+                    keys: Vec::new(),
                     name: "checkout-llm".into(),
                     key: "apiKey".into(),
                 },
@@ -504,6 +517,7 @@ fn sample_compiles_to_the_expected_config() {
                 generation: 0,
                 key_hash: None,
                 key_secret_ref: SecretKeyRef {
+                    keys: Vec::new(),
                     name: "reports-llm".into(),
                     key: "token".into(),
                 },
@@ -2543,4 +2557,187 @@ fn prefill_is_for_openai_compatible_only() {
     let m = messages(&s.compile());
     let expected = "team-a/anthropic-prod: spec.prefill: is only meaningful for provider openai-compatible (anthropic, and Claude on vertex and bedrock, continue a prefilled answer already)";
     assert!(m.iter().any(|m| m == expected), "{m:?}");
+}
+
+/// The sample's openai credential as a pool over `keys` of its Secret, which holds
+/// `held` (each key's value is `sk-<name>`).
+fn pooled(keys: &[&str], held: &[&str]) -> Sample {
+    let mut s = sample();
+    let c = s.credential("openai-prod");
+    c.secret_ref.key = String::new();
+    c.secret_ref.keys = Some(keys.iter().map(|k| k.to_string()).collect());
+    s.secret("openai-key").string_data = Some(
+        held.iter()
+            .map(|k| (k.to_string(), format!("sk-{k}")))
+            .collect(),
+    );
+    s
+}
+
+#[test]
+fn a_key_pool_travels_as_one_entry_with_its_names_in_order() {
+    let compiled = pooled(&["b", "a", "c"], &["a", "b", "c"]).compile();
+    assert_eq!(messages(&compiled), Vec::<String>::new());
+    let credential = compiled_credential(&compiled, "openai-prod");
+    assert_eq!(credential.secret_ref.keys, ["b", "a", "c"]);
+    assert_eq!(credential.secret_ref.key, "");
+    assert_eq!(credential.key_names(), ["b", "a", "c"]);
+    let pool = crate::config::KeyPool::decode(compiled.keys.get(&id("openai-prod")).unwrap())
+        .expect("a pool entry");
+    let values: Vec<(&str, &str)> = pool
+        .0
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.expose().as_str()))
+        .collect();
+    assert_eq!(values, [("a", "sk-a"), ("b", "sk-b"), ("c", "sk-c")]);
+    assert_eq!(
+        format!("{pool:?}"),
+        r#"{"a", "b", "c"}"#,
+        "names, never values"
+    );
+    // One key stays as it was: no pool in the JSON, the default rejection time absent.
+    let one = sample().compile();
+    let json = serde_json::to_string(compiled_credential(&one, "anthropic-prod")).unwrap();
+    assert!(
+        !json.contains("keys") && !json.contains("keyRejectedFor"),
+        "{json}"
+    );
+    assert_eq!(
+        compiled_credential(&one, "anthropic-prod").key_names(),
+        ["apiKey"]
+    );
+}
+
+#[test]
+fn a_pool_key_the_secret_lacks_names_its_field_and_the_rest_serve() {
+    let compiled = pooled(&["a", "b", "c"], &["a", "c"]).compile();
+    assert_eq!(
+        messages(&compiled),
+        [
+            "team-a/smart: spec.targets[0].credentialRef.name: ProviderCredential \"openai-prod\" serves with only some of its keys (spec.secretRef.keys[1]: Secret \"openai-key\" has no key \"b\")",
+            "team-a/openai-prod: spec.secretRef.keys[1]: Secret \"openai-key\" has no key \"b\"",
+        ]
+    );
+    assert!(
+        compiled
+            .diagnostics
+            .iter()
+            .all(|d| d.reason == reason::SECRET_KEY_MISSING && d.severity == Severity::Warning),
+        "ResolvedRefs=False on the route, the credential kept"
+    );
+    let pool =
+        crate::config::KeyPool::decode(compiled.keys.get(&id("openai-prod")).unwrap()).unwrap();
+    assert_eq!(pool.0.keys().collect::<Vec<_>>(), ["a", "c"]);
+
+    // None of them: no key at all, the first missing one named.
+    let compiled = pooled(&["x", "y"], &["a"]).compile();
+    assert_eq!(
+        messages(&compiled)[1..],
+        [
+            "team-a/openai-prod: spec.secretRef.keys[0]: Secret \"openai-key\" has no key \"x\"",
+            "team-a/openai-prod: spec.secretRef.keys[1]: Secret \"openai-key\" has no key \"y\"",
+        ]
+    );
+    assert!(compiled.keys.get(&id("openai-prod")).is_none());
+}
+
+#[test]
+fn bad_key_pools_are_refused_naming_the_field() {
+    let refused = |change: &dyn Fn(&mut ProviderCredentialSpec), expected: &str| {
+        let mut s = pooled(&["a", "b"], &["a", "b"]);
+        change(s.credential("openai-prod"));
+        let m = messages(&s.compile());
+        assert!(m.iter().any(|m| m == expected), "{m:?}");
+    };
+    refused(
+        &|c| c.secret_ref.keys = Some(vec![]),
+        "team-a/openai-prod: spec.secretRef.keys: has no keys; at least 1 is required",
+    );
+    refused(
+        &|c| c.secret_ref.keys = Some(vec!["a".into(), "a".into()]),
+        "team-a/openai-prod: spec.secretRef.keys[1]: \"a\" is listed more than once",
+    );
+    refused(
+        &|c| c.secret_ref.keys = Some(vec!["a/b".into()]),
+        "team-a/openai-prod: spec.secretRef.keys[0]: \"a/b\" is not a Secret data key name (letters, digits, '-', '_' and '.', at most 253 characters)",
+    );
+    refused(
+        &|c| c.secret_ref.key = "apiKey".into(),
+        "team-a/openai-prod: spec.secretRef.keys: secretRef.key (one key) and secretRef.keys (a pool) are mutually exclusive",
+    );
+    refused(
+        &|c| {
+            c.provider = "vertex".into();
+            c.project = Some("my-project".into());
+            c.location = Some("us-east5".into());
+        },
+        "team-a/openai-prod: spec.secretRef.keys: providers bedrock and vertex take the whole Secret: secretRef.keys (a key pool) is not supported for them",
+    );
+    refused(
+        &|c| c.key_rejected_for = Some("500ms".into()),
+        "team-a/openai-prod: spec.keyRejectedFor: \"500ms\" must be from 1s to 24h",
+    );
+    let mut s = sample();
+    s.credential("openai-prod").key_rejected_for = Some("1m".into());
+    assert_eq!(
+        compiled_credential(&s.compile(), "openai-prod").key_rejected_for_ms,
+        60_000
+    );
+}
+
+#[test]
+fn probe_interval_health_check_and_response_model() {
+    let smart = |s: &Sample| -> Route {
+        s.compile()
+            .config
+            .routes
+            .into_iter()
+            .find(|r| r.id == id("smart"))
+            .expect("compiled")
+    };
+    let mut s = sample();
+    let r = smart(&s);
+    assert_eq!(r.circuit_breaker.probe_interval_ms, 10_000, "the default");
+    assert_eq!(r.response_model, crate::config::ResponseModel::Requested);
+    assert_eq!(r.targets[0].health_check, None);
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(
+        !json.contains("probeInterval") && !json.contains("responseModel"),
+        "defaults stay out of the JSON (existing revisions do not change): {json}"
+    );
+
+    s.smart().circuit_breaker.as_mut().unwrap().probe_interval = Some("0s".into());
+    s.smart().response_model = Some("served".into());
+    s.target(1).health_check = Some(serde_yaml_ng::from_str("{ interval: 30s }").unwrap());
+    let r = smart(&s);
+    assert_eq!(r.circuit_breaker.probe_interval_ms, 0, "probing off");
+    assert!(!r.circuit_breaker.probes());
+    assert_eq!(r.response_model, crate::config::ResponseModel::Served);
+    assert_eq!(
+        r.targets[1].health_check,
+        Some(crate::config::HealthCheck {
+            interval_ms: 30_000
+        })
+    );
+    let back: Route = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(back, r);
+
+    rejects(
+        |s| s.smart().circuit_breaker.as_mut().unwrap().probe_interval = Some("500ms".into()),
+        "team-a/smart: spec.circuitBreaker.probeInterval: 500ms is below the minimum 1s (0s switches probing off)",
+    );
+    rejects(
+        |s| s.smart().circuit_breaker.as_mut().unwrap().probe_interval = Some("2h".into()),
+        "team-a/smart: spec.circuitBreaker.probeInterval: 2h is above the maximum 1h",
+    );
+    rejects(
+        |s| {
+            s.target(0).health_check = Some(serde_yaml_ng::from_str("{ interval: 100ms }").unwrap())
+        },
+        "team-a/smart: spec.targets[0].healthCheck.interval: 100ms is below the minimum 1s",
+    );
+    rejects(
+        |s| s.smart().response_model = Some("upstream".into()),
+        "team-a/smart: spec.responseModel: \"upstream\" is not one of requested, served",
+    );
 }

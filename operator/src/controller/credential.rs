@@ -71,6 +71,7 @@ pub async fn reconcile_credential(
         report_blocked(&ctx, &credential, &id, &users).await?;
     }
 
+    let proxies = ctx.proxies();
     let previous = credential
         .status
         .as_ref()
@@ -86,6 +87,8 @@ pub async fn reconcile_credential(
         routes: &users,
         deleting,
         now: now(),
+        keys: proxies.credentials.get(&id).map(Vec::as_slice),
+        key_count: key_count(&credential),
     });
     let requeue = if deleting {
         Action::requeue(Duration::from_secs(30))
@@ -113,6 +116,11 @@ pub async fn reconcile_credential(
     }
     apply_status(&ctx, &api, &name, "ProviderCredential", &desired).await?;
     Ok(requeue)
+}
+
+/// How many keys a credential has: its pool's, or its one.
+fn key_count(credential: &ProviderCredential) -> usize {
+    credential.spec.secret_ref.keys.as_ref().map_or(1, Vec::len)
 }
 
 /// Adds the finalizer to a credential, or takes it off one being deleted that no route

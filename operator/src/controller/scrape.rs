@@ -168,6 +168,13 @@ fn queue_changed(ctx: &Context, before: &Snapshot, after: &Snapshot, overlay_cha
             let _ = ctx.triggers.clients.send(ObjectRef::from_obj(&*c));
         }
     }
+    // A credential's keys as the replicas see them: its status.keys.
+    for c in ctx.stores.credentials.state() {
+        let id = ObjectId::of(&*c);
+        if before.credentials.get(&id) != after.credentials.get(&id) {
+            let _ = ctx.triggers.credentials.send(ObjectRef::from_obj(&*c));
+        }
+    }
     let all = before.replicas != after.replicas;
     for route in ctx.stores.routes.state() {
         let id = ObjectId::of(&*route);

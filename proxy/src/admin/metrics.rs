@@ -16,6 +16,10 @@
 //! | `switchback_client_tokens_total` | counter | `client` (`namespace/name`, never the key), `route`, `direction` (`input`, `output`): provider usage of the LLMClient's requests |
 //! | `switchback_client_throttled_total` | counter | `client`, `reason` (`rate_limited`, `budget_exhausted`): requests refused with 429 before anything was sent upstream |
 //! | `switchback_circuit_state` | gauge | `target`, `model`, `state` (`closed`, `open`, `half_open`): 1 for the current state |
+//! | `switchback_probes_total` | counter | `route`, `target`, `model`, `outcome` (`success` or the failure's reason): background probes of open circuits and health checks (SPEC §16), under the first route that uses the target |
+//! | `switchback_key_attempts_total` | counter | `credential`, `key` (the Secret data-key name, never the value): upstream requests sent with each key |
+//! | `switchback_key_set_aside_total` | counter | `credential`, `key`, `reason` (`rateLimited`: a 429 parked it, `authError`: a 401 or 403 rejected it) |
+//! | `switchback_key_state` | gauge | `credential`, `key`, `state` (`Active`, `Parked`, `Rejected`): 1 for the current state |
 //! | `switchback_request_duration_seconds` | histogram | `route`: to the response head (streams: the commit, at the first content event) |
 //! | `switchback_gateway_overhead_seconds` | histogram | `route`: request duration minus provider time and deliberate waits |
 //! | `switchback_attempt_duration_seconds` | histogram | `route`, `target`, `model` |
@@ -132,6 +136,8 @@ impl Collector for Metrics {
         route_counts(&mut enc, routes)?;
         target_counts(&mut enc, routes)?;
         circuits(&mut enc, routes)?;
+        probes(&mut enc, routes)?;
+        keys(&mut enc, gw)?;
         latencies(&mut enc, routes)?;
         config_loads(&mut enc, gw)?;
         clients(&mut enc, gw)?;
@@ -303,6 +309,105 @@ fn circuits(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
                         .encode(m.encode_family(&labels)?)?;
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Background probes by outcome, once per target (under the first route using it:
+/// the one it is probed for).
+fn probes(enc: &mut DescriptorEncoder<'_>, routes: &[Arc<RouteRt>]) -> Fmt {
+    let mut m = enc.encode_descriptor(
+        "switchback_probes",
+        "Background probes of open circuits and health checks, by outcome",
+        None,
+        MetricType::Counter,
+    )?;
+    let mut seen = std::collections::HashSet::new();
+    for r in routes {
+        let route = r.spec.id.to_string();
+        for t in &r.targets {
+            if !seen.insert(Arc::as_ptr(&t.state)) {
+                continue;
+            }
+            let p = &t.state.probes;
+            let outcomes = std::iter::once(("success", counters::get(&p.successes)))
+                .chain(p.failures.nonzero().map(|(r, n)| (r.as_str(), n)))
+                .filter(|(_, n)| *n > 0);
+            for (outcome, n) in outcomes {
+                let labels = [
+                    ("route", route.as_str()),
+                    ("target", t.label.as_str()),
+                    ("model", model(t)),
+                    ("outcome", outcome),
+                ];
+                ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each credential's keys by data-key name: requests sent, set aside, state now.
+fn keys(enc: &mut DescriptorEncoder<'_>, gw: &crate::gateway::Gateway) -> Fmt {
+    use switchback_crds::stats::KeyState;
+    let snapshot = gw.snapshot();
+    let mut credentials: Vec<_> = snapshot.credentials.values().collect();
+    credentials.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+    let keys: Vec<(String, &crate::limits::keys::PoolKey)> = credentials
+        .iter()
+        .flat_map(|c| c.keys.iter().map(|k| (c.spec.id.to_string(), k)))
+        .collect();
+    let now_ms = gw.now_ms();
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_key_attempts",
+            "Upstream requests sent with each key of a credential",
+            None,
+            MetricType::Counter,
+        )?;
+        for (credential, k) in &keys {
+            let labels = [("credential", credential.as_str()), ("key", &*k.name)];
+            ConstCounter::new(counters::get(&k.state.attempts))
+                .encode(m.encode_family(&labels)?)?;
+        }
+    }
+    {
+        let mut m = enc.encode_descriptor(
+            "switchback_key_set_aside",
+            "Keys set aside by a 429 (rateLimited) or a 401/403 (authError)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (credential, k) in &keys {
+            for (reason, n) in [
+                ("rateLimited", &k.state.rate_limited),
+                ("authError", &k.state.rejected),
+            ] {
+                let labels = [
+                    ("credential", credential.as_str()),
+                    ("key", &*k.name),
+                    ("reason", reason),
+                ];
+                ConstCounter::new(counters::get(n)).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "switchback_key_state",
+        "State of each key of a credential: 1 for the current state",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (credential, k) in &keys {
+        let now = k.state.shown(now_ms).0;
+        for s in KeyState::ALL {
+            let labels = [
+                ("credential", credential.as_str()),
+                ("key", &*k.name),
+                ("state", s.as_str()),
+            ];
+            ConstGauge::new(i64::from(now == s)).encode(m.encode_family(&labels)?)?;
         }
     }
     Ok(())

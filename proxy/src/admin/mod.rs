@@ -113,7 +113,7 @@ async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
             let has_key = snapshot
                 .credentials
                 .get(&c.id)
-                .is_some_and(|rt| rt.headers.is_some());
+                .is_some_and(|rt| !rt.keys.is_empty());
             v["keyPresent"] = serde_json::Value::Bool(has_key);
             v
         })

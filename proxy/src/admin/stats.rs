@@ -25,17 +25,20 @@ fn target_state(
     wall: SystemTime,
 ) -> (TargetState, Option<SystemTime>, Option<SystemTime>) {
     let at = |instant: Instant| wall + instant.saturating_duration_since(now);
-    if t.credential.headers.is_none() {
+    if t.credential.keys.is_empty() {
         return (TargetState::NoKey, None, None);
     }
-    match t.state.breaker.state() {
-        (State::Open { until, .. }, since) if now < until => {
-            return (TargetState::CircuitOpen, Some(since), Some(at(until)));
+    let (state, since) = t.state.breaker.state();
+    match (t.state.breaker.reported(now), state) {
+        // Until: the end of `openFor`, or the next background probe.
+        (Reported::Open, State::Open { until, .. }) => {
+            let until = (until > now).then(|| at(until));
+            return (TargetState::CircuitOpen, Some(since), until);
         }
-        (State::Open { .. } | State::HalfOpen { .. }, since) => {
-            return (TargetState::HalfOpen, Some(since), None);
-        }
-        (State::Closed { .. }, _) => {}
+        // A background probe is running.
+        (Reported::Open, _) => return (TargetState::CircuitOpen, Some(since), None),
+        (Reported::HalfOpen, _) => return (TargetState::HalfOpen, Some(since), None),
+        (Reported::Closed, _) => {}
     }
     let parked = t.state.parked_until_ms();
     if parked > now_ms {
@@ -98,6 +101,7 @@ pub fn report_for(gw: &Gateway, round: Option<u64>) -> switchback_crds::stats::S
         })
         .collect();
     doc::StatsReport {
+        credentials: credential_stats(&snapshot, now_ms, wall),
         version: doc::STATS_VERSION,
         instance_id: gw.instance_id.clone(),
         started_at: rfc3339(gw.started_at),
@@ -228,7 +232,61 @@ fn target_stats(
             p50_ms: t.state.latency.quantile_ms(0.5),
             p99_ms: t.state.latency.quantile_ms(0.99),
         },
+        probing: t.state.breaker.probing() || t.spec.health_check.is_some(),
+        probes: probe_counts(t),
+        last_probe: t.state.probes.last().map(|(failure, at)| doc::ProbeRecord {
+            outcome: failure.map_or("success", Reason::as_str).to_string(),
+            at: rfc3339(at),
+        }),
     }
+}
+
+/// A target's probes by outcome: `success`, or the failure's reason.
+fn probe_counts(t: &TargetRt) -> std::collections::BTreeMap<String, u64> {
+    let p = &t.state.probes;
+    let successes = get(&p.successes);
+    (successes > 0)
+        .then(|| ("success".to_string(), successes))
+        .into_iter()
+        .chain(
+            p.failures
+                .nonzero()
+                .map(|(r, n)| (r.as_str().to_string(), n)),
+        )
+        .collect()
+}
+
+/// Every credential's keys (SPEC §16), by data-key name, never value.
+fn credential_stats(
+    snapshot: &crate::config::snapshot::Snapshot,
+    now_ms: u64,
+    wall: SystemTime,
+) -> Vec<switchback_crds::stats::CredentialStats> {
+    use switchback_crds::stats as doc;
+    let mut out: Vec<doc::CredentialStats> = snapshot
+        .credentials
+        .values()
+        .map(|c| doc::CredentialStats {
+            credential: c.spec.id.clone(),
+            keys: c
+                .keys
+                .iter()
+                .map(|k| {
+                    let (state, until) = k.state.shown(now_ms);
+                    doc::KeyStats {
+                        name: k.name.to_string(),
+                        state,
+                        until: until.map(|u| rfc3339(wall + Duration::from_millis(u - now_ms))),
+                        attempts: get(&k.state.attempts),
+                        rate_limited: get(&k.state.rate_limited),
+                        rejected: get(&k.state.rejected),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.credential.cmp(&b.credential));
+    out
 }
 
 /// A wall-clock time as the report writes it (RFC 3339, milliseconds).

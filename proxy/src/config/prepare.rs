@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use http::header::HeaderValue;
 use switchback_crds::compile::Compiled;
-use switchback_crds::config::{Client, Credential, ObjectId, Route};
+use switchback_crds::config::{Client, Credential, KeyPool, ObjectId, Route};
 use switchback_crds::revision::Revisions;
+use switchback_crds::secret::Secret;
 
 use super::snapshot::{
     ByKeyHash, ConfigGeneration, CredentialRt, ModelRoute, RouteRt, Snapshot, TargetRt, Tenant,
@@ -25,6 +26,7 @@ use crate::limits::clients::{
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
 use crate::observe::cost::{Pricing, UsdCounter};
+use crate::limits::keys::{KeyPool as Pool, KeyState, PoolKey};
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{self, Kept};
 use crate::upstream::Clients;
@@ -57,6 +59,9 @@ struct CarriedMaps {
     client_limits: HashMap<(ObjectId, Shares), Arc<Limits>>,
     /// What providers keep per credential and key across reloads (an OAuth token).
     kept: Kept,
+    /// Each key's park and rejection, by credential, data-key name and a hash of its
+    /// value: a rotated key starts afresh.
+    keys: HashMap<(ObjectId, Box<str>, u64), Arc<KeyState>>,
 }
 
 impl Carried {
@@ -132,6 +137,7 @@ impl CarriedMaps {
         prune(&mut self.route_targets);
         prune(&mut self.limiters);
         prune(&mut self.client_limits);
+        prune(&mut self.keys);
         self.kept.prune();
     }
 }
@@ -187,6 +193,8 @@ pub fn prepare(
     let revisions = Revisions::new(&compiled.config, &compiled.keys, &compiled.revision_keys);
     let mut routes = HashMap::new();
     let mut route_list = Vec::new();
+    // Targets whose probing the first route using them has set, this pass.
+    let mut probed = std::collections::HashSet::new();
     for r in &compiled.config.routes {
         let route = Arc::new(RouteRt {
             counters: carried(&mut maps.routes, r.id.clone()),
@@ -198,7 +206,7 @@ pub fn prepare(
             generation_header: HeaderValue::from(r.generation),
             revision: revisions.route(r),
             spec: r.clone(),
-            targets: prepare_targets(r, &credentials, compiled, &mut maps)?,
+            targets: prepare_targets(r, &credentials, compiled, &mut maps, &mut probed)?,
         });
         if !auth_required {
             index_models(&mut routes, &route)?;
@@ -239,7 +247,7 @@ fn prepare_credentials(
                 .or_insert_with(|| Arc::new(Limiter::new(max, queue)))
                 .clone()
         });
-        let rt = prepare_credential(c, compiled, clients, limiter, &mut maps.kept)?;
+        let rt = prepare_credential(c, compiled, clients, limiter, maps)?;
         credentials.insert(c.id.clone(), Arc::new(rt));
     }
     Ok(credentials)
@@ -253,6 +261,7 @@ fn prepare_targets(
     credentials: &HashMap<ObjectId, Arc<CredentialRt>>,
     compiled: &Compiled,
     maps: &mut CarriedMaps,
+    probed: &mut std::collections::HashSet<TargetKey>,
 ) -> Result<Vec<TargetRt>, PrepareError> {
     let mut targets = Vec::with_capacity(r.targets.len());
     let primary = r.targets.first().and_then(|t| t.price.as_ref());
@@ -271,8 +280,18 @@ fn prepare_targets(
         };
         let state = carried(&mut maps.targets, key.clone());
         state.adopt(fingerprint(&credential.spec, compiled));
+        // One state per target, whichever routes use it: the first route's settings
+        // decide how its open circuit is probed (as `health` probes it for that route).
+        if probed.insert(key.clone()) {
+            state.breaker.set_probing(crate::health::probe_every(r, t));
+        }
         let named = t.model.iter().chain(t.model_map.values());
+        let model_headers = named
+            .clone()
+            .filter_map(|m| Some((m.clone(), HeaderValue::from_str(m).ok()?)))
+            .collect();
         targets.push(TargetRt {
+            model_headers,
             spec: t.clone(),
             counters: carried(&mut maps.route_targets, (r.id.clone(), key)),
             state,
@@ -461,6 +480,40 @@ fn client_rt(
     }
 }
 
+/// A credential's keys: data-key name and value.
+type KeyValues = Vec<(Box<str>, Secret<String>)>;
+
+/// A credential's key values by data-key name, in declared order: a pool's (those its
+/// Secret held), or its one key (`bedrock`'s key pair as one, by its access key id's
+/// name). Empty while the key is missing.
+fn key_values(c: &Credential, compiled: &Compiled) -> Result<KeyValues, PrepareError> {
+    let Some(entry) = compiled.keys.get(&c.id) else {
+        return Ok(Vec::new());
+    };
+    if c.secret_ref.keys.is_empty() {
+        let name = c.key_names().first().copied().unwrap_or_default();
+        return Ok(vec![(name.into(), entry.clone())]);
+    }
+    let mut pool = KeyPool::decode(entry).ok_or_else(|| PrepareError::Credential {
+        credential: c.id.clone(),
+        field: "secretRef.keys",
+        message: "the delivered keys are not a key pool".into(),
+    })?;
+    Ok(c.secret_ref
+        .keys
+        .iter()
+        .filter_map(|name| Some((name.as_str().into(), pool.0.remove(name)?)))
+        .collect())
+}
+
+/// A key value's hash: which state it keeps (never shown anywhere).
+fn value_hash(value: &Secret<String>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.expose().hash(&mut h);
+    h.finish()
+}
+
 fn header_value(s: &str) -> HeaderValue {
     // Object names are DNS labels: always valid header values.
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
@@ -471,16 +524,48 @@ fn prepare_credential(
     compiled: &Compiled,
     clients: &Clients,
     limiter: Option<Arc<Limiter>>,
-    kept: &mut Kept,
+    maps: &mut CarriedMaps,
 ) -> Result<CredentialRt, PrepareError> {
     let adapter = providers::adapter(c.provider);
-    let prepared = adapter
-        .prepare(c, compiled.keys.get(&c.id), kept)
-        .map_err(|e| PrepareError::Credential {
-            credential: c.id.clone(),
-            field: e.field,
-            message: e.message,
-        })?;
+    let refused = |e: providers::CredentialError| PrepareError::Credential {
+        credential: c.id.clone(),
+        field: e.field,
+        message: e.message,
+    };
+    let values = key_values(c, compiled)?;
+    // Without a key: the endpoint alone (the target is skipped as `missingKey`).
+    let mut endpoint = None;
+    if values.is_empty() {
+        endpoint = Some(
+            adapter
+                .prepare(c, None, &mut maps.kept)
+                .map_err(refused)?
+                .endpoint,
+        );
+    }
+    let mut keys = Vec::with_capacity(values.len());
+    for (name, value) in values {
+        let prepared = adapter
+            .prepare(c, Some(&value), &mut maps.kept)
+            .map_err(refused)?;
+        // Every key of a pool reaches the same endpoint: its URLs do not depend on
+        // the key (providers whose authorisation does take the whole Secret, and no
+        // pool).
+        endpoint.get_or_insert(prepared.endpoint);
+        let Some(headers) = prepared.headers else {
+            continue;
+        };
+        let slot = (c.id.clone(), name.clone(), value_hash(&value));
+        keys.push(PoolKey {
+            name,
+            headers,
+            secret: prepared.secret,
+            state: maps.keys.entry(slot).or_default().clone(),
+        });
+    }
+    let Some(endpoint) = endpoint else {
+        unreachable!("an endpoint is prepared with or without a key");
+    };
     let host = c
         .base_url
         .parse::<http::Uri>()
@@ -489,11 +574,10 @@ fn prepare_credential(
         .unwrap_or_default();
     Ok(CredentialRt {
         adapter,
-        endpoint: prepared.endpoint,
+        endpoint,
         target_header: header_value(&c.id.to_string()),
         host,
-        headers: prepared.headers,
-        secret: prepared.secret,
+        keys: Pool::new(keys),
         client: if c.allow_private_network {
             clients.private.clone()
         } else {

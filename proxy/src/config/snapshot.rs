@@ -7,17 +7,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderValue;
 use switchback_crds::config::{CompiledConfig, Credential, ObjectId, Route, Target};
 use switchback_crds::keyhash::KeyHash;
 use switchback_crds::revision::Revision;
-use switchback_crds::secret::Secret;
 
 use super::target::TargetState;
 use crate::limits::clients::{ClientRt, ClientUsage};
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
 use crate::observe::cost::Pricing;
+use crate::limits::keys::KeyPool;
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{Adapter, Endpoint};
 use crate::upstream;
@@ -35,11 +35,9 @@ pub struct CredentialRt {
     pub target_header: HeaderValue,
     /// The host its requests go to (`server.address` of attempt spans).
     pub host: Box<str>,
-    /// Static headers plus the key's; `None` when the key is missing or unusable.
-    pub headers: Option<HeaderMap>,
-    /// Key material, only to mask it in provider error bodies relayed to clients
-    /// (some echo it back); `None` when missing.
-    pub secret: Option<Secret<String>>,
+    /// Its keys (one, or a pool), each with the static headers plus its own; empty
+    /// when the key is missing or unusable.
+    pub keys: KeyPool,
     pub client: upstream::Lanes,
     /// `maxConcurrency` / `maxQueue`, when set.
     pub limiter: Option<Arc<Limiter>>,
@@ -65,6 +63,9 @@ pub struct TargetRt {
     pub model_json: Option<JsonStr>,
     /// `modelMap` as JSON literals, by the name the client sent.
     pub model_map_json: HashMap<String, JsonStr>,
+    /// The `x-switchback-model` values of the models it names (`model`, the
+    /// `modelMap` values), made once; a model named by the client is made per request.
+    pub model_headers: HashMap<String, HeaderValue>,
     /// For endpoints whose URLs name the model: the URLs of the models this target
     /// names (`model`, the `modelMap` values), made once. A model named by the
     /// client (neither set) is made per request.
@@ -78,6 +79,16 @@ impl TargetRt {
     /// client's name, or the client's.
     pub fn model<'a>(&'a self, client_model: &'a str) -> &'a str {
         self.spec.upstream_model(client_model)
+    }
+
+    /// The `x-switchback-model` value for a request whose client sent `client_model`;
+    /// `None` for a name no header can carry.
+    pub fn model_header(&self, client_model: &str) -> Option<HeaderValue> {
+        let model = self.model(client_model);
+        match self.model_headers.get(model) {
+            Some(v) => Some(v.clone()),
+            None => HeaderValue::from_str(model).ok(),
+        }
     }
 
     /// The upstream model to splice into a request body whose client sent

@@ -1,8 +1,24 @@
 //! What the proxy knows of each target (credential + upstream model) beyond one
 //! config: whether it is parked after a 429, its circuit, its latency, its last
-//! failure. Shared by every route and snapshot that uses the target, kept across
-//! reloads, and updated from the request path with atomics (the last failure's
-//! short lock is never held across an await).
+//! failure, its background probes. Shared by every route and snapshot that uses the
+//! target, kept across reloads, and updated from the request path with atomics (the
+//! last failure's short lock is never held across an await).
+//!
+//! **Fed by the fleet** (issue 32 item 5, built on this): what one replica finds may be
+//! told to the others, and what they found applied here, through this state alone,
+//! found by the live snapshot (`route_list[..].targets[..].state`, and a credential's
+//! keys in `credentials[id].keys`):
+//!
+//! | what the fleet says | call |
+//! |---|---|
+//! | a circuit is open elsewhere | `state.breaker.adopt_open(now, open_for)` |
+//! | a probe elsewhere succeeded | `state.breaker.adopt_closed(now)` |
+//! | another replica probes this target | `state.probes.set_delegated(true)` (the prober here sends nothing) |
+//! | a key is parked / rejected elsewhere | `key.state.park_until(ms)` / `reject_until(ms)` (proxy-clock ms, `Gateway::now_ms`; the later end wins) |
+//! | a key works again | `key.state.lift()` |
+//!
+//! What this replica finds is read back the same way: `breaker.reported`, `state()`,
+//! `probes.last()`, `KeyState::shown` (and `/admin/v1/stats` reports them all).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +26,7 @@ use std::time::{Duration, SystemTime};
 
 use switchback_crds::config::ObjectId;
 
+use crate::health::Probes;
 use crate::limits::circuit::Breaker;
 use crate::observe::counters::Histogram;
 use crate::observe::reason::Reason;
@@ -30,6 +47,8 @@ pub struct TargetState {
     /// Latency of answered attempts (full answer, or first content event for streams).
     pub latency: Histogram,
     last_failure: Mutex<Option<FailureRecord>>,
+    /// Its background probes and health checks (SPEC §16).
+    pub probes: Probes,
 }
 
 /// The last failure of a target, for stats.

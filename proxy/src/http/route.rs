@@ -24,7 +24,7 @@ use crate::limits::clients::{Admitted, ClientUsage, HeldReservation, Need};
 use crate::observe::telemetry::{self, TRACE_TARGET};
 use crate::pipeline::{self, Call, Outcome, StreamEnd};
 use crate::providers::translate;
-use crate::wire::headers::{X_ATTEMPTS, X_FALLBACKS, X_GENERATION, X_ROUTE, X_TARGET};
+use crate::wire::headers::{X_ATTEMPTS, X_FALLBACKS, X_GENERATION, X_MODEL, X_ROUTE, X_TARGET};
 use crate::wire::rewrite;
 use crate::wire::surface::{Surface, Wire};
 
@@ -400,6 +400,7 @@ struct Counts {
     attempts: u32,
     fallbacks: u32,
     target: Option<HeaderValue>,
+    model: Option<HeaderValue>,
 }
 
 /// The request's log line: written now, or for a committed stream when it ends,
@@ -447,6 +448,7 @@ fn log_line(
         attempts: outcome.attempts,
         fallbacks: outcome.fallbacks,
         target: outcome.target,
+        model: outcome.model,
     };
     (outcome.response, counts)
 }
@@ -483,6 +485,9 @@ fn finish(
     h.insert(X_FALLBACKS, HeaderValue::from(counts.fallbacks));
     if let Some(t) = counts.target {
         h.insert(X_TARGET, t);
+    }
+    if let Some(m) = counts.model {
+        h.insert(X_MODEL, m);
     }
     response
 }

@@ -8,6 +8,13 @@
 //! transition, never across an await; a probe whose request is dropped hands its
 //! turn back (see [`Probe`]).
 //!
+//! Probed circuits (`circuitBreaker.probeInterval`, SPEC §16): a breaker told to
+//! probe ([`Breaker::set_probing`]) never lets a client request through as the
+//! half-open probe. Once `openFor` has passed, the background prober (`health`) takes
+//! the turn ([`Breaker::begin_probe`]) and reports what its own minimal request found
+//! ([`Breaker::probe_done`]): a success closes the circuit (and starts the ramp), a
+//! failure keeps it open for one more interval, never doubling anything.
+//!
 //! The failback ramp (`circuitBreaker.rampUp`, SPEC §13): a circuit closed by its
 //! probe lets through a share of the requests that grows linearly from 10 % to 100 %
 //! over `rampUp` ([`Breaker::ramp_admits`]). The share is counted, not drawn: each
@@ -55,6 +62,11 @@ struct Inner {
     closed_at: Option<Instant>,
     /// The ramp's credit, in thousandths of a request.
     credit: u32,
+    /// Probed in the background every this long while open (`probeInterval`, or a
+    /// health check's interval); `None`: a client request is the half-open probe.
+    probe_every: Option<Duration>,
+    /// The half-open turn is the background prober's.
+    background: bool,
 }
 
 /// The ramp's share at its start, in thousandths.
@@ -79,6 +91,8 @@ impl Default for Breaker {
                 opened: 0,
                 closed_at: None,
                 credit: 0,
+                probe_every: None,
+                background: false,
             }),
         }
     }
@@ -103,25 +117,144 @@ impl Breaker {
         (g.state, g.since)
     }
 
-    /// The state as stats report it: an open circuit whose time is up reads HalfOpen.
+    /// The state as stats report it: an open circuit whose time is up reads HalfOpen,
+    /// unless it is probed in the background (no client request gets through, so it
+    /// reads Open until a probe closes it).
     pub fn reported(&self, now: Instant) -> crate::limits::circuit::Reported {
-        match self.lock().state {
+        let g = self.lock();
+        match g.state {
             State::Closed { .. } => Reported::Closed,
-            State::Open { until, .. } if now < until => Reported::Open,
+            State::Open { until, .. } if now < until || g.probe_every.is_some() => Reported::Open,
+            State::HalfOpen { .. } if g.background => Reported::Open,
             State::Open { .. } | State::HalfOpen { .. } => Reported::HalfOpen,
         }
     }
 
+    /// Whether requests skip the target now.
     pub fn is_open(&self, now: Instant) -> bool {
-        matches!(self.lock().state, State::Open { until, .. } if now < until)
-            || matches!(self.lock().state, State::HalfOpen { .. })
+        let g = self.lock();
+        match g.state {
+            State::Closed { .. } => false,
+            State::Open { until, .. } => now < until || g.probe_every.is_some(),
+            State::HalfOpen { .. } => true,
+        }
+    }
+
+    /// Probe an open circuit in the background every `every` (SPEC §16), or let a
+    /// client request be the half-open probe (`None`). Set from the config of the
+    /// first route that uses the target, at each reload.
+    pub fn set_probing(&self, every: Option<Duration>) {
+        self.lock().probe_every = every;
+    }
+
+    /// Whether it is open and probed in the background now.
+    pub fn probing(&self) -> bool {
+        let g = self.lock();
+        g.probe_every.is_some() && !matches!(g.state, State::Closed { .. })
+    }
+
+    /// When the background prober should next probe it: an open circuit's end, while
+    /// probing is set.
+    pub fn next_probe(&self) -> Option<Instant> {
+        let g = self.lock();
+        match g.state {
+            State::Open { until, .. } if g.probe_every.is_some() => Some(until),
+            _ => None,
+        }
+    }
+
+    /// The background prober takes the half-open turn, when it is due at `now`.
+    pub fn begin_probe(&self, now: Instant) -> bool {
+        let mut g = self.lock();
+        match g.state {
+            State::Open { until, open_for } if now >= until && g.probe_every.is_some() => {
+                g.state = State::HalfOpen { open_for };
+                g.background = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// What the background probe taken with [`Breaker::begin_probe`] found: a success
+    /// closes the circuit (the ramp starts from now), a failure keeps it open one more
+    /// interval. A probe overtaken by events (the circuit closed meanwhile) changes
+    /// nothing.
+    pub fn probe_done(&self, now: Instant, healthy: bool) -> Transition {
+        let mut g = self.lock();
+        let State::HalfOpen { open_for } = g.state else {
+            return Transition::None;
+        };
+        if !g.background {
+            return Transition::None;
+        }
+        g.background = false;
+        if healthy {
+            g.state = State::Closed { failures: 0 };
+            g.since = SystemTime::now();
+            g.closed_at = Some(now);
+            g.credit = 0;
+            return Transition::Closed;
+        }
+        let every = g.probe_every.unwrap_or(open_for);
+        g.state = State::Open {
+            until: now + every,
+            open_for,
+        };
+        Transition::None
+    }
+
+    /// The fleet says the circuit is open (another replica opened it, issue 32 item 5):
+    /// a closed circuit opens for `open_for` from `now`, as if it had failed here, and
+    /// is probed (or client-probed) like one that did. An open one is left as it is.
+    pub fn adopt_open(&self, now: Instant, open_for: Duration) -> Transition {
+        let mut g = self.lock();
+        if !matches!(g.state, State::Closed { .. }) {
+            return Transition::None;
+        }
+        g.state = State::Open {
+            until: now + open_for,
+            open_for,
+        };
+        g.since = SystemTime::now();
+        g.opened += 1;
+        g.closed_at = None;
+        Transition::Opened
+    }
+
+    /// The fleet says the circuit is closed (another replica's probe succeeded): an
+    /// open one closes as a probe's success closes it (the ramp starts from `now`). A
+    /// background probe running here finds it closed and changes nothing.
+    pub fn adopt_closed(&self, now: Instant) -> Transition {
+        let mut g = self.lock();
+        if matches!(g.state, State::Closed { .. }) {
+            return Transition::None;
+        }
+        g.background = false;
+        g.state = State::Closed { failures: 0 };
+        g.since = SystemTime::now();
+        g.closed_at = Some(now);
+        g.credit = 0;
+        Transition::Closed
+    }
+
+    /// A background probe that ended without a verdict (cancelled): probe again now.
+    pub fn probe_dropped(&self, now: Instant) {
+        let mut g = self.lock();
+        if let (State::HalfOpen { open_for }, true) = (g.state, g.background) {
+            g.background = false;
+            g.state = State::Open {
+                until: now,
+                open_for,
+            };
+        }
     }
 
     pub fn admit(&self, now: Instant) -> Admit {
         let mut g = self.lock();
         match g.state {
             State::Closed { .. } => Admit::Yes,
-            State::Open { until, open_for } if now >= until => {
+            State::Open { until, open_for } if now >= until && g.probe_every.is_none() => {
                 g.state = State::HalfOpen { open_for };
                 g.since = SystemTime::now();
                 Admit::Probe
@@ -140,6 +273,9 @@ impl Breaker {
     ) -> Transition {
         let mut g = self.lock();
         let (next, transition) = match g.state {
+            // The background prober holds the turn: a client request tried anyway
+            // (every circuit open) says nothing more.
+            State::HalfOpen { .. } if g.background => (g.state, Transition::None),
             State::HalfOpen { open_for } if probe => {
                 let open_for = (open_for * 2).min(MAX_OPEN);
                 (
@@ -187,6 +323,7 @@ impl Breaker {
             }
             // A probe, or the request tried anyway because every circuit was open.
             State::HalfOpen { .. } | State::Open { .. } if probe => {
+                g.background = false;
                 g.state = State::Closed { failures: 0 };
                 g.since = SystemTime::now();
                 g.closed_at = Some(Instant::now());
@@ -224,7 +361,7 @@ impl Breaker {
     /// said nothing about the provider's health): let the next request probe.
     pub fn release_probe(&self, now: Instant) {
         let mut g = self.lock();
-        if let State::HalfOpen { open_for } = g.state {
+        if let (State::HalfOpen { open_for }, false) = (g.state, g.background) {
             g.state = State::Open {
                 until: now,
                 open_for,
@@ -395,6 +532,116 @@ mod tests {
             190,
             "linear"
         );
+    }
+
+    const EVERY: Duration = Duration::from_secs(10);
+
+    /// SPEC §16: probed in the background, an open circuit never lets a client request
+    /// through; the prober's turn comes once `openFor` has passed, then every interval
+    /// while it fails, without doubling; a success closes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_probed_circuit_lets_no_client_request_through_and_never_doubles() {
+        let b = Breaker::default();
+        b.set_probing(Some(EVERY));
+        let t0 = Instant::now();
+        assert!(!b.probing(), "closed: nothing to probe");
+        assert_eq!(b.next_probe(), None);
+        assert_eq!(b.failure(t0, 1, BASE, false), Transition::Opened);
+        assert!(b.probing());
+        assert_eq!(
+            b.next_probe(),
+            Some(t0 + BASE),
+            "the first probe once openFor has passed"
+        );
+        assert!(!b.begin_probe(t0 + BASE - Duration::from_millis(1)));
+        assert_eq!(
+            b.admit(t0 + BASE),
+            Admit::No,
+            "no client request is a probe"
+        );
+        assert_eq!(b.reported(t0 + BASE), Reported::Open);
+        assert!(b.is_open(t0 + BASE));
+        let mut now = t0 + BASE;
+        for _ in 0..20 {
+            assert!(b.begin_probe(now));
+            assert!(!b.begin_probe(now), "one probe at a time");
+            assert_eq!(b.admit(now), Admit::No);
+            assert_eq!(b.reported(now), Reported::Open);
+            assert_eq!(b.probe_done(now, false), Transition::None);
+            assert_eq!(
+                b.next_probe(),
+                Some(now + EVERY),
+                "one interval, never doubled"
+            );
+            assert!(!b.begin_probe(now + EVERY - Duration::from_millis(1)));
+            now += EVERY;
+        }
+        assert!(b.begin_probe(now));
+        assert_eq!(b.probe_done(now, true), Transition::Closed);
+        assert_eq!(b.admit(now), Admit::Yes);
+        assert!(!b.probing());
+        assert!(
+            !b.ramp_admits(now, Duration::from_secs(30)),
+            "a probe's close starts the ramp"
+        );
+        // Opened again, it starts from openFor again.
+        assert_eq!(b.failure(now, 1, BASE, false), Transition::Opened);
+        assert_eq!(b.next_probe(), Some(now + BASE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_background_probe_overtaken_or_dropped_changes_nothing_it_should_not() {
+        let b = Breaker::default();
+        b.set_probing(Some(EVERY));
+        let now = Instant::now();
+        b.failure(now, 1, BASE, false);
+        let due = now + BASE;
+        // Dropped without a verdict: due again at once.
+        assert!(b.begin_probe(due));
+        b.probe_dropped(due);
+        assert_eq!(b.next_probe(), Some(due));
+        // A client request tried anyway (every circuit open) while the prober holds the
+        // turn: its failure and its dropped turn change nothing...
+        assert!(b.begin_probe(due));
+        assert_eq!(b.failure(due, 1, BASE, true), Transition::None);
+        b.release_probe(due);
+        assert!(!b.begin_probe(due), "still the prober's turn");
+        // ...its success closes the circuit, and the prober's late verdict is ignored.
+        assert_eq!(b.success(true), Transition::Closed);
+        assert_eq!(b.probe_done(due, false), Transition::None);
+        assert_eq!(b.admit(due), Admit::Yes);
+        // Probing switched off (probeInterval 0s): a client request probes again.
+        b.set_probing(None);
+        b.failure(due, 1, BASE, false);
+        assert_eq!(b.admit(due + BASE), Admit::Probe);
+        assert!(!b.begin_probe(due + BASE));
+    }
+
+    /// What a fleet-wide view (issue 32 item 5) feeds in: an open circuit elsewhere
+    /// opens this one (probed here as if it had failed here); a success elsewhere
+    /// closes it, ramp included, and a probe still running here changes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn the_fleet_can_open_and_close_a_circuit() {
+        let b = Breaker::default();
+        b.set_probing(Some(EVERY));
+        let now = Instant::now();
+        assert_eq!(b.adopt_open(now, BASE), Transition::Opened);
+        assert_eq!(b.adopt_open(now, BASE), Transition::None, "already open");
+        assert_eq!(b.admit(now), Admit::No);
+        assert_eq!(b.next_probe(), Some(now + BASE));
+        assert!(b.begin_probe(now + BASE));
+        assert_eq!(b.adopt_closed(now + BASE), Transition::Closed);
+        assert_eq!(
+            b.probe_done(now + BASE, false),
+            Transition::None,
+            "late, ignored"
+        );
+        assert_eq!(b.admit(now + BASE), Admit::Yes);
+        assert!(
+            !b.ramp_admits(now + BASE, Duration::from_secs(30)),
+            "the ramp starts"
+        );
+        assert_eq!(b.adopt_closed(now + BASE), Transition::None);
     }
 
     #[tokio::test(start_paused = true)]

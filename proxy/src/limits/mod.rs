@@ -10,6 +10,7 @@
 //! | `--max-event-bytes`, `--max-response-bytes` | one provider answer | `answers` | the pipeline's streams and unary answers |
 //! | an LLMClient's `limits` and `budget` | its requests, tokens, concurrency and spend | `clients` | the data port, before routing to the pipeline |
 //! | a 429's park (`maxRetryAfter`) | a rate-limited target is skipped until it ends | `config::target` | the pipeline |
+//! | a key's park and rejection (`keyRejectedFor`) | a key answered 429, 401 or 403 is not used until they end | `keys` | the pipeline, per try |
 //! | connections, header/body/idle timeouts, body size | what clients may hold | `front` | the accept loop and intake |
 //!
 //! Each is a small, lock-light state machine or counter that knows nothing of
@@ -21,3 +22,4 @@ pub mod circuit;
 pub mod clients;
 pub mod concurrency;
 pub mod hedge;
+pub mod keys;

@@ -86,9 +86,10 @@ pub(super) fn unary(
     // request's fault, like a content filter's 400, answered (translated: no
     // content, stopped as a refusal) unless the route fails over on `contentFilter`.
     let blocked = translation.is_some_and(|tr| translate::is_blocked(tr, &bytes));
+    let (model_json, model) = call.answer_model(a.route, t);
     let bytes = match translation {
-        None => replace_model(&bytes, &call.client_model_json).unwrap_or(bytes),
-        Some(tr) => match translate::response(tr, &bytes, call.client_model) {
+        None => replace_model(&bytes, model_json).unwrap_or(bytes),
+        Some(tr) => match translate::response(tr, &bytes, model) {
             Ok(b) => b,
             Err(e) => {
                 tracing::debug!(target = %t.label, error = %e, "untranslatable upstream answer");

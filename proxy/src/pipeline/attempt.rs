@@ -39,6 +39,8 @@ pub(super) struct Attempt<'a, 'c> {
     pub target: &'a TargetRt,
     pub call: &'a Call<'c>,
     pub plan: &'a Plan,
+    /// Which of the credential's keys it is sent with (`KeyPool::pick`).
+    pub key: u8,
     /// This try's deadline (the target's timeout, within the budget).
     pub deadline: Instant,
     /// The whole call's.

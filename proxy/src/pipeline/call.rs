@@ -9,8 +9,11 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response};
 use bytes::Bytes;
 
+use switchback_crds::config::ResponseModel;
+
 use super::log::AttemptLog;
 use super::stream::LineSlot;
+use crate::config::snapshot::{RouteRt, TargetRt};
 use crate::limits::clients::{ClientUsage, HeldReservation};
 use crate::wire::rewrite::JsonStr;
 use crate::wire::surface::Surface;
@@ -49,6 +52,22 @@ pub struct Call<'a> {
     pub abandoned: &'a AtomicBool,
 }
 
+impl Call<'_> {
+    /// The `model` answers from target `t` of `route` carry, as a JSON literal and as
+    /// text (SPEC §16 `responseModel`): the name the client sent, or with `served` the
+    /// upstream model that answered.
+    pub fn answer_model<'x>(&'x self, route: &RouteRt, t: &'x TargetRt) -> (&'x JsonStr, &'x str) {
+        match route.spec.response_model {
+            ResponseModel::Requested => (&self.client_model_json, self.client_model),
+            ResponseModel::Served => (
+                t.upstream_model_json(self.client_model)
+                    .unwrap_or(&self.client_model_json),
+                t.model(self.client_model),
+            ),
+        }
+    }
+}
+
 /// A call nobody abandons (continuations and tests).
 pub static STAYS: AtomicBool = AtomicBool::new(false);
 
@@ -61,6 +80,9 @@ pub struct Outcome {
     pub fallbacks: u32,
     /// The credential that answered, if one did.
     pub target: Option<HeaderValue>,
+    /// The upstream model that answered (`x-switchback-model`, SPEC §16), with
+    /// `target`.
+    pub model: Option<HeaderValue>,
     /// Index of the target that answered (in the route's declared order), if one did.
     pub answered_by: Option<u8>,
     pub log: Vec<AttemptLog>,

@@ -31,11 +31,12 @@ pub(super) fn finish_failed(
     log: Vec<AttemptLog>,
     shortest_retry_after: Option<Duration>,
 ) -> Outcome {
-    let outcome = |response, target| Outcome {
+    let outcome = |response, (target, model)| Outcome {
         response,
         attempts: sent,
         fallbacks,
         target,
+        model,
         answered_by: None,
         log: Vec::new(),
         stream_line: None,
@@ -43,12 +44,12 @@ pub(super) fn finish_failed(
     if failure.reason.returns_upstream_answer()
         && let Some(a) = failure.answer
     {
-        let last_target = log.last().map(|l| {
-            route.targets[l.target as usize]
-                .credential
-                .target_header
-                .clone()
-        });
+        // The answer is the last target's: its credential and model.
+        let last = log.last().map(|l| &route.targets[l.target as usize]);
+        let last_target = (
+            last.map(|t| t.credential.target_header.clone()),
+            last.and_then(|t| t.model_header(call.client_model)),
+        );
         let response = relay(a.status, a.headers, Body::from(a.body));
         return Outcome {
             log,
@@ -75,7 +76,7 @@ pub(super) fn finish_failed(
     }
     Outcome {
         log,
-        ..outcome(response, None)
+        ..outcome(response, (None, None))
     }
 }
 

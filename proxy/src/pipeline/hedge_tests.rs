@@ -238,8 +238,10 @@ async fn the_hedge_goes_to_the_target_a_failover_would_try_next() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hedge_never_starts_past_the_calls_budget() {
-    // `after` is the budget: no hedge; the primary runs out of budget.
-    let route = hedged(2, 1_000, 100, 1_000);
+    // `after` is the budget: no hedge; the primary (a timeout of its own past the
+    // budget: it may spend all of it) runs out of budget.
+    let mut route = hedged(2, 1_000, 100, 1_000);
+    route.targets[0].spec.timeout_ms = Some(10_000);
     let script = Script::new(&route, &[&[Play::Ok(5_000 * MS)], &[Play::Ok(MS)]]);
     let start = Instant::now();
     let outcome = walk_with(&gateway(), &route, &script).await;
@@ -253,7 +255,8 @@ async fn a_hedge_never_starts_past_the_calls_budget() {
     assert_eq!(hedges(&route, 1), [0; 4]);
 
     // Just before it: the hedge starts, and answers within it.
-    let route = hedged(2, 900, 100, 1_000);
+    let mut route = hedged(2, 900, 100, 1_000);
+    route.targets[0].spec.timeout_ms = Some(10_000);
     let script = Script::new(&route, &[&[Play::Ok(5_000 * MS)], &[Play::Ok(MS)]]);
     let outcome = walk_with(&gateway(), &route, &script).await;
     assert_eq!(script.targets(), [0, 1]);

@@ -10,7 +10,7 @@ use crate::config::snapshot::RouteRt;
 
 pub const MAX_TARGETS: usize = 8;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Order {
     idx: [u8; MAX_TARGETS],
     len: u8,
@@ -98,10 +98,21 @@ pub(crate) mod tests {
     use super::*;
     use crate::config::snapshot::{CredentialRt, TargetRt};
     use crate::config::target::TargetState;
+    use crate::limits::keys::KeyPool;
 
     /// A route over one credential `ns/c`: a target per `(weight, price)`.
     pub(crate) fn route(strategy: Strategy, targets: Vec<(u32, Option<f64>)>) -> RouteRt {
+        route_with_keys(strategy, targets, 1)
+    }
+
+    /// [`route`], its credential holding a pool of `keys` keys named `k0`, `k1`, ...
+    pub(crate) fn route_with_keys(
+        strategy: Strategy,
+        targets: Vec<(u32, Option<f64>)>,
+        keys: usize,
+    ) -> RouteRt {
         let spec = Credential {
+            key_rejected_for_ms: 300_000,
             api_version: None,
             responses_api: false,
             prefill: false,
@@ -116,6 +127,7 @@ pub(crate) mod tests {
             max_queue: None,
             allow_private_network: false,
             secret_ref: SecretKeyRef {
+                keys: Vec::new(),
                 name: "s".into(),
                 key: "k".into(),
             },
@@ -130,13 +142,13 @@ pub(crate) mod tests {
             endpoint: prepared.endpoint,
             target_header: HeaderValue::from_static("ns/c"),
             host: "x".into(),
-            headers: Some(Default::default()),
-            secret: None,
+            keys: KeyPool::unkeyed(keys),
             client: crate::upstream::Clients::new(1).unwrap().private,
             limiter: None,
         });
         RouteRt {
             spec: Route {
+                response_model: Default::default(),
                 id: ObjectId::new("ns", "r"),
                 generation: 1,
                 models: vec!["m".into()],
@@ -157,7 +169,9 @@ pub(crate) mod tests {
             targets: targets
                 .into_iter()
                 .map(|(weight, price)| TargetRt {
+                    model_headers: Default::default(),
                     spec: Target {
+                        health_check: None,
                         model_map: Default::default(),
                         credential: ObjectId::new("ns", "c"),
                         model: None,

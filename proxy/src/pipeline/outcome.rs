@@ -57,6 +57,33 @@ pub fn backoff(retry: u32, policy: &Retry, unit: f64) -> Duration {
     Duration::from_micros((cap as f64 * 1000.0 * unit.clamp(0.0, 1.0)) as u64)
 }
 
+/// When a target without its own `timeout` must be done (SPEC §16): the call's budget
+/// less what the targets after it are owed, so a hung target never spends it all.
+/// Each later target (`later`: their `timeout`s) is owed its `timeout`, or an equal
+/// share of the route's (`route_timeout_ms / targets`) when it has none; the last
+/// target (no `later`) may use all that remains. However little is left, a target
+/// gets at least an equal split of it with the targets after it.
+pub fn share_end(
+    now: tokio::time::Instant,
+    budget: tokio::time::Instant,
+    route_timeout_ms: u64,
+    targets: usize,
+    later: impl Iterator<Item = Option<u64>>,
+) -> tokio::time::Instant {
+    let share = route_timeout_ms / targets.max(1) as u64;
+    let (mut owed_ms, mut after) = (0u64, 0u64);
+    for timeout in later {
+        owed_ms = owed_ms.saturating_add(timeout.unwrap_or(share));
+        after += 1;
+    }
+    let left = budget.saturating_duration_since(now);
+    let floor = left / (after as u32 + 1);
+    let mine = left
+        .saturating_sub(Duration::from_millis(owed_ms))
+        .max(floor);
+    now.checked_add(mine).map_or(budget, |end| end.min(budget))
+}
+
 /// The per-attempt deadline: the target's timeout, never past the call's budget.
 pub fn attempt_deadline(
     now: tokio::time::Instant,
@@ -248,6 +275,7 @@ mod tests {
         h.insert("retry-after-ms", HeaderValue::from_static("1e300"));
         assert_eq!(retry_after(&h, now), Some(Duration::from_millis(u64::MAX)));
         let target = Target {
+            health_check: None,
             model_map: Default::default(),
             credential: switchback_crds::config::ObjectId::new("ns", "c"),
             model: None,
@@ -259,5 +287,39 @@ mod tests {
         let start = tokio::time::Instant::now();
         let budget = start + Duration::from_secs(60);
         assert_eq!(attempt_deadline(start, &target, budget), budget);
+    }
+
+    #[test]
+    fn a_target_without_a_timeout_leaves_the_later_ones_what_they_are_owed() {
+        let now = tokio::time::Instant::now();
+        let s = |secs: u64| Duration::from_secs(secs);
+        let budget = now + s(60);
+        let end = |targets, later: &[Option<u64>]| {
+            share_end(now, budget, 60_000, targets, later.iter().copied()) - now
+        };
+        assert_eq!(end(2, &[None]), s(30), "the defaults: half each");
+        assert_eq!(end(2, &[]), s(60), "the last may use all that remains");
+        assert_eq!(end(3, &[None, None]), s(20));
+        assert_eq!(
+            end(3, &[Some(5_000), None]),
+            s(35),
+            "a timeout is what it is owed"
+        );
+        assert_eq!(
+            end(4, &[Some(59_000), Some(59_000)]),
+            s(20),
+            "never less than a split"
+        );
+        // Later in the walk: what is left is shared the same way.
+        let later = now + s(50);
+        assert_eq!(
+            share_end(later, budget, 60_000, 2, [None].into_iter()) - later,
+            s(5),
+            "10 s left, 30 s owed: an equal split"
+        );
+        assert_eq!(
+            share_end(budget + s(1), budget, 60_000, 2, [None].into_iter()),
+            budget
+        );
     }
 }

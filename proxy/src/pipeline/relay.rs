@@ -93,6 +93,22 @@ pub(crate) fn mask_key(body: Bytes, key: &str) -> Bytes {
     }
 }
 
+/// `body` with every key of `keys` masked (a pool's: a provider may echo any).
+pub(crate) fn mask_keys<'k>(body: Bytes, keys: impl Iterator<Item = &'k str>) -> Bytes {
+    keys.fold(body, mask_key)
+}
+
+/// [`masked`] for each of `keys`: `None` (nothing allocated) when none is in `body`.
+pub(crate) fn masked_any<'k>(body: &[u8], keys: impl Iterator<Item = &'k str>) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    for key in keys {
+        if let Some(m) = masked(out.as_deref().unwrap_or(body), key) {
+            out = Some(m);
+        }
+    }
+    out
+}
+
 /// `body` with the key masked as [`mask_key`] does, or `None` (nothing allocated)
 /// when no spelling of the key is in it. JSON may spell any character of the key as
 /// an escape (`sk-abc\/def`, `sk\u002dabc`): when the body holds a backslash, each

@@ -20,6 +20,7 @@ use super::answer::{Capping, Unanswered};
 use super::attempt::{Attempt, Attempted, Failure, Transport, UpstreamAnswer, timed_out};
 use super::stream::{self, LineSlot, NotCommitted, StreamAttempt};
 use super::{answer, relay};
+use crate::observe::counters;
 use crate::observe::reason::Reason;
 use crate::observe::telemetry;
 use crate::providers::classify::{self, classify_status};
@@ -137,10 +138,12 @@ impl Transport for Http {
 fn request_parts(a: &Attempt<'_, '_>) -> Result<(http::Uri, HeaderMap), Reason> {
     let (t, call, plan) = (a.target, a.call, a.plan);
     let cred = &t.credential;
-    let Some(base) = &cred.headers else {
+    if cred.keys.is_empty() {
         return Err(Reason::MissingKey);
-    };
-    let mut headers = base.clone();
+    }
+    let key = cred.keys.get(a.key);
+    counters::inc(&key.state.attempts);
+    let mut headers = key.headers.clone();
     headers.insert(X_REQUEST_ID, call.request_id.clone());
     headers.insert(X_HOPS, hops::value(call.hops + 1));
     for name in FORWARDED {
@@ -189,18 +192,19 @@ fn streamed(a: &Attempt<'_, '_>, headers: &HeaderMap) -> bool {
 /// What committing a stream needs of the attempt (its slot goes with it).
 fn stream_attempt<'a>(a: Attempt<'a, '_>) -> StreamAttempt<'a> {
     let (gw, t, call, plan) = (a.gw, a.target, a.call, a.plan);
+    let (model_json, model) = call.answer_model(a.route, t);
     StreamAttempt {
         target: t,
         route: a.route,
         max_event_bytes: gw.upstream_limits.max_event_bytes,
         refused: &gw.refused,
-        model: &call.client_model_json,
+        model: model_json,
         surface: call.surface,
         translator: plan.translation.map(|tr| {
             let usage = call
                 .include_usage
                 .unwrap_or_else(|| translate::include_usage(&call.body));
-            (tr, call.client_model, usage)
+            (tr, model, usage)
         }),
         permit: a.permit,
         client: call.client.cloned(),
@@ -250,10 +254,7 @@ async fn failure(
         // status alone answers.
         Ok(Ok(_)) if relay::is_encoded(&headers) => Bytes::new(),
         // Some providers echo the key they refused: never relayed to the client.
-        Ok(Ok(b)) => match &cred.secret {
-            Some(key) => relay::mask_key(b, key.expose()),
-            None => b,
-        },
+        Ok(Ok(b)) => relay::mask_keys(b, cred.keys.secrets()),
     };
     let code = status.as_u16();
     let translation = a.plan.translation;

@@ -27,7 +27,7 @@ use tokio::time::{Instant, sleep_until};
 use super::charge::charge;
 use super::log::ResumeLog;
 use super::outcome::may_advance;
-use super::relay::{mask_key, masked, relay};
+use super::relay::{mask_keys, masked_any, relay};
 use crate::config::snapshot::{CredentialRt, RouteRt, TargetRt};
 use crate::config::target::TargetState;
 use crate::limits::answers::Refusals;
@@ -294,10 +294,7 @@ pub(crate) async fn start_stream(
                 return Err(NotCommitted::Failed(reason, Some(e.status)));
             }
             // Relayed like an error body: without the key, should it echo it.
-            match &a.target.credential.secret {
-                Some(key) => mask_key(first, key.expose()),
-                None => first,
-            }
+            mask_keys(first, a.target.credential.keys.secrets())
         }
         None => first,
     };
@@ -717,8 +714,8 @@ impl<U> Committed<U> {
                 self.fail(reason, status);
             }
             // Relayed like an error body: without the key, should it echo it.
-            if let Some(key) = self.credential.as_ref().and_then(|c| c.secret.as_ref())
-                && let Some(m) = masked(ev, key.expose())
+            if let Some(c) = self.credential.as_ref()
+                && let Some(m) = masked_any(ev, c.keys.secrets())
             {
                 without_key = m;
                 ev = &without_key;

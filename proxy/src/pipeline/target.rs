@@ -21,7 +21,7 @@ use super::attempt::{Attempt, Attempted, Failure, Plan, Transport, attempt_span}
 use super::call::Call;
 use super::hedge::state::Raced;
 use super::log::AttemptLog;
-use super::outcome::{attempt_deadline, backoff, retryable};
+use super::outcome::{attempt_deadline, backoff, retryable, share_end};
 use super::stream::LineSlot;
 use super::walk::{Tried, Walk};
 use crate::config::snapshot::TargetRt;
@@ -40,10 +40,12 @@ pub(super) enum Unplanned {
     Untranslatable(TranslateError),
 }
 
-/// After a failed try: give up on the target, or try it again after a wait.
+/// After a failed try: give up on the target, try it again after a wait, or send the
+/// same try at once with another of its keys (a 429, 401 or 403 set the key aside).
 pub(super) enum Next {
     GiveUp,
     RetryAfter(Duration),
+    OtherKey,
 }
 
 impl<T: Transport> Walk<'_, '_, T> {
@@ -81,7 +83,14 @@ impl<T: Transport> Walk<'_, '_, T> {
                 },
             }
         };
+        // Its tries end by then: the budget, less what later targets are owed.
+        let end = self.target_end(i, t);
         let mut tries = 0u32;
+        // Keys set aside and replaced at once: each is an attempt, not a retry, and
+        // a request goes through each key once at most.
+        let mut switched = 0usize;
+        // The key the next try goes with, when a key was just set aside.
+        let mut next_key = None;
         loop {
             tries += 1;
             if Instant::now() >= self.budget {
@@ -97,13 +106,18 @@ impl<T: Transport> Walk<'_, '_, T> {
                 },
             };
             let (span, started) = self.counted(t, tries);
+            let key = match next_key.take() {
+                Some(k) => k,
+                None => t.credential.keys.pick(self.gw.now_ms()).unwrap_or(0),
+            };
             let attempt = Attempt {
                 gw: self.gw,
                 route,
                 target: t,
                 call: self.call,
                 plan: &plan,
-                deadline: attempt_deadline(started, &t.spec, self.budget),
+                key,
+                deadline: attempt_deadline(started, &t.spec, end),
                 budget: self.budget,
                 started,
                 permit,
@@ -126,7 +140,8 @@ impl<T: Transport> Walk<'_, '_, T> {
                 }
                 Some(at) => {
                     let primary = transport.attempt(attempt).instrument(span.clone());
-                    let raced = self.raced(i, tries, &mut probe, &span, started, at, primary);
+                    let raced =
+                        self.raced((i, key), tries, &mut probe, &span, started, at, primary);
                     match Box::pin(raced).await {
                         Raced::Primary(result, ended) => (result, ended),
                         Raced::HedgeWon(response, line, left) => {
@@ -144,13 +159,16 @@ impl<T: Transport> Walk<'_, '_, T> {
                 Attempted::Failed(f) => f,
             };
             self.note(i, &failure, elapsed, tries);
-            match self.after(t, &failure, tries, &mut probe) {
+            let may_switch = switched + 1 < t.credential.keys.len();
+            match self.after(t, &failure, tries, &mut probe, (key, may_switch)) {
                 Next::GiveUp => return Tried::Failed(failure),
+                Next::OtherKey => {
+                    switched += 1;
+                    tries -= 1;
+                    next_key = Some(t.credential.keys.after(key, self.gw.now_ms()));
+                }
                 Next::RetryAfter(wait) => {
-                    let Some(resume) = Instant::now()
-                        .checked_add(wait)
-                        .filter(|r| *r < self.budget)
-                    else {
+                    let Some(resume) = Instant::now().checked_add(wait).filter(|r| *r < end) else {
                         // The wait does not fit the budget: let the next target try.
                         return Tried::Failed(failure);
                     };
@@ -159,6 +177,33 @@ impl<T: Transport> Walk<'_, '_, T> {
                 }
             }
         }
+    }
+
+    /// When target `i`'s tries must be done: the call's budget for a target with its
+    /// own `timeout` (each try has that), else the budget less what the targets after
+    /// it in the order are owed (`share_end`), counting only those that could be tried
+    /// now (not skipped for their circuit, park, key or surface).
+    fn target_end(&self, i: u8, t: &TargetRt) -> Instant {
+        let order = self.order.as_slice();
+        let Some(pos) = order.iter().position(|&k| k == i) else {
+            return self.budget;
+        };
+        if t.spec.timeout_ms.is_some() || pos + 1 == order.len() {
+            return self.budget;
+        }
+        let now = Instant::now();
+        let later = order[pos + 1..]
+            .iter()
+            .map(|&j| &self.route.targets[j as usize])
+            .filter(|l| self.exchange(l).is_ok() && !l.state.breaker.is_open(now))
+            .map(|l| l.spec.timeout_ms);
+        share_end(
+            now,
+            self.budget,
+            self.route.spec.timeout_ms,
+            self.route.targets.len(),
+            later,
+        )
     }
 
     /// The failback ramp (`circuitBreaker.rampUp`) gives this request to the next
@@ -189,7 +234,7 @@ impl<T: Transport> Walk<'_, '_, T> {
         else {
             return Err(Reason::UnsupportedSurface);
         };
-        if credential.headers.is_none() {
+        if credential.keys.is_empty() {
             return Err(Reason::MissingKey);
         }
         let cap = self.route.spec.fallback.max_retry_after_ms;
@@ -360,7 +405,16 @@ impl<T: Transport> Walk<'_, '_, T> {
         f: &Failure,
         tries: u32,
         probe: &mut Option<Probe<'_>>,
+        (key, may_switch): (u8, bool),
     ) -> Next {
+        let now_ms = self.gw.now_ms();
+        if self.set_key_aside(t, key, f, tries, now_ms)
+            && may_switch
+            && t.credential.keys.another_usable(now_ms, key)
+        {
+            // The same try with the next key; a probe's turn goes with it.
+            return Next::OtherKey;
+        }
         if f.reason.trips_breaker(f.status) {
             let cb = &self.route.spec.circuit_breaker;
             let tr = t.state.breaker.failure(
@@ -376,6 +430,8 @@ impl<T: Transport> Walk<'_, '_, T> {
                 tracing::warn!(target_credential = %t.label,
                     model = t.model(self.call.client_model), reason = f.reason.as_str(),
                     "circuit opened");
+                // Its probes, if it is probed, are due once `openFor` has passed.
+                self.gw.health.wake();
                 return Next::GiveUp;
             }
         } else {
@@ -386,8 +442,14 @@ impl<T: Transport> Walk<'_, '_, T> {
         if let Some(ra) = f.retry_after {
             if f.reason == Reason::RateLimited {
                 let park = ra.min(cap);
-                let until = self.gw.now_ms().saturating_add(classify::millis(park));
-                t.state.park_until(until);
+                // Every key is parked now: the target is, until the first is usable.
+                let mut until = now_ms.saturating_add(classify::millis(park));
+                if t.credential.keys.len() > 1 {
+                    until = until.min(t.credential.keys.soonest_usable_ms());
+                }
+                if until > now_ms {
+                    t.state.park_until(until);
+                }
                 self.shortest_retry_after =
                     Some(self.shortest_retry_after.map_or(park, |s| s.min(park)));
             }
@@ -403,6 +465,40 @@ impl<T: Transport> Walk<'_, '_, T> {
             Some(ra) if retry.honour_retry_after => ra,
             _ => backoff(tries, retry, rand::random::<f64>()),
         })
+    }
+}
+
+impl<T: Transport> Walk<'_, '_, T> {
+    /// A failure that is about the key sent (SPEC §16): a 429 parks it for its
+    /// Retry-After (or the retry's backoff), never longer than `maxRetryAfter`; a 401
+    /// or 403 rejects it for the credential's `keyRejectedFor`. Whether it was one.
+    fn set_key_aside(&self, t: &TargetRt, key: u8, f: &Failure, tries: u32, now_ms: u64) -> bool {
+        let pool = &t.credential.keys;
+        if pool.is_empty() {
+            return false;
+        }
+        let k = &pool.get(key).state;
+        match (f.reason, f.status) {
+            (Reason::RateLimited, _) => {
+                let cap = Duration::from_millis(self.route.spec.fallback.max_retry_after_ms);
+                let park = f
+                    .retry_after
+                    .unwrap_or_else(|| backoff(tries, &t.spec.retry, 1.0))
+                    .min(cap);
+                k.park_until(now_ms.saturating_add(classify::millis(park)));
+                counters::inc(&k.rate_limited);
+                true
+            }
+            (Reason::AuthError, Some(401 | 403)) => {
+                let ms = t.credential.spec.key_rejected_for_ms;
+                k.reject_until(now_ms.saturating_add(ms));
+                counters::inc(&k.rejected);
+                tracing::warn!(target_credential = %t.label, key = &*pool.get(key).name,
+                    status = ?f.status, "key rejected by the provider");
+                true
+            }
+            _ => false,
+        }
     }
 }
 

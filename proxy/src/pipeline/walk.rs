@@ -22,7 +22,7 @@ use super::call::{Call, Outcome};
 use super::failure::{finish_failed, unservable_request};
 use super::hedge::state::Hedging;
 use super::log::AttemptLog;
-use super::order::order;
+use super::order::{Order, order};
 use super::outcome::may_advance;
 use super::stream::LineSlot;
 use crate::config::snapshot::RouteRt;
@@ -45,6 +45,7 @@ pub(super) async fn walk<T: Transport>(
     let budget = started + Duration::from_millis(route.spec.timeout_ms);
     let order = order(route, draw);
     let mut walk = Walk::new(transport, gw, route, call, budget);
+    walk.order = order;
     walk.hedge = Hedging::begin(gw, route, order);
     let order = order.as_slice();
     // The walk's loop is here, not in a method of its own: a nested async fn would be
@@ -151,6 +152,10 @@ pub(super) struct Walk<'a, 'c, T> {
     pub hedge: Option<Box<Hedging>>,
     /// The walk came back to a target the failback ramp passed over: no ramp now.
     pub unramped: bool,
+    /// The order the walk takes (empty for a continuation's walk, whose targets may
+    /// then each use the whole budget): what a target without a timeout leaves the
+    /// targets after it (`outcome::share_end`).
+    pub order: Order,
 }
 
 impl<'a, 'c, T> Walk<'a, 'c, T> {
@@ -179,6 +184,7 @@ impl<'a, 'c, T> Walk<'a, 'c, T> {
             prefilled: 0,
             hedge: None,
             unramped: false,
+            order: Order::default(),
         }
     }
 }
@@ -283,16 +289,13 @@ impl<T: Transport> Walk<'_, '_, T> {
         if i == 0 {
             counters::inc(&self.route.counters.primary_answers);
         }
+        let t = &self.route.targets[i as usize];
         Outcome {
             response,
             attempts: self.sent,
             fallbacks: pos,
-            target: Some(
-                self.route.targets[i as usize]
-                    .credential
-                    .target_header
-                    .clone(),
-            ),
+            target: Some(t.credential.target_header.clone()),
+            model: t.model_header(self.call.client_model),
             answered_by: Some(i),
             log: std::mem::take(&mut self.log),
             stream_line,
@@ -334,6 +337,7 @@ impl<T: Transport> Walk<'_, '_, T> {
                 attempts: 0,
                 fallbacks,
                 target: None,
+                model: None,
                 answered_by: None,
                 log: std::mem::take(&mut self.log),
                 stream_line: None,
@@ -408,6 +412,8 @@ pub(super) mod tests {
         route: &'r RouteRt,
         plays: Mutex<Vec<VecDeque<(Duration, Play)>>>,
         tries: Mutex<Vec<(u8, Instant)>>,
+        /// The key each try was sent with.
+        keys: Mutex<Vec<u8>>,
     }
 
     impl<'r> Script<'r> {
@@ -416,6 +422,7 @@ pub(super) mod tests {
                 route,
                 plays: Mutex::new(plays.iter().map(|p| p.iter().copied().collect()).collect()),
                 tries: Mutex::default(),
+                keys: Mutex::default(),
             }
         }
 
@@ -440,6 +447,7 @@ pub(super) mod tests {
                 .position(|t| std::ptr::eq(t, a.target))
                 .expect("a target of the route") as u8;
             self.tries.lock().unwrap().push((i, Instant::now()));
+            self.keys.lock().unwrap().push(a.key);
             let next = self.plays.lock().unwrap()[i as usize].pop_front();
             let (delay, play) = next.expect("a try the script foresaw");
             if timeout_at(a.deadline, sleep(delay)).await.is_err() {
@@ -637,10 +645,52 @@ pub(super) mod tests {
         assert_eq!(outcome.answered_by, Some(1));
     }
 
+    /// SPEC §16: with the defaults (a 60 s budget, no target timeouts), a first target
+    /// that never answers gets half the budget, and the second answers.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_target_leaves_the_next_one_its_share_of_the_budget() {
+        let mut route = targets(2);
+        route.spec.timeout_ms = 60_000;
+        let script = Script::new(
+            &route,
+            &[&[(3_600_000 * MS, Play::Ok)], &[(10 * MS, Play::Ok)]],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.response.status(), StatusCode::OK);
+        assert_eq!(outcome.answered_by, Some(1));
+        assert_eq!(script.at(start), [Duration::ZERO, 30_000 * MS]);
+        assert_eq!(reasons(&outcome), [(0, Reason::Timeout)]);
+
+        // Three targets: each later one is owed a third; the second, hung too, leaves
+        // the last all that remains.
+        let mut route = targets(3);
+        route.spec.timeout_ms = 60_000;
+        let hang = [(3_600_000 * MS, Play::Ok)];
+        let script = Script::new(&route, &[&hang, &hang, &[(MS, Play::Ok)]]);
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.answered_by, Some(2));
+        assert_eq!(script.at(start), [Duration::ZERO, 20_000 * MS, 40_000 * MS]);
+
+        // A later target's own timeout is what it is owed; the last may use all.
+        let mut route = targets(2);
+        route.spec.timeout_ms = 60_000;
+        route.targets[1].spec.timeout_ms = Some(5_000);
+        let script = Script::new(&route, &[&hang, &hang]);
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.at(start), [Duration::ZERO, 55_000 * MS]);
+        assert_eq!(outcome.response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(start.elapsed(), 60_000 * MS);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_budget_ends_the_walk_with_504() {
         let mut route = targets(3);
         route.spec.timeout_ms = 500;
+        // A timeout of its own past the budget: the first may spend all of it.
+        route.targets[0].spec.timeout_ms = Some(10_000);
         let slow = [(10_000 * MS, Play::Ok)];
         let script = Script::new(&route, &[&slow, &slow, &slow]);
         let start = Instant::now();
@@ -682,6 +732,85 @@ pub(super) mod tests {
         assert_eq!(outcome.answered_by, Some(0));
         assert!(!target(&route, 0).state.breaker.is_open(Instant::now()));
         assert!(target(&route, 1).state.breaker.is_open(Instant::now()));
+    }
+
+    /// SPEC §16: a 429 parks the key sent and the same try goes at once to the next
+    /// key (an attempt, not a retry or a fallback); a 401 rejects the key for
+    /// `keyRejectedFor`, and later requests pass it over.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_set_aside_hands_the_same_try_to_the_next_key() {
+        let mut route = crate::pipeline::order::tests::route_with_keys(
+            Strategy::Fallback,
+            vec![(1, None); 2],
+            3,
+        );
+        route.spec.timeout_ms = 60_000;
+        let keys = &route.targets[0].credential.keys;
+        let script = Script::new(
+            &route,
+            &[&[(MS, rate_limited(20_000 * MS)), (MS, Play::Ok)], &[]],
+        );
+        let start = Instant::now();
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(outcome.answered_by, Some(0));
+        assert_eq!((outcome.attempts, outcome.fallbacks), (2, 0));
+        assert_eq!(*script.keys.lock().unwrap(), [0, 1]);
+        assert_eq!(
+            script.at(start),
+            [Duration::ZERO, MS],
+            "at once, no backoff"
+        );
+        assert_eq!(reasons(&outcome), [(0, Reason::RateLimited)]);
+        assert_eq!(counters::get(&target(&route, 0).counters.retries), 0);
+        assert_eq!(
+            keys.get(0).state.shown(1).0,
+            switchback_crds::stats::KeyState::Parked
+        );
+        assert_eq!(
+            target(&route, 0).state.parked_until_ms(),
+            0,
+            "the target is not"
+        );
+
+        // The next request takes the next key in turn; a 401 rejects it, and the next
+        // usable one answers.
+        let script = Script::new(&route, &[&[(MS, fail(401)), (MS, Play::Ok)], &[]]);
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(
+            outcome.answered_by,
+            Some(0),
+            "authError is opt-in, but a key is not the target"
+        );
+        assert_eq!(*script.keys.lock().unwrap(), [1, 2]);
+        let rejected = keys.get(1).state.shown(10);
+        assert_eq!(rejected.0, switchback_crds::stats::KeyState::Rejected);
+        assert!(
+            rejected.1.unwrap() >= 300_000,
+            "keyRejectedFor, 5m by default"
+        );
+
+        // Only key 2 is usable now: every request takes it.
+        let script = Script::new(&route, &[&[(MS, Play::Ok), (MS, Play::Ok)], &[]]);
+        walk_once(&route, &script).await;
+        walk_once(&route, &script).await;
+        assert_eq!(*script.keys.lock().unwrap(), [2, 2]);
+
+        // Its 429 leaves no key usable: the target counts as rate limited, parked until
+        // its first key is back, and the walk moves on.
+        let script = Script::new(
+            &route,
+            &[&[(MS, rate_limited(5_000 * MS))], &[(MS, Play::Ok)]],
+        );
+        let outcome = walk_once(&route, &script).await;
+        assert_eq!(script.targets(), [0, 1]);
+        assert_eq!(outcome.answered_by, Some(1));
+        let now = Gateway::new(1024, "t".into(), 1).unwrap().now_ms();
+        let parked = target(&route, 0).state.parked_until_ms();
+        assert!(
+            parked > now && parked <= now + 5_001,
+            "the first key back: {parked}"
+        );
+        assert_eq!(keys.usable(now), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -98,6 +98,18 @@ pub trait Adapter: Sync {
         None
     }
 
+    /// A background probe of one of its models (SPEC §16): the cheapest request that
+    /// proves the model answers, in a client surface's API, its `model` left to the
+    /// prober. It is carried like any request (translated where the upstream answers in
+    /// another API). Default: a chat completion of one user word asking for one
+    /// output token.
+    fn probe(&self) -> ProbeRequest {
+        ProbeRequest {
+            surface: Surface::ChatCompletions,
+            body: PROBE_CHAT,
+        }
+    }
+
     /// How a request of `surface` for the upstream `model` reaches it; `None` when
     /// it does not serve the surface.
     fn exchange(&self, surface: Surface, model: &str, credential: &Credential) -> Option<Exchange> {
@@ -121,6 +133,19 @@ impl std::fmt::Debug for dyn Adapter {
         f.write_str(self.system())
     }
 }
+
+/// A background probe's request (see [`Adapter::probe`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeRequest {
+    /// The client API `body` is in.
+    pub surface: Surface,
+    /// With an empty `model`, which the prober sets.
+    pub body: &'static str,
+}
+
+/// [`Adapter::probe`]'s default: one word in, one token out (`max_tokens: 1`).
+pub const PROBE_CHAT: &str =
+    r#"{"model":"","messages":[{"role":"user","content":"ping"}],"max_tokens":1}"#;
 
 /// How one request reaches a target.
 #[derive(Clone, Copy)]

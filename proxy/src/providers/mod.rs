@@ -39,7 +39,8 @@ mod vocab;
 use switchback_crds::config::Provider;
 
 pub use adapter::{
-    Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared, Unsigned,
+    Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared,
+    ProbeRequest, Unsigned,
 };
 pub use dialect::Dialect;
 pub(crate) use vocab::media_type_of_url;
@@ -89,6 +90,7 @@ mod tests {
         responses_api: bool,
     ) -> Credential {
         Credential {
+            key_rejected_for_ms: 300_000,
             id: switchback_crds::config::ObjectId::new("team-a", "c"),
             provider,
             base_url: "https://llm.example.com/v1".into(),
@@ -97,6 +99,7 @@ mod tests {
             max_queue: None,
             allow_private_network: false,
             secret_ref: switchback_crds::config::SecretKeyRef {
+                keys: Vec::new(),
                 name: "k".into(),
                 key: "apiKey".into(),
             },

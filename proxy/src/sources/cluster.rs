@@ -526,11 +526,13 @@ mod tests {
 
     fn route(ns: &str, name: &str, model: &str) -> Route {
         Route {
+            response_model: Default::default(),
             id: ObjectId::new(ns, name),
             generation: 2,
             models: vec![model.into()],
             strategy: Strategy::Fallback,
             targets: vec![Target {
+                health_check: None,
                 model_map: Default::default(),
                 credential: ObjectId::new(ns, "openai"),
                 model: None,
@@ -554,6 +556,7 @@ mod tests {
         CompiledConfig {
             routes,
             credentials: vec![Credential {
+                key_rejected_for_ms: 300_000,
                 api_version: None,
                 responses_api: false,
                 prefill: false,
@@ -568,6 +571,7 @@ mod tests {
                 max_queue: None,
                 allow_private_network: false,
                 secret_ref: SecretKeyRef {
+                    keys: Vec::new(),
                     name: "keys".into(),
                     key: "openai".into(),
                 },

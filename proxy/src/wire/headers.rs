@@ -12,6 +12,8 @@ pub const X_ATTEMPTS: HeaderName = HeaderName::from_static("x-switchback-attempt
 pub const X_FALLBACKS: HeaderName = HeaderName::from_static("x-switchback-fallbacks");
 /// The credential that answered (`namespace/name`).
 pub const X_TARGET: HeaderName = HeaderName::from_static("x-switchback-target");
+/// The upstream model that answered (SPEC §16).
+pub const X_MODEL: HeaderName = HeaderName::from_static("x-switchback-model");
 /// The route's `metadata.generation`, or the config's load count before a route is
 /// chosen.
 pub const X_GENERATION: HeaderName = HeaderName::from_static("x-switchback-generation");

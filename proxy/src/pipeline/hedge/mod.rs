@@ -87,7 +87,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn raced<F>(
         &mut self,
-        i: u8,
+        (i, key): (u8, u8),
         tries: u32,
         probe: &mut Option<Probe<'_>>,
         span: &tracing::Span,
@@ -118,6 +118,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
         counters::inc(&tj.counters.requests);
         counters::inc(&tj.counters.hedges);
         let (hedge_span, hedge_started) = self.counted(tj, 1);
+        let hedge_key = tj.credential.keys.pick(gw.now_ms()).unwrap_or(0);
         tracing::debug!(route = %route.spec.id, target = %route.targets[i as usize].label,
             hedge = %tj.label, "no answer yet: hedged");
         let hedge = async {
@@ -139,6 +140,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
                 target: tj,
                 call,
                 plan: &plan,
+                key: hedge_key,
                 deadline: attempt_deadline(Instant::now(), &tj.spec, budget),
                 budget,
                 started: hedge_started,
@@ -177,7 +179,8 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
                 Raced::HedgeWon(response, line, Reason::HedgeLost)
             }
             First::Hedge(Attempted::Failed(f)) => {
-                self.hedge_failed(j, &hedge_span, hedge_started, &mut hedge_probe, f);
+                let hedged = (j, hedge_key);
+                self.hedge_failed(hedged, &hedge_span, hedge_started, &mut hedge_probe, f);
                 let result = primary.await;
                 Raced::Primary(result, Instant::now())
             }
@@ -197,7 +200,8 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
                             ended,
                         );
                         self.note(i, &f, elapsed, tries);
-                        let _ = self.after(&route.targets[i as usize], &f, tries, probe);
+                        let _ =
+                            self.after(&route.targets[i as usize], &f, tries, probe, (key, false));
                         let (response, line) = self.hedge_committed(
                             j,
                             &hedge_span,
@@ -209,7 +213,8 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
                         Raced::HedgeWon(response, line, reason)
                     }
                     Attempted::Failed(h) => {
-                        self.hedge_failed(j, &hedge_span, hedge_started, &mut hedge_probe, h);
+                        let hedged = (j, hedge_key);
+                        self.hedge_failed(hedged, &hedge_span, hedge_started, &mut hedge_probe, h);
                         Raced::Primary(Attempted::Failed(f), ended)
                     }
                 }
@@ -313,7 +318,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
     /// circuit and park told), not retried; the walk will not try `j` again.
     fn hedge_failed(
         &mut self,
-        j: u8,
+        (j, key): (u8, u8),
         span: &tracing::Span,
         started: Instant,
         probe: &mut Option<Probe<'_>>,
@@ -324,7 +329,7 @@ impl<'a, T: Transport> Walk<'a, '_, T> {
         super::target::recorded(t, self.call, span, (f.status, Some(f.reason)), elapsed);
         counters::inc(&t.counters.hedge_failures);
         self.note(j, &f, elapsed, 1);
-        let _ = self.after(t, &f, 1, probe);
+        let _ = self.after(t, &f, 1, probe, (key, false));
         if let Some(h) = self.hedge.as_deref_mut() {
             h.failed = Some(f.reason);
         }

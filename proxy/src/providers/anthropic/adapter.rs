@@ -5,9 +5,12 @@ use bytes::Bytes;
 use switchback_crds::config::Credential;
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{Adapter, CredentialError, Kept, Prefilled, Prepared, SurfaceUrls};
+use super::super::adapter::{
+    Adapter, CredentialError, Kept, Prefilled, Prepared, ProbeRequest, SurfaceUrls,
+};
 use super::super::dialect::Dialect;
 use crate::wire::rewrite::{JsonStr, replace_top_level_model};
+use crate::wire::surface::Surface;
 
 /// The `anthropic-version` header sent with every request.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -35,6 +38,14 @@ impl Adapter for Anthropic {
             Some(m) => replace_top_level_model(&body, m).unwrap_or(body),
             None => body,
         })
+    }
+
+    /// A message of one user word and `max_tokens: 1`, in its own API.
+    fn probe(&self) -> ProbeRequest {
+        ProbeRequest {
+            surface: Surface::Messages,
+            body: r#"{"model":"","max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#,
+        }
     }
 
     /// Every Anthropic model continues a prefill (trailing whitespace left out).

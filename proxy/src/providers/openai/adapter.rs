@@ -7,7 +7,9 @@ use bytes::Bytes;
 use switchback_crds::config::{Credential, Provider};
 use switchback_crds::secret::Secret;
 
-use super::super::adapter::{Adapter, CredentialError, Kept, Prefilled, Prepared, SurfaceUrls};
+use super::super::adapter::{
+    Adapter, CredentialError, Kept, Prefilled, Prepared, ProbeRequest, SurfaceUrls,
+};
 use super::super::dialect::{Defaults, Dialect};
 use crate::wire::surface::Surface;
 
@@ -57,6 +59,21 @@ impl Adapter for OpenAi {
         Defaults {
             openai_max_completion_tokens: self.max_completion_tokens,
             ..Defaults::default()
+        }
+    }
+
+    /// One token asked for the way the API reads it: OpenAI's own as
+    /// `max_completion_tokens` (its reasoning models refuse `max_tokens`), compatible
+    /// servers as `max_tokens`.
+    fn probe(&self) -> ProbeRequest {
+        ProbeRequest {
+            surface: Surface::ChatCompletions,
+            body: match self.max_completion_tokens {
+                true => {
+                    r#"{"model":"","messages":[{"role":"user","content":"ping"}],"max_completion_tokens":1}"#
+                }
+                false => super::super::adapter::PROBE_CHAT,
+            },
         }
     }
 

@@ -284,6 +284,7 @@ async fn a_short_lived_token_is_refreshed_at_half_its_life() {
 fn credential(location: &str, base_url: &str) -> Credential {
     use switchback_crds::config::{ObjectId, Provider, SecretKeyRef};
     Credential {
+        key_rejected_for_ms: 300_000,
         id: ObjectId::new("team-a", "vtx"),
         provider: Provider::Vertex,
         base_url: base_url.into(),
@@ -292,6 +293,7 @@ fn credential(location: &str, base_url: &str) -> Credential {
         max_queue: None,
         allow_private_network: false,
         secret_ref: SecretKeyRef {
+            keys: Vec::new(),
             name: "sa".into(),
             key: "serviceAccount.json".into(),
         },
