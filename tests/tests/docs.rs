@@ -437,6 +437,124 @@ fn every_anchor_names_a_heading_of_its_page() {
     );
 }
 
+/// Every function name below `dir` (`fn name`), skipping build output.
+fn function_names(dir: &Path, out: &mut std::collections::BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !name.starts_with('.') && name != "target" {
+                function_names(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for rest in text.split("fn ").skip(1) {
+                let ident: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                out.insert(ident);
+            }
+        }
+    }
+}
+
+/// The tests a page cites, as `path::test_name` in code spans (a path of ours: a file,
+/// a crate `switchback_*` or a `tests` module; a test's name has two or more
+/// underscores), with their line numbers.
+fn cited_tests(text: &str) -> Vec<(usize, String)> {
+    let mut cited = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        for (j, span) in line.split('`').enumerate() {
+            let Some((path, name)) = span.rsplit_once("::") else {
+                continue;
+            };
+            let ours =
+                path.contains("test") || path.contains(".rs") || path.starts_with("switchback");
+            let is_test = j % 2 == 1
+                && ours
+                && name.matches('_').count() >= 2
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if is_test {
+                cited.push((i + 1, name.to_string()));
+            }
+        }
+    }
+    cited
+}
+
+/// The docs back their statements with tests by name (`docs/security.md` says each
+/// statement names its test): every test a page names exists, and every statement of
+/// the security model names one, so a renamed or deleted test cannot leave a claim
+/// standing unbacked.
+#[test]
+fn every_test_the_docs_cite_exists_and_every_security_statement_cites_one() {
+    let root = root();
+    let mut functions = std::collections::BTreeSet::new();
+    for dir in ["crds", "operator", "proxy", "tests"] {
+        function_names(&root.join(dir), &mut functions);
+    }
+    let mut pages = Vec::new();
+    markdown_files(&root, &mut pages);
+    let mut problems = Vec::new();
+    let mut cited_anywhere = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for (line, name) in cited_tests(&text) {
+            cited_anywhere += 1;
+            if !functions.contains(&name) {
+                let page = page.strip_prefix(&root).unwrap().display();
+                problems.push(format!("{page}:{line}: no test is named {name}"));
+            }
+        }
+    }
+    assert!(
+        cited_anywhere > 20,
+        "the scanner found {cited_anywhere} citations"
+    );
+
+    // The security model's statements: its bold bullets, and what a hostile client
+    // cannot do. A statement is a bullet with its continuation lines.
+    let security = std::fs::read_to_string(root.join("docs/security.md")).unwrap();
+    let mut statements: Vec<(usize, String)> = Vec::new();
+    let mut in_cannot = false;
+    for (i, line) in security.lines().enumerate() {
+        if line.starts_with('#') || line.starts_with("A hostile client **can**") {
+            in_cannot = false;
+        }
+        if line.starts_with("A hostile client **cannot**") {
+            in_cannot = true;
+        }
+        if line.starts_with("- ") {
+            statements.push((i + 1, line.to_string()));
+        } else if line.starts_with("  ") && !statements.is_empty() {
+            statements.last_mut().unwrap().1.push_str(line);
+            continue;
+        } else {
+            continue;
+        }
+        let statement = &statements.last().unwrap().1;
+        if !(in_cannot || statement.starts_with("- **")) {
+            statements.pop();
+        }
+    }
+    assert!(
+        statements.len() >= 15,
+        "found {} statements",
+        statements.len()
+    );
+    for (line, statement) in &statements {
+        if cited_tests(statement).is_empty() {
+            problems.push(format!(
+                "docs/security.md:{line}: the statement cites no test: {statement}"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 #[test]
 fn the_readme_is_a_front_page() {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
