@@ -679,8 +679,17 @@ async fn operator_and_proxy_against_a_real_api_server() {
         name.starts_with(&format!("switchback-routes-{a}.")),
         "{name}"
     );
-    let pcred = get_json(&["providercredential", "-n", &a, "steady"]).unwrap();
-    assert_eq!(condition(&pcred, "Ready").unwrap()["status"], "True");
+    // The credential's own status is written by its controller, not with the route's
+    // Programmed: wait for it.
+    eventually(
+        "the credential to be Ready",
+        Duration::from_secs(10),
+        || {
+            let pcred = get_json(&["providercredential", "-n", &a, "steady"])?;
+            (condition(&pcred, "Ready")?["status"] == "True").then_some(())
+        },
+    )
+    .await;
     // A count of users alone waits for --status-interval (1 s here).
     eventually(
         "the credential counts its route",
@@ -1865,7 +1874,7 @@ async fn key_pools_and_probes_reach_status() {
     let _namespaces = Namespaces::create(&[gw.clone(), a.clone()]);
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
-    let stack = Stack::start(&gw, 2, &[]);
+    let stack = Stack::start(&gw, 2, &[&allow_private(&[&a])]);
     let pool_secret = |keys: &str| {
         format!(
             "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: pool-keys, namespace: {a} }}\nstringData: {{ {keys} }}\n"
