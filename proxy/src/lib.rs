@@ -57,7 +57,7 @@ pub struct Options {
     pub limits: front::ClientLimits,
     /// Serve a manifest set with no LLMRoute instead of refusing it.
     pub allow_empty_config: bool,
-    /// How LLMClient budgets are kept (SPEC §15).
+    /// How LLMClient budgets are kept (docs/tenancy.md#budgets).
     pub budgets: BudgetOptions,
     /// `--auth`; `None` decides: standalone, `required` when the manifests hold an
     /// LLMClient at start, else `off`; in a cluster `off` (the chart sets the operator's
@@ -66,11 +66,11 @@ pub struct Options {
     /// `--client-key-hmac-file`: the per-cluster secret client keys are hashed with.
     /// Standalone without it, a random one is drawn at start.
     pub client_key_hmac_file: Option<PathBuf>,
-    /// `--admin-token-file`: the admin port's bearer token (SPEC §9). `None`: the admin
-    /// port is open to whoever reaches it (said at start-up).
+    /// `--admin-token-file`: the admin port's bearer token (docs/proxy.md#admin-port).
+    /// `None`: the admin port is open to whoever reaches it (said at start-up).
     pub admin_token_file: Option<PathBuf>,
     /// `--fetch-media`: which image and document URLs the gateway fetches for targets
-    /// that cannot (SPEC §17).
+    /// that cannot (docs/translation.md#documents-and-media).
     pub fetch_media: pipeline::fetch::MediaFetch,
     /// `--fetch-media-timeout`, `--max-fetched-urls`.
     pub fetch_limits: pipeline::fetch::FetchLimits,
@@ -79,8 +79,8 @@ pub struct Options {
     pub listen_wait: Duration,
 }
 
-/// How LLMClient budgets are kept (SPEC §15): `--budget-reservation`, and
-/// standalone `--replicas`.
+/// How LLMClient budgets are kept (docs/tenancy.md#reserve-before-sending):
+/// `--budget-reservation`, and standalone `--replicas`.
 #[derive(Clone, Debug)]
 pub struct BudgetOptions {
     /// Requests reserve before they are sent.
@@ -149,9 +149,9 @@ impl Running {
         }
     }
 
-    /// Shut down gracefully (SPEC §8, see [`front::drain`]): not ready at once, stop
-    /// accepting after `delay`, let requests in flight finish, end the streams still
-    /// open after `grace` with the error event. The admin port answers until the
+    /// Shut down gracefully (docs/limits.md#shutdown, see [`front::drain`]): not ready at
+    /// once, stop accepting after `delay`, let requests in flight finish, end the streams
+    /// still open after `grace` with the error event. The admin port answers until the
     /// returned future ends (and `self` is dropped).
     pub async fn drain(self, delay: std::time::Duration, grace: std::time::Duration) {
         front::drain::drain(&self.gateway.front, delay, grace).await;
@@ -277,7 +277,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         }
     };
     let mut tasks = vec![data_task, admin_task];
-    // Probes of open circuits and health checks (SPEC §16).
+    // Probes of open circuits and health checks (docs/request-lifecycle.md#probed-circuits).
     tasks.push(tokio::spawn(health::run(gw.clone())));
     tasks.extend(watch_tasks);
     Ok(Running {

@@ -1,7 +1,8 @@
-//! `/admin/v1/stats` (SPEC §5): the document the operator scrapes, made at request
-//! time from the live snapshot's routes, their targets' counters and state (circuit,
-//! park, latency, last failure), what a request finds at each target now and the order
-//! it takes them (SPEC §12), and every LLMClient's usage since start.
+//! `/admin/v1/stats` (docs/observability.md#stats): the document the operator scrapes, made
+//! at request time from the live snapshot's routes, their targets' counters and state
+//! (circuit, park, latency, last failure), what a request finds at each target now and the
+//! order it takes them (docs/troubleshooting.md#target-states), and every LLMClient's usage
+//! since start.
 
 use std::time::{Duration, SystemTime};
 
@@ -256,7 +257,7 @@ fn probe_counts(t: &TargetRt) -> std::collections::BTreeMap<String, u64> {
         .collect()
 }
 
-/// Every credential's keys (SPEC §16), by data-key name, never value.
+/// Every credential's keys (docs/request-lifecycle.md#key-pools), by data-key name, never value.
 fn credential_stats(
     snapshot: &crate::config::snapshot::Snapshot,
     now_ms: u64,

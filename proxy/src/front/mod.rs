@@ -1,6 +1,6 @@
 //! The client side of the data port: what one replica lets its clients hold (open
 //! connections, time to send headers and bodies, idle keep-alive sockets, request
-//! bytes in memory) and how it stops serving them on shutdown (SPEC §8).
+//! bytes in memory) and how it stops serving them on shutdown (docs/limits.md#shutdown).
 //!
 //! * [`conn`]: the accept loop under the connection cap, the header size limit, and
 //!   the header-read, idle keep-alive and client-write timeouts (kept by a wrapper
@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 
-/// The client-side limits (SPEC §8). Defaults are the SPEC's.
+/// The client-side limits (docs/limits.md#the-limits). Defaults are that page's.
 #[derive(Clone, Debug)]
 pub struct ClientLimits {
     /// From a request's first byte to the end of its headers; past it the connection
@@ -52,7 +52,7 @@ pub struct ClientLimits {
     /// closed, and what its request held (answer bytes, slots) given back.
     pub client_write_timeout: Duration,
     /// A request arriving with `x-switchback-hops` at this or more is answered 508
-    /// `loop_detected` and not sent on (SPEC §14). 1 to [`crate::wire::hops::MAX`].
+    /// `loop_detected` and not sent on (docs/limits.md#no-loops). 1 to [`crate::wire::hops::MAX`].
     pub max_hops: u8,
     /// Open connections on the admin port; past it the one quiet the longest (no
     /// request in progress) is closed to make room, or, when all are busy, the new

@@ -77,7 +77,8 @@ async fn messages(State(gw): State<Arc<Gateway>>, request: Request) -> Response<
     handle(&gw, Surface::Messages, request).await
 }
 
-/// The OpenAI Responses API, passed through to the targets that serve it (SPEC §10).
+/// The OpenAI Responses API, passed through to the targets that serve it
+/// (docs/responses-api.md#the-responses-api).
 async fn responses(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
     handle(&gw, Surface::Responses, request).await
 }

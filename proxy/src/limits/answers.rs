@@ -1,4 +1,4 @@
-//! What provider answers may make one replica hold (SPEC §8): one SSE event
+//! What provider answers may make one replica hold (docs/limits.md#the-limits): one SSE event
 //! (`--max-event-bytes`), one unary answer (`--max-response-bytes`), and every unary
 //! answer being read or on its way to the client together
 //! (`--max-inflight-response-bytes`, a [`crate::limits::bytes::Budget`]); and the
@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 
 use crate::wire::sse::DEFAULT_MAX_EVENT_BYTES;
 
-/// Bounds on what one provider answer may make the proxy hold (SPEC §8).
+/// Bounds on what one provider answer may make the proxy hold (docs/limits.md#the-limits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UpstreamLimits {
     /// `--max-event-bytes`: the largest SSE event relayed.
@@ -47,8 +47,9 @@ pub struct Refusals {
     pub responses: AtomicU64,
     /// Unary answers that did not fit in `max_inflight_response_bytes`.
     pub over_budget: AtomicU64,
-    /// Media fetches for a target that cannot fetch a URL (SPEC §17) that took longer
-    /// than `--fetch-media-timeout`.
+    /// Media fetches for a target that cannot fetch a URL
+    /// (docs/translation.md#documents-and-media) that took longer than
+    /// `--fetch-media-timeout`.
     pub fetch_timeouts: AtomicU64,
     /// URLs not fetched because the request had fetched `--max-fetched-urls` already.
     pub fetches_over_count: AtomicU64,

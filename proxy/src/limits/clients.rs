@@ -1,11 +1,11 @@
-//! What the gateway keeps per LLMClient (SPEC §9, §15): its usage counters
-//! (requests, tokens, cost, throttles, estimates; reported on `/admin/v1/stats` and
-//! `/metrics`), its rate limits (requests and tokens per minute, concurrency, each
-//! this replica's share), and its budgets: the operator's rendered `exhausted`, and
-//! the reservation each request makes before it is sent upstream ([`Need`],
-//! [`Reserved`]) against this replica's share of what is left (the operator's
-//! rendered `left`, or without one the budget itself and this replica's own day and
-//! month counts), settled to the real usage when the answer ends.
+//! What the gateway keeps per LLMClient (docs/tenancy.md#usage, docs/tenancy.md#budgets):
+//! its usage counters (requests, tokens, cost, throttles, estimates; reported on
+//! `/admin/v1/stats` and `/metrics`), its rate limits (requests and tokens per minute,
+//! concurrency, each this replica's share), and its budgets: the operator's rendered
+//! `exhausted`, and the reservation each request makes before it is sent upstream
+//! ([`Need`], [`Reserved`]) against this replica's share of what is left (the operator's
+//! rendered `left`, or without one the budget itself and this replica's own day and month
+//! counts), settled to the real usage when the answer ends.
 //!
 //! Counters outlive reloads (kept in the config's carried state), so the operator's
 //! per-instance deltas never see one go backwards, and a request admitted under one
@@ -424,10 +424,10 @@ pub struct Admitted {
 pub const TOKENS_PER_DAY: &str = "tokensPerDay";
 pub const USD_PER_MONTH: &str = "usdPerMonth";
 
-/// What one request reserves of its client's budgets before it is sent (SPEC §15):
-/// its output cap (or the client's `defaultReservation`) plus an estimate of its
-/// input (request bytes / 4), in tokens, and that priced with the route's first
-/// target for a cost budget.
+/// What one request reserves of its client's budgets before it is sent
+/// (docs/tenancy.md#reserve-before-sending): its output cap (or the client's
+/// `defaultReservation`) plus an estimate of its input (request bytes / 4), in tokens, and
+/// that priced with the route's first target for a cost budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Need {
     pub tokens: u64,
@@ -583,10 +583,9 @@ impl ClientRt {
     }
 
     /// Reserve `need` against this replica's share of what is left of each budget
-    /// (SPEC §15), or refuse: the share, less what was spent of it and what the
-    /// requests in flight reserved, must cover it. Without reservation
-    /// (`--budget-reservation off`) a request is refused only once the share is
-    /// spent.
+    /// (docs/tenancy.md#reserve-before-sending), or refuse: the share, less what was spent
+    /// of it and what the requests in flight reserved, must cover it. Without reservation
+    /// (`--budget-reservation off`) a request is refused only once the share is spent.
     fn reserve(
         &self,
         b: &ClientBudget,

@@ -1,5 +1,5 @@
-//! A credential's keys at run time (SPEC §16): one key, or a pool of them
-//! (`secretRef.keys`), each with the headers that carry it and its state.
+//! A credential's keys at run time (docs/request-lifecycle.md#key-pools): one key, or a
+//! pool of them (`secretRef.keys`), each with the headers that carry it and its state.
 //!
 //! A key answered with 429 is *parked* until its Retry-After (or the retry backoff)
 //! ends; one answered with 401 or 403 is *rejected* for the credential's

@@ -154,7 +154,7 @@ pub struct RouteCounters {
     pub attempts: AtomicU64,
     pub fallbacks: AtomicU64,
     pub failed: AtomicU64,
-    /// Committed streams continued on another target (SPEC §13).
+    /// Committed streams continued on another target (docs/streaming.md#resume-after-commit).
     pub resumed: AtomicU64,
     /// Requests answered by the route's first declared target (its primary): how
     /// much of the route it still carries (the cost-inversion alert).
@@ -181,8 +181,9 @@ pub struct RouteTargetCounters {
     pub attempt_duration: Histogram,
     /// Time to the first content event of committed streams.
     pub ttfb: Histogram,
-    /// Resumes (SPEC §13): `resumed`, counted on the target that continued a broken
-    /// stream; the reasons one was not, on the target whose stream broke.
+    /// Resumes (docs/streaming.md#resume-after-commit): `resumed`, counted on the target
+    /// that continued a broken stream; the reasons one was not, on the target whose stream
+    /// broke.
     pub resumes: ByResume,
     /// Hedged attempts started on this target beside a slow one (`spec.hedge`), and
     /// how they ended: committed first (won), cancelled because the slow one

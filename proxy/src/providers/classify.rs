@@ -19,7 +19,7 @@ pub fn classify_status(status: u16, body: &[u8]) -> Reason {
     match status {
         429 => Reason::RateLimited,
         408 => Reason::Timeout,
-        // A gateway (Switchback's own, SPEC §14) found the request looping.
+        // A gateway (Switchback's own, docs/limits.md#no-loops) found the request looping.
         508 => Reason::LoopDetected,
         500..=599 => Reason::Status5xx,
         401 | 403 => Reason::AuthError,

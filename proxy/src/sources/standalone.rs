@@ -68,7 +68,8 @@ pub fn compile_manifests_for(
             None
         },
         models_per_client: auth.required(),
-        // The manifests are the platform's own file (SPEC §14): each credential's
+        // The manifests are the platform's own file
+        // (docs/security.md#where-the-proxies-connect): each credential's
         // allowPrivateNetwork is honoured as written.
         private_networks: &PrivateNetworks::Everywhere,
     });
@@ -472,8 +473,9 @@ spec:
         path
     }
 
-    /// SPEC §14: standalone refuses a static header that may carry a key as the CRD
-    /// and the operator do, naming the file, the line of the object and the field.
+    /// docs/security.md#keys-stay-in-secrets: standalone refuses a static header that may
+    /// carry a key as the CRD and the operator do, naming the file, the line of the object
+    /// and the field.
     #[test]
     fn a_static_header_that_may_carry_a_key_is_refused_with_file_and_line() {
         let dir = tempfile::tempdir().unwrap();
@@ -504,8 +506,9 @@ spec:
         assert!(compile_manifests(&path).is_ok());
     }
 
-    /// SPEC §14: standalone manifests are the platform's own file: a credential's
-    /// `allowPrivateNetwork: true` is honoured as written, in any namespace.
+    /// docs/security.md#where-the-proxies-connect: standalone manifests are the platform's
+    /// own file: a credential's `allowPrivateNetwork: true` is honoured as written, in any
+    /// namespace.
     #[test]
     fn standalone_honours_allow_private_network_as_written() {
         let dir = tempfile::tempdir().unwrap();

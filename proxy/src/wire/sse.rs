@@ -305,7 +305,8 @@ fn status_for(kind: Option<&str>, code: Option<&serde_json::Value>) -> u16 {
     }
 }
 
-/// What an event of a stream's opening means for the commit (SPEC §3).
+/// What an event of a stream's opening means for the commit
+/// (docs/request-lifecycle.md#streams-the-commit-point).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Opening {
     /// Carries no content: held back until one that does (comments, an OpenAI
@@ -651,7 +652,8 @@ struct ResponseObject<'a> {
 }
 
 /// Events of a Responses API stream that only announce what is coming: held back
-/// until the first that carries output (SPEC §3's commit rule on this API's events).
+/// until the first that carries output (the commit rule of
+/// docs/request-lifecycle.md#streams-the-commit-point on this API's events).
 const RESPONSES_ANNOUNCEMENTS: [&str; 6] = [
     "response.created",
     "response.queued",
@@ -1098,8 +1100,9 @@ mod tests {
             .into_bytes()
     }
 
-    /// SPEC §10 with §3's commit rule on the Responses API's events: lifecycle and
-    /// announcement events are held, the first output commits, `error` and
+    /// docs/responses-api.md#the-responses-api with the commit rule of
+    /// docs/request-lifecycle.md#streams-the-commit-point on the Responses API's events:
+    /// lifecycle and announcement events are held, the first output commits, `error` and
     /// `response.failed` are in-band errors classified by their code.
     #[test]
     fn responses_events_hold_commit_and_fail_by_their_type() {

@@ -15,7 +15,7 @@
 //!   refreshed before it expires (`token`); each request is authorised with it
 //!   ([`Endpoint::authorise`]). A failed exchange is an `authError`.
 //! * **Prefills.** Claude continues a broken stream's answer as on Anthropic's API
-//!   (`anthropic::prefill`); Google's models cannot (SPEC §13).
+//!   (`anthropic::prefill`); Google's models cannot (docs/streaming.md#resume-after-commit).
 
 mod token;
 
@@ -220,7 +220,7 @@ impl Endpoint for VertexEndpoint {
 
     /// The credential's token, cached or exchanged (through the credential's own
     /// client, so its network guard). Any failure to get one is an `authError`
-    /// (SPEC §10), logged without key material. Boxed: the exchange is a large
+    /// (docs/providers.md#vertex), logged without key material. Boxed: the exchange is a large
     /// future, and held inline it would grow every attempt's state for the one
     /// provider that needs it.
     fn authorise<'a>(&'a self, request: Unsigned<'a>) -> Authorising<'a> {
