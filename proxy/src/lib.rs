@@ -4,19 +4,19 @@
 //! [`start`] runs a proxy in-process (the binary, tests, the demo and the benchmark
 //! all use it); nothing here touches global state.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod cli;
 pub mod config;
 pub mod front;
-pub mod gateway;
-pub mod health;
+pub(crate) mod gateway;
+pub(crate) mod health;
 pub mod http;
 pub mod limits;
 pub mod observe;
 pub mod pipeline;
 pub mod providers;
 pub mod sources;
-pub mod upstream;
+pub(crate) mod upstream;
 pub mod wire;
 
 use std::net::SocketAddr;

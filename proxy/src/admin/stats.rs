@@ -60,12 +60,7 @@ fn target_state(
 }
 
 /// `/admin/v1/stats`: the live snapshot's routes with their counters and the state of
-/// their targets.
-pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
-    report_for(gw, None)
-}
-
-/// [`report`], read by the operator's scrape round `round` (`?round=`): each
+/// their targets, read by the operator's scrape round `round` (`?round=`): each
 /// client's counters are remembered as of that round (what the operator's rendered
 /// `budget.left` counts from, see `limits::clients`), and what was reported is
 /// noted for the handover at shutdown (`handover`).

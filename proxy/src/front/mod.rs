@@ -16,9 +16,9 @@
 //! It knows sockets and bodies, not what a request asks for: routing and providers
 //! are the data port's and the pipeline's.
 
-pub mod conn;
-pub mod drain;
-pub mod intake;
+pub(crate) mod conn;
+pub(crate) mod drain;
+pub(crate) mod intake;
 pub(crate) mod lanes;
 
 use std::sync::Arc;

@@ -32,17 +32,17 @@ mod hedge;
 #[cfg(test)]
 mod hedge_tests;
 mod log;
-pub mod order;
-pub mod outcome;
+pub(crate) mod order;
+pub(crate) mod outcome;
 mod relay;
 mod request;
 mod resume;
 mod send;
-pub mod stream;
+pub(crate) mod stream;
 mod target;
 mod walk;
 
-pub use call::{Call, Outcome, STAYS};
-pub use log::{AttemptLog, ResumeLog};
-pub use request::run;
-pub use stream::{LineSlot, StreamEnd};
+pub(crate) use call::{Call, Outcome, STAYS};
+pub(crate) use log::{AttemptLog, ResumeLog};
+pub(crate) use request::run;
+pub(crate) use stream::StreamEnd;

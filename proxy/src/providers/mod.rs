@@ -21,16 +21,16 @@
 //! a new API) and one line in [`adapter()`]. Nothing here knows routes, the walk, the
 //! gateway's limits or its clients.
 
-pub mod adapter;
-pub mod anthropic;
-pub mod azure;
-pub mod bedrock;
+pub(crate) mod adapter;
+pub(crate) mod anthropic;
+pub(crate) mod azure;
+pub(crate) mod bedrock;
 pub mod classify;
-pub mod dialect;
+pub(crate) mod dialect;
 mod error_body;
-pub mod form;
-pub mod gemini;
-pub mod openai;
+pub(crate) mod form;
+pub(crate) mod gemini;
+pub(crate) mod openai;
 mod schema;
 pub mod translate;
 pub mod vertex;

@@ -36,7 +36,6 @@ use crate::upstream::netguard::Resolver;
 /// Request bodies are always whole (the client's body, maybe translated).
 pub type Body = Full<Bytes>;
 pub type Client = Pooled<Connector, Body>;
-pub type Error = hyper_util::client::legacy::Error;
 
 /// The two upstream clients. `public` refuses names that resolve to private
 /// addresses; credentials with `allowPrivateNetwork: true` use `private`.
