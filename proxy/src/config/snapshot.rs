@@ -45,7 +45,7 @@ pub struct CredentialRt {
 
 /// A target's URLs for one model it names, by surface and streaming (see
 /// [`TargetRt::url`]).
-pub type ModelUrls = [Option<http::Uri>; 2 * Surface::ALL.len()];
+pub(crate) type ModelUrls = [Option<http::Uri>; 2 * Surface::ALL.len()];
 
 fn url_slot(surface: Surface, stream: bool) -> usize {
     2 * surface.index() + usize::from(stream)
@@ -167,7 +167,7 @@ pub struct Tenant {
 }
 
 /// The clients that can authenticate, by the HMAC of their key.
-pub type Tenants = HashMap<KeyHash, Tenant, ByKeyHash>;
+pub(crate) type Tenants = HashMap<KeyHash, Tenant, ByKeyHash>;
 
 /// Hashes a [`KeyHash`] by its first 8 bytes, instead of SipHash over all 32 (about
 /// 250 instructions per request). A key hash is an HMAC-SHA256 output: uniformly

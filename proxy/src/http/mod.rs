@@ -33,7 +33,7 @@ use answers::{gateway_error, hops_refused, refusal, unauthenticated};
 use stamp::{request_id, unrouted};
 
 /// The body limit and timeout are applied by [`intake`], not by an extractor.
-pub fn data_router(gw: Arc<Gateway>) -> Router {
+pub(crate) fn data_router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))

@@ -31,12 +31,12 @@ impl Default for UpstreamLimits {
 }
 
 /// The default `--max-response-bytes`.
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
 /// The default `--max-inflight-response-bytes`: with the 256 MiB of request bodies
 /// (`--max-inflight-body-bytes`), the client connections and heads and the process's
 /// own ~60 MiB, under the chart's 768 MiB memory limit (docs/limits.md, Memory).
-pub const DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES: usize = 128 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES: usize = 128 * 1024 * 1024;
 
 /// Provider answers refused by a limit, by limit (`switchback_limit_refusals_total`).
 #[derive(Debug, Default)]

@@ -274,7 +274,7 @@ pub struct Limits {
 }
 
 /// The shares a [`Limits`] enforces: `(rpm, tpm, concurrency)`.
-pub type Shares = (Option<u32>, Option<u32>, Option<u32>);
+pub(crate) type Shares = (Option<u32>, Option<u32>, Option<u32>);
 
 impl Limits {
     /// This replica's shares of `c`'s limits, `replicas` sharing them.
@@ -421,8 +421,8 @@ pub struct Admitted {
 }
 
 /// Budget names, as in `spec.budget` and the operator's `exhausted`.
-pub const TOKENS_PER_DAY: &str = "tokensPerDay";
-pub const USD_PER_MONTH: &str = "usdPerMonth";
+pub(crate) const TOKENS_PER_DAY: &str = "tokensPerDay";
+pub(crate) const USD_PER_MONTH: &str = "usdPerMonth";
 
 /// What one request reserves of its client's budgets before it is sent
 /// (docs/tenancy.md#reserve-before-sending): its output cap (or the client's
@@ -495,7 +495,7 @@ impl Drop for Reserved {
 /// ends, or the continuation that counts an answer its client walked away from.
 /// Taken once; what is not taken settles with the request.
 #[derive(Debug, Default)]
-pub struct HeldReservation(Mutex<Option<Reserved>>);
+pub(crate) struct HeldReservation(Mutex<Option<Reserved>>);
 
 impl HeldReservation {
     pub fn new(r: Option<Reserved>) -> Self {

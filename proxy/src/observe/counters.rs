@@ -17,7 +17,7 @@ use crate::observe::reason::{Reason, ResumeOutcome};
 use crate::wire::usage::Usage;
 
 /// Histogram upper bounds in seconds (Prometheus-style, `+Inf` implied).
-pub const BOUNDS: [f64; 17] = [
+pub(crate) const BOUNDS: [f64; 17] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0,
 ];
@@ -135,7 +135,7 @@ impl ByResume {
     }
 }
 
-pub fn inc(c: &AtomicU64) {
+pub(crate) fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 

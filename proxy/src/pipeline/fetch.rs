@@ -41,9 +41,9 @@ impl Default for FetchLimits {
 }
 
 /// The default `--fetch-media-timeout`.
-pub const DEFAULT_FETCH_MEDIA_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_FETCH_MEDIA_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default `--max-fetched-urls`.
-pub const DEFAULT_MAX_FETCHED_URLS: usize = 8;
+pub(crate) const DEFAULT_MAX_FETCHED_URLS: usize = 8;
 
 /// Which URLs the gateway fetches for a target that cannot (`--fetch-media`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -70,11 +70,6 @@ impl Fetched {
     pub fn insert(&mut self, url: String, media_type: String, base64: String) {
         self.0.push((url, media_type, base64));
     }
-
-    /// Bytes held (of the base64 text).
-    pub fn bytes(&self) -> usize {
-        self.0.iter().map(|(_, _, d)| d.len()).sum()
-    }
 }
 
 /// A chat request.

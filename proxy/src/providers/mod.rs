@@ -42,11 +42,11 @@ pub use adapter::{
     Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared,
     ProbeRequest, Unsigned,
 };
-pub use dialect::Dialect;
+pub(crate) use dialect::Dialect;
 pub(crate) use vocab::media_type_of_url;
 
 /// The adapter of each `provider:` value: the one place a provider is registered.
-pub fn adapter(provider: Provider) -> &'static dyn Adapter {
+pub(crate) fn adapter(provider: Provider) -> &'static dyn Adapter {
     match provider {
         Provider::Openai => &openai::adapter::OPENAI,
         Provider::OpenaiCompatible => &openai::adapter::COMPATIBLE,

@@ -185,9 +185,9 @@ use super::{anthropic, bedrock, gemini, openai, vocab};
 use crate::wire::surface::{Surface, Wire};
 
 pub use super::dialect::{Defaults, TranslateError};
-pub use super::form::Fetched;
+pub(crate) use super::form::Fetched;
 pub use stream::StreamTranslator;
-pub use translation::Translation;
+pub(crate) use translation::Translation;
 
 /// The pairings, named: client wire → upstream wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,7 +304,7 @@ pub fn request(
 /// [`request`], with the images and documents the gateway fetched for a target that
 /// cannot fetch them itself. A URL still missing is refused naming it
 /// ([`TranslateError::fetch`]): fetch it and call again.
-pub fn request_with(
+pub(crate) fn request_with(
     translation: impl Into<Translation>,
     body: &[u8],
     upstream_model: &str,
@@ -366,7 +366,7 @@ pub fn error(
 
 /// A 2xx unary answer that is no answer: the upstream blocked the prompt (class
 /// `contentFilter`).
-pub fn is_blocked(translation: impl Into<Translation>, upstream_body: &[u8]) -> bool {
+pub(crate) fn is_blocked(translation: impl Into<Translation>, upstream_body: &[u8]) -> bool {
     translation.into().upstream.is_blocked(upstream_body)
 }
 

@@ -37,7 +37,7 @@ use crate::wire::surface::Surface;
 
 /// Whose model a Vertex target names: it decides the URL and the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Publisher {
+pub(crate) enum Publisher {
     /// `claude*`: `publishers/anthropic`, Anthropic Messages through `rawPredict`.
     Anthropic,
     /// Everything else (`gemini-*`): `publishers/google`, `generateContent`.
