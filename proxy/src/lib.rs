@@ -75,7 +75,7 @@ pub struct Options {
     /// `--fetch-media-timeout`, `--max-fetched-urls`.
     pub fetch_limits: pipeline::fetch::FetchLimits,
     /// `--listen-wait`: how long to wait for a port in use (a replica draining on it
-    /// gives it up when it exits). The ports are taken all or none: see [`bind`].
+    /// gives it up when it exits). The ports are taken all or none: see `bind`.
     pub listen_wait: Duration,
 }
 
@@ -142,19 +142,11 @@ impl Running {
         self.stopped().await;
     }
 
-    /// Ends when the data listener stops (normally never, except by [`Running::drain`]).
+    /// Ends when the data listener stops (normally never, except by [`Running::drain_and_hand_over`]).
     pub async fn stopped(&mut self) {
         if let Some(t) = self.tasks.first_mut() {
             let _ = t.await;
         }
-    }
-
-    /// Shut down gracefully (docs/limits.md#shutdown, see [`front::drain`]): not ready at
-    /// once, stop accepting after `delay`, let requests in flight finish, end the streams
-    /// still open after `grace` with the error event. The admin port answers until the
-    /// returned future ends (and `self` is dropped).
-    pub async fn drain(self, delay: std::time::Duration, grace: std::time::Duration) {
-        front::drain::drain(&self.gateway.front, delay, grace).await;
     }
 
     /// Export the OpenTelemetry GenAI metrics over OTLP/HTTP to `endpoint` every
@@ -177,8 +169,11 @@ impl Running {
         Ok(exporter.start(interval))
     }
 
-    /// [`Running::drain`], then the handover of the final usage counts: up to
-    /// `handover` for the operator to read them (see [`admin::handover`]).
+    /// Shut down gracefully (docs/limits.md#shutdown, `front::drain`): not ready at once,
+    /// stop accepting after `delay`, let requests in flight finish, end the streams still
+    /// open after `grace` with the error event; then hand over the final usage counts: up
+    /// to `handover` for the operator to read them (`admin::handover`). The admin port
+    /// answers until the returned future ends (and `self` is dropped).
     pub async fn drain_and_hand_over(
         self,
         delay: std::time::Duration,

@@ -1,7 +1,7 @@
 //! What provider answers may make one replica hold (docs/limits.md#the-limits): one SSE event
 //! (`--max-event-bytes`), one unary answer (`--max-response-bytes`), and every unary
 //! answer being read or on its way to the client together
-//! (`--max-inflight-response-bytes`, a [`crate::limits::bytes::Budget`]); and the
+//! (`--max-inflight-response-bytes`, a `crate::limits::bytes::Budget`); and the
 //! count of answers each limit refused (`switchback_limit_refusals_total`).
 
 use std::sync::atomic::AtomicU64;

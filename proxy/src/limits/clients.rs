@@ -141,7 +141,7 @@ impl ClientCounters {
 
     /// The operator's scrape round `round` read these counters (see
     /// `switchback_crds::config::BudgetLeft`).
-    pub fn read_at(&self, counted: Counted) {
+    pub(crate) fn read_at(&self, counted: Counted) {
         if counted.round == 0 {
             return;
         }
@@ -157,7 +157,7 @@ impl ClientCounters {
     }
 
     /// Tokens the requests in flight reserve now.
-    pub fn reserved_tokens(&self) -> u64 {
+    pub(crate) fn reserved_tokens(&self) -> u64 {
         self.ledger().reserved_tokens
     }
 }
@@ -278,7 +278,7 @@ pub(crate) type Shares = (Option<u32>, Option<u32>, Option<u32>);
 
 impl Limits {
     /// This replica's shares of `c`'s limits, `replicas` sharing them.
-    pub fn shares(c: &Client, replicas: u32) -> Shares {
+    pub(crate) fn shares(c: &Client, replicas: u32) -> Shares {
         let l = &c.limits;
         let share = |n: u32| (n / replicas.max(1)).max(1);
         (
@@ -327,7 +327,7 @@ impl Settling {
     }
 
     /// Continuations still running.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
     }
 
@@ -401,7 +401,7 @@ pub struct Uncovered {
 impl Uncovered {
     /// The request could never fit this share, whatever settles: only a smaller
     /// output cap (or the next period) helps.
-    pub fn never_fits(&self) -> bool {
+    pub(crate) fn never_fits(&self) -> bool {
         let need = if self.budget == USD_PER_MONTH {
             self.need.micro_usd
         } else {
@@ -732,7 +732,7 @@ impl ClientUsage {
 
     /// Count usage the proxy estimated (nothing reported it): as [`Self::record`],
     /// and in the client's estimates.
-    pub fn record_estimate(&self, u: Usage, micro: u64) {
+    pub(crate) fn record_estimate(&self, u: Usage, micro: u64) {
         self.record(u, micro);
         let c = &self.client.counters;
         c.estimated_requests.fetch_add(1, Ordering::Relaxed);

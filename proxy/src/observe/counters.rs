@@ -22,7 +22,7 @@ pub(crate) const BOUNDS: [f64; 17] = [
     120.0, 300.0,
 ];
 
-/// A lock-free histogram over [`BOUNDS`].
+/// A lock-free histogram over `BOUNDS`.
 #[derive(Debug, Default)]
 pub struct Histogram {
     buckets: [AtomicU64; BOUNDS.len() + 1],
@@ -47,12 +47,12 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    pub fn sum_secs(&self) -> f64 {
+    pub(crate) fn sum_secs(&self) -> f64 {
         self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
     }
 
     /// Per-bucket (not cumulative) counts, with their upper bounds.
-    pub fn buckets(&self) -> Vec<(f64, u64)> {
+    pub(crate) fn buckets(&self) -> Vec<(f64, u64)> {
         BOUNDS
             .iter()
             .copied()
@@ -63,7 +63,7 @@ impl Histogram {
 
     /// The `q` quantile in milliseconds, interpolated linearly inside its bucket;
     /// `None` before the first observation.
-    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile_ms(&self, q: f64) -> Option<f64> {
         let counts: Vec<u64> = self
             .buckets
             .iter()
@@ -97,7 +97,7 @@ impl Histogram {
 pub struct ByReason([AtomicU64; Reason::COUNT]);
 
 impl ByReason {
-    pub fn inc(&self, r: Reason) {
+    pub(crate) fn inc(&self, r: Reason) {
         self.0[r.index()].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -105,7 +105,7 @@ impl ByReason {
         self.0[r.index()].load(Ordering::Relaxed)
     }
 
-    pub fn nonzero(&self) -> impl Iterator<Item = (Reason, u64)> + '_ {
+    pub(crate) fn nonzero(&self) -> impl Iterator<Item = (Reason, u64)> + '_ {
         Reason::ALL
             .into_iter()
             .map(|r| (r, self.get(r)))
@@ -119,7 +119,7 @@ impl ByReason {
 pub struct ByResume([AtomicU64; ResumeOutcome::COUNT]);
 
 impl ByResume {
-    pub fn inc(&self, o: ResumeOutcome) {
+    pub(crate) fn inc(&self, o: ResumeOutcome) {
         self.0[o.index()].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -127,7 +127,7 @@ impl ByResume {
         self.0[o.index()].load(Ordering::Relaxed)
     }
 
-    pub fn nonzero(&self) -> impl Iterator<Item = (ResumeOutcome, u64)> + '_ {
+    pub(crate) fn nonzero(&self) -> impl Iterator<Item = (ResumeOutcome, u64)> + '_ {
         ResumeOutcome::ALL
             .into_iter()
             .map(|o| (o, self.get(o)))

@@ -12,8 +12,8 @@
 //! The request path finds its series by small slot tables, not by formatting labels:
 //! a model name is compared with the few a target has seen and stored once, the first
 //! time (the only allocation, once per name); the series themselves are made on first
-//! use. Names are bounded: past [`MAX_REQUEST_MODELS`] request models or
-//! [`MAX_RESPONSE_MODELS`] response models a target counts the rest as `_OTHER` (a
+//! use. Names are bounded: past `MAX_REQUEST_MODELS` request models or
+//! `MAX_RESPONSE_MODELS` response models a target counts the rest as `_OTHER` (a
 //! provider names its response model, and is not trusted to keep their number small).
 
 use std::borrow::Cow;
@@ -106,7 +106,7 @@ impl Kind {
         }
     }
 
-    pub fn bounds(self) -> &'static [f64] {
+    pub(crate) fn bounds(self) -> &'static [f64] {
         match self {
             Kind::TokenUsage => &TOKEN_BOUNDS,
             Kind::OperationDuration => &DURATION_BOUNDS,
@@ -186,7 +186,7 @@ impl HistData {
         self.counts.iter().sum()
     }
 
-    pub fn merge(&mut self, o: &HistData) {
+    pub(crate) fn merge(&mut self, o: &HistData) {
         if self.counts.len() < o.counts.len() {
             self.counts.resize(o.counts.len(), 0);
         }
@@ -260,7 +260,7 @@ pub struct GenAi {
 }
 
 impl GenAi {
-    /// Where a try of `operation` (a [`OPERATIONS`] value; another counts as the
+    /// Where a try of `operation` (a `OPERATIONS` value; another counts as the
     /// first) for `request_model` is counted.
     pub fn at(&self, operation: &str, request_model: &str) -> At {
         let op = OPERATIONS.iter().position(|o| *o == operation).unwrap_or(0) as u8;

@@ -106,7 +106,7 @@ impl Reason {
     /// Failures that count towards opening the circuit: the provider looks unhealthy.
     /// Not 4xx (the request's fault), not context length, not 429 (parking handles
     /// it), not the call's own budget running out. A useless 2xx does.
-    pub fn trips_breaker(self, status: Option<u16>) -> bool {
+    pub(crate) fn trips_breaker(self, status: Option<u16>) -> bool {
         match self {
             Self::Status5xx
             | Self::ConnectionError
@@ -119,7 +119,7 @@ impl Reason {
     }
 
     /// Whether the target was passed over without a request being sent.
-    pub fn is_skip(self) -> bool {
+    pub(crate) fn is_skip(self) -> bool {
         matches!(
             self,
             Self::MissingKey
@@ -182,7 +182,7 @@ impl Reason {
 
     /// Failures whose upstream answer is handed to the client as it was when the chain
     /// stops on them: they say something about the request, not the provider.
-    pub fn returns_upstream_answer(self) -> bool {
+    pub(crate) fn returns_upstream_answer(self) -> bool {
         matches!(
             self,
             Self::ContextLength | Self::AuthError | Self::ClientError | Self::ContentFilter

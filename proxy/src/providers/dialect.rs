@@ -214,7 +214,7 @@ impl TranslateError {
         self
     }
 
-    /// The URL whose bytes the target needs (see [`TranslateError::needs_fetch`]).
+    /// The URL whose bytes the target needs (see `TranslateError::needs_fetch`).
     pub fn fetch(&self) -> Option<&str> {
         self.fetch.as_deref()
     }

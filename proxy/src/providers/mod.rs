@@ -1,7 +1,7 @@
 //! Everything the proxy knows about each provider, one folder per provider, behind
 //! one interface: the request path asks an [`Adapter`] (which API, which body, which
 //! headers) and a credential's [`Endpoint`] (which URL, which authorisation), and
-//! reads the upstream's wire through its [`Dialect`]; it never names a provider.
+//! reads the upstream's wire through its `Dialect`; it never names a provider.
 //!
 //! | folder | owns |
 //! |---|---|
@@ -18,7 +18,7 @@
 //! | `classify` | every provider's words for failures and Retry-After |
 //!
 //! Adding a provider is a folder here with its adapter (and a dialect if it speaks
-//! a new API) and one line in [`adapter()`]. Nothing here knows routes, the walk, the
+//! a new API) and one line in `adapter()`. Nothing here knows routes, the walk, the
 //! gateway's limits or its clients.
 
 pub(crate) mod adapter;

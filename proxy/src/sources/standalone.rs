@@ -6,9 +6,9 @@
 //! A change is applied whole or not at all: one broken route never takes the rest of
 //! an edit with it half-applied.
 //!
-//! The watcher counts only the events of the manifests themselves (see [`Manifests`]:
-//! not a log file written beside them) and reloads once they pause for [`DEBOUNCE`],
-//! or [`MAX_WAIT`] after the first one at the latest.
+//! The watcher counts only the events of the manifests themselves (see `Manifests`:
+//! not a log file written beside them) and reloads once they pause for `DEBOUNCE`,
+//! or `MAX_WAIT` after the first one at the latest.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};

@@ -84,7 +84,7 @@ impl Framer {
 
     /// A framer for a stream `reframer` turns into SSE events, one per frame, under
     /// the same limit.
-    pub fn reframed(max_event: usize, reframer: Box<dyn Reframe>) -> Self {
+    pub(crate) fn reframed(max_event: usize, reframer: Box<dyn Reframe>) -> Self {
         Self {
             reframer: Some(reframer),
             ..Self::new(max_event)

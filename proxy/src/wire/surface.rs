@@ -41,7 +41,7 @@ impl Surface {
     }
 
     /// Appended to the credential's base URL.
-    pub fn upstream_path(self) -> &'static str {
+    pub(crate) fn upstream_path(self) -> &'static str {
         match self {
             Self::ChatCompletions => "/chat/completions",
             Self::Embeddings => "/embeddings",

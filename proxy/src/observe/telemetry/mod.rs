@@ -4,7 +4,7 @@
 //! GenAI semantic-convention attributes; the GenAI metrics go there too
 //! (`otlp_metrics`).
 //!
-//! Trace spans use the target [`TRACE_TARGET`]. Only the OTLP layer listens to it, so
+//! Trace spans use the target `TRACE_TARGET`. Only the OTLP layer listens to it, so
 //! with tracing off those spans are disabled at their call sites and cost nothing
 //! (the log layers' filters are static target filters, cached per call site).
 
@@ -135,7 +135,7 @@ pub fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider, TelemetryErr
         .build())
 }
 
-/// The layer that turns [`TRACE_TARGET`] spans into OpenTelemetry spans.
+/// The layer that turns `TRACE_TARGET` spans into OpenTelemetry spans.
 pub fn trace_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,

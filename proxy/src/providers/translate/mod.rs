@@ -1,7 +1,7 @@
 //! Translation between chat APIs: requests, unary responses, error bodies and
 //! streams, so a route can answer an OpenAI-SDK client from an Anthropic, Gemini or
 //! Bedrock target and an Anthropic-SDK client from an OpenAI (or OpenAI-compatible)
-//! one. It owns the pairing of a client's API with an upstream's ([`Translation`]),
+//! one. It owns the pairing of a client's API with an upstream's (`Translation`),
 //! never an API's shapes (each dialect's, in its provider's folder) nor anything of
 //! routes, credentials or the network.
 //!
@@ -22,7 +22,7 @@
 //! never comes here: its bodies are relayed with only `model` rewritten.
 //!
 //! [`Direction`] names the pairings (for tests, benchmarks and docs); the pipeline
-//! makes its [`Translation`] from the client's wire and the dialect a provider
+//! makes its `Translation` from the client's wire and the dialect a provider
 //! adapter says its upstream speaks. How each upstream API maps to the form is told
 //! in its provider's folder (`gemini`, `bedrock`); the pairs of the two client APIs
 //! below.
@@ -31,7 +31,7 @@
 //!
 //! | call | input | output |
 //! |---|---|---|
-//! | [`Translation::to`] | client wire, upstream dialect | the pairing |
+//! | `Translation::to` | client wire, upstream dialect | the pairing |
 //! | [`Direction::for_target`] | client surface, target provider | `Some(direction)` when translation is needed and possible |
 //! | [`request`] | the client's body | the upstream's body, `model` set to the target's model |
 //! | [`include_usage`] | the client's body | whether an OpenAI client asked for the stream's usage chunk |
@@ -249,11 +249,6 @@ impl Direction {
 
     pub fn client_wire(self) -> Wire {
         self.translation().client_wire()
-    }
-
-    /// Whether the upstream is Gemini.
-    pub fn to_gemini(self) -> bool {
-        matches!(self, Self::OpenAiToGemini | Self::AnthropicToGemini)
     }
 
     /// Whether the upstream is Bedrock.

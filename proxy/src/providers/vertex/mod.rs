@@ -7,7 +7,7 @@
 //!   carries `anthropic_version` and no `model`: the model is in the URL, see
 //!   `anthropic::to_raw_predict`); any other model is Google's, served through
 //!   `generateContent` / `streamGenerateContent?alt=sse` with the Gemini wire.
-//!   [`Publisher`] says which, [`url`] where it goes. Vertex's own refusals are
+//!   `Publisher` says which, [`url`] where it goes. Vertex's own refusals are
 //!   Google-shaped whichever publisher's model was called: relayed to an Anthropic
 //!   client in Anthropic's shape ([`anthropic_error`]).
 //! * **Tokens.** A service-account key (the Secret's `serviceAccount.json` unless

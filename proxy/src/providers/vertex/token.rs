@@ -102,7 +102,7 @@ impl Signer {
 
     /// The signed JWT: `iss` the service account, `scope` cloud-platform, `aud` the
     /// token URI, issued at `now` (seconds since the epoch) for one hour.
-    pub fn assertion(&self, now: u64) -> Result<Secret<String>, TokenError> {
+    pub(crate) fn assertion(&self, now: u64) -> Result<Secret<String>, TokenError> {
         let header = base64url(br#"{"alg":"RS256","typ":"JWT"}"#);
         let claims = serde_json::json!({
             "iss": self.client_email,
