@@ -3,6 +3,35 @@
 //!
 //! [`start`] runs a proxy in-process (the binary, tests, the demo and the benchmark
 //! all use it); nothing here touches global state.
+//!
+//! # Public surface
+//!
+//! Only what the binary (`src/main.rs`), the benches (`benches/`), the crate's own
+//! integration tests (`tests/`) and the `switchback-tests` crate (its tests, examples and
+//! harness) use is `pub`; everything else is `pub(crate)`, and the modules `admin`,
+//! `gateway`, `health` and `upstream` are private as a whole.
+//!
+//! - Running a proxy: [`start`], [`Options`], [`Source`], [`BudgetOptions`],
+//!   [`Running`], [`StartError`]; `cli::Cli` (the binary's flags);
+//!   `front::ClientLimits` and `limits::answers::UpstreamLimits` (the limits of
+//!   [`Options`]); `pipeline::fetch::{FetchLimits, MediaFetch}` (media fetching).
+//! - Logs and traces: `observe::telemetry` (`init`, `dispatch`, `LogFormat`,
+//!   `BatchedWriter`, `tracer_provider`, `trace_layer`).
+//! - Config as the tests compile it: `sources::standalone::{compile_manifests,
+//!   compile_manifests_for}`, `sources::manifest::ManifestSet`,
+//!   `config::keys::{Auth, AuthMode}`, `config::snapshot::ByKeyHash`.
+//! - Pieces the benches and property tests measure or check alone: the translation
+//!   (`providers::translate`: `Direction`, `Defaults`, `StreamTranslator`),
+//!   `providers::classify::is_context_length`, `providers::vertex::{Signer, unix_now,
+//!   anthropic_body}`; the wire (`wire::sse::{Framer, fields}`, `wire::rewrite`,
+//!   `wire::json`, `wire::surface::{Surface, Wire}`, `wire::usage::Usage`); metering
+//!   (`observe::counters::RouteTargetCounters`, `observe::genai::{GenAi, Streamed}`,
+//!   `observe::cost::{Pricing, UsdCounter}`, `observe::reason::Reason`); keys and
+//!   clients (`limits::keys::{KeyPool, PoolKey}`, `limits::clients::{ClientCounters,
+//!   ClientRt, Need, WallClock}`, `http::auth::presented_key`).
+//!
+//! Types these name in their signatures are `pub` too. A new use from outside the
+//! crate widens an item here, deliberately.
 
 pub(crate) mod admin;
 pub mod cli;
