@@ -7,6 +7,6 @@
 //!
 //! It knows nothing of requests, providers or the pipeline.
 
-pub(crate) mod cluster;
+pub mod cluster;
 pub mod manifest;
 pub mod standalone;
