@@ -36,6 +36,16 @@ fn root() -> PathBuf {
 
 /// Every `*.md` below `dir`, skipping build output and hidden folders (`.git`, `.venv`).
 fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    files_below(
+        dir,
+        &|path| path.extension().is_some_and(|e| e == "md"),
+        out,
+    );
+}
+
+/// Every file below `dir` that `keep` keeps, in order, skipping build output and hidden
+/// folders except `.ci` (CI's scripts, which cite docs too).
+fn files_below(dir: &Path, keep: &dyn Fn(&Path) -> bool, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -44,10 +54,11 @@ fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for path in entries {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if path.is_dir() {
-            if !name.starts_with('.') && name != "target" && name != "node_modules" {
-                markdown_files(&path, out);
+            let hidden = name.starts_with('.') && name != ".ci";
+            if !hidden && name != "target" && name != "node_modules" {
+                files_below(&path, keep, out);
             }
-        } else if name.ends_with(".md") {
+        } else if keep(&path) {
             out.push(path);
         }
     }
@@ -508,34 +519,21 @@ See [a](docs/a.md#part) and ![b](img/b.png \"title\"), [c](<d e.md>).
 /// file does not match itself.
 const SPEC_SECTION: &str = concat!("SPEC ", "\u{a7}");
 
-/// The files a user reads or runs: sources, docs, the chart, CI and the SDK checks. Build
-/// output and hidden folders are skipped, except `.ci`.
-fn cited_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if path.is_dir() {
-            let hidden = name.starts_with('.') && name != ".ci";
-            if !hidden && name != "target" && name != "node_modules" {
-                cited_files(&path, out);
-            }
-            continue;
-        }
-        let in_ci = path.components().any(|c| c.as_os_str() == ".ci");
-        let in_chart = path.components().any(|c| c.as_os_str() == "charts");
+/// The files a user reads or runs: sources, docs, the chart, CI and the SDK checks.
+fn cited_files(root: &Path) -> Vec<PathBuf> {
+    let keep = |path: &Path| {
+        let under = |dir: &str| path.components().any(|c| c.as_os_str() == dir);
         let ext = path.extension().map(|e| e.to_string_lossy().into_owned());
-        let text_ext = matches!(
-            ext.as_deref(),
-            Some("rs" | "md" | "yaml" | "yml" | "json" | "tpl" | "txt" | "py" | "toml" | "sh")
-        );
-        if in_ci || in_chart || text_ext {
-            out.push(path);
-        }
-    }
+        under(".ci")
+            || under("charts")
+            || matches!(
+                ext.as_deref(),
+                Some("rs" | "md" | "yaml" | "yml" | "json" | "tpl" | "txt" | "py" | "toml" | "sh")
+            )
+    };
+    let mut out = Vec::new();
+    files_below(root, &keep, &mut out);
+    out
 }
 
 /// Every page path with an anchor that a comment of `text` (Rust source) cites: the
@@ -593,8 +591,7 @@ fn comment_of(line: &str) -> Option<&str> {
 #[test]
 fn nothing_cites_the_specification_the_docs_replace() {
     let root = root();
-    let mut files = Vec::new();
-    cited_files(&root, &mut files);
+    let files = cited_files(&root);
     for expected in [
         "proxy/src/lib.rs",
         "docs/limits.md",
@@ -635,8 +632,7 @@ fn nothing_cites_the_specification_the_docs_replace() {
 #[test]
 fn every_docs_page_a_comment_cites_has_the_heading() {
     let root = root();
-    let mut files = Vec::new();
-    cited_files(&root, &mut files);
+    let files = cited_files(&root);
     let mut pages: HashMap<PathBuf, Vec<String>> = HashMap::new();
     let mut problems = Vec::new();
     let mut checked = 0;
