@@ -43,7 +43,7 @@ pub struct Rendering {
 
 /// What the operator lays over the rendered clients from the proxies' traffic: the
 /// ready replicas that share each limit and budget, the budgets spent, and what is
-/// left of each budget (docs/tenancy.md#a-client-that-leaves-still-pays).
+/// left of each budget (docs/tenancy.md#across-replicas).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClientOverlay {
     /// Ready proxy replicas (0 before the first scrape: rendered as 1).

@@ -325,7 +325,7 @@ impl Budget {
 
     /// What is left of each budget, cluster-wide, with `usage` summed as of scrape
     /// round `round` at `now_ms` (0 when spent): what the proxies reserve against,
-    /// each its share (docs/tenancy.md#reserve-before-sending).
+    /// each its share (docs/tenancy.md#across-replicas).
     pub fn left(&self, usage: &Current, round: u64, now_ms: u64) -> BudgetLeft {
         BudgetLeft {
             round,

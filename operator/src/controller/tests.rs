@@ -652,8 +652,8 @@ async fn route_status_goes_to_the_status_subresource_by_server_side_apply() {
                 .iter()
                 .map(|c| c["type"].as_str().unwrap())
                 .collect();
-            // Ready (and kstatus's Reconciling while it waits) after the three of
-            // operator/README.md#conditions (operator/README.md#conditions).
+            // Ready (and kstatus's Reconciling while it waits) after the three conditions
+            // of a route (operator/README.md#conditions).
             assert_eq!(
                 types,
                 [
@@ -1147,7 +1147,7 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
     finish(server).await;
 }
 
-/// docs/tenancy.md#a-client-that-leaves-still-pays: what is left of a budget is rendered as
+/// docs/tenancy.md#across-replicas: what is left of a budget is rendered as
 /// of the scrape round that summed it (the proxies reserve against their share of it), kept
 /// as rendered while it barely moves, rendered again once half a share was spent, and laid
 /// over the rendered client.

@@ -55,7 +55,8 @@ const MAX_TOKEN_ANSWER: usize = 64 * 1024;
 
 /// The longest a token is trusted for, whatever `expires_in` says: Google's access
 /// tokens live an hour (12 h at most). Bounding it keeps `Instant + expires_in` from
-/// overflowing on a hostile answer (docs/limits.md#the-limits: every upstream number is bounded).
+/// overflowing on a hostile answer (docs/providers.md#vertex: an `expires_in` above 12
+/// hours is taken as 12 hours).
 pub const MAX_TOKEN_LIFE: Duration = Duration::from_secs(12 * 3600);
 /// Why no token could be had: every one is an `authError` for the attempt. The
 /// messages name what failed, never key material or the token endpoint's body.
