@@ -380,9 +380,9 @@ impl Drop for ClusterWatch {
 
 /// Starts watching `namespace`'s index; the gateway becomes ready once it is read and
 /// what it names applied. No index, or one naming no route, gives a config with no
-/// LLMRoute: served while no route has been ([`Gateway::empty_until_routed`], set in
+/// LLMRoute: served while no route has been (`Gateway::empty_until_routed`, set in
 /// cluster mode: a fresh install is ready), refused once routes were served unless
-/// [`Gateway::allow_empty_config`].
+/// `Gateway::allow_empty_config`.
 pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch {
     let config = watcher::Config::default().fields(&format!("metadata.name={}", index::INDEX_NAME));
     let changed = Arc::new(Notify::new());

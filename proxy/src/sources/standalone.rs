@@ -110,7 +110,7 @@ fn locate(set: &ManifestSet, d: &switchback_crds::Diagnostic) -> Problem {
 }
 
 /// Load once; on success the gateway serves it. Returns the problems otherwise.
-pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
+pub(crate) fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
     let (mut compiled, warnings) = compile_manifests_for(path, &gw.auth)?;
     // No operator renders the replicas sharing each client's limits and budgets:
     // `--replicas` says how many serve these manifests.
@@ -184,7 +184,7 @@ pub fn reload(gw: &Gateway, path: &Path) {
 }
 
 /// Watches the manifests and reloads on change. Dropping it stops watching.
-pub struct ManifestWatcher {
+pub(crate) struct ManifestWatcher {
     _watcher: notify::RecommendedWatcher,
     task: tokio::task::JoinHandle<()>,
 }
@@ -196,7 +196,7 @@ impl Drop for ManifestWatcher {
 }
 
 /// Start watching. Call before the first load: nothing written after this call is missed.
-pub fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher> {
+pub(crate) fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     let manifests = Manifests::new(&path)?;
     // Watch the folder holding a single file: editors and ConfigMap mounts replace
