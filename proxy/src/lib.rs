@@ -8,8 +8,9 @@
 //!
 //! Only what the binary (`src/main.rs`), the benches (`benches/`), the crate's own
 //! integration tests (`tests/`) and the `switchback-tests` crate (its tests, examples and
-//! harness) use is `pub`; everything else is `pub(crate)`, and the modules `admin`,
-//! `gateway`, `health` and `upstream` are private as a whole.
+//! harness) use is `pub`; everything else is crate-private: `pub(crate)`, or `pub` inside
+//! a `pub(crate)` module (`admin`, `gateway`, `health` and `upstream` as a whole, and most
+//! submodules of the others). `sources::cluster` is still `pub`.
 //!
 //! - Running a proxy: [`start`], [`Options`], [`Source`], [`BudgetOptions`],
 //!   [`Running`], [`StartError`]; `cli::Cli` (the binary's flags);
