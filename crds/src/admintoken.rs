@@ -1,4 +1,4 @@
-//! The admin port's bearer token (SPEC §9 "Admin port"): the proxy serves
+//! The admin port's bearer token (docs/proxy.md#admin-port): the proxy serves
 //! `/admin/v1/*` and `/metrics` only to requests carrying it (`--admin-token-file`),
 //! the operator sends it on every scrape (`--proxy-admin-token-file`). Both read the
 //! file the same way, here, so a token one of them takes the other takes too.

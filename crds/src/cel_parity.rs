@@ -694,7 +694,8 @@ fn credential_rules_agree() {
             false,
         ),
     ];
-    // Static headers that may carry a key are refused by name, any case (SPEC §14).
+    // Static headers that may carry a key are refused by name, any case
+    // (docs/security.md#keys-stay-in-secrets).
     let headers: Vec<Case> = [
         ("{OpenAI-Organization: org-1, OpenAI-Project: p}", true),
         (

@@ -1,6 +1,7 @@
-//! The `LLMClient` custom resource (SPEC §9): one application allowed to call the
-//! gateway, the Secret key it authenticates with, the routes it may call, and its rate
-//! limits and budgets.
+//! The `LLMClient` custom resource
+//! (docs/tenancy.md#clients-authentication-tenancy-limits-and-budgets): one application
+//! allowed to call the gateway, the Secret key it authenticates with, the routes it may
+//! call, and its rate limits and budgets.
 //!
 //! Raw types, exactly as written in a manifest; `compile` turns them into
 //! [`crate::config::Client`], which holds only a keyed hash of the key.

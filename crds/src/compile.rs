@@ -45,15 +45,16 @@ pub struct Inputs<'a> {
     /// authenticate with that config: for callers that do not serve clients.
     pub client_key_hasher: Option<&'a KeyHasher>,
     /// Model names are resolved per client (the proxy runs with `--auth required`,
-    /// SPEC §9 Tenancy): two routes conflict over a model name only within one
+    /// docs/tenancy.md#tenancy): two routes conflict over a model name only within one
     /// namespace, and a client that could reach two routes serving the same name keeps
     /// the first (its own namespace's, then by `namespace/name`) and gets a
     /// `ModelConflict` warning for the other. `false` (the default): model names are
     /// global, as for a proxy that serves everyone.
     pub models_per_client: bool,
-    /// The namespaces whose credentials may set `allowPrivateNetwork: true` (SPEC
-    /// §14); elsewhere such a credential is refused (`PrivateNetworkNotAllowed`).
-    /// Default: none. Standalone manifests pass [`PrivateNetworks::Everywhere`].
+    /// The namespaces whose credentials may set `allowPrivateNetwork: true`
+    /// (docs/security.md#where-the-proxies-connect); elsewhere such a credential is refused
+    /// (`PrivateNetworkNotAllowed`). Default: none. Standalone manifests pass
+    /// [`PrivateNetworks::Everywhere`].
     pub private_networks: &'a PrivateNetworks,
 }
 

@@ -102,18 +102,19 @@ pub struct Route {
     /// revision does not change) = only clients of its own namespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared_with: Vec<String>,
-    /// Committed streams (`spec.stream`, SPEC §13): `None` (and then absent from the
-    /// JSON, so existing revisions do not change) when neither a stall limit nor
-    /// resume is asked for.
+    /// Committed streams (`spec.stream`,
+    /// docs/streaming.md#streams-that-survive-their-provider): `None` (and then absent from
+    /// the JSON, so existing revisions do not change) when neither a stall limit nor resume
+    /// is asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<StreamPolicy>,
-    /// First-token hedging (`spec.hedge`, SPEC §13); `None` (absent from the JSON) =
-    /// no hedging.
+    /// First-token hedging (`spec.hedge`, docs/streaming.md#first-token-hedging); `None`
+    /// (absent from the JSON) = no hedging.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<Hedge>,
-    /// The `model` answers carry (`spec.responseModel`, SPEC §16): the name the client
-    /// sent (the default, and then absent from the JSON) or the upstream model that
-    /// answered.
+    /// The `model` answers carry (`spec.responseModel`, docs/request-lifecycle.md#headers):
+    /// the name the client sent (the default, and then absent from the JSON) or the
+    /// upstream model that answered.
     #[serde(default, skip_serializing_if = "ResponseModel::is_requested")]
     pub response_model: ResponseModel,
 }
@@ -122,7 +123,8 @@ pub struct Route {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ResponseModel {
-    /// The name the client sent (SPEC §3).
+    /// The name the client sent
+    /// (docs/request-lifecycle.md#several-model-names-on-one-route-modelmap).
     #[default]
     Requested,
     /// The upstream model that answered.
@@ -221,8 +223,9 @@ pub struct Target {
     pub timeout_ms: Option<u64>,
     pub retry: Retry,
     pub price: Option<Price>,
-    /// Opt-in health checks (`healthCheck`, SPEC §16): probed every interval while its
-    /// circuit is closed too. `None` (and then absent from the JSON) = no checks.
+    /// Opt-in health checks (`healthCheck`, docs/request-lifecycle.md#probed-circuits):
+    /// probed every interval while its circuit is closed too. `None` (and then absent from
+    /// the JSON) = no checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,
 }
@@ -358,15 +361,16 @@ impl Default for Fallback {
 pub struct CircuitBreaker {
     pub consecutive_failures: u32,
     pub open_for_ms: u64,
-    /// Failback ramp (`rampUp`, SPEC §13): after the circuit closes, the target's
-    /// share grows from 10 % to 100 % over this time. `None` (absent from the JSON, so
-    /// existing revisions do not change) = the full share at once.
+    /// Failback ramp (`rampUp`, docs/streaming.md#failback-ramp): after the circuit closes,
+    /// the target's share grows from 10 % to 100 % over this time. `None` (absent from the
+    /// JSON, so existing revisions do not change) = the full share at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ramp_up_ms: Option<u64>,
-    /// Background probes of an open circuit (`probeInterval`, SPEC §16): the first
-    /// once `openFor` has passed, then one every this long while they fail. 0 = no
-    /// probes (a client request is the half-open probe, SPEC §2). Absent from the JSON
-    /// at its default, so existing revisions do not change.
+    /// Background probes of an open circuit (`probeInterval`,
+    /// docs/request-lifecycle.md#probed-circuits): the first once `openFor` has passed,
+    /// then one every this long while they fail. 0 = no probes (a client request is the
+    /// half-open probe, docs/request-lifecycle.md#probed-circuits). Absent from the JSON at
+    /// its default, so existing revisions do not change.
     #[serde(
         default = "CircuitBreaker::default_probe_interval_ms",
         skip_serializing_if = "CircuitBreaker::is_default_probe_interval"
@@ -513,8 +517,9 @@ pub struct Credential {
     /// absent from the JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
-    /// How long a key answered with 401 or 403 is set aside (`keyRejectedFor`, SPEC
-    /// §16). Absent from the JSON at its default, so existing revisions do not change.
+    /// How long a key answered with 401 or 403 is set aside (`keyRejectedFor`,
+    /// docs/request-lifecycle.md#key-pools). Absent from the JSON at its default, so
+    /// existing revisions do not change.
     #[serde(
         default = "Credential::default_key_rejected_for_ms",
         skip_serializing_if = "Credential::is_default_key_rejected_for"
@@ -538,13 +543,13 @@ pub fn bedrock_base_url(region: &str) -> String {
     format!("https://bedrock-runtime.{region}.amazonaws.com")
 }
 
-/// The Secret data keys a `bedrock` credential reads (the whole Secret, SPEC §10).
+/// The Secret data keys a `bedrock` credential reads (the whole Secret, docs/providers.md#bedrock).
 pub const AWS_ACCESS_KEY_ID: &str = "accessKeyId";
 pub const AWS_SECRET_ACCESS_KEY: &str = "secretAccessKey";
 pub const AWS_SESSION_TOKEN: &str = "sessionToken";
 
 /// The Secret data key a `vertex` credential reads its service-account JSON key
-/// from when `secretRef` names none (it takes the whole Secret, SPEC §10).
+/// from when `secretRef` names none (it takes the whole Secret, docs/providers.md#vertex).
 pub const VERTEX_SERVICE_ACCOUNT_KEY: &str = "serviceAccount.json";
 
 impl Credential {
@@ -593,8 +598,9 @@ pub struct SecretKeyRef {
     /// absent from the JSON).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
-    /// A key pool (`secretRef.keys`, SPEC §16): its data keys in declared order, and
-    /// then `key` is empty. Empty (and absent from the JSON) for one key.
+    /// A key pool (`secretRef.keys`, docs/request-lifecycle.md#key-pools): its data keys in
+    /// declared order, and then `key` is empty. Empty (and absent from the JSON) for one
+    /// key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<String>,
 }

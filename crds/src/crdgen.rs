@@ -544,7 +544,7 @@ mod tests {
                 "self.provider != 'bedrock' || !has(self.secretRef.key)",
             ]
         );
-        // A key pool: 1 to 32 Secret data key names, unique (SPEC §16).
+        // A key pool: 1 to 32 Secret data key names, unique (docs/request-lifecycle.md#key-pools).
         let keys = &p["secretRef"]["properties"]["keys"];
         assert_eq!(
             (keys["minItems"].clone(), keys["maxItems"].clone()),

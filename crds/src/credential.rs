@@ -202,7 +202,7 @@ pub struct SecretKeySelector {
     pub key: String,
 }
 
-/// A credential's Secret: one of its keys, or a pool of them (SPEC §16).
+/// A credential's Secret: one of its keys, or a pool of them (docs/request-lifecycle.md#key-pools).
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CredentialSecretRef {

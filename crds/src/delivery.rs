@@ -1,5 +1,6 @@
-//! How config travels from the operator to the proxy (SPEC §4, §14): the names, labels
-//! and data keys of the rendered objects, and the functions that write and read them.
+//! How config travels from the operator to the proxy (operator/README.md#what-it-writes):
+//! the names, labels and data keys of the rendered objects, and the functions that write
+//! and read them.
 //!
 //! Per *source* namespace (the namespace the LLMRoutes live in) the operator renders,
 //! into the gateway namespace:

@@ -1,4 +1,4 @@
-//! Client keys as keyed hashes (SPEC §9): the proxy never holds an application's plain
+//! Client keys as keyed hashes (docs/tenancy.md#keys): the proxy never holds an application's plain
 //! key, only `HMAC-SHA256(cluster secret, key)`, and hashes each presented key the same
 //! way to find the client.
 //!

@@ -6,7 +6,8 @@
 //! answer, because a public name can resolve to a private address.
 //!
 //! Whether a credential may set that field at all is the platform's decision, not the
-//! tenant's (SPEC §14): [`PrivateNetworks`] says in which namespaces it is honoured.
+//! tenant's (docs/security.md#where-the-proxies-connect): [`PrivateNetworks`] says in which
+//! namespaces it is honoured.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

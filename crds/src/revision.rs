@@ -8,14 +8,15 @@
 //! fixed by the types, maps sorted), so it is identical across processes, builds and
 //! platforms; `std`'s hashers are seeded or free to change between releases.
 //!
-//! Key material enters only as `HMAC-SHA256(revision key, key)` (SPEC §14: hashes
-//! shown to users are keyed): a revision is shown in status and on the admin port, and
-//! a plain digest over a key would let anyone who reads it test guessed keys offline.
-//! The [`RevisionKey`] is per source namespace: the operator draws one at random, keeps
-//! it in that namespace's rendered keys Secret (so it survives operator restarts and
-//! the proxies read it with the keys it covers), and never shows it. A config that
-//! comes with no key for a namespace (standalone `--manifests`) uses the process's own
-//! random key ([`RevisionKey::process`]): there the proxy alone computes revisions.
+//! Key material enters only as `HMAC-SHA256(revision key, key)`
+//! (docs/security.md#keys-stay-in-secrets: hashes shown to users are keyed): a revision is
+//! shown in status and on the admin port, and a plain digest over a key would let anyone
+//! who reads it test guessed keys offline. The [`RevisionKey`] is per source namespace: the
+//! operator draws one at random, keeps it in that namespace's rendered keys Secret (so it
+//! survives operator restarts and the proxies read it with the keys it covers), and never
+//! shows it. A config that comes with no key for a namespace (standalone `--manifests`)
+//! uses the process's own random key ([`RevisionKey::process`]): there the proxy alone
+//! computes revisions.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -421,9 +422,10 @@ mod tests {
 
     #[test]
     fn a_route_without_stream_hedge_or_ramp_digests_as_before_they_existed() {
-        // SPEC §13's fields are left out of the JSON when unset: the revision of every
-        // route that does not use them is the one an older operator computed. The
-        // digest below is that of `sample()`'s `smart` before the fields existed.
+        // The fields of docs/streaming.md#streams-that-survive-their-provider are left out
+        // of the JSON when unset: the revision of every route that does not use them is the
+        // one an older operator computed. The digest below is that of `sample()`'s `smart`
+        // before the fields existed.
         let (config, keys) = sample();
         let route = String::from_utf8(json(&config.routes[0])).unwrap();
         let credential = String::from_utf8(json(&config.credentials[0])).unwrap();

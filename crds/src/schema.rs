@@ -124,7 +124,7 @@ pub(crate) fn key_pool(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// A key's state in a credential's status (SPEC §16).
+/// A key's state in a credential's status (docs/request-lifecycle.md#key-pools).
 pub(crate) fn key_state(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "string",
@@ -142,7 +142,7 @@ pub(crate) fn response_model(_: &mut SchemaGenerator) -> Schema {
 
 pub const RESPONSE_MODELS: [&str; 2] = ["requested", "served"];
 
-/// A target's state in status (SPEC §12).
+/// A target's state in status (docs/troubleshooting.md#target-states).
 pub(crate) fn target_state(_: &mut SchemaGenerator) -> Schema {
     let states: Vec<&str> = crate::stats::TargetState::ALL
         .iter()

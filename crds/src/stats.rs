@@ -1,5 +1,5 @@
 //! The `/admin/v1/stats` document: what one proxy replica reports about the routes it
-//! serves, and what the operator scrapes and aggregates into status (SPEC §5).
+//! serves, and what the operator scrapes and aggregates into status (docs/observability.md#stats).
 //!
 //! Counters are cumulative since the replica started (`instanceId`, `startedAt`); the
 //! operator turns them into deltas per instance, so a restart (new instance id, counters
@@ -31,8 +31,8 @@ pub struct StatsReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_error: Option<String>,
     pub routes: Vec<RouteStats>,
-    /// Per LLMClient (SPEC §9), for every client seen since start; left out when empty
-    /// (a proxy without clients reports what it did before clients existed).
+    /// Per LLMClient (docs/tenancy.md#usage), for every client seen since start; left out
+    /// when empty (a proxy without clients reports what it did before clients existed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<ClientStats>,
     /// The replica is shutting down (SIGTERM): it serves what it has but takes no new
@@ -40,8 +40,8 @@ pub struct StatsReport {
     /// out of the ready replicas (limits' and budgets' shares, `Programmed`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
-    /// Per ProviderCredential the replica serves: its keys (SPEC §16). Left out when
-    /// empty.
+    /// Per ProviderCredential the replica serves: its keys
+    /// (docs/request-lifecycle.md#key-pools). Left out when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialStats>,
 }
@@ -74,7 +74,7 @@ pub struct KeyStats {
     pub rejected: u64,
 }
 
-/// What a key is to requests now (SPEC §16).
+/// What a key is to requests now (docs/request-lifecycle.md#key-pools).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
@@ -139,7 +139,8 @@ pub struct ClientStats {
     pub estimated_requests: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub estimated_tokens: u64,
-    /// Tokens reserved now by this client's requests in flight (budgets, SPEC §15).
+    /// Tokens reserved now by this client's requests in flight (budgets,
+    /// docs/tenancy.md#reserve-before-sending).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reserved_tokens: u64,
 }
@@ -167,7 +168,8 @@ pub struct RouteStats {
     /// Requests answered with an error (gateway error or relayed upstream error).
     pub failed: u64,
     /// Streams that broke after their commit and were continued on another target
-    /// (`spec.stream.resume`, SPEC §13). Absent (0) from a proxy older than the field.
+    /// (`spec.stream.resume`, docs/streaming.md#resume-after-commit). Absent (0) from a
+    /// proxy older than the field.
     #[serde(default)]
     pub resumed: u64,
     /// What the requests answered on this route cost at their targets' `price`
@@ -215,7 +217,8 @@ pub struct TargetStats {
     pub failures: BTreeMap<String, u64>,
     /// Requests that moved on from this target to a later one.
     pub fallbacks_away: u64,
-    /// Broken streams this target continued (`spec.stream.resume`, SPEC §13).
+    /// Broken streams this target continued (`spec.stream.resume`,
+    /// docs/streaming.md#resume-after-commit).
     #[serde(default)]
     pub resumed: u64,
     /// Hedged attempts started on this target beside a slow one (`spec.hedge`).
@@ -231,8 +234,8 @@ pub struct TargetStats {
     /// was skipped). Left out when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fallbacks_away_by_reason: BTreeMap<String, u64>,
-    /// What a request finds at this target now (SPEC §12). `None` from a proxy older
-    /// than the field.
+    /// What a request finds at this target now (docs/troubleshooting.md#target-states).
+    /// `None` from a proxy older than the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<TargetState>,
     /// RFC 3339: since when, where the replica knows it (a circuit's last change).
@@ -275,8 +278,9 @@ pub struct ProbeRecord {
 }
 
 /// What a request finds at a target now, as one replica sees it. Every state but
-/// `Ready` makes requests skip the target before sending anything (SPEC §3), except
-/// `HalfOpen`, which lets one probe through.
+/// `Ready` makes requests skip the target before sending anything
+/// (docs/request-lifecycle.md#route-and-target-order), except `HalfOpen`, which lets one
+/// probe through.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]

@@ -1,5 +1,5 @@
 //! Aggregation of the proxies' `/admin/v1/stats` into per-route facts, a pure state
-//! machine fed one scrape round at a time (SPEC §5).
+//! machine fed one scrape round at a time (docs/observability.md#stats).
 //!
 //! - Counters are cumulative per proxy *instance* (a process start). Each round adds
 //!   the per-instance delta since the previous round, so a restart (new instance id,
@@ -11,14 +11,15 @@
 //! - Circuit state per target: `Open` when open on any replica (with how many),
 //!   `HalfOpen` when half-open on any and open on none; the last failure is the most
 //!   recent one across replicas. Transitions between rounds are reported for Events.
-//! - What a request finds at each target now (SPEC §12): the state that keeps requests
-//!   away the most among the replicas, with how many see it, the earliest `since` and
-//!   the latest `until` they report; and per target, the window's requests, answers,
-//!   failures and fallbacks by reason, in the same buckets as the route's counters.
-//!   Whether any replica probes it, and the most recent probe (SPEC §16).
-//! - Each credential's keys (SPEC §16): per key, the state that keeps requests away the
-//!   most among the replicas (Rejected, Parked, Active), how many see it and the latest
-//!   `until`.
+//! - What a request finds at each target now (docs/troubleshooting.md#target-states): the
+//!   state that keeps requests away the most among the replicas, with how many see it, the
+//!   earliest `since` and the latest `until` they report; and per target, the window's
+//!   requests, answers, failures and fallbacks by reason, in the same buckets as the
+//!   route's counters. Whether any replica probes it, and the most recent probe
+//!   (docs/request-lifecycle.md#probed-circuits).
+//! - Each credential's keys (docs/request-lifecycle.md#key-pools): per key, the state that
+//!   keeps requests away the most among the replicas (Rejected, Parked, Active), how many
+//!   see it and the latest `until`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -384,7 +385,7 @@ impl Aggregator {
             };
             self.take(now_ms, bucket, report);
             if report.draining {
-                // Its counts matter until it exits (SPEC §15); nothing else does.
+                // Its counts matter until it exits (docs/tenancy.md#drains); nothing else does.
                 draining += 1;
                 continue;
             }
@@ -872,9 +873,9 @@ mod tests {
         r
     }
 
-    /// SPEC §16: a key's state over the replicas is the one that keeps requests away
-    /// the most, with how many replicas see it and the latest end they report; a
-    /// draining replica's keys are not counted.
+    /// docs/request-lifecycle.md#key-pools: a key's state over the replicas is the one that
+    /// keeps requests away the most, with how many replicas see it and the latest end they
+    /// report; a draining replica's keys are not counted.
     #[test]
     fn keys_are_shown_by_the_state_that_keeps_requests_away_the_most() {
         let mut agg = Aggregator::new(300_000, START);
@@ -1202,10 +1203,10 @@ mod tests {
         r
     }
 
-    /// SPEC §12: the state that keeps requests away the most, with how many replicas
-    /// see it, the earliest since and the latest until among them; per-target window
-    /// counters summed over replicas from per-instance deltas, and forgotten with the
-    /// window.
+    /// docs/troubleshooting.md#target-states: the state that keeps requests away the most,
+    /// with how many replicas see it, the earliest since and the latest until among them;
+    /// per-target window counters summed over replicas from per-instance deltas, and
+    /// forgotten with the window.
     #[test]
     fn target_states_and_window_counters_are_aggregated_over_replicas() {
         let mut agg = Aggregator::new(60_000, START);

@@ -1,5 +1,5 @@
-//! The Secrets an install needs generated once (SPEC §11): the client-key HMAC secret
-//! and the proxies' admin token.
+//! The Secrets an install needs generated once (docs/chart.md#generated-secrets): the
+//! client-key HMAC secret and the proxies' admin token.
 //!
 //! The chart renders neither: a GitOps tool renders with `helm template` (no `lookup`),
 //! so a random value in a template would be a new value at every sync. The operator

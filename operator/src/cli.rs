@@ -1,5 +1,5 @@
-//! The `switchback-operator` command line (SPEC §6). Every flag can also be set from
-//! the environment as `SWITCHBACK_<FLAG>`; `--help` explains each.
+//! The `switchback-operator` command line (operator/README.md#running-it). Every flag can
+//! also be set from the environment as `SWITCHBACK_<FLAG>`; `--help` explains each.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -171,8 +171,9 @@ pub struct RunArgs {
     pub client_key_hmac_secret_key: String,
 
     /// Create `--client-key-hmac-secret` with 64 random characters when it does not
-    /// exist; one that exists is never overwritten (SPEC §11: the chart renders no
-    /// random value, so that GitOps tools see the same bytes at every sync).
+    /// exist; one that exists is never overwritten (docs/chart.md#generated-secrets: the
+    /// chart renders no random value, so that GitOps tools see the same bytes at every
+    /// sync).
     #[arg(
         long,
         env = "SWITCHBACK_GENERATE_CLIENT_KEY_HMAC",

@@ -1,9 +1,10 @@
-//! Why a route's requests go where they go (SPEC §12), computed purely from the last
-//! scrape round: each target's state for `status.targets[]` (with since, until, how
-//! many replicas see it and its share of the window's answers), the target that
-//! answers first now (`status.serving`, the SERVING column), the window's fallbacks by
-//! reason, and `status.summary`, one sentence that reads as the answer to "why does
-//! this route go to that provider right now?".
+//! Why a route's requests go where they go
+//! (docs/troubleshooting.md#my-requests-go-to-the-fallback), computed purely from the last
+//! scrape round: each target's state for `status.targets[]` (with since, until, how many
+//! replicas see it and its share of the window's answers), the target that answers first
+//! now (`status.serving`, the SERVING column), the window's fallbacks by reason, and
+//! `status.summary`, one sentence that reads as the answer to "why does this route go to
+//! that provider right now?".
 //!
 //! It knows the states and reasons as the proxies report them; it does not know how a
 //! proxy decides them, nor how status is written.
@@ -252,9 +253,9 @@ mod tests {
         }
     }
 
-    /// SPEC §12's example: the primary's circuit is open on both replicas, the backup
-    /// answers; the summary says the order, why the first is skipped and until when,
-    /// and the window's fallbacks by reason.
+    /// The example of docs/troubleshooting.md#my-requests-go-to-the-fallback: the primary's
+    /// circuit is open on both replicas, the backup answers; the summary says the order,
+    /// why the first is skipped and until when, and the window's fallbacks by reason.
     #[test]
     fn an_open_circuit_moves_serving_to_the_backup_and_says_until_when() {
         let mut primary = target("openai-prod", Some(TargetState::CircuitOpen), 0);

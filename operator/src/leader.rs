@@ -5,14 +5,14 @@
 //! the Lease's resourceVersion (PUT), so two candidates racing for an expired Lease
 //! cannot both win.
 //!
-//! Only the leader runs the controllers, and never two at once (SPEC §14): every call
-//! about the Lease has a deadline ([`CALL_TIMEOUT`]; kube's client has no read
-//! timeout, so a call to an API server that stopped answering would otherwise hang for
-//! ever), and a leader whose renewals have not succeeded for [`RENEW_DEADLINE`],
-//! counted from the start of the last one that did, stops leading ([`keep`] returns)
-//! while the Lease it last wrote still has [`LEASE_DURATION`] - [`RENEW_DEADLINE`]
-//! to run. The caller then drops the controllers and exits, to be restarted as a
-//! candidate.
+//! Only the leader runs the controllers, and never two at once
+//! (docs/security.md#one-operator-acts-at-a-time): every call about the Lease has a
+//! deadline ([`CALL_TIMEOUT`]; kube's client has no read timeout, so a call to an API
+//! server that stopped answering would otherwise hang for ever), and a leader whose
+//! renewals have not succeeded for [`RENEW_DEADLINE`], counted from the start of the last
+//! one that did, stops leading ([`keep`] returns) while the Lease it last wrote still has
+//! [`LEASE_DURATION`] - [`RENEW_DEADLINE`] to run. The caller then drops the controllers
+//! and exits, to be restarted as a candidate.
 
 use std::future::Future;
 use std::sync::Mutex;

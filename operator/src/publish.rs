@@ -1,6 +1,6 @@
-//! What one delivery publishes, decided purely (SPEC §4, §14): which namespaces are
-//! written and which wait out a backoff, what the index names afterwards, and which
-//! objects the proxies' reader Role grants.
+//! What one delivery publishes, decided purely (operator/README.md#what-it-writes): which
+//! namespaces are written and which wait out a backoff, what the index names afterwards,
+//! and which objects the proxies' reader Role grants.
 //!
 //! - [`delivered`] reads the version delivered now back from the cached objects (the
 //!   index and what it names): the last good versions `render` keeps, and each

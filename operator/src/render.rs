@@ -43,7 +43,7 @@ pub struct Rendering {
 
 /// What the operator lays over the rendered clients from the proxies' traffic: the
 /// ready replicas that share each limit and budget, the budgets spent, and what is
-/// left of each budget (SPEC §15).
+/// left of each budget (docs/tenancy.md#across-replicas).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClientOverlay {
     /// Ready proxy replicas (0 before the first scrape: rendered as 1).
@@ -371,7 +371,7 @@ mod tests {
         assert!(v2.namespaces.is_empty());
     }
 
-    /// A credential with `allowPrivateNetwork: true` (SPEC §14).
+    /// A credential with `allowPrivateNetwork: true` (docs/security.md#where-the-proxies-connect).
     fn private_credential(ns: &str, name: &str) -> switchback_crds::ProviderCredential {
         let mut c = credential(ns, name, "keys", "openai");
         c.spec.provider = "openai-compatible".into();

@@ -1,7 +1,7 @@
-//! Which namespaces the operator watches (SPEC §11, `--watch-namespaces`): every
-//! namespace (cluster mode, one cluster-wide watch per kind), or a list (namespaced
-//! mode: the chart grants Roles in those namespaces only, so no Secret elsewhere is
-//! ever read, and nothing outside the list is even listed).
+//! Which namespaces the operator watches (operator/README.md#running-it,
+//! `--watch-namespaces`): every namespace (cluster mode, one cluster-wide watch per kind),
+//! or a list (namespaced mode: the chart grants Roles in those namespaces only, so no
+//! Secret elsewhere is ever read, and nothing outside the list is even listed).
 //!
 //! A reflector store takes one watch stream. In namespaced mode each namespace has
 //! its own watch, and each of those relists on its own schedule; [`Merge`] turns them

@@ -1,6 +1,6 @@
 //! Finding the proxy replicas and reading their `/admin/v1/stats`: the ready
 //! endpoints of the proxy admin Service (EndpointSlices), and the terminating ones
-//! until they are gone (a draining replica still counts usage: SPEC §15), or the
+//! until they are gone (a draining replica still counts usage: docs/tenancy.md#drains), or the
 //! fixed `--proxy-admin-url` list for proxies run outside the cluster. Each read
 //! names the scrape round it belongs to (`?round=`), which the proxies remember
 //! their client counters at (see `switchback_crds::config::BudgetLeft`).

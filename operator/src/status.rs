@@ -97,10 +97,11 @@ enum NotReady {
     Stuck,
 }
 
-/// The kstatus conditions that go with `ready` (SPEC §11): `Reconciling=True` or
-/// `Stalled=True` with Ready's reason and message, or none. kstatus reads an object
-/// as Current when `status.observedGeneration` is its generation and neither holds;
-/// so they are written only while True, and removed after, as Flux does with its own.
+/// The kstatus conditions that go with `ready` (operator/README.md#conditions):
+/// `Reconciling=True` or `Stalled=True` with Ready's reason and message, or none. kstatus
+/// reads an object as Current when `status.observedGeneration` is its generation and
+/// neither holds; so they are written only while True, and removed after, as Flux does with
+/// its own.
 fn kstatus(
     previous: &[Condition],
     ready: &Condition,
@@ -216,7 +217,8 @@ pub struct RouteFacts<'a> {
     pub diagnostics: Vec<&'a Diagnostic>,
     /// How it is in the rendered config, if at all.
     pub served: Option<Served>,
-    /// Why its namespace's rendering is not delivered, if it is not (SPEC §14).
+    /// Why its namespace's rendering is not delivered, if it is not
+    /// (operator/README.md#what-it-writes).
     pub undelivered: Option<&'a str>,
     /// The last proxy scrape round.
     pub proxies: &'a Snapshot,
@@ -298,8 +300,9 @@ fn route_conditions(f: &RouteFacts<'_>, view: Option<&RouteView>) -> Vec<Conditi
         generation,
         &f.now,
     );
-    // Ready (SPEC §11): this generation accepted, resolved and served by every ready
-    // replica; otherwise the first of the three that is not, with its reason.
+    // Ready (operator/README.md#conditions): this generation accepted, resolved and served
+    // by every ready replica; otherwise the first of the three that is not, with its
+    // reason.
     let (ready, not_ready) = match [&accepted, &resolved, &programmed]
         .into_iter()
         .find(|c| c.status != "True")
@@ -588,8 +591,9 @@ pub struct CredentialFacts<'a> {
     pub key_count: usize,
 }
 
-/// A credential's keys in status (SPEC §16): each key's state over the replicas, and
-/// how many are usable (Active on every replica that reports it) of all its keys.
+/// A credential's keys in status (docs/request-lifecycle.md#key-pools): each key's state
+/// over the replicas, and how many are usable (Active on every replica that reports it) of
+/// all its keys.
 fn key_statuses(keys: &[KeyView], count: usize) -> (Option<String>, Vec<KeyStatus>) {
     let usable = keys
         .iter()
@@ -749,7 +753,7 @@ pub fn client_status(f: &ClientFacts<'_>) -> LLMClientStatus {
     } else if let Some(first) = blocking.first() {
         (c(false, first.reason, describe(&blocking)), NotReady::Stuck)
     } else if let Some(spent) = f.exhausted {
-        // Ready=False (SPEC §9), but fully reconciled: a spent budget is the client
+        // Ready=False (docs/tenancy.md#budgets), but fully reconciled: a spent budget is the client
         // working as declared, not a sync for a GitOps tool to wait on or fail.
         (
             c(
@@ -1039,10 +1043,10 @@ mod tests {
         s.conditions.iter().any(|c| c.type_ == t)
     }
 
-    /// SPEC §11: Ready=True only for the current generation accepted, resolved and
-    /// programmed; otherwise Ready=False with the first failing condition's reason, and
-    /// kstatus's Reconciling (the proxies have not caught up) or Stalled (the user must
-    /// act), each present only while it holds.
+    /// operator/README.md#conditions: Ready=True only for the current generation accepted,
+    /// resolved and programmed; otherwise Ready=False with the first failing condition's
+    /// reason, and kstatus's Reconciling (the proxies have not caught up) or Stalled (the
+    /// user must act), each present only while it holds.
     #[test]
     fn ready_follows_the_current_generation_with_kstatus_conditions() {
         let r = route("team-a", "smart", 4, &["openai"]);
@@ -1315,9 +1319,9 @@ mod tests {
         );
     }
 
-    /// SPEC §16: `status.keys[]` by name with state, until and replicas, and how many
-    /// of the credential's keys are usable (the `KEYS` printer column); nothing before
-    /// the proxies have reported.
+    /// docs/request-lifecycle.md#key-pools: `status.keys[]` by name with state, until and
+    /// replicas, and how many of the credential's keys are usable (the `KEYS` printer
+    /// column); nothing before the proxies have reported.
     #[test]
     fn a_credential_shows_its_keys_and_how_many_are_usable() {
         let keys = [

@@ -1,4 +1,4 @@
-//! Per-client usage and budgets (SPEC §9 Budgets), pure: the proxies' cumulative
+//! Per-client usage and budgets (docs/tenancy.md#budgets), pure: the proxies' cumulative
 //! per-client counters turned into usage per UTC day and calendar month, joined with
 //! what `status.usage` said when this operator first saw the client (so usage is
 //! monotonic across proxy and operator restarts), and the verdict on each budget.
@@ -325,7 +325,7 @@ impl Budget {
 
     /// What is left of each budget, cluster-wide, with `usage` summed as of scrape
     /// round `round` at `now_ms` (0 when spent): what the proxies reserve against,
-    /// each its share (SPEC §15).
+    /// each its share (docs/tenancy.md#across-replicas).
     pub fn left(&self, usage: &Current, round: u64, now_ms: u64) -> BudgetLeft {
         BudgetLeft {
             round,

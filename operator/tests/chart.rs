@@ -14,8 +14,8 @@
 //! - RBAC: the exact rules of cluster mode and of namespaced mode (no cluster-wide
 //!   grant to the operator there), the proxy's Role, the aggregated ClusterRoles;
 //! - values reach their flags and fields; NOTES.txt renders; the helm test Pods render;
-//! - egress (SPEC §14): no namespace may reach private networks unless
-//!   `egress.allowPrivateNetworkNamespaces` says so; the optional egress
+//! - egress (docs/security.md#where-the-proxies-connect): no namespace may reach private
+//!   networks unless `egress.allowPrivateNetworkNamespaces` says so; the optional egress
 //!   NetworkPolicy opens DNS, the API server and public addresses only;
 //! - the alerts: each has a section in docs/runbooks.md, a `runbook_url` to it under
 //!   `metrics.prometheusRule.runbookBaseURL`, and cases in tests/alerts/alerts.test.yaml
@@ -919,7 +919,7 @@ fn aggregated_cluster_roles_let_namespace_users_view_and_edit() {
 #[test]
 fn values_reach_their_flags_and_fields() {
     let Some(helm) = helm() else { return };
-    // Defaults: every SPEC §8 limit at its SPEC default; threads and tracing unset.
+    // Defaults: every limit at its default (docs/limits.md#the-limits); threads and tracing unset.
     let o = helm.objects(&[]);
     let proxy_args = args(o.find("Deployment", "gw/sb-proxy"));
     for flag in [
@@ -1266,7 +1266,7 @@ fn helm_test_pods_check_readyz_and_models_unprivileged() {
     );
 }
 
-// --- Egress (SPEC §14) ---------------------------------------------------------------
+// --- Egress (docs/security.md#where-the-proxies-connect) ---------------------------------------------------------------
 
 /// `egress.allowPrivateNetworkNamespaces` reaches the operator's flag (none by
 /// default); the schema refuses what is not a namespace or `*`, naming the value.

@@ -1,7 +1,8 @@
-//! What choosing a key costs a request (SPEC §16): `KeyPool::pick`, one atomic add and
-//! a scan of the pool's atomics, for one key, a pool of 3 and of 32 (some keys set
-//! aside), on one thread and on four at once; against the same round robin behind a
-//! `Mutex`, the lock the pool does not take. Prints figures and ratios; asserts nothing.
+//! What choosing a key costs a request (docs/request-lifecycle.md#key-pools):
+//! `KeyPool::pick`, one atomic add and a scan of the pool's atomics, for one key, a pool of
+//! 3 and of 32 (some keys set aside), on one thread and on four at once; against the same
+//! round robin behind a `Mutex`, the lock the pool does not take. Prints figures and
+//! ratios; asserts nothing.
 //!
 //! `cargo bench -p switchback-proxy --bench keys`
 

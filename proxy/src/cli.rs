@@ -174,7 +174,7 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_OTLP_METRICS_INTERVAL", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
     pub otlp_metrics_interval: Duration,
 
-    /// Client authentication on the data port (SPEC §9). `required`: every request
+    /// Client authentication on the data port (docs/tenancy.md#modes). `required`: every request
     /// must carry an LLMClient's key (Authorization: Bearer or x-api-key), else 401,
     /// and model names are resolved among the routes that client may call. `off`:
     /// everyone is served with every route, said at start-up. Default: standalone,
@@ -224,11 +224,11 @@ pub struct Cli {
     #[arg(long, env = "SWITCHBACK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// LLMClient budgets (SPEC §15): a request is sent upstream only once it has
-    /// reserved its output cap (or the client's budget.defaultReservation) plus its
-    /// input estimate against what is left of the budget; settled to the real usage
-    /// when the answer ends. `off`: budgets are checked against what was counted only,
-    /// so requests in flight together can overshoot them.
+    /// LLMClient budgets (docs/tenancy.md#reserve-before-sending): a request is sent
+    /// upstream only once it has reserved its output cap (or the client's
+    /// budget.defaultReservation) plus its input estimate against what is left of the
+    /// budget; settled to the real usage when the answer ends. `off`: budgets are checked
+    /// against what was counted only, so requests in flight together can overshoot them.
     #[arg(long, env = "SWITCHBACK_BUDGET_RESERVATION", value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub budget_reservation: bool,
 
@@ -290,7 +290,8 @@ impl Cli {
         }
     }
 
-    /// The limits on fetching media for targets that cannot (SPEC §17).
+    /// The limits on fetching media for targets that cannot
+    /// (docs/translation.md#documents-and-media).
     pub fn fetch_limits(&self) -> crate::pipeline::fetch::FetchLimits {
         crate::pipeline::fetch::FetchLimits {
             timeout: self.fetch_media_timeout,

@@ -86,7 +86,7 @@ fn ser_time<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok,
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// Most likely a truncated file or a lost delivery, not a wish to serve nothing:
-    /// refused like any broken edit (SPEC §8).
+    /// refused like any broken edit (docs/proxy.md#loading-and-reloading-config).
     #[error(
         "the config has no LLMRoute, so every request would get 404; refused (start the \
          proxy with --allow-empty-config to serve an empty config)"
@@ -109,8 +109,9 @@ pub struct Gateway {
     /// travels with the answer's body to the client, hence the `Arc`.
     pub answers: Arc<Budget>,
     pub refused: Arc<Refusals>,
-    /// Answer text held now to resume broken streams (SPEC §13): each resumable
-    /// stream holds what its client received, up to its route's `maxHeldBytes`.
+    /// Answer text held now to resume broken streams
+    /// (docs/streaming.md#resume-after-commit): each resumable stream holds what its client
+    /// received, up to its route's `maxHeldBytes`.
     pub resume_held: std::sync::atomic::AtomicUsize,
     /// Data-port serving threads (`--threads`), each with its own upstream pool.
     pub lanes: usize,
@@ -127,7 +128,8 @@ pub struct Gateway {
     pub allow_empty_config: bool,
     /// Cluster mode: a config with no LLMRoute is served while none has been (a fresh
     /// install is ready and answers 404 until routes arrive); one that would empty a
-    /// config with routes is still refused (SPEC §8, §11).
+    /// config with routes is still refused (docs/proxy.md#loading-and-reloading-config,
+    /// docs/chart.md#generated-secrets).
     pub empty_until_routed: bool,
     /// `--auth` and the HMAC secret client keys are hashed with.
     pub auth: crate::config::keys::Auth,
@@ -142,18 +144,19 @@ pub struct Gateway {
     /// Requests reserve their client's budget before they are sent
     /// (`--budget-reservation`).
     pub reserve_budgets: bool,
-    /// Continuations counting what clients walked away from (SPEC §15).
+    /// Continuations counting what clients walked away from
+    /// (docs/tenancy.md#a-client-that-leaves-still-pays).
     pub settling: Arc<Settling>,
     /// What the operator last read of the clients' counters, for the handover at
     /// shutdown.
     pub handover: crate::admin::handover::Handover,
     /// Which URLs of images and documents the gateway fetches for targets that
-    /// cannot (`--fetch-media`, SPEC §17).
+    /// cannot (`--fetch-media`, docs/translation.md#documents-and-media).
     pub media_fetch: crate::pipeline::fetch::MediaFetch,
     /// `--fetch-media-timeout`, `--max-fetched-urls`.
     pub fetch_limits: crate::pipeline::fetch::FetchLimits,
-    /// The background prober's schedule (SPEC §16): woken when a circuit opens or a
-    /// config is applied.
+    /// The background prober's schedule (docs/request-lifecycle.md#probed-circuits): woken
+    /// when a circuit opens or a config is applied.
     pub health: crate::health::Health,
 }
 

@@ -3,20 +3,50 @@
 //!
 //! [`start`] runs a proxy in-process (the binary, tests, the demo and the benchmark
 //! all use it); nothing here touches global state.
+//!
+//! # Public surface
+//!
+//! Only what the binary (`src/main.rs`), the benches (`benches/`), the crate's own
+//! integration tests (`tests/`) and the `switchback-tests` crate (its tests, examples and
+//! harness) use is `pub`; everything else is crate-private: `pub(crate)`, or `pub` inside
+//! a `pub(crate)` module (`admin`, `gateway`, `health` and `upstream` as a whole, and most
+//! submodules of the others). `sources::cluster` is still `pub`.
+//!
+//! - Running a proxy: [`start`], [`Options`], [`Source`], [`BudgetOptions`],
+//!   [`Running`], [`StartError`]; `cli::Cli` (the binary's flags);
+//!   `front::ClientLimits` and `limits::answers::UpstreamLimits` (the limits of
+//!   [`Options`]); `pipeline::fetch::{FetchLimits, MediaFetch}` (media fetching).
+//! - Logs and traces: `observe::telemetry` (`init`, `dispatch`, `LogFormat`,
+//!   `BatchedWriter`, `tracer_provider`, `trace_layer`).
+//! - Config as the tests compile it: `sources::standalone::{compile_manifests,
+//!   compile_manifests_for}`, `sources::manifest::ManifestSet`,
+//!   `config::keys::{Auth, AuthMode}`, `config::snapshot::ByKeyHash`.
+//! - Pieces the benches and property tests measure or check alone: the translation
+//!   (`providers::translate`: `Direction`, `Defaults`, `StreamTranslator`),
+//!   `providers::classify::is_context_length`, `providers::vertex::{Signer, unix_now,
+//!   anthropic_body}`; the wire (`wire::sse::{Framer, fields}`, `wire::rewrite`,
+//!   `wire::json`, `wire::surface::{Surface, Wire}`, `wire::usage::Usage`); metering
+//!   (`observe::counters::RouteTargetCounters`, `observe::genai::{GenAi, Streamed}`,
+//!   `observe::cost::{Pricing, UsdCounter}`, `observe::reason::Reason`); keys and
+//!   clients (`limits::keys::{KeyPool, PoolKey}`, `limits::clients::{ClientCounters,
+//!   ClientRt, Need, WallClock}`, `http::auth::presented_key`).
+//!
+//! Types these name in their signatures are `pub` too. A new use from outside the
+//! crate widens an item here, deliberately.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod cli;
 pub mod config;
 pub mod front;
-pub mod gateway;
-pub mod health;
+pub(crate) mod gateway;
+pub(crate) mod health;
 pub mod http;
 pub mod limits;
 pub mod observe;
 pub mod pipeline;
 pub mod providers;
 pub mod sources;
-pub mod upstream;
+pub(crate) mod upstream;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -57,7 +87,7 @@ pub struct Options {
     pub limits: front::ClientLimits,
     /// Serve a manifest set with no LLMRoute instead of refusing it.
     pub allow_empty_config: bool,
-    /// How LLMClient budgets are kept (SPEC §15).
+    /// How LLMClient budgets are kept (docs/tenancy.md#budgets).
     pub budgets: BudgetOptions,
     /// `--auth`; `None` decides: standalone, `required` when the manifests hold an
     /// LLMClient at start, else `off`; in a cluster `off` (the chart sets the operator's
@@ -66,21 +96,21 @@ pub struct Options {
     /// `--client-key-hmac-file`: the per-cluster secret client keys are hashed with.
     /// Standalone without it, a random one is drawn at start.
     pub client_key_hmac_file: Option<PathBuf>,
-    /// `--admin-token-file`: the admin port's bearer token (SPEC §9). `None`: the admin
-    /// port is open to whoever reaches it (said at start-up).
+    /// `--admin-token-file`: the admin port's bearer token (docs/proxy.md#admin-port).
+    /// `None`: the admin port is open to whoever reaches it (said at start-up).
     pub admin_token_file: Option<PathBuf>,
     /// `--fetch-media`: which image and document URLs the gateway fetches for targets
-    /// that cannot (SPEC §17).
+    /// that cannot (docs/translation.md#documents-and-media).
     pub fetch_media: pipeline::fetch::MediaFetch,
     /// `--fetch-media-timeout`, `--max-fetched-urls`.
     pub fetch_limits: pipeline::fetch::FetchLimits,
     /// `--listen-wait`: how long to wait for a port in use (a replica draining on it
-    /// gives it up when it exits). The ports are taken all or none: see [`bind`].
+    /// gives it up when it exits). The ports are taken all or none: see `bind`.
     pub listen_wait: Duration,
 }
 
-/// How LLMClient budgets are kept (SPEC §15): `--budget-reservation`, and
-/// standalone `--replicas`.
+/// How LLMClient budgets are kept (docs/tenancy.md#reserve-before-sending):
+/// `--budget-reservation`, and standalone `--replicas`.
 #[derive(Clone, Debug)]
 pub struct BudgetOptions {
     /// Requests reserve before they are sent.
@@ -142,19 +172,11 @@ impl Running {
         self.stopped().await;
     }
 
-    /// Ends when the data listener stops (normally never, except by [`Running::drain`]).
+    /// Ends when the data listener stops (normally never, except by [`Running::drain_and_hand_over`]).
     pub async fn stopped(&mut self) {
         if let Some(t) = self.tasks.first_mut() {
             let _ = t.await;
         }
-    }
-
-    /// Shut down gracefully (SPEC §8, see [`front::drain`]): not ready at once, stop
-    /// accepting after `delay`, let requests in flight finish, end the streams still
-    /// open after `grace` with the error event. The admin port answers until the
-    /// returned future ends (and `self` is dropped).
-    pub async fn drain(self, delay: std::time::Duration, grace: std::time::Duration) {
-        front::drain::drain(&self.gateway.front, delay, grace).await;
     }
 
     /// Export the OpenTelemetry GenAI metrics over OTLP/HTTP to `endpoint` every
@@ -177,8 +199,11 @@ impl Running {
         Ok(exporter.start(interval))
     }
 
-    /// [`Running::drain`], then the handover of the final usage counts: up to
-    /// `handover` for the operator to read them (see [`admin::handover`]).
+    /// Shut down gracefully (docs/limits.md#shutdown, `front::drain`): not ready at once,
+    /// stop accepting after `delay`, let requests in flight finish, end the streams still
+    /// open after `grace` with the error event; then hand over the final usage counts: up
+    /// to `handover` for the operator to read them (`admin::handover`). The admin port
+    /// answers until the returned future ends (and `self` is dropped).
     pub async fn drain_and_hand_over(
         self,
         delay: std::time::Duration,
@@ -277,7 +302,7 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         }
     };
     let mut tasks = vec![data_task, admin_task];
-    // Probes of open circuits and health checks (SPEC §16).
+    // Probes of open circuits and health checks (docs/request-lifecycle.md#probed-circuits).
     tasks.push(tokio::spawn(health::run(gw.clone())));
     tasks.extend(watch_tasks);
     Ok(Running {

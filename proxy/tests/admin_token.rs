@@ -1,4 +1,4 @@
-//! The admin port behind `--admin-token-file` (SPEC §9 "Admin port"): a proxy started
+//! The admin port behind `--admin-token-file` (docs/proxy.md#admin-port): a proxy started
 //! in-process on loopback, its admin endpoints called with no token, a wrong one and
 //! the right one.
 

@@ -1,6 +1,6 @@
-//! What first-token hedging (`spec.hedge`, SPEC §13) costs, through the whole proxy
-//! in-process (one thread: load generator, simulated providers and proxy), against
-//! the same route without it:
+//! What first-token hedging (`spec.hedge`, docs/streaming.md#first-token-hedging) costs,
+//! through the whole proxy in-process (one thread: load generator, simulated providers and
+//! proxy), against the same route without it:
 //!
 //! - **at 0 %**: the route hedges but its primary answers at once, so no hedge ever
 //!   starts: what every request of a hedging route pays (counting it in the route's

@@ -1811,8 +1811,9 @@ async fn worker(
 ///
 /// Text, not the first byte: the direct stream's first event is the simulator's
 /// role-only chunk, which the proxy holds back until the first event with content
-/// (SPEC §3's commit point), so a first-byte figure would compare the role chunk
-/// against the first text and charge the proxy the provider's gap between them.
+/// (the commit point, docs/request-lifecycle.md#streams-the-commit-point), so a first-byte
+/// figure would compare the role chunk against the first text and charge the proxy the
+/// provider's gap between them.
 async fn exchange(
     sender: &mut SendRequest<Full<Bytes>>,
     addr: SocketAddr,

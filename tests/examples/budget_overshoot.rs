@@ -1,6 +1,7 @@
-//! Budget overshoot (SPEC §15): how far past one LLMClient's budget N proxy replicas
-//! (real `switchback-proxy` processes) and C concurrent clients get, with reservation
-//! and without it. A figure, not a test: it prints a table and asserts nothing.
+//! Budget overshoot (docs/tenancy.md#the-overshoot-measured): how far past one LLMClient's
+//! budget N proxy replicas (real `switchback-proxy` processes) and C concurrent clients
+//! get, with reservation and without it. A figure, not a test: it prints a table and
+//! asserts nothing.
 //!
 //! ```text
 //! cargo run -p switchback-tests --example budget_overshoot

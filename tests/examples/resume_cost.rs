@@ -1,10 +1,10 @@
-//! Time to resume (SPEC §13): the client-visible gap between the last byte a broken
-//! provider sent and the first byte of the continuation, minus that continuation
-//! provider's own time to first token (measured directly, with the same prefilled
-//! request). What is left is what resuming costs the proxy: noticing the break, the
-//! walk to the next target, the prefill, a new upstream request and its opening.
-//! Simulated providers on loopback, the proxy in-process, real clock. Prints
-//! figures; asserts nothing.
+//! Time to resume (docs/streaming.md#resume-after-commit): the client-visible gap between
+//! the last byte a broken provider sent and the first byte of the continuation, minus that
+//! continuation provider's own time to first token (measured directly, with the same
+//! prefilled request). What is left is what resuming costs the proxy: noticing the break,
+//! the walk to the next target, the prefill, a new upstream request and its opening.
+//! Simulated providers on loopback, the proxy in-process, real clock. Prints figures;
+//! asserts nothing.
 //!
 //! `cargo run --release -p switchback-tests --example resume_cost`
 

@@ -2,7 +2,7 @@
 """Compatibility of a running Switchback proxy with the official Python SDKs.
 
 Drives the `openai` and `anthropic` packages against the proxy and checks that what
-they parse (bodies, streams, errors, headers) is what SPEC §3 promises. Run by
+they parse (bodies, streams, errors, headers) is what docs/request-lifecycle.md promises. Run by
 tests/tests/sdk.rs, which starts simulated providers and the proxy with matching
 routes; it can also be pointed at any proxy serving routes of the same shape.
 

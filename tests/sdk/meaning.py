@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fallback keeps the request's meaning (SPEC §17), as the official Python SDKs see it.
+"""A fallback keeps the request's meaning (docs/translation.md), as the official Python SDKs see it.
 
 Run by tests/tests/meaning.rs against a proxy whose routes translate every request:
 structured output through each SDK's `parse` helpers (unary and streamed), a target

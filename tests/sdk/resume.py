@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Resumed or hedged streams (SPEC §13) as the official Python SDKs parse them.
+"""Resumed or hedged streams (docs/streaming.md) as the official Python SDKs parse them.
 
 Run by tests/tests/streams.rs against a proxy whose routes resume (each route's first
 target breaks its stream after a few words and the next continues it), and by

@@ -1,7 +1,7 @@
-//! Runs a chart's Deployments the way a cluster would, on loopback (SPEC §7). Nothing
-//! runs pods on the test API server, so this stands in for the kubelet, the Deployment
-//! and disruption controllers and the EndpointSlice controller, for the workspace's own
-//! two binaries only.
+//! Runs a chart's Deployments the way a cluster would, on loopback
+//! (docs/development.md#the-end-to-end-suite). Nothing runs pods on the test API server, so
+//! this stands in for the kubelet, the Deployment and disruption controllers and the
+//! EndpointSlice controller, for the workspace's own two binaries only.
 //!
 //! For every Deployment of one namespace whose image is `…/operator` or `…/proxy`, it
 //! starts `spec.replicas` processes, each as the pod template says: the container's

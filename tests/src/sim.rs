@@ -2021,7 +2021,8 @@ fn base_response(ctx: &Ctx, status: u16) -> axum::http::response::Builder {
     Response::builder()
         .status(status)
         .header(id_header, &ctx.request_id)
-        // What a client of the proxy must never see (SPEC §8 lists what it may).
+        // What a client of the proxy must never see
+        // (docs/request-lifecycle.md#of-a-providers-answer lists what it may).
         .header(header::SET_COOKIE, "__sim_session=1; Path=/; HttpOnly")
         .header(header::SERVER, "sim")
 }

@@ -1,7 +1,8 @@
-//! Clients that misbehave on purpose (SPEC §8): headers at a drip, a body at a drip, a
-//! `Content-Length` far over the limit, many idle sockets, more request bytes at once
-//! than the budget. The data port refuses each as the SPEC says, counts it on
-//! `/metrics`, and stays responsive to well-behaved clients and `/healthz` meanwhile.
+//! Clients that misbehave on purpose (docs/limits.md#the-limits): headers at a drip, a body
+//! at a drip, a `Content-Length` far over the limit, many idle sockets, more request bytes
+//! at once than the budget. The data port refuses each as docs/limits.md#the-limits says,
+//! counts it on `/metrics`, and stays responsive to well-behaved clients and `/healthz`
+//! meanwhile.
 //!
 //! The proxy serves on two lanes of its own (as the binary does), so the limits are
 //! checked on every lane; they run on the real clock, so the limits are set short

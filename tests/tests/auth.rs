@@ -1,4 +1,4 @@
-//! Client authentication and tenancy on the data port (SPEC §9), standalone: 401 in
+//! Client authentication and tenancy on the data port (docs/tenancy.md#modes), standalone: 401 in
 //! each surface's shape, keys from `Authorization: Bearer` and `x-api-key`, model
 //! names resolved among the routes a client may call, `sharedWith`, `--auth off`, and
 //! the client's key never reaching a provider.

@@ -1,4 +1,4 @@
-//! Budgets that hold (SPEC §15). A request reserves its output cap and input
+//! Budgets that hold (docs/tenancy.md#budgets). A request reserves its output cap and input
 //! estimate before it is sent, so many at once cannot spend past a budget (on the
 //! real `switchback-proxy` binary); a client that walks away still pays: a unary
 //! answer is read to its end and counted, a stream whose content had ended is read

@@ -1,4 +1,4 @@
-//! Per-client usage, limits and budgets (SPEC §9), standalone: usage counted per
+//! Per-client usage, limits and budgets (docs/tenancy.md#budgets), standalone: usage counted per
 //! LLMClient on `/admin/v1/stats` and `/metrics` (unary and streamed), requests and
 //! tokens per minute and concurrency answered with 429 `rate_limited` without an
 //! upstream call, the replica's share, the operator's rendered `exhausted`, the

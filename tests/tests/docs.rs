@@ -7,6 +7,11 @@
 //! (`[text](target)`, `![alt](target)`), reference definitions (`[label]: target`), and
 //! HTML `href`/`src` attributes, outside fenced code blocks, inline code and HTML
 //! comments. `http(s)://` and `mailto:` links are not followed.
+//!
+//! The code cites the docs the same way: a comment of a `.rs` file that names a page with
+//! an anchor (`docs/limits.md` plus `#the-limits`, written as one word) names a heading
+//! of that page, and nothing in the tree cites the product specification the project
+//! was built from, which a clone does not have: the docs state every rule themselves.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
@@ -31,6 +36,16 @@ fn root() -> PathBuf {
 
 /// Every `*.md` below `dir`, skipping build output and hidden folders (`.git`, `.venv`).
 fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    files_below(
+        dir,
+        &|path| path.extension().is_some_and(|e| e == "md"),
+        out,
+    );
+}
+
+/// Every file below `dir` that `keep` keeps, in order, skipping build output and hidden
+/// folders except `.ci` (CI's scripts, which cite docs too).
+fn files_below(dir: &Path, keep: &dyn Fn(&Path) -> bool, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -39,10 +54,11 @@ fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for path in entries {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if path.is_dir() {
-            if !name.starts_with('.') && name != "target" && name != "node_modules" {
-                markdown_files(&path, out);
+            let hidden = name.starts_with('.') && name != ".ci";
+            if !hidden && name != "target" && name != "node_modules" {
+                files_below(&path, keep, out);
             }
-        } else if name.ends_with(".md") {
+        } else if keep(&path) {
             out.push(path);
         }
     }
@@ -611,12 +627,198 @@ See [a](docs/a.md#part) and ![b](img/b.png \"title\"), [c](<d e.md>).
         Some(PathBuf::from("/repo/crds/README.md"))
     );
     assert_eq!(anchors("## The API (`crds/`)\n")[0], "the-api-crds");
-    assert_eq!(anchors("## LLMClient (SPEC §9)\n")[0], "llmclient-spec-9");
+    assert_eq!(
+        anchors("## LLMClient (v1alpha1)\n")[0],
+        "llmclient-v1alpha1"
+    );
 }
 
-/// SPEC §12: the troubleshooting page names every failure and skip reason the proxy
-/// gives, every condition reason of `compile`, every target state the status shows,
-/// every key state, where probes and keys show, and the Events the operator records.
+/// What cites the product specification by section: built from two parts so that this
+/// file does not match itself.
+const SPEC_SECTION: &str = concat!("SPEC ", "\u{a7}");
+
+/// The files a user reads or runs: sources, docs, the chart, CI and the SDK checks.
+fn cited_files(root: &Path) -> Vec<PathBuf> {
+    let keep = |path: &Path| {
+        let under = |dir: &str| path.components().any(|c| c.as_os_str() == dir);
+        let ext = path.extension().map(|e| e.to_string_lossy().into_owned());
+        under(".ci")
+            || under("charts")
+            || matches!(
+                ext.as_deref(),
+                Some("rs" | "md" | "yaml" | "yml" | "json" | "tpl" | "txt" | "py" | "toml" | "sh")
+            )
+    };
+    let mut out = Vec::new();
+    files_below(root, &keep, &mut out);
+    out
+}
+
+/// Every page path with an anchor that a comment of `text` (Rust source) cites: the
+/// line number, the path as written (relative to the repository root) and the anchor.
+/// Only comments count (`//`, `///`, `//!`, from the first `//` of a line that is not
+/// inside a string on that line); a string literal in code is data, not a citation.
+fn code_references(text: &str) -> Vec<(usize, String, String)> {
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    let anchor_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let Some(comment) = comment_of(line) else {
+            continue;
+        };
+        let mut rest = comment;
+        while let Some(at) = rest.find(".md#") {
+            let before = &rest[..at];
+            let start = before
+                .char_indices()
+                .rev()
+                .find(|&(_, c)| !path_char(c))
+                .map_or(0, |(i, c)| i + c.len_utf8());
+            let after = &rest[at + 4..];
+            let end = after.find(|c| !anchor_char(c)).unwrap_or(after.len());
+            let path = format!("{}.md", &before[start..]);
+            out.push((n + 1, path, after[..end].to_string()));
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// The comment part of one line of Rust: from the first `//` outside a string literal.
+fn comment_of(line: &str) -> Option<&str> {
+    let mut in_string = false;
+    let mut escaped = false;
+    let bytes = line.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if b == b'/' && bytes.get(i + 1) == Some(&b'/') {
+            return Some(&line[i..]);
+        }
+    }
+    None
+}
+
+#[test]
+fn nothing_cites_the_specification_the_docs_replace() {
+    let root = root();
+    let files = cited_files(&root);
+    for expected in [
+        "proxy/src/lib.rs",
+        "docs/limits.md",
+        ".ci/chart",
+        "charts/switchback/values.yaml",
+    ] {
+        assert!(
+            files.contains(&root.join(expected)),
+            "{expected} was not scanned"
+        );
+    }
+    let mut problems = Vec::new();
+    for file in &files {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue; // not text
+        };
+        for (n, line) in text.lines().enumerate() {
+            if line.contains(SPEC_SECTION) {
+                problems.push(format!(
+                    "{}:{}: {}",
+                    file.strip_prefix(&root).unwrap().display(),
+                    n + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} line(s) cite the product specification, which a clone does not have: name \
+         the docs page and section that states the rule (and state it there if none \
+         does):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn every_docs_page_a_comment_cites_has_the_heading() {
+    let root = root();
+    let files = cited_files(&root);
+    let mut pages: HashMap<PathBuf, Vec<String>> = HashMap::new();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for file in files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+    {
+        let shown = file.strip_prefix(&root).unwrap().display();
+        let text = std::fs::read_to_string(file).unwrap();
+        for (line, path, anchor) in code_references(&text) {
+            checked += 1;
+            let page = root.join(&path);
+            if !page.is_file() {
+                problems.push(format!(
+                    "{shown}:{line}: {path}#{anchor}: no such page (paths are from the \
+                     repository root)"
+                ));
+                continue;
+            }
+            let names = pages
+                .entry(page.clone())
+                .or_insert_with(|| anchors(&std::fs::read_to_string(&page).unwrap()));
+            if !names.contains(&anchor.to_lowercase()) {
+                problems.push(format!(
+                    "{shown}:{line}: {path}#{anchor}: {path} has no heading with that anchor"
+                ));
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} docs reference(s) found in comments: is the scanner broken?"
+    );
+    assert!(
+        problems.is_empty(),
+        "{} docs reference(s) in comments naming no heading:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_code_scanner_reads_comments_only() {
+    let text = "\
+//! Owns x (docs/limits.md#the-limits, README.md#how-it-works).
+let s = \"docs/a.md#part // docs/b.md#nope\"; // see operator/README.md#rbac.
+    /// `docs/streaming.md#resume-after-commit`: backticks are fine
+";
+    assert_eq!(
+        code_references(text),
+        [
+            (1, "docs/limits.md".to_string(), "the-limits".to_string()),
+            (1, "README.md".to_string(), "how-it-works".to_string()),
+            (2, "operator/README.md".to_string(), "rbac".to_string()),
+            (
+                3,
+                "docs/streaming.md".to_string(),
+                "resume-after-commit".to_string()
+            ),
+        ]
+    );
+    assert!(SPEC_SECTION.ends_with('\u{a7}'));
+}
+
+/// docs/troubleshooting.md#every-reason-and-where-it-shows: the troubleshooting page names
+/// every failure and skip reason the proxy gives, every condition reason of `compile`,
+/// every target state the status shows, every key state, where probes and keys show, and
+/// the Events the operator records.
 #[test]
 fn the_troubleshooting_page_names_every_reason_state_and_event() {
     let page = std::fs::read_to_string(
@@ -634,8 +836,8 @@ fn the_troubleshooting_page_names_every_reason_state_and_event() {
             missing.push(format!("state {}", state.as_str()));
         }
     }
-    // The condition reasons `compile` gives (SPEC §14's PrivateNetworkNotAllowed
-    // among them).
+    // The condition reasons `compile` gives (PrivateNetworkNotAllowed of
+    // docs/security.md#where-the-proxies-connect among them).
     for reason in switchback_crds::compile::reason::ALL {
         if !page.contains(&format!("| `{reason}` |")) {
             missing.push(format!("condition reason {reason}"));

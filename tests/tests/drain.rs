@@ -1,7 +1,7 @@
-//! SIGTERM under load, on the real `switchback-proxy` binary (SPEC §8): unary calls in
-//! flight (a slow provider) and open streams all finish; `/readyz` answers 503 from
-//! the signal on while the admin port keeps answering; requests that come during the
-//! drain delay are still served; a stream still open when the grace is over ends with
+//! SIGTERM under load, on the real `switchback-proxy` binary (docs/limits.md#shutdown):
+//! unary calls in flight (a slow provider) and open streams all finish; `/readyz` answers
+//! 503 from the signal on while the admin port keeps answering; requests that come during
+//! the drain delay are still served; a stream still open when the grace is over ends with
 //! the error event; the request log is flushed; the process exits 0.
 
 use std::path::Path;

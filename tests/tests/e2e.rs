@@ -1,5 +1,5 @@
-//! End-to-end tests against a real API server (SPEC §7), run only with
-//! `SWITCHBACK_E2E=1`; otherwise each test prints why it skipped.
+//! End-to-end tests against a real API server (docs/development.md#the-end-to-end-suite),
+//! run only with `SWITCHBACK_E2E=1`; otherwise each test prints why it skipped.
 //!
 //! They use the API server KUBECONFIG names (kubectl's current context), create their
 //! own namespaces, apply `crds/*.yaml` with kubectl, run the real `switchback-operator`
@@ -16,9 +16,10 @@
 //!
 //! `bench_1000_routes_in_50_namespaces` is the issue's benchmark (apply to all
 //! Programmed, status writes per second, operator memory, one edit at that size); set
-//! `SWITCHBACK_E2E_BENCH_ROUTES` to change its size. SPEC §14's, 10,000 routes in 100
-//! namespaces with 2,000 in one, is `bench_10000_routes_in_100_namespaces_2000_in_one`,
-//! ignored (run it with `--ignored`; docs/benchmark.md has its figures).
+//! `SWITCHBACK_E2E_BENCH_ROUTES` to change its size.
+//! docs/benchmark.md#delivery-at-scale-10000-routes: 10,000 routes in 100 namespaces with
+//! 2,000 in one, is `bench_10000_routes_in_100_namespaces_2000_in_one`, ignored (run it
+//! with `--ignored`; docs/benchmark.md has its figures).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -224,8 +225,9 @@ struct Stack {
     /// The operator's arguments before the test's own (kept for restarts).
     operator_args: Vec<String>,
     http: reqwest::Client,
-    /// The proxies' admin token (SPEC §9): every proxy gets `--admin-token-file`, the
-    /// operator `--proxy-admin-token-file`, on the same file, as the chart does.
+    /// The proxies' admin token (docs/proxy.md#admin-port): every proxy gets
+    /// `--admin-token-file`, the operator `--proxy-admin-token-file`, on the same file, as
+    /// the chart does.
     admin_token: String,
 }
 
@@ -509,8 +511,8 @@ impl Stack {
 }
 
 /// The operator flag that lets credentials of `namespaces` reach private networks
-/// (SPEC §14): the simulated providers listen on loopback, and the platform, not the
-/// credential, decides that this is allowed.
+/// (docs/security.md#where-the-proxies-connect): the simulated providers listen on
+/// loopback, and the platform, not the credential, decides that this is allowed.
 fn allow_private(namespaces: &[&String]) -> String {
     let names: Vec<&str> = namespaces.iter().map(|n| n.as_str()).collect();
     format!("--allow-private-network-namespaces={}", names.join(","))
@@ -603,8 +605,9 @@ fn table(out: &str) -> Vec<Vec<String>> {
 }
 
 /// Everything a user meets, from `kubectl apply` to `kubectl wait` and back, with two
-/// proxy replicas: SPEC §2, §4, §5 and the issue's scenarios in one story, because each
-/// step builds on the state the last one left.
+/// proxy replicas: crds/README.md#switchback-crds, operator/README.md#what-it-writes,
+/// docs/observability.md#stats and the issue's scenarios in one story, because each step
+/// builds on the state the last one left.
 #[tokio::test(flavor = "multi_thread")]
 async fn operator_and_proxy_against_a_real_api_server() {
     if !enabled("operator_and_proxy_against_a_real_api_server") {
@@ -1146,9 +1149,9 @@ async fn operator_and_proxy_against_a_real_api_server() {
     // 14. Delete the routes: the credential goes, copycat takes the model over; once
     //     it goes too, namespace a's rendered objects are gone and the proxies answer
     //     404 for `smart` while b's `keeper` still serves. Deleting that last route
-    //     leaves a config with no LLMRoute, which is refused like a broken one (SPEC
-    //     §8, no --allow-empty-config here): the last good config keeps serving and
-    //     /admin/v1/config says why.
+    //     leaves a config with no LLMRoute, which is refused like a broken one
+    //     (docs/proxy.md#loading-and-reloading-config, no --allow-empty-config here): the
+    //     last good config keeps serving and /admin/v1/config says why.
     apply(&route(
         &b,
         "keeper",
@@ -1233,7 +1236,7 @@ async fn operator_and_proxy_against_a_real_api_server() {
     );
 }
 
-/// SPEC §9 in a cluster: the operator renders LLMClients with keyed hashes of their
+/// docs/tenancy.md#keys in a cluster: the operator renders LLMClients with keyed hashes of their
 /// keys, and both proxy replicas (`--auth required`, the same HMAC file) authenticate
 /// with them. Two namespaces each serve `smart`; each client gets its own namespace's;
 /// a rotated key works, and the old one stops, within the delivery time.
@@ -1393,10 +1396,10 @@ async fn clients_authenticate_against_a_real_api_server() {
     );
 
     // A small daily token budget: usage grows in status, and once what is left on a
-    // replica cannot cover a request's reservation (SPEC §15: its default reservation
-    // here, the request sets no max_tokens, plus its input estimate) both replicas
-    // refuse the client with 429 budget_exhausted, without ever going past the budget,
-    // while the other client of the namespace goes on.
+    // replica cannot cover a request's reservation (docs/tenancy.md#reserve-before-sending:
+    // its default reservation here, the request sets no max_tokens, plus its input
+    // estimate) both replicas refuse the client with 429 budget_exhausted, without ever
+    // going past the budget, while the other client of the namespace goes on.
     let capped = format!("sk-app-capped-{id}-0123456789");
     const BUDGET: i64 = 100;
     apply(&format!(
@@ -1531,13 +1534,13 @@ async fn clients_authenticate_against_a_real_api_server() {
 }
 
 /// The API server refuses what the schema and CEL rules forbid, naming the field.
-/// SPEC §12: "why does `smart` go to the backup right now?", answered from the cluster
-/// alone. A primary answering 503 opens its circuit: SERVING turns to the backup and
-/// the primary shows CircuitOpen with `until`; after `openFor` the probe succeeds and
-/// it is Ready again. A 429 with Retry-After parks a target (Parked, `until`); a
-/// credential whose Secret lacks the key shows NoKey. `kubectl describe` is printed.
-/// The EndpointSlice of one proxy replica's admin port, as the EndpointSlice
-/// controller writes it: ready, or terminating once the pod is being deleted.
+/// docs/troubleshooting.md#my-requests-go-to-the-fallback: "why does `smart` go to the
+/// backup right now?", answered from the cluster alone. A primary answering 503 opens its
+/// circuit: SERVING turns to the backup and the primary shows CircuitOpen with `until`;
+/// after `openFor` the probe succeeds and it is Ready again. A 429 with Retry-After parks a
+/// target (Parked, `until`); a credential whose Secret lacks the key shows NoKey. `kubectl
+/// describe` is printed. The EndpointSlice of one proxy replica's admin port, as the
+/// EndpointSlice controller writes it: ready, or terminating once the pod is being deleted.
 fn admin_slice(gateway: &str, service: &str, admin: u16, terminating: bool) -> String {
     let ready = !terminating;
     format!(
@@ -1549,7 +1552,7 @@ fn admin_slice(gateway: &str, service: &str, admin: u16, terminating: bool) -> S
     )
 }
 
-/// SPEC §15, "nothing counted is lost": a stream of 400 output tokens that finishes
+/// docs/tenancy.md#drains, "nothing counted is lost": a stream of 400 output tokens that finishes
 /// while its proxy drains after SIGTERM reaches the client's `status.usage`. The
 /// operator finds the replica through its admin Service's EndpointSlice, as in a
 /// cluster; once the pod is terminating (not ready, not serving) it is still read
@@ -1858,8 +1861,8 @@ async fn status_says_why_requests_go_where_they_go() {
     drop(stack);
 }
 
-/// SPEC §16 on a real API server: a key pool with a data key its Secret lacks (the
-/// field named in ResolvedRefs, the others serving), the keys' states in
+/// docs/request-lifecycle.md#key-pools on a real API server: a key pool with a data key its
+/// Secret lacks (the field named in ResolvedRefs, the others serving), the keys' states in
 /// `status.keys[]` and the `KEYS` column of `kubectl get pcred`, an open circuit shown
 /// probing in `status.targets[]`, and the CRD refusing a bad pool or probeInterval.
 #[tokio::test(flavor = "multi_thread")]
@@ -2110,8 +2113,8 @@ async fn schema_and_cel_refusals_name_the_field() {
         assert!(!accepted, "accepted:\n{yaml}");
         assert!(err.contains(field), "the refusal names {field}: {err}");
     }
-    // SPEC §14: a static header that may carry a key is refused by name, any case;
-    // one that carries none is accepted.
+    // docs/security.md#keys-stay-in-secrets: a static header that may carry a key is
+    // refused by name, any case; one that carries none is accepted.
     for (name, accepted) in [
         ("X-Goog-Api-Key", false),
         ("authorization", false),
@@ -2151,8 +2154,8 @@ async fn schema_and_cel_refusals_name_the_field() {
         !accepted && err.contains(".spec.fallback.true: field not declared in schema"),
         "{err}"
     );
-    // A reservation that cannot be honoured (SPEC §15): out of range, or more than
-    // the whole day's tokens.
+    // A reservation that cannot be honoured (docs/tenancy.md#reserve-before-sending): out
+    // of range, or more than the whole day's tokens.
     for (budget, field) in [
         (
             "{ tokensPerDay: 1000, defaultReservation: -5 }",
@@ -2177,12 +2180,12 @@ async fn schema_and_cel_refusals_name_the_field() {
     }
 }
 
-/// SPEC §14: private networks are the platform's decision. With the operator's
-/// default (no `--allow-private-network-namespaces`), a credential with
-/// `allowPrivateNetwork: true` (its provider on loopback) is refused by that field
-/// (`PrivateNetworkNotAllowed` on the credential and its route), and no request
-/// reaches its provider; allowing the namespace serves it; withdrawing the allowance
-/// stops it again, while a namespace still allowed is served throughout.
+/// docs/security.md#where-the-proxies-connect: private networks are the platform's
+/// decision. With the operator's default (no `--allow-private-network-namespaces`), a
+/// credential with `allowPrivateNetwork: true` (its provider on loopback) is refused by
+/// that field (`PrivateNetworkNotAllowed` on the credential and its route), and no request
+/// reaches its provider; allowing the namespace serves it; withdrawing the allowance stops
+/// it again, while a namespace still allowed is served throughout.
 #[tokio::test(flavor = "multi_thread")]
 async fn private_networks_are_the_platforms_decision() {
     if !enabled("private_networks_are_the_platforms_decision") {
@@ -2345,12 +2348,12 @@ fn two_keys(ns: &str, base_url: &str, first: &str, second: &str) -> String {
     yaml
 }
 
-/// SPEC §14, "Delivery is isolated per namespace", on a real API server: a namespace
-/// too big for one ConfigMap is split over several and served whole; a namespace whose
-/// write the API server refuses (a route edit that puts a second, near-1 MiB key into
-/// its keys Secret, which a Secret cannot hold) keeps its last delivered version, says
-/// `DeliveryFailed` with the API's message (condition, Event, metric), and stops
-/// nobody: another namespace's edit is served meanwhile. Fixed, it is delivered.
+/// operator/README.md#what-it-writes, "Delivery is isolated per namespace", on a real API
+/// server: a namespace too big for one ConfigMap is split over several and served whole; a
+/// namespace whose write the API server refuses (a route edit that puts a second, near-1
+/// MiB key into its keys Secret, which a Secret cannot hold) keeps its last delivered
+/// version, says `DeliveryFailed` with the API's message (condition, Event, metric), and
+/// stops nobody: another namespace's edit is served meanwhile. Fixed, it is delivered.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_namespace_cannot_stop_delivery_for_the_others() {
     if !enabled("one_namespace_cannot_stop_delivery_for_the_others") {
@@ -2772,9 +2775,10 @@ async fn bench_1000_routes_in_50_namespaces() {
     );
 }
 
-/// SPEC §14's benchmark: 10,000 routes in 100 namespaces, 2,000 of them in one (split
-/// over several ConfigMaps), all Programmed; then one edit at that size. Not run by
-/// CI (minutes, and most of a 2-core machine): see docs/benchmark.md.
+/// The benchmark of docs/benchmark.md#delivery-at-scale-10000-routes: 10,000 routes in 100
+/// namespaces, 2,000 of them in one (split over several ConfigMaps), all Programmed; then
+/// one edit at that size. Not run by CI (minutes, and most of a 2-core machine): see
+/// docs/benchmark.md.
 ///
 /// ```sh
 /// SWITCHBACK_E2E=1 cargo test -p switchback-tests --test e2e -- --ignored --nocapture bench_10000

@@ -1,10 +1,11 @@
-//! A target that cannot serve a feature is skipped, not an error (SPEC §17), through
-//! the whole pipeline against simulated providers: the skip is `unsupportedFeature`
-//! in the attempts list, stats and metrics and the walk goes on; a circuit-open
-//! target is still tried when every other one cannot serve the request; only when no
-//! target can is the answer a 400 naming the field and each target; and an image or
-//! document by URL is fetched for Bedrock within the private-network guard and the
-//! answer size limit, or the target is skipped saying why.
+//! A target that cannot serve a feature is skipped, not an error
+//! (docs/translation.md#a-target-that-cannot-serve-a-feature), through the whole pipeline
+//! against simulated providers: the skip is `unsupportedFeature` in the attempts list,
+//! stats and metrics and the walk goes on; a circuit-open target is still tried when every
+//! other one cannot serve the request; only when no target can is the answer a 400 naming
+//! the field and each target; and an image or document by URL is fetched for Bedrock within
+//! the private-network guard and the answer size limit, or the target is skipped saying
+//! why.
 
 use std::net::SocketAddr;
 

@@ -293,7 +293,8 @@ async fn tools_go_both_ways_on_both_surfaces() {
         "messages[1].tool_call_id"
     );
     assert_eq!(gemini.hits(), 3, "refused requests are never sent");
-    // An image by URL goes as a file Google fetches, typed by its name (SPEC §17).
+    // An image by URL goes as a file Google fetches, typed by its name
+    // (docs/translation.md#documents-and-media).
     let r = proxy
         .post(
             "/v1/chat/completions",

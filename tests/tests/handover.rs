@@ -1,6 +1,6 @@
-//! The operator hands over cleanly (SPEC §14), against the API server KUBECONFIG names
-//! with `SWITCHBACK_E2E=1` (otherwise each test prints why it skipped): two
-//! `switchback-operator` processes elect a leader on one Lease.
+//! The operator hands over cleanly (docs/security.md#one-operator-acts-at-a-time), against
+//! the API server KUBECONFIG names with `SWITCHBACK_E2E=1` (otherwise each test prints why
+//! it skipped): two `switchback-operator` processes elect a leader on one Lease.
 //!
 //! - `a_leader_whose_api_stops_answering_stops_before_the_standby_leads`: the leader
 //!   reaches the API server through a TCP forwarder of the test's, which is then

@@ -1,8 +1,8 @@
-//! Health that spans keys and probes (SPEC §16), end to end through the proxy and
-//! simulated providers, on tokio's paused clock: key pools (a provider that tells
-//! keys apart), open circuits probed in the background instead of by client requests,
-//! a hung target that leaves the next one its share of the budget, opt-in health
-//! checks, and which model answered.
+//! Health that spans keys and probes (docs/request-lifecycle.md#key-pools), end to end
+//! through the proxy and simulated providers, on tokio's paused clock: key pools (a
+//! provider that tells keys apart), open circuits probed in the background instead of by
+//! client requests, a hung target that leaves the next one its share of the budget, opt-in
+//! health checks, and which model answered.
 
 use std::time::Duration;
 
@@ -276,8 +276,9 @@ async fn while_probing_the_stats_say_so_and_no_request_reaches_the_target() {
     assert_eq!(header(&r, "x-switchback-target"), "team-a/primary");
 }
 
-/// SPEC §16: with the defaults (a 60 s budget, no target timeouts), a first target
-/// that never answers gets half the budget, and the second answers.
+/// docs/request-lifecycle.md#time-budgets: with the defaults (a 60 s budget, no target
+/// timeouts), a first target that never answers gets half the budget, and the second
+/// answers.
 #[tokio::test(start_paused = true)]
 async fn a_hung_first_target_gets_half_the_budget_and_the_second_answers() {
     let (primary, _backup, proxy) = primary_and_backup("").await;
@@ -447,9 +448,9 @@ async fn every_provider_answers_its_probe() {
     assert_eq!(body(&vertex)["max_tokens"], 1);
 }
 
-/// SPEC §16: `x-switchback-model` names the upstream model on every answer; with
-/// `responseModel: served` the body's `model` (every stream chunk's) says it too, on
-/// both client surfaces, relayed or translated.
+/// docs/request-lifecycle.md#headers: `x-switchback-model` names the upstream model on
+/// every answer; with `responseModel: served` the body's `model` (every stream chunk's)
+/// says it too, on both client surfaces, relayed or translated.
 #[tokio::test]
 async fn the_answer_says_which_model_answered() {
     let openai = SimProvider::start_named("openai", Flavor::OpenAi).await;

@@ -1,8 +1,8 @@
-//! First-token hedging through the whole proxy (SPEC §13): a slow first token is
-//! hedged on the next target and the first to commit answers, the other's
-//! connection closed (the simulated provider sees it); a fast one is not; at most
-//! `maxPercent` of the route's requests are hedged; never past the call's budget.
-//! Streams (both APIs) and unary calls. Paused clock throughout.
+//! First-token hedging through the whole proxy (docs/streaming.md#first-token-hedging): a
+//! slow first token is hedged on the next target and the first to commit answers, the
+//! other's connection closed (the simulated provider sees it); a fast one is not; at most
+//! `maxPercent` of the route's requests are hedged; never past the call's budget. Streams
+//! (both APIs) and unary calls. Paused clock throughout.
 
 use std::time::Duration;
 
@@ -221,7 +221,7 @@ async fn under_load_at_most_max_percent_of_the_requests_are_hedged() {
 async fn a_hedge_never_starts_past_the_calls_budget() {
     let _serial = ONE_AT_A_TIME.lock().await;
     // The primary's own timeout, past the budget, lets it spend all of it (without
-    // one it would leave the backup its share, SPEC §16).
+    // one it would leave the backup its share, docs/request-lifecycle.md#time-budgets).
     let spec = HEDGED
         .replace("  hedge:", "  timeout: 1500ms\n  hedge:")
         .replace(

@@ -1,11 +1,12 @@
-//! Hostile clients are bounded before authentication (SPEC §14), on the real
-//! `switchback-proxy` binary: headers over `--max-header-bytes` get 431; connections
-//! that never finish their headers are cut at the header deadline and keep the
-//! replica's memory bounded meanwhile; clients that stop reading their answer are
-//! disconnected after `--client-write-timeout` and give back what they held; the admin
-//! port caps its connections and closes idle ones, and `/healthz` answers throughout.
-//! And restarts (`docs/proxy.md`: "Ports"): a second proxy started on the ports of a
-//! draining one waits for them and takes both, or exits having bound neither.
+//! Hostile clients are bounded before authentication
+//! (docs/security.md#what-a-hostile-client-can-and-cannot-do), on the real
+//! `switchback-proxy` binary: headers over `--max-header-bytes` get 431; connections that
+//! never finish their headers are cut at the header deadline and keep the replica's memory
+//! bounded meanwhile; clients that stop reading their answer are disconnected after
+//! `--client-write-timeout` and give back what they held; the admin port caps its
+//! connections and closes idle ones, and `/healthz` answers throughout. And restarts
+//! (`docs/proxy.md`: "Ports"): a second proxy started on the ports of a draining one waits
+//! for them and takes both, or exits having bound neither.
 //!
 //! The limits are set short by flag so each test takes seconds; the assertions are on
 //! behaviour (answered, closed, released), with generous bounds for a shared machine.

@@ -1,6 +1,7 @@
-//! The chart installed the way a platform team installs it (SPEC §7, §11), against the
-//! API server KUBECONFIG names, with `SWITCHBACK_E2E=1` (otherwise each test prints
-//! why it skipped).
+//! The chart installed the way a platform team installs it
+//! (docs/development.md#the-end-to-end-suite, README.md#in-a-cluster-the-quickstart),
+//! against the API server KUBECONFIG names, with `SWITCHBACK_E2E=1` (otherwise each test
+//! prints why it skipped).
 //!
 //! `helm install` with a real Helm (`SWITCHBACK_HELM`, or `helm` on PATH; `.ci/chart`
 //! fetches one), then the chart's Deployments run by [`Kubelet`] as a cluster would run
@@ -13,8 +14,9 @@
 //! - `the_readme_quickstart_on_a_helm_install` runs the README's cluster quickstart
 //!   verbatim, block by block in one shell, except for what it says it replaces: the
 //!   provider block (a simulated provider, on loopback: a private address, so the
-//!   helm install gets `egress.allowPrivateNetworkNamespaces={team-a}`, SPEC §14) and
-//!   the port-forward (a loopback port the test forwards to a proxy pod).
+//!   helm install gets `egress.allowPrivateNetworkNamespaces={team-a}`,
+//!   docs/security.md#where-the-proxies-connect) and the port-forward (a loopback port the
+//!   test forwards to a proxy pod).
 //! - `namespaced_mode_reads_only_its_namespaces` installs with `watchNamespaces`.
 //!
 //! They use fixed namespaces (`switchback-system`, `team-a`, and `sb-nsmode-*`),
@@ -264,7 +266,8 @@ fn quickstart_blocks(readme: &str) -> Vec<String> {
 }
 
 /// The value the install test adds to the quickstart's `helm install`: its simulated
-/// provider is on loopback, a private network the platform must allow (SPEC §14).
+/// provider is on loopback, a private network the platform must allow
+/// (docs/security.md#where-the-proxies-connect).
 const ALLOW_TEAM_A: &str = "--set 'egress.allowPrivateNetworkNamespaces={team-a}'";
 
 /// What the test replaces in the quickstart, each exactly once: the provider block
@@ -381,7 +384,7 @@ fn the_quickstart_has_the_blocks_the_install_test_runs() {
     );
 }
 
-/// SPEC §11's one command and the README's quickstart, verbatim: a fresh install is
+/// The one command of README.md#in-a-cluster-the-quickstart, verbatim: a fresh install is
 /// healthy with no route (`helm install --wait` returns), a route reaches Ready, a
 /// client key gets 200, the first target being down shows as a fallback in the
 /// response and in `kubectl get llmroutes`; every process runs as the chart's
@@ -470,7 +473,8 @@ async fn the_readme_quickstart_on_a_helm_install() {
         Some("True"),
         "{table}"
     );
-    // SERVING (SPEC §12): the first target is tried but answers nothing.
+    // SERVING (docs/troubleshooting.md#target-states): the first target is tried but
+    // answers nothing.
     assert_eq!(
         row.get("SERVING").map(String::as_str),
         Some("main"),
@@ -511,7 +515,7 @@ async fn the_readme_quickstart_on_a_helm_install() {
     kubelet.with_pods(&format!("{release}-operator"), |pods| {
         assert_eq!(pods.len(), 1);
         assert_eq!(pods[0].service_account, format!("{release}-operator"));
-        // The chart value reached the operator's flag (SPEC §14).
+        // The chart value reached the operator's flag (docs/security.md#where-the-proxies-connect).
         assert!(
             pods[0]
                 .args
@@ -548,8 +552,9 @@ async fn the_readme_quickstart_on_a_helm_install() {
 }
 
 /// A provider key rotated in the user's Secret is served: the operator writes a new
-/// keys Secret, grants the proxies `get` on it, then names it in the index (SPEC §4,
-/// §14); the proxies, which may read nothing else, fetch it by name.
+/// keys Secret, grants the proxies `get` on it, then names it in the index
+/// (operator/README.md#what-it-writes, docs/security.md#what-the-proxy-can-read); the
+/// proxies, which may read nothing else, fetch it by name.
 async fn a_rotated_key_reaches_the_proxies(shell: &mut Shell, sim: &SimProvider, port: u16) {
     let patch = r#"kubectl -n team-a patch secret provider-keys --type=merge -p '{"stringData":{"apiKey":"sk-quickstart-rotated"}}'"#;
     shell.run(patch, Duration::from_secs(30)).await.unwrap();
@@ -585,10 +590,10 @@ async fn a_rotated_key_reaches_the_proxies(shell: &mut Shell, sim: &SimProvider,
     }
 }
 
-/// SPEC §14, "each component reads only what it serves": as its ServiceAccount, the
-/// proxy may get the index and the objects it names, and nothing else of its
-/// namespace: not the Helm release Secret, not the operator's generated Secrets, no
-/// list of Secrets or ConfigMaps.
+/// docs/security.md#what-the-proxy-can-read, "each component reads only what it serves": as
+/// its ServiceAccount, the proxy may get the index and the objects it names, and nothing
+/// else of its namespace: not the Helm release Secret, not the operator's generated
+/// Secrets, no list of Secrets or ConfigMaps.
 fn the_proxy_reads_only_what_it_serves(ns: &str, release: &str, team: &str) {
     let proxy = format!("system:serviceaccount:{ns}:{release}-proxy");
     let helm_secret = format!("sh.helm.release.v1.{release}.v1");
@@ -627,7 +632,8 @@ fn the_proxy_reads_only_what_it_serves(ns: &str, release: &str, team: &str) {
     }
 }
 
-/// Right after `helm install --wait`: both proxies ready with no route (SPEC §11).
+/// Right after `helm install --wait`: both proxies ready with no route
+/// (docs/proxy.md#loading-and-reloading-config).
 async fn fresh_install_is_healthy(kubelet: &Kubelet, release: &str) {
     let http = reqwest::Client::new();
     let admin_ports: Vec<u16> = kubelet.with_pods(&format!("{release}-proxy"), |pods| {
@@ -699,7 +705,8 @@ async fn namespaced_mode_reads_only_its_namespaces() {
             "--set=proxy.limits.maxConnections=321",
             "--set=proxy.limits.maxBodyBytes=65536",
             "--set=auth.existingSecret=team-hmac",
-            // Its simulated provider is on loopback (SPEC §14: the platform's decision).
+            // Its simulated provider is on loopback
+            // (docs/security.md#where-the-proxies-connect: the platform's decision).
             &format!("--set=egress.allowPrivateNetworkNamespaces={{{a}}}"),
         ],
     );

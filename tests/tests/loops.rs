@@ -1,4 +1,4 @@
-//! Loops through the gateway (SPEC §14 "No loops"), on the real `switchback-proxy`
+//! Loops through the gateway (docs/limits.md#no-loops), on the real `switchback-proxy`
 //! binary: a credential whose base URL is its own proxy, and two proxies whose
 //! credentials point at each other. Every upstream request carries
 //! `x-switchback-hops`; a request arriving with `--max-hops` (2) of them is answered

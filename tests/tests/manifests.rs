@@ -4,8 +4,8 @@
 //! kubectl (and most GitOps tools) read YAML 1.1, where an unquoted `on`, `off`,
 //! `yes`, `no`, `y` or `n` key is a boolean. A CRD property with such a name reaches the
 //! API server as `"true"`, and a user's `on:` does not match the field, so no key
-//! anywhere may be one of those words (SPEC §2). Example manifests also load and
-//! compile as they are, their LLMClients included.
+//! anywhere may be one of those words (crds/README.md#validation-who-enforces-what).
+//! Example manifests also load and compile as they are, their LLMClients included.
 
 use std::path::{Path, PathBuf};
 

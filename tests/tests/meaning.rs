@@ -1,16 +1,16 @@
-//! A fallback keeps the request's meaning (SPEC §17), through the official Python
-//! SDKs (`tests/sdk/meaning.py`): structured output by each SDK's `parse` helpers on
-//! translated routes (Anthropic, Gemini and Bedrock targets for the OpenAI SDK;
-//! OpenAI, Gemini and Bedrock for the Anthropic SDK; unary and streamed) and the
-//! Responses API's `text.format` relayed (`responses.parse`), JSON mode
-//! through Bedrock's forced tool, a target skipped as `unsupportedFeature` for a
-//! schema it cannot express and the 400 when no target can, reasoning (thinking
-//! blocks from Gemini and Bedrock, signatures relayed byte for byte, an OpenAI
-//! client's effort as Claude's budget), and documents and media sent to Bedrock (a
-//! URL fetched by the proxy), Gemini and Vertex. Each simulated provider answers in
-//! its real shapes; after the script, the test checks what each one received in its
-//! own wire. Without a Python that imports both SDKs the test skips with a note
-//! (fails under CI).
+//! A fallback keeps the request's meaning
+//! (docs/translation.md#translation-one-model-name-across-providers), through the official
+//! Python SDKs (`tests/sdk/meaning.py`): structured output by each SDK's `parse` helpers on
+//! translated routes (Anthropic, Gemini and Bedrock targets for the OpenAI SDK; OpenAI,
+//! Gemini and Bedrock for the Anthropic SDK; unary and streamed) and the Responses API's
+//! `text.format` relayed (`responses.parse`), JSON mode through Bedrock's forced tool, a
+//! target skipped as `unsupportedFeature` for a schema it cannot express and the 400 when
+//! no target can, reasoning (thinking blocks from Gemini and Bedrock, signatures relayed
+//! byte for byte, an OpenAI client's effort as Claude's budget), and documents and media
+//! sent to Bedrock (a URL fetched by the proxy), Gemini and Vertex. Each simulated provider
+//! answers in its real shapes; after the script, the test checks what each one received in
+//! its own wire. Without a Python that imports both SDKs the test skips with a note (fails
+//! under CI).
 
 use std::net::SocketAddr;
 

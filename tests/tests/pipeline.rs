@@ -1,6 +1,7 @@
-//! The attempt pipeline end to end: every row of SPEC §3's outcome table, every
-//! terminal status, and the response headers, against simulated providers. Waiting
-//! (backoff, Retry-After, timeouts, budgets) runs on tokio's paused clock.
+//! The attempt pipeline end to end: every row of the outcome table
+//! (docs/request-lifecycle.md#what-each-outcome-does), every terminal status, and the
+//! response headers, against simulated providers. Waiting (backoff, Retry-After, timeouts,
+//! budgets) runs on tokio's paused clock.
 
 use std::time::Duration;
 

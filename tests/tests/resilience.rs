@@ -1,8 +1,8 @@
 //! Resilience state end to end: circuit breakers (open, half-open probe, close,
 //! doubling), the all-open rule, concurrency queues, least-latency ordering, and the
 //! stats and metrics a scripted run leaves behind. Paused clock throughout. The
-//! circuits here are probed by a client request (`probeInterval: 0s`, SPEC §2); their
-//! background probes are `health.rs`'s.
+//! circuits here are probed by a client request (`probeInterval: 0s`,
+//! docs/request-lifecycle.md#probed-circuits); their background probes are `health.rs`'s.
 
 use std::time::Duration;
 
@@ -86,9 +86,10 @@ async fn the_circuit_opens_probes_once_and_closes() {
     assert_eq!(backup.hits(), 3);
 }
 
-/// SPEC §12: what a request finds at each target now, as the operator reads it from
-/// `/admin/v1/stats`: CircuitOpen with since and until (the probe's time), HalfOpen
-/// once that time has come, Ready again after the probe; and the order a request takes.
+/// docs/troubleshooting.md#target-states: what a request finds at each target now, as the
+/// operator reads it from `/admin/v1/stats`: CircuitOpen with since and until (the probe's
+/// time), HalfOpen once that time has come, Ready again after the probe; and the order a
+/// request takes.
 #[tokio::test(start_paused = true)]
 async fn stats_say_what_a_request_finds_at_each_target() {
     let (primary, _backup, proxy) = setup_with("", BREAKER).await;
@@ -407,10 +408,11 @@ async fn stats_and_metrics_after_a_scripted_run() {
     }
 }
 
-/// SPEC §13, the failback ramp: a target whose circuit its probe just closed takes
-/// 10 % of its requests, 55 % half way through `rampUp` and all of them at its end;
-/// the others go on to the next target as skips with reason `rampingUp`, in the stats
-/// and the metrics. Its state stays Ready (SPEC §12's list has no ramp).
+/// docs/streaming.md#failback-ramp, the failback ramp: a target whose circuit its probe
+/// just closed takes 10 % of its requests, 55 % half way through `rampUp` and all of them
+/// at its end; the others go on to the next target as skips with reason `rampingUp`, in the
+/// stats and the metrics. Its state stays Ready (the list in
+/// docs/troubleshooting.md#target-states has no ramp).
 #[tokio::test(start_paused = true)]
 async fn a_circuit_closed_by_its_probe_ramps_its_share_back_up() {
     let spec = BREAKER.replace("openFor: 10s,", "openFor: 10s, rampUp: 30s,");

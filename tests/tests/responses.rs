@@ -1,10 +1,10 @@
-//! `POST /v1/responses` (the OpenAI Responses API, SPEC §10) through the whole
-//! pipeline against simulated providers: passed through to the targets that serve
-//! it (openai, azure-openai on its v1 API, openai-compatible declaring
-//! `responsesAPI: true`) with the route's model, failover by the same classes as
-//! chat completions, the stream commit rule on its event types, the targets that
-//! cannot serve it skipped as `unsupportedSurface`, and its usage counted. Waiting
-//! runs on tokio's paused clock.
+//! `POST /v1/responses` (the OpenAI Responses API, docs/responses-api.md#the-responses-api)
+//! through the whole pipeline against simulated providers: passed through to the targets
+//! that serve it (openai, azure-openai on its v1 API, openai-compatible declaring
+//! `responsesAPI: true`) with the route's model, failover by the same classes as chat
+//! completions, the stream commit rule on its event types, the targets that cannot serve it
+//! skipped as `unsupportedSurface`, and its usage counted. Waiting runs on tokio's paused
+//! clock.
 
 use serde_json::{Value, json};
 use switchback_tests::harness::{TestProxy, credential, header, route};
@@ -316,8 +316,9 @@ async fn an_anthropic_target_is_skipped_as_unsupported_surface() {
     assert_eq!(header(&r, "x-switchback-target"), "team-a/claude");
 }
 
-/// SPEC §3: when every target is skipped for an open circuit, one is tried anyway.
-/// A target that cannot serve the API at all does not stand in the way of that.
+/// docs/request-lifecycle.md#route-and-target-order: when every target is skipped for an
+/// open circuit, one is tried anyway. A target that cannot serve the API at all does not
+/// stand in the way of that.
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_is_still_tried_when_the_other_targets_cannot_serve_it() {
     let claude = SimProvider::start_named("claude", Flavor::Anthropic).await;
@@ -360,7 +361,8 @@ async fn when_no_target_can_serve_it_the_client_is_told_which_and_why() {
     let s = setup().await;
     for stream in [false, true] {
         let r = responses(&s.proxy, "legacy", stream).await;
-        // SPEC §3: all skipped is 503 `no_available_target`; the message says why.
+        // docs/request-lifecycle.md#when-the-chain-stops: all skipped is 503
+        // `no_available_target`; the message says why.
         assert_eq!(r.status(), 503);
         assert_eq!(header(&r, "x-switchback-attempts"), "0");
         assert_eq!(header(&r, "x-switchback-route"), "team-a/legacy");

@@ -2,8 +2,8 @@
 //! metrics, response headers and bodies, across a run that succeeds, falls back,
 //! fails, streams and reloads; then client keys with `--auth required` (a known key,
 //! one whose namespace has no route, an unknown one); then a key pool whose keys are
-//! parked, rejected and echoed back by the provider (SPEC §16). Also checks the
-//! per-request log line's fields, the client among them.
+//! parked, rejected and echoed back by the provider (docs/request-lifecycle.md#key-pools).
+//! Also checks the per-request log line's fields, the client among them.
 
 use std::time::Duration;
 
@@ -158,10 +158,10 @@ async fn keys_never_leave_through_any_output() {
     pool_keys_never_leave(&captured).await;
 }
 
-/// A key pool (SPEC §16): its keys are sent in turn, one is parked (429), one rejected
-/// (401, the provider echoing it in its error body) and probed; none shows in a log,
-/// an answer or an admin output, though stats, metrics and logs name each by its
-/// data-key name.
+/// A key pool (docs/request-lifecycle.md#key-pools): its keys are sent in turn, one is
+/// parked (429), one rejected (401, the provider echoing it in its error body) and probed;
+/// none shows in a log, an answer or an admin output, though stats, metrics and logs name
+/// each by its data-key name.
 async fn pool_keys_never_leave(logs: &CapturedLog) {
     const POOL: [&str; 3] = [
         "sk-live-POOL-ONE-5e1a0b",

@@ -1,7 +1,8 @@
-//! Streams that survive their provider (SPEC §13): stall detection and resume after
-//! commit, through the whole proxy against simulated providers that cut, stall or
-//! send an in-band error after N content events, and record the prefill they were
-//! asked to continue. Paused clock throughout: a stall is a virtual wait.
+//! Streams that survive their provider
+//! (docs/streaming.md#streams-that-survive-their-provider): stall detection and resume
+//! after commit, through the whole proxy against simulated providers that cut, stall or
+//! send an in-band error after N content events, and record the prefill they were asked to
+//! continue. Paused clock throughout: a stall is a virtual wait.
 
 use serde_json::{Value, json};
 use switchback_tests::harness::{

@@ -160,7 +160,7 @@ async fn gemini_and_claude_on_vertex_serve_both_surfaces_unary_and_streamed() {
     }
 }
 
-/// SPEC §10: vertex takes the whole Secret, its service-account key under
+/// docs/providers.md#vertex: vertex takes the whole Secret, its service-account key under
 /// `serviceAccount.json` when `secretRef` names no key.
 #[tokio::test]
 async fn a_vertex_credential_without_a_key_name_reads_service_account_json() {

@@ -66,9 +66,9 @@ const PROVIDERS: [(&str, Provider); 7] = [
 const AZURE_V1: &str = "v1";
 
 /// Header names that carry a key or a session, refused in `headers` by name, case
-/// insensitively (SPEC §14): keys come from the Secret, while static headers are
-/// rendered into the ConfigMap and shown on the proxies' `/admin/v1/config`. These
-/// names exactly...
+/// insensitively (docs/security.md#keys-stay-in-secrets): keys come from the Secret, while
+/// static headers are rendered into the ConfigMap and shown on the proxies'
+/// `/admin/v1/config`. These names exactly...
 const KEY_HEADERS: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
 /// ...and every name holding one of these (`x-api-key`, `api-key`, `x-goog-api-key`,
 /// `x-amz-security-token`, `ocp-apim-subscription-key`, `x-client-secret`, ...).
@@ -308,9 +308,9 @@ pub(crate) fn compile(
 const MIN_KEY_REJECTED_FOR_MS: u64 = 1_000;
 const MAX_KEY_REJECTED_FOR_MS: u64 = 24 * 3_600_000;
 
-/// `spec.secretRef.keys`, a pool (SPEC §16): 1 to 32 unique Secret data key names,
-/// not with `key`, not for bedrock or vertex (they take the whole Secret; the CRD's CEL
-/// rules say the same). `None` when the credential has one key.
+/// `spec.secretRef.keys`, a pool (docs/request-lifecycle.md#key-pools): 1 to 32 unique
+/// Secret data key names, not with `key`, not for bedrock or vertex (they take the whole
+/// Secret; the CRD's CEL rules say the same). `None` when the credential has one key.
 fn key_pool(
     c: &mut Checker,
     provider: Option<Provider>,
@@ -539,7 +539,7 @@ fn is_region(r: &str) -> bool {
         && !parts[parts.len() - 1].is_empty()
 }
 
-/// A bedrock credential's keys: the whole Secret `name` (SPEC §10), its
+/// A bedrock credential's keys: the whole Secret `name` (docs/providers.md#bedrock), its
 /// `accessKeyId` and `secretAccessKey` required, `sessionToken` optional, each
 /// trimmed and checked as [`super::secret_key`] checks one key.
 fn aws_keys(

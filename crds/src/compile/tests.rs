@@ -873,10 +873,10 @@ fn private_base_url_is_allowed_with_allow_private_network() {
     assert!(credential.allow_private_network);
 }
 
-/// SPEC §14: `allowPrivateNetwork: true` is the platform's to grant. In a namespace the
-/// policy does not name, the credential is refused by that field (whatever its
-/// baseURL), nothing of it is compiled, and a route using it says why with the same
-/// reason; the same credential in an allowed namespace is served.
+/// docs/security.md#where-the-proxies-connect: `allowPrivateNetwork: true` is the
+/// platform's to grant. In a namespace the policy does not name, the credential is refused
+/// by that field (whatever its baseURL), nothing of it is compiled, and a route using it
+/// says why with the same reason; the same credential in an allowed namespace is served.
 #[test]
 fn allow_private_network_is_refused_where_the_platform_does_not_allow_it() {
     for (base_url, policy) in [
@@ -1087,8 +1087,8 @@ const KEY_HEADER: &str = "may carry a key, and static headers may not: they are 
      authorization, proxy-authorization, cookie, and any name containing api-key, api_key, \
      apikey, token, secret, password, subscription-key)";
 
-/// SPEC §14: static headers may not carry keys, refused by name whatever the case;
-/// headers that carry none pass.
+/// docs/security.md#keys-stay-in-secrets: static headers may not carry keys, refused by
+/// name whatever the case; headers that carry none pass.
 #[test]
 fn static_headers_that_may_carry_keys_are_refused_by_name() {
     for name in [
@@ -2347,7 +2347,8 @@ fn bedrock_fields_are_checked_with_their_paths() {
     );
 }
 
-// SPEC §13: spec.stream, spec.hedge, circuitBreaker.rampUp and a credential's prefill.
+// docs/streaming.md#streams-that-survive-their-provider: spec.stream, spec.hedge,
+// circuitBreaker.rampUp and a credential's prefill.
 
 fn smart_of(compiled: &Compiled) -> &Route {
     compiled

@@ -106,13 +106,13 @@ pub struct Settings {
     pub scope: crate::scope::Scope,
     pub status_interval: Duration,
     pub status_writes_per_second: f64,
-    /// `--auth required`: model names resolve per client (SPEC §9 Tenancy).
+    /// `--auth required`: model names resolve per client (docs/tenancy.md#tenancy).
     pub models_per_client: bool,
     /// With `--auth required`, what client keys are hashed with; without, rendered
     /// clients carry no hash and nobody authenticates with them.
     pub client_key_hasher: Option<Arc<switchback_crds::keyhash::KeyHasher>>,
     /// Where credentials may set `allowPrivateNetwork: true`
-    /// (`--allow-private-network-namespaces`; SPEC §14).
+    /// (`--allow-private-network-namespaces`; docs/security.md#where-the-proxies-connect).
     pub private_networks: switchback_crds::network::PrivateNetworks,
     /// How a namespace's config is split into ConfigMaps (`--max-config-parts`).
     pub part_limits: switchback_crds::delivery::PartLimits,

@@ -284,10 +284,10 @@ async fn delivery_deletes_what_the_index_no_longer_names() {
     finish(server).await;
 }
 
-/// SPEC §14: a namespace whose write the API server refuses keeps its index entry (its
-/// last delivered version), is counted and shown on its routes, and waits out a
-/// backoff; every other namespace is delivered as if it did not exist, stale objects
-/// included; once the API accepts it, it is delivered and the failure is forgotten.
+/// operator/README.md#what-it-writes: a namespace whose write the API server refuses keeps
+/// its index entry (its last delivered version), is counted and shown on its routes, and
+/// waits out a backoff; every other namespace is delivered as if it did not exist, stale
+/// objects included; once the API accepts it, it is delivered and the failure is forgotten.
 #[tokio::test(start_paused = true)]
 async fn a_namespace_the_api_refuses_stops_no_other_and_is_retried_after_a_backoff() {
     let mut t = Context::test();
@@ -652,8 +652,8 @@ async fn route_status_goes_to_the_status_subresource_by_server_side_apply() {
                 .iter()
                 .map(|c| c["type"].as_str().unwrap())
                 .collect();
-            // Ready (and kstatus's Reconciling while it waits) after the three of
-            // SPEC §2 (SPEC §11).
+            // Ready (and kstatus's Reconciling while it waits) after the three conditions
+            // of a route (operator/README.md#conditions).
             assert_eq!(
                 types,
                 [
@@ -1147,10 +1147,10 @@ async fn a_spent_budget_is_laid_over_the_rendered_client_and_makes_it_not_ready(
     finish(server).await;
 }
 
-/// SPEC §15: what is left of a budget is rendered as of the scrape round that summed
-/// it (the proxies reserve against their share of it), kept as rendered while it
-/// barely moves, rendered again once half a share was spent, and laid over the
-/// rendered client.
+/// docs/tenancy.md#across-replicas: what is left of a budget is rendered as
+/// of the scrape round that summed it (the proxies reserve against their share of it), kept
+/// as rendered while it barely moves, rendered again once half a share was spent, and laid
+/// over the rendered client.
 #[tokio::test]
 async fn what_is_left_of_a_budget_is_rendered_as_of_its_round_while_it_matters() {
     let mut t = Context::test();

@@ -89,8 +89,9 @@ pub async fn run(
     ));
 
     // A JoinSet aborts its tasks when dropped: a leader that stops leading drops this
-    // future, and delivery and the scrape loop must stop with it (SPEC §14: two
-    // leaders never act at once), not run on as detached tasks.
+    // future, and delivery and the scrape loop must stop with it
+    // (docs/security.md#one-operator-acts-at-a-time: two leaders never act at once), not
+    // run on as detached tasks.
     let mut background = tokio::task::JoinSet::new();
     background.spawn(secret_events.for_each(|_| async {}));
     background.spawn(map_events.for_each(|_| async {}));

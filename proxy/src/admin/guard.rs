@@ -1,4 +1,4 @@
-//! The admin port's guard (SPEC §9 "Admin port"): with `--admin-token-file`, every
+//! The admin port's guard (docs/proxy.md#admin-port): with `--admin-token-file`, every
 //! admin request except `GET /healthz` and `GET /readyz` (the kubelet's probes, which
 //! carry no token) must present the token as `Authorization: Bearer <token>`; anything
 //! else is a 401 whose body says what is missing and never repeats what was sent.

@@ -1,4 +1,4 @@
-//! The last step of a drain (SPEC §15, "nothing counted is lost"): a replica that
+//! The last step of a drain (docs/tenancy.md#drains, "nothing counted is lost"): a replica that
 //! shuts down waits, before it exits, until the operator has read its final client
 //! counts on `/admin/v1/stats`, so that what it counted while draining reaches
 //! `status.usage`. It waits only where an operator reads it (it has been scraped at

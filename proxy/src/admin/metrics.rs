@@ -10,13 +10,13 @@
 //! | `switchback_attempts_total` | counter | `route`, `target`, `model`, `result` (`success` or a failure reason; a committed stream's when it ends) |
 //! | `switchback_skips_total` | counter | `route`, `target`, `model`, `reason` (`missingKey`, `parked`, `circuitOpen`, ...) |
 //! | `switchback_fallbacks_away_total` | counter | `route`, `target`, `model`, `reason`: requests that left this target |
-//! | `switchback_stream_resumes_total` | counter | `route`, `target`, `model`, `outcome`: committed streams that failed on a route that resumes (SPEC §13): `resumed` on the target that continued one, or why one was not (`toolCallInProgress`, `heldBytesExceeded`, `maxResumesUsed`, `noEligibleTarget`, `budgetExhausted`) on the target whose stream broke |
+//! | `switchback_stream_resumes_total` | counter | `route`, `target`, `model`, `outcome`: committed streams that failed on a route that resumes (docs/streaming.md#resume-after-commit): `resumed` on the target that continued one, or why one was not (`toolCallInProgress`, `heldBytesExceeded`, `maxResumesUsed`, `noEligibleTarget`, `budgetExhausted`) on the target whose stream broke |
 //! | `switchback_hedges_total` | counter | `route`, `target`, `model`, `outcome` (`won`: answered first, `lost`: cancelled because the slow try answered first, `failed`): hedged tries started on this target beside a slow one (`spec.hedge`) |
 //! | `switchback_tokens_total` | counter | `route`, `target`, `model`, `direction` (`input`, `output`), from provider usage |
 //! | `switchback_client_tokens_total` | counter | `client` (`namespace/name`, never the key), `route`, `direction` (`input`, `output`): provider usage of the LLMClient's requests |
 //! | `switchback_client_throttled_total` | counter | `client`, `reason` (`rate_limited`, `budget_exhausted`): requests refused with 429 before anything was sent upstream |
 //! | `switchback_circuit_state` | gauge | `target`, `model`, `state` (`closed`, `open`, `half_open`): 1 for the current state |
-//! | `switchback_probes_total` | counter | `route`, `target`, `model`, `outcome` (`success` or the failure's reason): background probes of open circuits and health checks (SPEC §16), under the first route that uses the target |
+//! | `switchback_probes_total` | counter | `route`, `target`, `model`, `outcome` (`success` or the failure's reason): background probes of open circuits and health checks (docs/request-lifecycle.md#probed-circuits), under the first route that uses the target |
 //! | `switchback_key_attempts_total` | counter | `credential`, `key` (the Secret data-key name, never the value): upstream requests sent with each key |
 //! | `switchback_key_set_aside_total` | counter | `credential`, `key`, `reason` (`rateLimited`: a 429 parked it, `authError`: a 401 or 403 rejected it) |
 //! | `switchback_key_state` | gauge | `credential`, `key`, `state` (`Active`, `Parked`, `Rejected`): 1 for the current state |
@@ -26,14 +26,14 @@
 //! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams, to the first content event |
 //! | `switchback_config_generation` | gauge | configs applied since start |
 //! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
-//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget; fetched media (SPEC §17): `fetch_media_timeout`: fetches that took too long, `max_fetched_urls`: URLs past the request's count) |
+//! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget; fetched media (docs/translation.md#documents-and-media): `fetch_media_timeout`: fetches that took too long, `max_fetched_urls`: URLs past the request's count) |
 //! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`, `max_header_bytes`: heads answered 431, `max_inflight_header_bytes`: connections closed because their unfinished head did not fit, `client_write_timeout`: clients disconnected for not reading, `max_hops`: requests refused for their `x-switchback-hops` (508, or 400 unreadable), `admin_max_connections`: admin connections closed or refused at the cap, `admin_idle_timeout`; `header_read_timeout`, `max_header_bytes` and `client_write_timeout` count both ports; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget) |
 //! | `switchback_client_connections` | gauge | open client connections on the data port |
 //! | `switchback_admin_connections` | gauge | open connections on the admin port |
 //! | `switchback_header_bytes_held` | gauge | bytes of unfinished request heads held in the head budget (both ports) |
 //! | `switchback_request_body_bytes_held` | gauge | request body bytes held in the in-flight budget |
 //! | `switchback_response_bytes_held` | gauge | unary provider answer bytes held in the in-flight budget (being read, or on their way to the client) |
-//! | `switchback_resume_held_bytes` | gauge | answer text held to resume broken streams (SPEC §13; each stream at most its route's `maxHeldBytes`) |
+//! | `switchback_resume_held_bytes` | gauge | answer text held to resume broken streams (docs/streaming.md#resume-after-commit; each stream at most its route's `maxHeldBytes`) |
 //! | `switchback_cost_usd_total` | counter | `route`, `target`, `model`, `client` (empty with authentication off): what answers cost at their target's `price`, in USD (`cost`) |
 //! | `switchback_fallback_extra_cost_usd_total` | counter | `route`: what answers by a target other than the route's first cost beyond the first's price for the same tokens |
 //! | `switchback_primary_answers_total` | counter | `route`, `mode` (the route's strategy): requests answered by the route's first declared target |
@@ -489,7 +489,7 @@ fn config_loads(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
     Ok(())
 }
 
-/// Per LLMClient (SPEC §9): its tokens by route, and its requests refused with 429.
+/// Per LLMClient (docs/tenancy.md#usage): its tokens by route, and its requests refused with 429.
 fn clients(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
     let carried = gw.carried();
     {
@@ -530,7 +530,7 @@ fn clients(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
     Ok(())
 }
 
-/// What the limits refused (SPEC §8): the client-side ones and those on provider
+/// What the limits refused (docs/limits.md#the-limits): the client-side ones and those on provider
 /// answers, in one family; and what the two in-flight budgets hold now.
 fn limits(
     enc: &mut DescriptorEncoder<'_>,

@@ -123,7 +123,8 @@ async fn config(State(gw): State<Arc<Gateway>>) -> Response<Body> {
         "ready": gw.is_ready(),
         "load": gw.report(),
         "auth": gw.auth.mode.as_str(),
-        // What the flags set (SPEC §8): lets a deployment check its values arrived.
+        // What the flags set (docs/limits.md#the-limits): lets a deployment check its
+        // values arrived.
         "settings": {
             "threads": gw.lanes,
             "maxBodyBytes": gw.max_body_bytes,

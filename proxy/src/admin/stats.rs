@@ -1,7 +1,8 @@
-//! `/admin/v1/stats` (SPEC §5): the document the operator scrapes, made at request
-//! time from the live snapshot's routes, their targets' counters and state (circuit,
-//! park, latency, last failure), what a request finds at each target now and the order
-//! it takes them (SPEC §12), and every LLMClient's usage since start.
+//! `/admin/v1/stats` (docs/observability.md#stats): the document the operator scrapes, made
+//! at request time from the live snapshot's routes, their targets' counters and state
+//! (circuit, park, latency, last failure), what a request finds at each target now and the
+//! order it takes them (docs/troubleshooting.md#target-states), and every LLMClient's usage
+//! since start.
 
 use std::time::{Duration, SystemTime};
 
@@ -59,12 +60,7 @@ fn target_state(
 }
 
 /// `/admin/v1/stats`: the live snapshot's routes with their counters and the state of
-/// their targets.
-pub fn report(gw: &Gateway) -> switchback_crds::stats::StatsReport {
-    report_for(gw, None)
-}
-
-/// [`report`], read by the operator's scrape round `round` (`?round=`): each
+/// their targets, read by the operator's scrape round `round` (`?round=`): each
 /// client's counters are remembered as of that round (what the operator's rendered
 /// `budget.left` counts from, see `limits::clients`), and what was reported is
 /// noted for the handover at shutdown (`handover`).
@@ -256,7 +252,7 @@ fn probe_counts(t: &TargetRt) -> std::collections::BTreeMap<String, u64> {
         .collect()
 }
 
-/// Every credential's keys (SPEC §16), by data-key name, never value.
+/// Every credential's keys (docs/request-lifecycle.md#key-pools), by data-key name, never value.
 fn credential_stats(
     snapshot: &crate::config::snapshot::Snapshot,
     now_ms: u64,

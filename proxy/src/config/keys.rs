@@ -52,13 +52,13 @@ impl Auth {
 
 /// Read the HMAC secret of `--client-key-hmac-file` (see [`KeyHasher::from_file`]: the
 /// operator reads its copy the same way).
-pub fn read_hmac_file(path: &Path) -> Result<KeyHasher, String> {
+pub(crate) fn read_hmac_file(path: &Path) -> Result<KeyHasher, String> {
     KeyHasher::from_file(path)
 }
 
 /// A random secret, for a standalone proxy that both hashes its manifests' keys and
 /// checks presented ones (no other process needs the same secret).
-pub fn random_hasher() -> KeyHasher {
+pub(crate) fn random_hasher() -> KeyHasher {
     let secret: [u8; MIN_SECRET_LEN] = rand::random();
     match KeyHasher::new(&secret) {
         Ok(h) => h,

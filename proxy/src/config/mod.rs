@@ -7,6 +7,6 @@
 //! it is the pipeline's. Nothing here does I/O.
 
 pub mod keys;
-pub mod prepare;
+pub(crate) mod prepare;
 pub mod snapshot;
-pub mod target;
+pub(crate) mod target;

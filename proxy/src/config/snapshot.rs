@@ -45,7 +45,7 @@ pub struct CredentialRt {
 
 /// A target's URLs for one model it names, by surface and streaming (see
 /// [`TargetRt::url`]).
-pub type ModelUrls = [Option<http::Uri>; 2 * Surface::ALL.len()];
+pub(crate) type ModelUrls = [Option<http::Uri>; 2 * Surface::ALL.len()];
 
 fn url_slot(surface: Surface, stream: bool) -> usize {
     2 * surface.index() + usize::from(stream)
@@ -83,7 +83,7 @@ impl TargetRt {
 
     /// The `x-switchback-model` value for a request whose client sent `client_model`;
     /// `None` for a name no header can carry.
-    pub fn model_header(&self, client_model: &str) -> Option<HeaderValue> {
+    pub(crate) fn model_header(&self, client_model: &str) -> Option<HeaderValue> {
         let model = self.model(client_model);
         match self.model_headers.get(model) {
             Some(v) => Some(v.clone()),
@@ -93,7 +93,7 @@ impl TargetRt {
 
     /// The upstream model to splice into a request body whose client sent
     /// `client_model`; `None`: leave the client's.
-    pub fn upstream_model_json(&self, client_model: &str) -> Option<&JsonStr> {
+    pub(crate) fn upstream_model_json(&self, client_model: &str) -> Option<&JsonStr> {
         self.model_json
             .as_ref()
             .or_else(|| self.model_map_json.get(client_model))
@@ -114,7 +114,7 @@ impl TargetRt {
     }
 
     /// The URLs of `model` on `endpoint`, for [`TargetRt::urls`].
-    pub fn model_urls(endpoint: &dyn Endpoint, model: &str) -> ModelUrls {
+    pub(crate) fn model_urls(endpoint: &dyn Endpoint, model: &str) -> ModelUrls {
         let mut urls: ModelUrls = Default::default();
         for surface in Surface::ALL {
             for stream in [false, true] {
@@ -167,7 +167,7 @@ pub struct Tenant {
 }
 
 /// The clients that can authenticate, by the HMAC of their key.
-pub type Tenants = HashMap<KeyHash, Tenant, ByKeyHash>;
+pub(crate) type Tenants = HashMap<KeyHash, Tenant, ByKeyHash>;
 
 /// Hashes a [`KeyHash`] by its first 8 bytes, instead of SipHash over all 32 (about
 /// 250 instructions per request). A key hash is an HMAC-SHA256 output: uniformly

@@ -47,7 +47,7 @@ pub struct TargetState {
     /// Latency of answered attempts (full answer, or first content event for streams).
     pub latency: Histogram,
     last_failure: Mutex<Option<FailureRecord>>,
-    /// Its background probes and health checks (SPEC §16).
+    /// Its background probes and health checks (docs/request-lifecycle.md#probed-circuits).
     pub probes: Probes,
 }
 

@@ -1,4 +1,4 @@
-//! Shutdown (SIGTERM/SIGINT, SPEC §8): the order of the drain, and the wrapper that
+//! Shutdown (SIGTERM/SIGINT, docs/limits.md#shutdown): the order of the drain, and the wrapper that
 //! ends a committed stream with the error event once the grace is over.
 //!
 //! 1. `/readyz` answers 503 at once (endpoints stop sending new clients);

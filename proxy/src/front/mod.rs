@@ -1,14 +1,14 @@
 //! The client side of the data port: what one replica lets its clients hold (open
 //! connections, time to send headers and bodies, idle keep-alive sockets, request
-//! bytes in memory) and how it stops serving them on shutdown (SPEC §8).
+//! bytes in memory) and how it stops serving them on shutdown (docs/limits.md#shutdown).
 //!
-//! * [`conn`]: the accept loop under the connection cap, the header size limit, and
+//! * `conn`: the accept loop under the connection cap, the header size limit, and
 //!   the header-read, idle keep-alive and client-write timeouts (kept by a wrapper
 //!   around each client socket); the admin port's connections too (its own cap, which
 //!   closes the longest-quiet connection to make room, and idle timeout).
-//! * [`intake`]: reading one request body: the size limit before reading, the global
+//! * `intake`: reading one request body: the size limit before reading, the global
 //!   in-flight budget, and the body-read timeout.
-//! * [`drain`]: ending open streams with the error event when the grace is over.
+//! * `drain`: ending open streams with the error event when the grace is over.
 //! * `lanes`: the data port served by N threads, each with its own listening socket
 //!   and upstream pool.
 //!
@@ -16,9 +16,9 @@
 //! It knows sockets and bodies, not what a request asks for: routing and providers
 //! are the data port's and the pipeline's.
 
-pub mod conn;
-pub mod drain;
-pub mod intake;
+pub(crate) mod conn;
+pub(crate) mod drain;
+pub(crate) mod intake;
 pub(crate) mod lanes;
 
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 
-/// The client-side limits (SPEC §8). Defaults are the SPEC's.
+/// The client-side limits (docs/limits.md#the-limits). Defaults are that page's.
 #[derive(Clone, Debug)]
 pub struct ClientLimits {
     /// From a request's first byte to the end of its headers; past it the connection
@@ -52,7 +52,7 @@ pub struct ClientLimits {
     /// closed, and what its request held (answer bytes, slots) given back.
     pub client_write_timeout: Duration,
     /// A request arriving with `x-switchback-hops` at this or more is answered 508
-    /// `loop_detected` and not sent on (SPEC §14). 1 to [`crate::wire::hops::MAX`].
+    /// `loop_detected` and not sent on (docs/limits.md#no-loops). 1 to `crate::wire::hops::MAX`.
     pub max_hops: u8,
     /// Open connections on the admin port; past it the one quiet the longest (no
     /// request in progress) is closed to make room, or, when all are busy, the new
@@ -140,7 +140,7 @@ impl Signal {
     }
 
     #[inline]
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.set.load(Ordering::Acquire)
     }
 
@@ -153,7 +153,7 @@ impl Signal {
 
     /// A future that completes once the signal is set, registered already: a `set`
     /// after this call wakes it. Check [`Signal::is_set`] after calling this.
-    pub fn notified(&self) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
+    pub(crate) fn notified(&self) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
         let lane = crate::upstream::lane() % self.lanes.len();
         let mut n = Box::pin(self.lanes[lane].clone().notified_owned());
         n.as_mut().enable();
@@ -219,23 +219,23 @@ impl Front {
     }
 
     /// Open client connections now.
-    pub fn open_connections(&self) -> usize {
+    pub(crate) fn open_connections(&self) -> usize {
         self.slots_total()
             .saturating_sub(self.slots.available_permits())
     }
 
     /// Request body bytes held now.
-    pub fn body_bytes_held(&self) -> usize {
+    pub(crate) fn body_bytes_held(&self) -> usize {
         self.bodies.held()
     }
 
     /// Bytes of unfinished request heads held now.
-    pub fn header_bytes_held(&self) -> usize {
+    pub(crate) fn header_bytes_held(&self) -> usize {
         self.heads.held()
     }
 
     /// True once a shutdown has begun.
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
 }

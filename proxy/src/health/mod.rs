@@ -1,5 +1,5 @@
-//! Background health (SPEC §16): requests the proxy sends on its own to learn how a
-//! target is doing, so no client request has to find out.
+//! Background health (docs/request-lifecycle.md#probed-circuits): requests the proxy sends
+//! on its own to learn how a target is doing, so no client request has to find out.
 //!
 //! - **Probed circuits** (`circuitBreaker.probeInterval`): once an open circuit's
 //!   `openFor` has passed, one minimal request (one output token, `probe`), then one

@@ -146,8 +146,8 @@ pub(super) fn throttled(
     r
 }
 
-/// Why a request's reservation did not fit (SPEC §15), naming the output cap that
-/// makes it up when one does.
+/// Why a request's reservation did not fit (docs/tenancy.md#reserve-before-sending), naming
+/// the output cap that makes it up when one does.
 fn uncovered(client: &ClientRt, u: &Uncovered) -> String {
     let usd = u.budget == USD_PER_MONTH;
     let amount = |n: u64| {

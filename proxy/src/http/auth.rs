@@ -1,4 +1,4 @@
-//! Client authentication on the data port (SPEC §9): the key an application sends in
+//! Client authentication on the data port (docs/tenancy.md#modes): the key an application sends in
 //! `Authorization: Bearer` (OpenAI SDKs) or `x-api-key` (Anthropic SDKs), hashed with
 //! the per-cluster HMAC secret and looked up among the clients of the snapshot.
 //!

@@ -33,7 +33,7 @@ use answers::{gateway_error, hops_refused, refusal, unauthenticated};
 use stamp::{request_id, unrouted};
 
 /// The body limit and timeout are applied by [`intake`], not by an extractor.
-pub fn data_router(gw: Arc<Gateway>) -> Router {
+pub(crate) fn data_router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/embeddings", post(embeddings))
@@ -77,7 +77,8 @@ async fn messages(State(gw): State<Arc<Gateway>>, request: Request) -> Response<
     handle(&gw, Surface::Messages, request).await
 }
 
-/// The OpenAI Responses API, passed through to the targets that serve it (SPEC §10).
+/// The OpenAI Responses API, passed through to the targets that serve it
+/// (docs/responses-api.md#the-responses-api).
 async fn responses(State(gw): State<Arc<Gateway>>, request: Request) -> Response<Body> {
     handle(&gw, Surface::Responses, request).await
 }

@@ -25,10 +25,10 @@ pub(super) struct RequestLine {
     /// `x-request-id`: the client's, or the one made for the request.
     pub request_id: HeaderValue,
     /// A stream whose route resumes: its resumes, who continued it last, and why its
-    /// last failure was not resumed (SPEC §13).
+    /// last failure was not resumed (docs/streaming.md#resume-after-commit).
     pub resume: Option<(u32, Option<u8>, Option<&'static str>)>,
     /// `estimated`: the usage was estimated (a stream its client left mid-answer,
-    /// SPEC §15); absent when the providers reported it.
+    /// docs/tenancy.md#a-client-that-leaves-still-pays); absent when the providers reported it.
     pub usage: Option<&'static str>,
 }
 

@@ -232,9 +232,10 @@ fn peek(body: &[u8]) -> Result<Peeked<'_>, Unreadable> {
     })
 }
 
-/// What a request of client `c` reserves of its budgets (SPEC §15): nothing without
-/// a budget; else its output cap (or the default reservation) and its input
-/// estimate, priced with the route's first target.
+/// What a request of client `c` reserves of its budgets
+/// (docs/tenancy.md#reserve-before-sending): nothing without a budget; else its output cap
+/// (or the default reservation) and its input estimate, priced with the route's first
+/// target.
 fn need(
     c: &ClientUsage,
     route: &RouteRt,

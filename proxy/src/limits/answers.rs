@@ -1,14 +1,14 @@
-//! What provider answers may make one replica hold (SPEC §8): one SSE event
+//! What provider answers may make one replica hold (docs/limits.md#the-limits): one SSE event
 //! (`--max-event-bytes`), one unary answer (`--max-response-bytes`), and every unary
 //! answer being read or on its way to the client together
-//! (`--max-inflight-response-bytes`, a [`crate::limits::bytes::Budget`]); and the
+//! (`--max-inflight-response-bytes`, a `crate::limits::bytes::Budget`); and the
 //! count of answers each limit refused (`switchback_limit_refusals_total`).
 
 use std::sync::atomic::AtomicU64;
 
 use crate::wire::sse::DEFAULT_MAX_EVENT_BYTES;
 
-/// Bounds on what one provider answer may make the proxy hold (SPEC §8).
+/// Bounds on what one provider answer may make the proxy hold (docs/limits.md#the-limits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UpstreamLimits {
     /// `--max-event-bytes`: the largest SSE event relayed.
@@ -31,12 +31,12 @@ impl Default for UpstreamLimits {
 }
 
 /// The default `--max-response-bytes`.
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
 /// The default `--max-inflight-response-bytes`: with the 256 MiB of request bodies
 /// (`--max-inflight-body-bytes`), the client connections and heads and the process's
 /// own ~60 MiB, under the chart's 768 MiB memory limit (docs/limits.md, Memory).
-pub const DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES: usize = 128 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_INFLIGHT_RESPONSE_BYTES: usize = 128 * 1024 * 1024;
 
 /// Provider answers refused by a limit, by limit (`switchback_limit_refusals_total`).
 #[derive(Debug, Default)]
@@ -47,8 +47,9 @@ pub struct Refusals {
     pub responses: AtomicU64,
     /// Unary answers that did not fit in `max_inflight_response_bytes`.
     pub over_budget: AtomicU64,
-    /// Media fetches for a target that cannot fetch a URL (SPEC §17) that took longer
-    /// than `--fetch-media-timeout`.
+    /// Media fetches for a target that cannot fetch a URL
+    /// (docs/translation.md#documents-and-media) that took longer than
+    /// `--fetch-media-timeout`.
     pub fetch_timeouts: AtomicU64,
     /// URLs not fetched because the request had fetched `--max-fetched-urls` already.
     pub fetches_over_count: AtomicU64,

@@ -1,7 +1,7 @@
-//! A byte budget shared by every request of a replica (SPEC §8): what may be held in
-//! memory at once, all requests together. Two use it: request bodies being read
-//! (`--max-inflight-body-bytes`) and unary provider answers being collected or on
-//! their way to the client (`--max-inflight-response-bytes`).
+//! A byte budget shared by every request of a replica (docs/limits.md#the-limits): what may
+//! be held in memory at once, all requests together. Two use it: request bodies being read
+//! (`--max-inflight-body-bytes`) and unary provider answers being collected or on their way
+//! to the client (`--max-inflight-response-bytes`).
 //!
 //! A reservation ([`Held`]) is one atomic add, given back when it is dropped; one
 //! that does not fit is undone at once and refused, so the total never stays over

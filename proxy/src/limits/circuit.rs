@@ -8,19 +8,20 @@
 //! transition, never across an await; a probe whose request is dropped hands its
 //! turn back (see [`Probe`]).
 //!
-//! Probed circuits (`circuitBreaker.probeInterval`, SPEC §16): a breaker told to
-//! probe ([`Breaker::set_probing`]) never lets a client request through as the
-//! half-open probe. Once `openFor` has passed, the background prober (`health`) takes
-//! the turn ([`Breaker::begin_probe`]) and reports what its own minimal request found
-//! ([`Breaker::probe_done`]): a success closes the circuit (and starts the ramp), a
-//! failure keeps it open for one more interval, never doubling anything.
+//! Probed circuits (`circuitBreaker.probeInterval`,
+//! docs/request-lifecycle.md#probed-circuits): a breaker told to probe
+//! ([`Breaker::set_probing`]) never lets a client request through as the half-open probe.
+//! Once `openFor` has passed, the background prober (`health`) takes the turn
+//! ([`Breaker::begin_probe`]) and reports what its own minimal request found
+//! ([`Breaker::probe_done`]): a success closes the circuit (and starts the ramp), a failure
+//! keeps it open for one more interval, never doubling anything.
 //!
-//! The failback ramp (`circuitBreaker.rampUp`, SPEC §13): a circuit closed by its
-//! probe lets through a share of the requests that grows linearly from 10 % to 100 %
-//! over `rampUp` ([`Breaker::ramp_admits`]). The share is counted, not drawn: each
-//! request adds it to a credit, and one is let through each time the credit reaches a
-//! whole request, so any `n` requests at share `s` let `s × n` through (rounded
-//! down). Only a route with `rampUp` asks.
+//! The failback ramp (`circuitBreaker.rampUp`, docs/streaming.md#failback-ramp): a circuit
+//! closed by its probe lets through a share of the requests that grows linearly from 10 %
+//! to 100 % over `rampUp` ([`Breaker::ramp_admits`]). The share is counted, not drawn: each
+//! request adds it to a credit, and one is let through each time the credit reaches a whole
+//! request, so any `n` requests at share `s` let `s × n` through (rounded down). Only a
+//! route with `rampUp` asks.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -140,9 +141,10 @@ impl Breaker {
         }
     }
 
-    /// Probe an open circuit in the background every `every` (SPEC §16), or let a
-    /// client request be the half-open probe (`None`). Set from the config of the
-    /// first route that uses the target, at each reload.
+    /// Probe an open circuit in the background every `every`
+    /// (docs/request-lifecycle.md#probed-circuits), or let a client request be the
+    /// half-open probe (`None`). Set from the config of the first route that uses the
+    /// target, at each reload.
     pub fn set_probing(&self, every: Option<Duration>) {
         self.lock().probe_every = every;
     }
@@ -536,9 +538,9 @@ mod tests {
 
     const EVERY: Duration = Duration::from_secs(10);
 
-    /// SPEC §16: probed in the background, an open circuit never lets a client request
-    /// through; the prober's turn comes once `openFor` has passed, then every interval
-    /// while it fails, without doubling; a success closes it.
+    /// docs/request-lifecycle.md#probed-circuits: probed in the background, an open circuit
+    /// never lets a client request through; the prober's turn comes once `openFor` has
+    /// passed, then every interval while it fails, without doubling; a success closes it.
     #[tokio::test(start_paused = true)]
     async fn a_probed_circuit_lets_no_client_request_through_and_never_doubles() {
         let b = Breaker::default();

@@ -1,11 +1,11 @@
-//! What the gateway keeps per LLMClient (SPEC §9, §15): its usage counters
-//! (requests, tokens, cost, throttles, estimates; reported on `/admin/v1/stats` and
-//! `/metrics`), its rate limits (requests and tokens per minute, concurrency, each
-//! this replica's share), and its budgets: the operator's rendered `exhausted`, and
-//! the reservation each request makes before it is sent upstream ([`Need`],
-//! [`Reserved`]) against this replica's share of what is left (the operator's
-//! rendered `left`, or without one the budget itself and this replica's own day and
-//! month counts), settled to the real usage when the answer ends.
+//! What the gateway keeps per LLMClient (docs/tenancy.md#usage, docs/tenancy.md#budgets):
+//! its usage counters (requests, tokens, cost, throttles, estimates; reported on
+//! `/admin/v1/stats` and `/metrics`), its rate limits (requests and tokens per minute,
+//! concurrency, each this replica's share), and its budgets: the operator's rendered
+//! `exhausted`, and the reservation each request makes before it is sent upstream
+//! ([`Need`], [`Reserved`]) against this replica's share of what is left (the operator's
+//! rendered `left`, or without one the budget itself and this replica's own day and month
+//! counts), settled to the real usage when the answer ends.
 //!
 //! Counters outlive reloads (kept in the config's carried state), so the operator's
 //! per-instance deltas never see one go backwards, and a request admitted under one
@@ -141,7 +141,7 @@ impl ClientCounters {
 
     /// The operator's scrape round `round` read these counters (see
     /// `switchback_crds::config::BudgetLeft`).
-    pub fn read_at(&self, counted: Counted) {
+    pub(crate) fn read_at(&self, counted: Counted) {
         if counted.round == 0 {
             return;
         }
@@ -157,7 +157,7 @@ impl ClientCounters {
     }
 
     /// Tokens the requests in flight reserve now.
-    pub fn reserved_tokens(&self) -> u64 {
+    pub(crate) fn reserved_tokens(&self) -> u64 {
         self.ledger().reserved_tokens
     }
 }
@@ -274,11 +274,11 @@ pub struct Limits {
 }
 
 /// The shares a [`Limits`] enforces: `(rpm, tpm, concurrency)`.
-pub type Shares = (Option<u32>, Option<u32>, Option<u32>);
+pub(crate) type Shares = (Option<u32>, Option<u32>, Option<u32>);
 
 impl Limits {
     /// This replica's shares of `c`'s limits, `replicas` sharing them.
-    pub fn shares(c: &Client, replicas: u32) -> Shares {
+    pub(crate) fn shares(c: &Client, replicas: u32) -> Shares {
         let l = &c.limits;
         let share = |n: u32| (n / replicas.max(1)).max(1);
         (
@@ -327,7 +327,7 @@ impl Settling {
     }
 
     /// Continuations still running.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
     }
 
@@ -401,7 +401,7 @@ pub struct Uncovered {
 impl Uncovered {
     /// The request could never fit this share, whatever settles: only a smaller
     /// output cap (or the next period) helps.
-    pub fn never_fits(&self) -> bool {
+    pub(crate) fn never_fits(&self) -> bool {
         let need = if self.budget == USD_PER_MONTH {
             self.need.micro_usd
         } else {
@@ -421,13 +421,13 @@ pub struct Admitted {
 }
 
 /// Budget names, as in `spec.budget` and the operator's `exhausted`.
-pub const TOKENS_PER_DAY: &str = "tokensPerDay";
-pub const USD_PER_MONTH: &str = "usdPerMonth";
+pub(crate) const TOKENS_PER_DAY: &str = "tokensPerDay";
+pub(crate) const USD_PER_MONTH: &str = "usdPerMonth";
 
-/// What one request reserves of its client's budgets before it is sent (SPEC §15):
-/// its output cap (or the client's `defaultReservation`) plus an estimate of its
-/// input (request bytes / 4), in tokens, and that priced with the route's first
-/// target for a cost budget.
+/// What one request reserves of its client's budgets before it is sent
+/// (docs/tenancy.md#reserve-before-sending): its output cap (or the client's
+/// `defaultReservation`) plus an estimate of its input (request bytes / 4), in tokens, and
+/// that priced with the route's first target for a cost budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Need {
     pub tokens: u64,
@@ -495,7 +495,7 @@ impl Drop for Reserved {
 /// ends, or the continuation that counts an answer its client walked away from.
 /// Taken once; what is not taken settles with the request.
 #[derive(Debug, Default)]
-pub struct HeldReservation(Mutex<Option<Reserved>>);
+pub(crate) struct HeldReservation(Mutex<Option<Reserved>>);
 
 impl HeldReservation {
     pub fn new(r: Option<Reserved>) -> Self {
@@ -583,10 +583,9 @@ impl ClientRt {
     }
 
     /// Reserve `need` against this replica's share of what is left of each budget
-    /// (SPEC §15), or refuse: the share, less what was spent of it and what the
-    /// requests in flight reserved, must cover it. Without reservation
-    /// (`--budget-reservation off`) a request is refused only once the share is
-    /// spent.
+    /// (docs/tenancy.md#reserve-before-sending), or refuse: the share, less what was spent
+    /// of it and what the requests in flight reserved, must cover it. Without reservation
+    /// (`--budget-reservation off`) a request is refused only once the share is spent.
     fn reserve(
         &self,
         b: &ClientBudget,
@@ -733,7 +732,7 @@ impl ClientUsage {
 
     /// Count usage the proxy estimated (nothing reported it): as [`Self::record`],
     /// and in the client's estimates.
-    pub fn record_estimate(&self, u: Usage, micro: u64) {
+    pub(crate) fn record_estimate(&self, u: Usage, micro: u64) {
         self.record(u, micro);
         let c = &self.client.counters;
         c.estimated_requests.fetch_add(1, Ordering::Relaxed);

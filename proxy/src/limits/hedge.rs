@@ -1,6 +1,7 @@
 //! How many of a route's requests this replica may hedge (`spec.hedge.maxPercent`,
-//! SPEC §13): at most that percentage of the route's requests started in the last
-//! 60 s, this one included, counted in one-second buckets of the proxy clock.
+//! docs/streaming.md#first-token-hedging): at most that percentage of the route's requests
+//! started in the last 60 s, this one included, counted in one-second buckets of the proxy
+//! clock.
 //!
 //! Only a route that hedges has one, and only its requests touch it: one short lock
 //! per request to count it, and one more to take a hedge, both a few additions and

@@ -1,5 +1,5 @@
-//! A credential's keys at run time (SPEC §16): one key, or a pool of them
-//! (`secretRef.keys`), each with the headers that carry it and its state.
+//! A credential's keys at run time (docs/request-lifecycle.md#key-pools): one key, or a
+//! pool of them (`secretRef.keys`), each with the headers that carry it and its state.
 //!
 //! A key answered with 429 is *parked* until its Retry-After (or the retry backoff)
 //! ends; one answered with 401 or 403 is *rejected* for the credential's
@@ -45,7 +45,7 @@ impl KeyState {
     }
 
     /// Reject it until `until_ms` (never shortening a rejection).
-    pub fn reject_until(&self, until_ms: u64) {
+    pub(crate) fn reject_until(&self, until_ms: u64) {
         self.rejected_until_ms
             .fetch_max(until_ms, Ordering::Relaxed);
     }
@@ -58,7 +58,7 @@ impl KeyState {
     }
 
     /// When it may be used again (`0`: now).
-    pub fn usable_from_ms(&self) -> u64 {
+    pub(crate) fn usable_from_ms(&self) -> u64 {
         self.parked_until_ms
             .load(Ordering::Relaxed)
             .max(self.rejected_until_ms.load(Ordering::Relaxed))
@@ -165,7 +165,7 @@ impl KeyPool {
     }
 
     /// Whether a key other than `but` is usable at `now_ms`.
-    pub fn another_usable(&self, now_ms: u64, but: u8) -> bool {
+    pub(crate) fn another_usable(&self, now_ms: u64, but: u8) -> bool {
         self.keys
             .iter()
             .enumerate()
@@ -178,7 +178,7 @@ impl KeyPool {
     }
 
     /// When the first key is usable again (`now_ms` or earlier when one is now).
-    pub fn soonest_usable_ms(&self) -> u64 {
+    pub(crate) fn soonest_usable_ms(&self) -> u64 {
         self.keys
             .iter()
             .map(|k| k.state.usable_from_ms())
@@ -202,7 +202,7 @@ impl KeyPool {
     }
 
     /// The values, to mask in what providers echo.
-    pub fn secrets(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn secrets(&self) -> impl Iterator<Item = &str> {
         self.keys
             .iter()
             .filter_map(|k| k.secret.as_ref().map(|s| s.expose().as_str()))

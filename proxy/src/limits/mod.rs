@@ -17,9 +17,9 @@
 //! routes, providers or HTTP.
 
 pub mod answers;
-pub mod bytes;
-pub mod circuit;
+pub(crate) mod bytes;
+pub(crate) mod circuit;
 pub mod clients;
-pub mod concurrency;
-pub mod hedge;
+pub(crate) mod concurrency;
+pub(crate) mod hedge;
 pub mod keys;

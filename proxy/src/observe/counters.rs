@@ -17,12 +17,12 @@ use crate::observe::reason::{Reason, ResumeOutcome};
 use crate::wire::usage::Usage;
 
 /// Histogram upper bounds in seconds (Prometheus-style, `+Inf` implied).
-pub const BOUNDS: [f64; 17] = [
+pub(crate) const BOUNDS: [f64; 17] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0,
 ];
 
-/// A lock-free histogram over [`BOUNDS`].
+/// A lock-free histogram over `BOUNDS`.
 #[derive(Debug, Default)]
 pub struct Histogram {
     buckets: [AtomicU64; BOUNDS.len() + 1],
@@ -47,12 +47,12 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    pub fn sum_secs(&self) -> f64 {
+    pub(crate) fn sum_secs(&self) -> f64 {
         self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
     }
 
     /// Per-bucket (not cumulative) counts, with their upper bounds.
-    pub fn buckets(&self) -> Vec<(f64, u64)> {
+    pub(crate) fn buckets(&self) -> Vec<(f64, u64)> {
         BOUNDS
             .iter()
             .copied()
@@ -63,7 +63,7 @@ impl Histogram {
 
     /// The `q` quantile in milliseconds, interpolated linearly inside its bucket;
     /// `None` before the first observation.
-    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile_ms(&self, q: f64) -> Option<f64> {
         let counts: Vec<u64> = self
             .buckets
             .iter()
@@ -97,7 +97,7 @@ impl Histogram {
 pub struct ByReason([AtomicU64; Reason::COUNT]);
 
 impl ByReason {
-    pub fn inc(&self, r: Reason) {
+    pub(crate) fn inc(&self, r: Reason) {
         self.0[r.index()].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -105,7 +105,7 @@ impl ByReason {
         self.0[r.index()].load(Ordering::Relaxed)
     }
 
-    pub fn nonzero(&self) -> impl Iterator<Item = (Reason, u64)> + '_ {
+    pub(crate) fn nonzero(&self) -> impl Iterator<Item = (Reason, u64)> + '_ {
         Reason::ALL
             .into_iter()
             .map(|r| (r, self.get(r)))
@@ -119,7 +119,7 @@ impl ByReason {
 pub struct ByResume([AtomicU64; ResumeOutcome::COUNT]);
 
 impl ByResume {
-    pub fn inc(&self, o: ResumeOutcome) {
+    pub(crate) fn inc(&self, o: ResumeOutcome) {
         self.0[o.index()].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -127,7 +127,7 @@ impl ByResume {
         self.0[o.index()].load(Ordering::Relaxed)
     }
 
-    pub fn nonzero(&self) -> impl Iterator<Item = (ResumeOutcome, u64)> + '_ {
+    pub(crate) fn nonzero(&self) -> impl Iterator<Item = (ResumeOutcome, u64)> + '_ {
         ResumeOutcome::ALL
             .into_iter()
             .map(|o| (o, self.get(o)))
@@ -135,7 +135,7 @@ impl ByResume {
     }
 }
 
-pub fn inc(c: &AtomicU64) {
+pub(crate) fn inc(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -154,7 +154,7 @@ pub struct RouteCounters {
     pub attempts: AtomicU64,
     pub fallbacks: AtomicU64,
     pub failed: AtomicU64,
-    /// Committed streams continued on another target (SPEC §13).
+    /// Committed streams continued on another target (docs/streaming.md#resume-after-commit).
     pub resumed: AtomicU64,
     /// Requests answered by the route's first declared target (its primary): how
     /// much of the route it still carries (the cost-inversion alert).
@@ -181,8 +181,9 @@ pub struct RouteTargetCounters {
     pub attempt_duration: Histogram,
     /// Time to the first content event of committed streams.
     pub ttfb: Histogram,
-    /// Resumes (SPEC §13): `resumed`, counted on the target that continued a broken
-    /// stream; the reasons one was not, on the target whose stream broke.
+    /// Resumes (docs/streaming.md#resume-after-commit): `resumed`, counted on the target
+    /// that continued a broken stream; the reasons one was not, on the target whose stream
+    /// broke.
     pub resumes: ByResume,
     /// Hedged attempts started on this target beside a slow one (`spec.hedge`), and
     /// how they ended: committed first (won), cancelled because the slow one

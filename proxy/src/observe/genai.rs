@@ -12,8 +12,8 @@
 //! The request path finds its series by small slot tables, not by formatting labels:
 //! a model name is compared with the few a target has seen and stored once, the first
 //! time (the only allocation, once per name); the series themselves are made on first
-//! use. Names are bounded: past [`MAX_REQUEST_MODELS`] request models or
-//! [`MAX_RESPONSE_MODELS`] response models a target counts the rest as `_OTHER` (a
+//! use. Names are bounded: past `MAX_REQUEST_MODELS` request models or
+//! `MAX_RESPONSE_MODELS` response models a target counts the rest as `_OTHER` (a
 //! provider names its response model, and is not trusted to keep their number small).
 
 use std::borrow::Cow;
@@ -25,40 +25,40 @@ use crate::observe::reason::Reason;
 use crate::wire::usage::Usage;
 
 /// `gen_ai.client.token.usage`'s advised bucket boundaries.
-pub const TOKEN_BOUNDS: [f64; 14] = [
+pub(crate) const TOKEN_BOUNDS: [f64; 14] = [
     1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
     16777216.0, 67108864.0,
 ];
 /// `gen_ai.client.operation.duration`'s.
-pub const DURATION_BOUNDS: [f64; 14] = [
+pub(crate) const DURATION_BOUNDS: [f64; 14] = [
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 ];
 /// `gen_ai.server.time_to_first_token`'s.
-pub const TTFT_BOUNDS: [f64; 16] = [
+pub(crate) const TTFT_BOUNDS: [f64; 16] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 ];
 /// `gen_ai.server.time_per_output_token`'s.
-pub const TPOT_BOUNDS: [f64; 13] = [
+pub(crate) const TPOT_BOUNDS: [f64; 13] = [
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 ];
 
 /// `gen_ai.operation.name` values, by [`At::op`].
-pub const OPERATIONS: [&str; 2] = ["chat", "embeddings"];
+pub(crate) const OPERATIONS: [&str; 2] = ["chat", "embeddings"];
 /// The [`OPERATIONS`] index of `embeddings`, which has no output tokens.
 const EMBEDDINGS: usize = 1;
 /// Request models one target keeps apart; more are `_OTHER`.
-pub const MAX_REQUEST_MODELS: usize = 16;
+pub(crate) const MAX_REQUEST_MODELS: usize = 16;
 /// Response models one target keeps apart; more are `_OTHER`.
-pub const MAX_RESPONSE_MODELS: usize = 8;
+pub(crate) const MAX_RESPONSE_MODELS: usize = 8;
 /// The value of a name past the slots (the conventions' fallback value).
-pub const OTHER: &str = "_OTHER";
+pub(crate) const OTHER: &str = "_OTHER";
 /// Longer response model names are `_OTHER`.
 const MAX_NAME_BYTES: usize = 256;
 
 /// Response slots: the named ones, `_OTHER`, and "the answer named none".
 const RESPONSE_SLOTS: usize = MAX_RESPONSE_MODELS + 2;
 /// The response slot of an answer that named no model.
-pub const NO_RESPONSE_MODEL: u8 = (MAX_RESPONSE_MODELS + 1) as u8;
+pub(crate) const NO_RESPONSE_MODEL: u8 = (MAX_RESPONSE_MODELS + 1) as u8;
 
 /// One metric of the conventions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -106,7 +106,7 @@ impl Kind {
         }
     }
 
-    pub fn bounds(self) -> &'static [f64] {
+    pub(crate) fn bounds(self) -> &'static [f64] {
         match self {
             Kind::TokenUsage => &TOKEN_BOUNDS,
             Kind::OperationDuration => &DURATION_BOUNDS,
@@ -127,7 +127,7 @@ impl Kind {
 /// A lock-free histogram over fixed bounds; `B` counts the buckets, the last one
 /// above every bound. Sums are integers: tokens, or microseconds.
 #[derive(Debug)]
-pub struct Hist<const B: usize> {
+pub(crate) struct Hist<const B: usize> {
     counts: [AtomicU64; B],
     sum: AtomicU64,
 }
@@ -186,7 +186,7 @@ impl HistData {
         self.counts.iter().sum()
     }
 
-    pub fn merge(&mut self, o: &HistData) {
+    pub(crate) fn merge(&mut self, o: &HistData) {
         if self.counts.len() < o.counts.len() {
             self.counts.resize(o.counts.len(), 0);
         }
@@ -260,7 +260,7 @@ pub struct GenAi {
 }
 
 impl GenAi {
-    /// Where a try of `operation` (a [`OPERATIONS`] value; another counts as the
+    /// Where a try of `operation` (a `OPERATIONS` value; another counts as the
     /// first) for `request_model` is counted.
     pub fn at(&self, operation: &str, request_model: &str) -> At {
         let op = OPERATIONS.iter().position(|o| *o == operation).unwrap_or(0) as u8;
@@ -435,7 +435,7 @@ pub struct Point<'a> {
 }
 
 /// A series' attributes: the conventions' keys and their values.
-pub type Attributes = Vec<(&'static str, String)>;
+pub(crate) type Attributes = Vec<(&'static str, String)>;
 
 /// One series as exported (Prometheus, OTLP): a metric, its attributes under the
 /// conventions' keys (`gen_ai.operation.name`, ...), and its histogram, merged over

@@ -37,15 +37,16 @@ pub enum Reason {
     /// circuit); the chain stops and the client gets 503 `overloaded`.
     Overloaded,
     /// The attempt was cancelled because the other attempt of a hedged request
-    /// (`spec.hedge`, SPEC §13) committed first. Not the provider's failure (no
-    /// class, no circuit); only ever in the attempt log and the counts.
+    /// (`spec.hedge`, docs/streaming.md#first-token-hedging) committed first. Not the
+    /// provider's failure (no class, no circuit); only ever in the attempt log and the
+    /// counts.
     HedgeLost,
     /// The target answered 508: the request came back to a Switchback gateway it had
     /// passed through (`x-switchback-hops` reached that gateway's `--max-hops`), so the
     /// credential's base URL leads back to a gateway. Never retried (the same request
     /// loops the same way); the chain moves on to the next target; no circuit. A chain
     /// that ends on it answers 508 `loop_detected` itself, so the hop before does not
-    /// retry either (SPEC §14).
+    /// retry either (docs/limits.md#no-loops).
     LoopDetected,
     // Skipped before commitment:
     MissingKey,
@@ -53,17 +54,19 @@ pub enum Reason {
     Parked,
     CircuitOpen,
     /// The target's circuit closed moments ago and the failback ramp
-    /// (`circuitBreaker.rampUp`, SPEC §13) gave this request to the next target.
+    /// (`circuitBreaker.rampUp`, docs/streaming.md#failback-ramp) gave this request to the
+    /// next target.
     RampingUp,
     QueueFull,
     /// The request uses a parameter the target's API cannot honour (translation).
     UnsupportedParameter,
     /// Passed over for resuming a broken stream: the target cannot continue a
-    /// prefilled answer (SPEC §13).
+    /// prefilled answer (docs/streaming.md#resume-after-commit).
     CannotResume,
     /// The request needs something the target's API has no equivalent for (a JSON
     /// schema it cannot express, reasoning settings of a model family it cannot
-    /// carry, ...: SPEC §17); the walk goes on to a target that can.
+    /// carry, ...: docs/translation.md#a-target-that-cannot-serve-a-feature); the walk goes
+    /// on to a target that can.
     UnsupportedFeature,
 }
 
@@ -103,7 +106,7 @@ impl Reason {
     /// Failures that count towards opening the circuit: the provider looks unhealthy.
     /// Not 4xx (the request's fault), not context length, not 429 (parking handles
     /// it), not the call's own budget running out. A useless 2xx does.
-    pub fn trips_breaker(self, status: Option<u16>) -> bool {
+    pub(crate) fn trips_breaker(self, status: Option<u16>) -> bool {
         match self {
             Self::Status5xx
             | Self::ConnectionError
@@ -116,7 +119,7 @@ impl Reason {
     }
 
     /// Whether the target was passed over without a request being sent.
-    pub fn is_skip(self) -> bool {
+    pub(crate) fn is_skip(self) -> bool {
         matches!(
             self,
             Self::MissingKey
@@ -179,7 +182,7 @@ impl Reason {
 
     /// Failures whose upstream answer is handed to the client as it was when the chain
     /// stops on them: they say something about the request, not the provider.
-    pub fn returns_upstream_answer(self) -> bool {
+    pub(crate) fn returns_upstream_answer(self) -> bool {
         matches!(
             self,
             Self::ContextLength | Self::AuthError | Self::ClientError | Self::ContentFilter
@@ -187,9 +190,9 @@ impl Reason {
     }
 }
 
-/// What became of a committed stream that failed in a way its route resumes (SPEC
-/// §13): `resumed` on another target, or why it was not. The `outcome` label of
-/// `switchback_stream_resumes_total`.
+/// What became of a committed stream that failed in a way its route resumes
+/// (docs/streaming.md#resume-after-commit): `resumed` on another target, or why it was not.
+/// The `outcome` label of `switchback_stream_resumes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ResumeOutcome {
     Resumed,

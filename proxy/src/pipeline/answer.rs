@@ -251,14 +251,14 @@ impl Capping {
     }
 }
 
-/// A unary try in flight for a client that is billed (SPEC §15). The upstream
-/// call is polled through here (its response future, then the answer's read), so
-/// that when the client goes away meanwhile (the call is dropped with
-/// `Call::abandoned` set) what is in flight is handed to a continuation: it reads
-/// the answer to its end, within the try's deadline and the response size limit,
-/// forwards nothing, and counts its usage, keeping the request's reservation until
-/// then. Dropped for any other reason (a timeout, a hedge lost), the upstream call
-/// is cancelled as before.
+/// A unary try in flight for a client that is billed
+/// (docs/tenancy.md#a-client-that-leaves-still-pays). The upstream call is polled through
+/// here (its response future, then the answer's read), so that when the client goes away
+/// meanwhile (the call is dropped with `Call::abandoned` set) what is in flight is handed
+/// to a continuation: it reads the answer to its end, within the try's deadline and the
+/// response size limit, forwards nothing, and counts its usage, keeping the request's
+/// reservation until then. Dropped for any other reason (a timeout, a hedge lost), the
+/// upstream call is cancelled as before.
 pub(super) struct Unanswered<'a, 'c> {
     call: &'a Call<'c>,
     target: &'a TargetRt,

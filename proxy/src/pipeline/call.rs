@@ -41,9 +41,9 @@ pub struct Call<'a> {
     /// The body asks for the usage chunk the client did not: strip it (relayed
     /// streams; a translated stream answers as `include_usage` says anyway).
     pub strip_usage: bool,
-    /// The request's budget reservation (SPEC §15), for whoever settles it: a
-    /// committed stream takes it, so does a continuation that counts an answer the
-    /// client walked away from; otherwise it settles with the request. `None`
+    /// The request's budget reservation (docs/tenancy.md#reserve-before-sending), for
+    /// whoever settles it: a committed stream takes it, so does a continuation that counts
+    /// an answer the client walked away from; otherwise it settles with the request. `None`
     /// without a budget.
     pub reservation: Option<&'a HeldReservation>,
     /// Set when the client went away while the call was running (`http` sets it
@@ -54,8 +54,8 @@ pub struct Call<'a> {
 
 impl Call<'_> {
     /// The `model` answers from target `t` of `route` carry, as a JSON literal and as
-    /// text (SPEC §16 `responseModel`): the name the client sent, or with `served` the
-    /// upstream model that answered.
+    /// text (docs/request-lifecycle.md#headers `responseModel`): the name the client sent,
+    /// or with `served` the upstream model that answered.
     pub fn answer_model<'x>(&'x self, route: &RouteRt, t: &'x TargetRt) -> (&'x JsonStr, &'x str) {
         match route.spec.response_model {
             ResponseModel::Requested => (&self.client_model_json, self.client_model),
@@ -80,8 +80,8 @@ pub struct Outcome {
     pub fallbacks: u32,
     /// The credential that answered, if one did.
     pub target: Option<HeaderValue>,
-    /// The upstream model that answered (`x-switchback-model`, SPEC §16), with
-    /// `target`.
+    /// The upstream model that answered (`x-switchback-model`,
+    /// docs/request-lifecycle.md#headers), with `target`.
     pub model: Option<HeaderValue>,
     /// Index of the target that answered (in the route's declared order), if one did.
     pub answered_by: Option<u8>,

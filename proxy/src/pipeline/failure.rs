@@ -1,10 +1,10 @@
 //! The gateway's own answer when the walk ends without a committed one: the last
 //! failure's upstream answer relayed unchanged when it speaks about the request
 //! (context length, auth, another 4xx, a content filter), else an error in the
-//! client's shape whose status says how the chain ended (SPEC §3: 429
-//! `rate_limited`, 504 `upstream_timeout`, 502 `all_providers_failed`, 503
-//! `no_available_target`; SPEC §14: 508 `loop_detected`), with the attempt log as
-//! `attempts`.
+//! client's shape whose status says how the chain ended
+//! (docs/request-lifecycle.md#what-each-outcome-does: 429 `rate_limited`, 504
+//! `upstream_timeout`, 502 `all_providers_failed`, 503 `no_available_target`;
+//! docs/limits.md#no-loops: 508 `loop_detected`), with the attempt log as `attempts`.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -89,8 +89,9 @@ fn error_for(
     log: &[AttemptLog],
 ) -> (StatusCode, &'static str, Cow<'static, str>) {
     match failure.reason {
-        // Nothing but targets that cannot serve the API called: still SPEC §3's 503
-        // for "all skipped", but the message says which targets and why.
+        // Nothing but targets that cannot serve the API called: still the 503 of
+        // docs/request-lifecycle.md#when-the-chain-stops for "all skipped", but the message
+        // says which targets and why.
         Reason::UnsupportedSurface if log.iter().all(|l| l.reason == failure.reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no_available_target",
@@ -211,11 +212,11 @@ fn unsupported_surface(route: &RouteRt, surface: Surface, log: &[AttemptLog]) ->
     )
 }
 
-/// No target of the route can serve what the request needs (SPEC §17): each one
-/// refused it in translation (`refused`: a feature its API lacks, a malformed body)
-/// or cannot serve the API called. A 400 in the client's shape naming the field (the
-/// first refusal's, OpenAI's `param`) and every target tried with why, with the
-/// attempt log as `attempts`.
+/// No target of the route can serve what the request needs
+/// (docs/translation.md#a-target-that-cannot-serve-a-feature): each one refused it in
+/// translation (`refused`: a feature its API lacks, a malformed body) or cannot serve the
+/// API called. A 400 in the client's shape naming the field (the first refusal's, OpenAI's
+/// `param`) and every target tried with why, with the attempt log as `attempts`.
 pub(super) fn unservable_request(
     route: &RouteRt,
     call: &Call<'_>,

@@ -1,11 +1,11 @@
 //! Fetching an image or document a client sent by URL, for a target whose API reads
-//! only inline bytes (its dialect's `form::Target` says so, SPEC §17), once for the
-//! whole walk: a target that fetches URLs itself is sent the URL. Client URLs are
-//! hostile: only `http(s)`, through the upstream client that refuses names resolving
-//! to private, loopback or link-local addresses, and here private IP literals too
-//! (`--fetch-media public`, the default); no redirect is followed; the answer is
-//! capped at `--max-response-bytes` and held in the answer budget
-//! (`--max-inflight-response-bytes`) while the walk lasts; at most
+//! only inline bytes (its dialect's `form::Target` says so,
+//! docs/translation.md#documents-and-media), once for the whole walk: a target that fetches
+//! URLs itself is sent the URL. Client URLs are hostile: only `http(s)`, through the
+//! upstream client that refuses names resolving to private, loopback or link-local
+//! addresses, and here private IP literals too (`--fetch-media public`, the default); no
+//! redirect is followed; the answer is capped at `--max-response-bytes` and held in the
+//! answer budget (`--max-inflight-response-bytes`) while the walk lasts; at most
 //! `--max-fetched-urls` URLs per request, each within the call's budget and
 //! `--fetch-media-timeout` ([`FetchLimits`]). A URL that cannot be fetched leaves the
 //! target skipped as `unsupportedFeature`, saying why.
@@ -41,9 +41,9 @@ impl Default for FetchLimits {
 }
 
 /// The default `--fetch-media-timeout`.
-pub const DEFAULT_FETCH_MEDIA_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_FETCH_MEDIA_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default `--max-fetched-urls`.
-pub const DEFAULT_MAX_FETCHED_URLS: usize = 8;
+pub(crate) const DEFAULT_MAX_FETCHED_URLS: usize = 8;
 
 /// Which URLs the gateway fetches for a target that cannot (`--fetch-media`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

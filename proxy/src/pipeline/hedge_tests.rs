@@ -1,7 +1,7 @@
-//! First-token hedging and the failback ramp through the walk (SPEC §13), on tokio's
-//! paused clock with a scripted upstream: every wait is exact, and the script
-//! records the tries it was sent and those dropped before they ended (the
-//! connection a real transport would close).
+//! First-token hedging and the failback ramp through the walk
+//! (docs/streaming.md#first-token-hedging), on tokio's paused clock with a scripted
+//! upstream: every wait is exact, and the script records the tries it was sent and those
+//! dropped before they ended (the connection a real transport would close).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

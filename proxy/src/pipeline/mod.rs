@@ -6,9 +6,9 @@
 //! gateway's own error (`failure`); an image or document by URL is fetched for a
 //! target that cannot fetch it (`fetch`). A committed stream of a route that resumes is
 //! continued on the next target when it breaks (`resume`), and a route may hedge a
-//! slow try on the next target (`hedge`, both SPEC §13). What the request log line
-//! is told of the attempts is in `log`; what an answer's usage is charged to, in
-//! `charge`.
+//! slow try on the next target (`hedge`, both docs/streaming.md#first-token-hedging). What
+//! the request log line is told of the attempts is in `log`; what an answer's usage is
+//! charged to, in `charge`.
 //!
 //! No file here imports one that imports it back: `request` imports `walk` and
 //! `resume`; `target`, `hedge` and `resume` extend the walk and import it, never the
@@ -32,17 +32,17 @@ mod hedge;
 #[cfg(test)]
 mod hedge_tests;
 mod log;
-pub mod order;
-pub mod outcome;
+pub(crate) mod order;
+pub(crate) mod outcome;
 mod relay;
 mod request;
 mod resume;
 mod send;
-pub mod stream;
+pub(crate) mod stream;
 mod target;
 mod walk;
 
-pub use call::{Call, Outcome, STAYS};
-pub use log::{AttemptLog, ResumeLog};
-pub use request::run;
-pub use stream::{LineSlot, StreamEnd};
+pub(crate) use call::{Call, Outcome, STAYS};
+pub(crate) use log::{AttemptLog, ResumeLog};
+pub(crate) use request::run;
+pub(crate) use stream::StreamEnd;

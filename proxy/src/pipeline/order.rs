@@ -69,9 +69,9 @@ pub fn order(route: &RouteRt, draw: f64) -> Order {
     o
 }
 
-/// The order a request most likely takes now, for stats (SPEC §12): [`order`], with
-/// loadbalance's draw replaced by its heaviest target (the likeliest first; ties keep
-/// the declared order).
+/// The order a request most likely takes now, for stats
+/// (docs/troubleshooting.md#target-states): [`order`], with loadbalance's draw replaced by
+/// its heaviest target (the likeliest first; ties keep the declared order).
 pub fn likely(route: &RouteRt) -> Order {
     if route.spec.strategy != Strategy::Loadbalance {
         return order(route, 0.0);

@@ -1,7 +1,8 @@
 //! What one attempt's failure means for the walk: whether the same target may be
-//! tried again, whether the chain may advance to the next target (SPEC §3's outcome
-//! table), how long to back off, and one attempt's deadline. Pure functions over
-//! compiled policy, so every row is unit-tested here.
+//! tried again, whether the chain may advance to the next target (the outcome
+//! table of docs/request-lifecycle.md#what-each-outcome-does), how long to back off, and
+//! one attempt's deadline. Pure functions over compiled policy, so every row is unit-tested
+//! here.
 
 use std::time::Duration;
 
@@ -57,12 +58,13 @@ pub fn backoff(retry: u32, policy: &Retry, unit: f64) -> Duration {
     Duration::from_micros((cap as f64 * 1000.0 * unit.clamp(0.0, 1.0)) as u64)
 }
 
-/// When a target without its own `timeout` must be done (SPEC §16): the call's budget
-/// less what the targets after it are owed, so a hung target never spends it all.
-/// Each later target (`later`: their `timeout`s) is owed its `timeout`, or an equal
-/// share of the route's (`route_timeout_ms / targets`) when it has none; the last
-/// target (no `later`) may use all that remains. However little is left, a target
-/// gets at least an equal split of it with the targets after it.
+/// When a target without its own `timeout` must be done
+/// (docs/request-lifecycle.md#time-budgets): the call's budget less what the targets after
+/// it are owed, so a hung target never spends it all. Each later target (`later`: their
+/// `timeout`s) is owed its `timeout`, or an equal share of the route's (`route_timeout_ms /
+/// targets`) when it has none; the last target (no `later`) may use all that remains.
+/// However little is left, a target gets at least an equal split of it with the targets
+/// after it.
 pub fn share_end(
     now: tokio::time::Instant,
     budget: tokio::time::Instant,

@@ -1,7 +1,8 @@
 //! What of a provider's answer reaches the client, for every answer, streamed,
-//! unary or an error relayed unchanged: only the provider headers SPEC §8 lists, no
-//! body in a content coding the proxy did not ask for, and never the credential's
-//! key, should the provider echo it in an error.
+//! unary or an error relayed unchanged: only the provider headers
+//! docs/request-lifecycle.md#of-a-providers-answer lists, no body in a content coding the
+//! proxy did not ask for, and never the credential's key, should the provider echo it in an
+//! error.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
@@ -9,11 +10,11 @@ use bytes::Bytes;
 
 use crate::wire::headers::X_UPSTREAM_REQUEST_ID;
 
-/// An upstream answer on its way out, with only the provider headers SPEC §8 lists
-/// (see [`relayed_as`]): framing and hop-by-hop headers are the gateway's own
-/// business, cookies and a provider's internal headers are none of the client's,
-/// and `x-request-id` is the client's (the provider's goes out as
-/// `x-upstream-request-id`).
+/// An upstream answer on its way out, with only the provider headers
+/// docs/request-lifecycle.md#of-a-providers-answer lists (see [`relayed_as`]): framing and
+/// hop-by-hop headers are the gateway's own business, cookies and a provider's internal
+/// headers are none of the client's, and `x-request-id` is the client's (the provider's
+/// goes out as `x-upstream-request-id`).
 pub(crate) fn relay(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
     let mut r = Response::new(body);
     *r.status_mut() = status;
@@ -57,7 +58,7 @@ fn relayed_headers(upstream: HeaderMap) -> HeaderMap {
 /// The name a provider header is relayed under, or `None` when it is not relayed:
 /// `content-type`, `retry-after`, `retry-after-ms`, `openai-processing-ms`, the
 /// `x-ratelimit-*` and `anthropic-ratelimit-*` families, and `x-request-id` as
-/// `x-upstream-request-id` (SPEC §8).
+/// `x-upstream-request-id` (docs/request-lifecycle.md#of-a-providers-answer).
 fn relayed_as(name: HeaderName) -> Option<HeaderName> {
     if name == header::CONTENT_TYPE || name == header::RETRY_AFTER {
         return Some(name);

@@ -1,11 +1,12 @@
 //! Streams on their way to the client: the whole life of one after the status line.
 //! Its opening (events that carry no content are held back until the first one that
-//! does, or an error, SPEC §3), the commit, the committed stream forwarded event by
-//! event (given the client's `model`, or translated), the error event that ends a
-//! failed one, and the report of how it ended (stats, circuit, the request log
-//! line). A stream whose route resumes (SPEC §13) does not end itself on a failure
-//! the route would resume: it stops, and tells the body that resumes it
-//! (`resume`) how it ended ([`StreamReport`]).
+//! does, or an error, docs/request-lifecycle.md#streams-the-commit-point), the commit, the
+//! committed stream forwarded event by event (given the client's `model`, or translated),
+//! the error event that ends a failed one, and the report of how it ended (stats, circuit,
+//! the request log line). A stream whose route resumes
+//! (docs/streaming.md#resume-after-commit) does not end itself on a failure the route would
+//! resume: it stops, and tells the body that resumes it (`resume`) how it ended
+//! ([`StreamReport`]).
 //!
 //! Nothing is buffered beyond the held-back prefix and one partial event, both
 //! bounded by `--max-event-bytes`.
@@ -232,7 +233,7 @@ pub(crate) struct StreamAttempt<'a> {
 }
 
 /// How long a stream whose content has ended is read on for its usage after the
-/// client went away (SPEC §15).
+/// client went away (docs/tenancy.md#a-client-that-leaves-still-pays).
 pub(crate) const READ_ON: Duration = Duration::from_secs(10);
 
 /// Why a 2xx stream was not committed.
@@ -244,11 +245,11 @@ pub(crate) enum NotCommitted {
 }
 
 /// A 2xx stream: hold back its opening until the first content event (or an error)
-/// within `deadline`, then commit it (SPEC §3). A stream without content, an
-/// opening over the event size limit, or an in-band error the chain may move past is
-/// not committed; an in-band error that speaks about the request (context length,
-/// auth, another 4xx) and that the route does not advance on is relayed in the
-/// stream, as the provider sent it, after the held-back events.
+/// within `deadline`, then commit it (docs/request-lifecycle.md#streams-the-commit-point).
+/// A stream without content, an opening over the event size limit, or an in-band error the
+/// chain may move past is not committed; an in-band error that speaks about the request
+/// (context length, auth, another 4xx) and that the route does not advance on is relayed in
+/// the stream, as the provider sent it, after the held-back events.
 pub(crate) async fn start_stream(
     status: StatusCode,
     mut headers: HeaderMap,
@@ -412,7 +413,8 @@ impl StreamEnd {
 
 /// A stream's request log line, written once the stream has ended; with what the
 /// resumes of a resuming route's stream add to it.
-/// Its last argument: the stream's usage was estimated, not reported (SPEC §15).
+/// Its last argument: the stream's usage was estimated, not reported
+/// (docs/troubleshooting.md#usage-marked-estimated).
 pub type LogLine = Box<dyn FnOnce(StreamEnd, Option<ResumeLog>, bool) + Send>;
 
 /// Where a committed stream and the server meet: the server leaves the request's log
@@ -482,7 +484,8 @@ pub(crate) struct Ending {
     /// The request log line, written when the stream ends; `None` under a resuming
     /// body, which writes it (and counts the route's failure) when the answer ends.
     pub line: Option<Arc<LineSlot>>,
-    /// The stream's usage was estimated (SPEC §15), as its log line says.
+    /// The stream's usage was estimated (docs/troubleshooting.md#usage-marked-estimated),
+    /// as its log line says.
     pub estimated: bool,
     /// What the GenAI metrics are told at its end (`None` in tests).
     pub genai: Option<GenAiStream>,
@@ -587,7 +590,8 @@ fn is_usage_only(ev: &[u8]) -> bool {
 }
 
 /// What a billed client's stream relayed of the answer, and whether its usage is in
-/// (SPEC §15): what a client that walks away mid-answer is charged from.
+/// (docs/tenancy.md#a-client-that-leaves-still-pays): what a client that walks away
+/// mid-answer is charged from.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Relayed {
     /// Bytes of content (text, arguments, reasoning) sent to the client.
@@ -817,8 +821,8 @@ impl<U> Committed<U> {
     /// The stream is over for its client (it ended, failed, or the client went
     /// away) without the usage that ends an answer: what the client was sent is
     /// charged from the prompt and the content relayed (bytes / 4), on top of what
-    /// was reported, and marked estimated (SPEC §15). Nothing relayed, nothing
-    /// charged; a second call charges nothing more.
+    /// was reported, and marked estimated (docs/troubleshooting.md#usage-marked-estimated).
+    /// Nothing relayed, nothing charged; a second call charges nothing more.
     fn estimate(&mut self) {
         let Some(c) = &self.client else {
             return;
@@ -856,12 +860,12 @@ impl<U> Committed<U> {
         }
     }
 
-    /// The client went away before the stream ended (SPEC §15). A stream whose
-    /// content has ended is read on for the usage that follows, in a task of its
-    /// own, for up to [`READ_ON`], forwarding nothing; one left mid-answer is
-    /// cancelled at once (dropped with `self`) and its usage estimated. The
-    /// reservation settles, the verdict is counted and the log line written, when
-    /// that is done.
+    /// The client went away before the stream ended
+    /// (docs/tenancy.md#a-client-that-leaves-still-pays). A stream whose content has ended
+    /// is read on for the usage that follows, in a task of its own, for up to [`READ_ON`],
+    /// forwarding nothing; one left mid-answer is cancelled at once (dropped with `self`)
+    /// and its usage estimated. The reservation settles, the verdict is counted and the log
+    /// line written, when that is done.
     fn left_by_client(mut self)
     where
         U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,

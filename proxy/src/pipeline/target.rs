@@ -245,7 +245,8 @@ impl<T: Transport> Walk<'_, '_, T> {
     }
 
     /// A target whose translation could not take the request, passed over: for a
-    /// feature its API lacks (`unsupportedFeature`, SPEC §17) or a body it finds
+    /// feature its API lacks (`unsupportedFeature`,
+    /// docs/translation.md#a-target-that-cannot-serve-a-feature) or a body it finds
     /// malformed (`unsupportedParameter`); another target may serve it.
     fn untranslatable(&mut self, i: u8, e: TranslateError) -> Tried {
         let why = e
@@ -469,9 +470,10 @@ impl<T: Transport> Walk<'_, '_, T> {
 }
 
 impl<T: Transport> Walk<'_, '_, T> {
-    /// A failure that is about the key sent (SPEC §16): a 429 parks it for its
-    /// Retry-After (or the retry's backoff), never longer than `maxRetryAfter`; a 401
-    /// or 403 rejects it for the credential's `keyRejectedFor`. Whether it was one.
+    /// A failure that is about the key sent (docs/request-lifecycle.md#key-pools): a 429
+    /// parks it for its Retry-After (or the retry's backoff), never longer than
+    /// `maxRetryAfter`; a 401 or 403 rejects it for the credential's `keyRejectedFor`.
+    /// Whether it was one.
     fn set_key_aside(&self, t: &TargetRt, key: u8, f: &Failure, tries: u32, now_ms: u64) -> bool {
         let pool = &t.credential.keys;
         if pool.is_empty() {

@@ -139,13 +139,14 @@ pub(super) struct Walk<'a, 'c, T> {
     /// their API lacks, or a malformed body), in the order they were met.
     pub refused: Vec<(u8, TranslateError)>,
     /// Images and documents fetched for targets that cannot fetch a URL themselves
-    /// (SPEC §17), kept for every target of the walk; and the URLs that could not be.
+    /// (docs/translation.md#documents-and-media), kept for every target of the walk; and
+    /// the URLs that could not be.
     pub fetched: crate::providers::translate::Fetched,
     pub fetched_held: Vec<super::answer::AnswerHeld>,
     pub unfetched: Vec<(String, String)>,
-    /// Resuming a broken stream (SPEC §13): the text the client has, which each
-    /// target is asked to continue (a target that cannot is skipped as
-    /// `cannotResume`); and how much of it the last target's prefill carried.
+    /// Resuming a broken stream (docs/streaming.md#resume-after-commit): the text the
+    /// client has, which each target is asked to continue (a target that cannot is skipped
+    /// as `cannotResume`); and how much of it the last target's prefill carried.
     pub prefill: Option<&'a str>,
     pub prefilled: usize,
     /// First-token hedging, on a route that hedges (see `hedge`).
@@ -320,7 +321,8 @@ impl<T: Transport> Walk<'_, '_, T> {
         counters::inc(&self.route.counters.failed);
         // Nothing was sent and no target can serve what the request needs (each one
         // refused it, or cannot serve the API called): that is the answer, a 400
-        // naming the field and the targets tried (SPEC §17), not "no target
+        // naming the field and the targets tried
+        // (docs/translation.md#a-target-that-cannot-serve-a-feature), not "no target
         // available".
         let unservable = |l: &AttemptLog| {
             matches!(
@@ -645,8 +647,9 @@ pub(super) mod tests {
         assert_eq!(outcome.answered_by, Some(1));
     }
 
-    /// SPEC §16: with the defaults (a 60 s budget, no target timeouts), a first target
-    /// that never answers gets half the budget, and the second answers.
+    /// docs/request-lifecycle.md#time-budgets: with the defaults (a 60 s budget, no target
+    /// timeouts), a first target that never answers gets half the budget, and the second
+    /// answers.
     #[tokio::test(start_paused = true)]
     async fn a_hung_target_leaves_the_next_one_its_share_of_the_budget() {
         let mut route = targets(2);
@@ -734,9 +737,9 @@ pub(super) mod tests {
         assert!(target(&route, 1).state.breaker.is_open(Instant::now()));
     }
 
-    /// SPEC §16: a 429 parks the key sent and the same try goes at once to the next
-    /// key (an attempt, not a retry or a fallback); a 401 rejects the key for
-    /// `keyRejectedFor`, and later requests pass it over.
+    /// docs/request-lifecycle.md#key-pools: a 429 parks the key sent and the same try goes
+    /// at once to the next key (an attempt, not a retry or a fallback); a 401 rejects the
+    /// key for `keyRejectedFor`, and later requests pass it over.
     #[tokio::test(start_paused = true)]
     async fn a_key_set_aside_hands_the_same_try_to_the_next_key() {
         let mut route = crate::pipeline::order::tests::route_with_keys(

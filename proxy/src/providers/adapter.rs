@@ -85,9 +85,9 @@ pub trait Adapter: Sync {
 
     /// The upstream `body` (in the dialect it answers `model` in, as any attempt is
     /// sent) asking it to continue an answer whose client has received `text`
-    /// (resume after commit, SPEC §13): the text as the final assistant message, by
-    /// the provider's own rules. `None`: it cannot continue a prefilled answer (the
-    /// target is skipped as `cannotResume`).
+    /// (resume after commit, docs/streaming.md#resume-after-commit): the text as the final
+    /// assistant message, by the provider's own rules. `None`: it cannot continue a
+    /// prefilled answer (the target is skipped as `cannotResume`).
     fn prefill(
         &self,
         _body: &Bytes,
@@ -98,11 +98,11 @@ pub trait Adapter: Sync {
         None
     }
 
-    /// A background probe of one of its models (SPEC §16): the cheapest request that
-    /// proves the model answers, in a client surface's API, its `model` left to the
-    /// prober. It is carried like any request (translated where the upstream answers in
-    /// another API). Default: a chat completion of one user word asking for one
-    /// output token.
+    /// A background probe of one of its models (docs/request-lifecycle.md#probed-circuits):
+    /// the cheapest request that proves the model answers, in a client surface's API, its
+    /// `model` left to the prober. It is carried like any request (translated where the
+    /// upstream answers in another API). Default: a chat completion of one user word asking
+    /// for one output token.
     fn probe(&self) -> ProbeRequest {
         ProbeRequest {
             surface: Surface::ChatCompletions,
@@ -299,10 +299,11 @@ impl Kept {
 
 /// The usual headers: the credential's static `headers`, `fixed` ones, the key's
 /// header (marked sensitive: never logged), and `accept-encoding: identity` (the
-/// proxy rewrites answers, so it must read them, and it does not decode, SPEC §8).
-/// Room is left for what each request adds to its copy (x-request-id,
-/// x-switchback-hops, forwarded client headers, content-type, traceparent,
-/// tracestate, host): a clone keeps the table size, so those inserts never rehash it.
+/// proxy rewrites answers, so it must read them, and it does not decode,
+/// docs/request-lifecycle.md#of-a-providers-answer). Room is left for what each request
+/// adds to its copy (x-request-id, x-switchback-hops, forwarded client headers,
+/// content-type, traceparent, tracestate, host): a clone keeps the table size, so those
+/// inserts never rehash it.
 pub fn headers(
     credential: &Credential,
     fixed: &[(&'static str, &'static str)],

@@ -15,11 +15,11 @@ use http::header::HeaderMap;
 use crate::observe::reason::Reason;
 
 /// Class of an upstream HTTP answer that is not a success.
-pub fn classify_status(status: u16, body: &[u8]) -> Reason {
+pub(crate) fn classify_status(status: u16, body: &[u8]) -> Reason {
     match status {
         429 => Reason::RateLimited,
         408 => Reason::Timeout,
-        // A gateway (Switchback's own, SPEC §14) found the request looping.
+        // A gateway (Switchback's own, docs/limits.md#no-loops) found the request looping.
         508 => Reason::LoopDetected,
         500..=599 => Reason::Status5xx,
         401 | 403 => Reason::AuthError,
@@ -36,7 +36,7 @@ pub fn classify_status(status: u16, body: &[u8]) -> Reason {
 /// or as Gemini does: a response with `promptFeedback.blockReason` and no candidate
 /// (a 200, reported by the Gemini dialect's stream opening as a 400).
 /// Read only from 4xx bodies, already cut to a bound.
-pub fn is_content_filter(body: &[u8]) -> bool {
+pub(crate) fn is_content_filter(body: &[u8]) -> bool {
     let gemini = memchr::memmem::find(body, b"blockReason").is_some();
     if !gemini
         && memchr::memmem::find(body, b"content_filter").is_none()
@@ -110,7 +110,7 @@ pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Du
 /// Google's `RetryInfo.retryDelay` in an error body (`"retryDelay": "37s"`, a
 /// protobuf Duration: seconds with an optional fraction), for a 429 or 503 that
 /// came without a Retry-After header. Saturates like [`retry_after`].
-pub fn retry_delay(body: &[u8]) -> Option<Duration> {
+pub(crate) fn retry_delay(body: &[u8]) -> Option<Duration> {
     let at = memchr::memmem::find(body, b"\"retryDelay\"")? + b"\"retryDelay\"".len();
     let rest = &body[at..];
     let open = memchr::memchr(b'"', rest)?;
@@ -130,7 +130,7 @@ pub fn retry_delay(body: &[u8]) -> Option<Duration> {
 }
 
 /// Whole milliseconds of `d`, saturating (a provider's Retry-After may not fit).
-pub fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

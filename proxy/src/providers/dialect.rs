@@ -48,7 +48,8 @@ pub trait Dialect: Sync {
     /// A fresh decoder for one stream.
     fn stream_decoder(&self) -> Box<dyn StreamDecoder>;
 
-    /// What an event of a stream's opening means for the commit (SPEC §3).
+    /// What an event of a stream's opening means for the commit
+    /// (docs/request-lifecycle.md#streams-the-commit-point).
     fn opening(&self, event: &[u8]) -> Opening {
         sse::opening(event)
     }
@@ -213,7 +214,7 @@ impl TranslateError {
         self
     }
 
-    /// The URL whose bytes the target needs (see [`TranslateError::needs_fetch`]).
+    /// The URL whose bytes the target needs (see `TranslateError::needs_fetch`).
     pub fn fetch(&self) -> Option<&str> {
         self.fetch.as_deref()
     }
@@ -239,7 +240,8 @@ impl TranslateError {
     }
 
     /// A feature the target's API has no equivalent for (the target is skipped as
-    /// `unsupportedFeature`, SPEC §17), not a malformed request.
+    /// `unsupportedFeature`, docs/translation.md#a-target-that-cannot-serve-a-feature), not
+    /// a malformed request.
     pub fn is_feature(&self) -> bool {
         self.feature
     }

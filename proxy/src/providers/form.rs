@@ -52,8 +52,9 @@ pub struct Target {
 }
 
 /// Images and documents the gateway fetched for a target that cannot take them by
-/// URL (SPEC §17): each URL with the media type it was served as and its bytes in
-/// base64, as the decoders put them in the form in the URL's place.
+/// URL (docs/translation.md#documents-and-media): each URL with the media type it was
+/// served as and its bytes in base64, as the decoders put them in the form in the URL's
+/// place.
 #[derive(Debug, Default)]
 pub struct Fetched(Vec<(String, String, String)>);
 
@@ -68,11 +69,6 @@ impl Fetched {
 
     pub fn insert(&mut self, url: String, media_type: String, base64: String) {
         self.0.push((url, media_type, base64));
-    }
-
-    /// Bytes held (of the base64 text).
-    pub fn bytes(&self) -> usize {
-        self.0.iter().map(|(_, _, d)| d.len()).sum()
     }
 }
 
@@ -110,8 +106,8 @@ pub struct Request<'a> {
     pub reasoning_content: bool,
 }
 
-/// A JSON answer (SPEC §17): what the client asked for, and the client's parameter
-/// that asked (for refusals: only the decoder knows the path).
+/// A JSON answer (docs/translation.md#structured-output): what the client asked for, and
+/// the client's parameter that asked (for refusals: only the decoder knows the path).
 #[derive(Debug)]
 pub struct Format<'a> {
     /// `response_format`, `output_config.format`, ...

@@ -1,7 +1,7 @@
 //! Everything the proxy knows about each provider, one folder per provider, behind
 //! one interface: the request path asks an [`Adapter`] (which API, which body, which
 //! headers) and a credential's [`Endpoint`] (which URL, which authorisation), and
-//! reads the upstream's wire through its [`Dialect`]; it never names a provider.
+//! reads the upstream's wire through its `Dialect`; it never names a provider.
 //!
 //! | folder | owns |
 //! |---|---|
@@ -18,19 +18,19 @@
 //! | `classify` | every provider's words for failures and Retry-After |
 //!
 //! Adding a provider is a folder here with its adapter (and a dialect if it speaks
-//! a new API) and one line in [`adapter()`]. Nothing here knows routes, the walk, the
+//! a new API) and one line in `adapter()`. Nothing here knows routes, the walk, the
 //! gateway's limits or its clients.
 
-pub mod adapter;
-pub mod anthropic;
-pub mod azure;
-pub mod bedrock;
+pub(crate) mod adapter;
+pub(crate) mod anthropic;
+pub(crate) mod azure;
+pub(crate) mod bedrock;
 pub mod classify;
-pub mod dialect;
+pub(crate) mod dialect;
 mod error_body;
-pub mod form;
-pub mod gemini;
-pub mod openai;
+pub(crate) mod form;
+pub(crate) mod gemini;
+pub(crate) mod openai;
 mod schema;
 pub mod translate;
 pub mod vertex;
@@ -42,11 +42,11 @@ pub use adapter::{
     Adapter, Authorising, CredentialError, Endpoint, Exchange, Kept, Prefilled, Prepared,
     ProbeRequest, Unsigned,
 };
-pub use dialect::Dialect;
+pub(crate) use dialect::Dialect;
 pub(crate) use vocab::media_type_of_url;
 
 /// The adapter of each `provider:` value: the one place a provider is registered.
-pub fn adapter(provider: Provider) -> &'static dyn Adapter {
+pub(crate) fn adapter(provider: Provider) -> &'static dyn Adapter {
     match provider {
         Provider::Openai => &openai::adapter::OPENAI,
         Provider::OpenaiCompatible => &openai::adapter::COMPATIBLE,

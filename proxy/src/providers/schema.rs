@@ -1,6 +1,7 @@
 //! What each target can express of a client's JSON Schema for a structured answer
-//! (SPEC §17): a schema a target's API cannot take is refused for that target,
-//! naming the construct and where it is, so the walk moves to a target that can.
+//! (docs/translation.md#structured-output): a schema a target's API cannot take is refused
+//! for that target, naming the construct and where it is, so the walk moves to a target
+//! that can.
 //!
 //! * [`recursive_ref`]: a `$ref` that leads back to a schema it is part of. Gemini
 //!   unrolls recursion to a finite depth only when it is optional, and Anthropic's

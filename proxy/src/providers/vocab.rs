@@ -10,7 +10,7 @@ use super::form::{Fetched, Target};
 
 /// Content blocks of one streamed message whose tool-call arguments are relayed: far
 /// more than any real answer has, and a bound on a decoder's block table, which a
-/// provider's indexes would otherwise grow without end (SPEC §8).
+/// provider's indexes would otherwise grow without end (docs/limits.md#memory).
 pub(super) const MAX_BLOCKS: usize = 4096;
 
 pub(super) fn now() -> u64 {

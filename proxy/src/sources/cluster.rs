@@ -13,8 +13,9 @@
 //! an unknown format version) does not take the others down: it keeps its last good
 //! config, the rest is applied, and the problem is recorded as a refusal
 //! (`/admin/v1/config`, `/admin/v1/stats`) and fetched again after a backoff. A merged
-//! config that cannot be prepared, or that has no LLMRoute at all (SPEC §8, unless
-//! `--allow-empty-config`), is refused whole and the last good one keeps serving.
+//! config that cannot be prepared, or that has no LLMRoute at all
+//! (docs/proxy.md#loading-and-reloading-config, unless `--allow-empty-config`), is refused
+//! whole and the last good one keeps serving.
 //!
 //! Needs only get, list and watch on the index ConfigMap by name (the watch selects it
 //! with `metadata.name`, which RBAC authorizes as a request on that name) and get on
@@ -104,7 +105,7 @@ pub fn read_index(index: Option<&ConfigMap>) -> Result<Index, DeliveryError> {
 ///
 /// `models_per_client` (`--auth required`): a model name is unique within a source
 /// namespace only, since each client resolves names among the routes it may call
-/// (SPEC §9 Tenancy; `prepare` refuses a client that could reach two). Otherwise it is
+/// (docs/tenancy.md#tenancy; `prepare` refuses a client that could reach two). Otherwise it is
 /// unique across all of them.
 pub fn merge(
     gateway_namespace: &str,
@@ -379,9 +380,9 @@ impl Drop for ClusterWatch {
 
 /// Starts watching `namespace`'s index; the gateway becomes ready once it is read and
 /// what it names applied. No index, or one naming no route, gives a config with no
-/// LLMRoute: served while no route has been ([`Gateway::empty_until_routed`], set in
+/// LLMRoute: served while no route has been (`Gateway::empty_until_routed`, set in
 /// cluster mode: a fresh install is ready), refused once routes were served unless
-/// [`Gateway::allow_empty_config`].
+/// `Gateway::allow_empty_config`.
 pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch {
     let config = watcher::Config::default().fields(&format!("metadata.name={}", index::INDEX_NAME));
     let changed = Arc::new(Notify::new());
@@ -981,11 +982,11 @@ mod tests {
         server.abort();
     }
 
-    /// SPEC §8 and §11: a delivered config with no LLMRoute (no index yet) is refused
-    /// where a route is needed (`empty_until_routed` off: not ready, saying why); a
-    /// fresh cluster install (`empty_until_routed`, as `start` sets in cluster mode)
-    /// serves it and is ready, answering 404 until routes arrive; `--allow-empty-config`
-    /// serves it too.
+    /// docs/proxy.md#loading-and-reloading-config: a delivered config with no LLMRoute (no
+    /// index yet) is refused where a route is needed (`empty_until_routed` off: not ready,
+    /// saying why); a fresh cluster install (`empty_until_routed`, as `start` sets in
+    /// cluster mode) serves it and is ready, answering 404 until routes arrive;
+    /// `--allow-empty-config` serves it too.
     #[tokio::test]
     async fn a_first_delivery_with_no_route_is_served_in_a_fresh_cluster_install() {
         let (client, server) = fake_api(None, Vec::new(), None, None);

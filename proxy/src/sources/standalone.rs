@@ -6,9 +6,9 @@
 //! A change is applied whole or not at all: one broken route never takes the rest of
 //! an edit with it half-applied.
 //!
-//! The watcher counts only the events of the manifests themselves (see [`Manifests`]:
-//! not a log file written beside them) and reloads once they pause for [`DEBOUNCE`],
-//! or [`MAX_WAIT`] after the first one at the latest.
+//! The watcher counts only the events of the manifests themselves (see `Manifests`:
+//! not a log file written beside them) and reloads once they pause for `DEBOUNCE`,
+//! or `MAX_WAIT` after the first one at the latest.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -68,7 +68,8 @@ pub fn compile_manifests_for(
             None
         },
         models_per_client: auth.required(),
-        // The manifests are the platform's own file (SPEC §14): each credential's
+        // The manifests are the platform's own file
+        // (docs/security.md#where-the-proxies-connect): each credential's
         // allowPrivateNetwork is honoured as written.
         private_networks: &PrivateNetworks::Everywhere,
     });
@@ -109,7 +110,7 @@ fn locate(set: &ManifestSet, d: &switchback_crds::Diagnostic) -> Problem {
 }
 
 /// Load once; on success the gateway serves it. Returns the problems otherwise.
-pub fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
+pub(crate) fn load_once(gw: &Gateway, path: &Path) -> Result<(), Vec<Problem>> {
     let (mut compiled, warnings) = compile_manifests_for(path, &gw.auth)?;
     // No operator renders the replicas sharing each client's limits and budgets:
     // `--replicas` says how many serve these manifests.
@@ -183,7 +184,7 @@ pub fn reload(gw: &Gateway, path: &Path) {
 }
 
 /// Watches the manifests and reloads on change. Dropping it stops watching.
-pub struct ManifestWatcher {
+pub(crate) struct ManifestWatcher {
     _watcher: notify::RecommendedWatcher,
     task: tokio::task::JoinHandle<()>,
 }
@@ -195,7 +196,7 @@ impl Drop for ManifestWatcher {
 }
 
 /// Start watching. Call before the first load: nothing written after this call is missed.
-pub fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher> {
+pub(crate) fn watch(gw: Arc<Gateway>, path: PathBuf) -> notify::Result<ManifestWatcher> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     let manifests = Manifests::new(&path)?;
     // Watch the folder holding a single file: editors and ConfigMap mounts replace
@@ -472,8 +473,9 @@ spec:
         path
     }
 
-    /// SPEC §14: standalone refuses a static header that may carry a key as the CRD
-    /// and the operator do, naming the file, the line of the object and the field.
+    /// docs/security.md#keys-stay-in-secrets: standalone refuses a static header that may
+    /// carry a key as the CRD and the operator do, naming the file, the line of the object
+    /// and the field.
     #[test]
     fn a_static_header_that_may_carry_a_key_is_refused_with_file_and_line() {
         let dir = tempfile::tempdir().unwrap();
@@ -504,8 +506,9 @@ spec:
         assert!(compile_manifests(&path).is_ok());
     }
 
-    /// SPEC §14: standalone manifests are the platform's own file: a credential's
-    /// `allowPrivateNetwork: true` is honoured as written, in any namespace.
+    /// docs/security.md#where-the-proxies-connect: standalone manifests are the platform's
+    /// own file: a credential's `allowPrivateNetwork: true` is honoured as written, in any
+    /// namespace.
     #[test]
     fn standalone_honours_allow_private_network_as_written() {
         let dir = tempfile::tempdir().unwrap();

@@ -36,7 +36,6 @@ use crate::upstream::netguard::Resolver;
 /// Request bodies are always whole (the client's body, maybe translated).
 pub type Body = Full<Bytes>;
 pub type Client = Pooled<Connector, Body>;
-pub type Error = hyper_util::client::legacy::Error;
 
 /// The two upstream clients. `public` refuses names that resolve to private
 /// addresses; credentials with `allowPrivateNetwork: true` use `private`.
@@ -136,10 +135,10 @@ pub async fn read_cut(response: Incoming, cap: usize) -> Result<Bytes, hyper::Er
 mod tests {
     use super::*;
 
-    /// SPEC §14: a credential the platform did not allow private networks is served
-    /// through `public`, whose resolver refuses, at connection time, a name that
-    /// resolves to a private address: nothing reaches a server listening there. The
-    /// same request through `private` (an allowed credential's client) connects.
+    /// docs/security.md#where-the-proxies-connect: a credential the platform did not allow
+    /// private networks is served through `public`, whose resolver refuses, at connection
+    /// time, a name that resolves to a private address: nothing reaches a server listening
+    /// there. The same request through `private` (an allowed credential's client) connects.
     #[tokio::test]
     async fn the_public_client_never_connects_to_a_private_address_by_name() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

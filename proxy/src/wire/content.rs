@@ -3,7 +3,8 @@
 //! text, a tool call's arguments, reasoning), and whether it says the content is over
 //! (OpenAI's `finish_reason`, Anthropic's `content_block_stop` / `message_delta`, the
 //! Responses API's `…done` events). What a stream relayed is what a client that walks
-//! away mid-answer pays for when no usage follows (SPEC §15).
+//! away mid-answer pays for when no usage follows
+//! (docs/tenancy.md#a-client-that-leaves-still-pays).
 //!
 //! Cheap by construction, since it runs on every event of a billed client's stream:
 //! a few prebuilt substring searches and a scan of the strings found, nothing

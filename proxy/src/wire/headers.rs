@@ -1,6 +1,6 @@
-//! The names of the headers the gateway itself sets: on every answer (SPEC §3), the
-//! request id it keeps or makes (and forwards to providers), and the provider's own
-//! request id as the client sees it.
+//! The names of the headers the gateway itself sets: on every answer
+//! (docs/request-lifecycle.md#on-every-answer), the request id it keeps or makes (and
+//! forwards to providers), and the provider's own request id as the client sees it.
 
 use http::HeaderName;
 
@@ -12,7 +12,7 @@ pub const X_ATTEMPTS: HeaderName = HeaderName::from_static("x-switchback-attempt
 pub const X_FALLBACKS: HeaderName = HeaderName::from_static("x-switchback-fallbacks");
 /// The credential that answered (`namespace/name`).
 pub const X_TARGET: HeaderName = HeaderName::from_static("x-switchback-target");
-/// The upstream model that answered (SPEC §16).
+/// The upstream model that answered (docs/request-lifecycle.md#headers).
 pub const X_MODEL: HeaderName = HeaderName::from_static("x-switchback-model");
 /// The route's `metadata.generation`, or the config's load count before a route is
 /// chosen.
@@ -21,6 +21,6 @@ pub const X_GENERATION: HeaderName = HeaderName::from_static("x-switchback-gener
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The provider's `x-request-id`, as the client sees it.
 pub const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
-/// Gateways passed through so far (SPEC §14): read from every request, set on every
+/// Gateways passed through so far (docs/limits.md#no-loops): read from every request, set on every
 /// upstream request to the count plus one (see [`super::hops`]).
 pub const X_HOPS: HeaderName = HeaderName::from_static("x-switchback-hops");

@@ -1,4 +1,4 @@
-//! `x-switchback-hops` (SPEC §14 "No loops"): how many Switchback gateways a request
+//! `x-switchback-hops` (docs/limits.md#no-loops): how many Switchback gateways a request
 //! has passed through. Read once per request before anything else; each upstream
 //! request carries the count plus one, so a credential whose base URL leads back to a
 //! gateway (its own or another's) is refused at `--max-hops` instead of looping.

@@ -8,9 +8,9 @@
 //! Pure functions over bytes: nothing here knows routes, providers, the config or the
 //! network.
 
-pub mod content;
-pub mod headers;
-pub mod hops;
+pub(crate) mod content;
+pub(crate) mod headers;
+pub(crate) mod hops;
 pub mod json;
 pub mod rewrite;
 pub mod sse;

@@ -216,7 +216,7 @@ pub fn replace_model(doc: &[u8], to: &JsonStr) -> Option<Bytes> {
 }
 
 /// `doc` with the value of every `"model"` key replaced by `to`, appended to `out`.
-pub fn replace_model_into(doc: &[u8], to: &JsonStr, out: &mut BytesMut) {
+pub(crate) fn replace_model_into(doc: &[u8], to: &JsonStr, out: &mut BytesMut) {
     let mut copied = 0;
     let mut at = 0;
     while let Some((start, end)) = next_model_value(doc, at) {
@@ -239,7 +239,7 @@ static STREAM_OPTIONS: LazyLock<memmem::Finder<'static>> =
 /// is spliced in after the opening brace (no parse); with one, the body is parsed and
 /// written again (rare: clients that set it usually ask for usage already). `None`
 /// when the body is not an object.
-pub fn with_include_usage(doc: &[u8]) -> Option<Bytes> {
+pub(crate) fn with_include_usage(doc: &[u8]) -> Option<Bytes> {
     const MEMBER: &[u8] = br#""stream_options":{"include_usage":true}"#;
     let open = doc.iter().position(|b| !b.is_ascii_whitespace())?;
     if doc[open] != b'{' {

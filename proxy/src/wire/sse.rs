@@ -18,7 +18,7 @@ use crate::wire::json::{member_end, skip_ws, string_end};
 use crate::wire::surface::{Surface, Wire};
 
 /// The default `--max-event-bytes`: the largest SSE event relayed.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+pub(crate) const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
 
 /// Accumulates upstream chunks and yields complete events (terminator included).
 ///
@@ -84,7 +84,7 @@ impl Framer {
 
     /// A framer for a stream `reframer` turns into SSE events, one per frame, under
     /// the same limit.
-    pub fn reframed(max_event: usize, reframer: Box<dyn Reframe>) -> Self {
+    pub(crate) fn reframed(max_event: usize, reframer: Box<dyn Reframe>) -> Self {
         Self {
             reframer: Some(reframer),
             ..Self::new(max_event)
@@ -180,7 +180,7 @@ fn event_end(buf: &[u8], from: usize) -> Option<usize> {
 
 /// The events of a buffer of whole events (as [`Framer`] yields them), in order; an
 /// unterminated tail comes last.
-pub fn split_events(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn split_events(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
     std::iter::from_fn(move || {
         if buf.is_empty() {
             return None;
@@ -266,7 +266,7 @@ pub fn error_event(event: &[u8]) -> Option<StreamError> {
 }
 
 /// [`error_event`] for an event whose fields are already split out.
-pub fn error_in(f: &EventFields<'_>) -> Option<StreamError> {
+pub(crate) fn error_in(f: &EventFields<'_>) -> Option<StreamError> {
     let named_error = f.event == Some(b"error".as_slice());
     let data = f.data?;
     if !named_error && ERROR_KEY.find(data).is_none() {
@@ -305,7 +305,8 @@ fn status_for(kind: Option<&str>, code: Option<&serde_json::Value>) -> u16 {
     }
 }
 
-/// What an event of a stream's opening means for the commit (SPEC §3).
+/// What an event of a stream's opening means for the commit
+/// (docs/request-lifecycle.md#streams-the-commit-point).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Opening {
     /// Carries no content: held back until one that does (comments, an OpenAI
@@ -603,7 +604,7 @@ fn plain_string_end(data: &[u8], at: usize) -> Option<usize> {
 /// [`opening`] for a stream of `surface`: the Responses API's events are read by
 /// [`responses_opening`], every other stream (OpenAI chat chunks, Anthropic events)
 /// by [`opening`].
-pub fn opening_for(surface: Surface, event: &[u8]) -> Opening {
+pub(crate) fn opening_for(surface: Surface, event: &[u8]) -> Opening {
     match surface {
         Surface::Responses => responses_opening(event),
         _ => opening(event),
@@ -612,7 +613,7 @@ pub fn opening_for(surface: Surface, event: &[u8]) -> Opening {
 
 /// [`error_event`] for a stream of `surface` (after commit: does this event say the
 /// stream failed?).
-pub fn error_event_for(surface: Surface, event: &[u8]) -> Option<StreamError> {
+pub(crate) fn error_event_for(surface: Surface, event: &[u8]) -> Option<StreamError> {
     match surface {
         Surface::Responses => responses_error(&fields(event)),
         _ => error_event(event),
@@ -651,7 +652,8 @@ struct ResponseObject<'a> {
 }
 
 /// Events of a Responses API stream that only announce what is coming: held back
-/// until the first that carries output (SPEC §3's commit rule on this API's events).
+/// until the first that carries output (the commit rule of
+/// docs/request-lifecycle.md#streams-the-commit-point on this API's events).
 const RESPONSES_ANNOUNCEMENTS: [&str; 6] = [
     "response.created",
     "response.queued",
@@ -669,7 +671,7 @@ const RESPONSES_ANNOUNCEMENTS: [&str; 6] = [
 /// ...). Anything else commits: a text, refusal or function-call arguments delta,
 /// a finished output item, a completed response with output, and any event type this
 /// proxy does not know (not ours to judge).
-pub fn responses_opening(event: &[u8]) -> Opening {
+pub(crate) fn responses_opening(event: &[u8]) -> Opening {
     let f = fields(event);
     let Some(data) = f.data else {
         return Opening::Hold;
@@ -742,7 +744,7 @@ fn responses_error_in(kind: &str, d: &ResponsesEvent<'_>, data: &[u8]) -> Option
 /// [`failure_event`] for a stream of `surface`: a Responses API client gets the
 /// API's own `error` event (`event: error`, `"type":"error"`, the error object
 /// inside, as OpenAI sends it and its SDKs raise it).
-pub fn failure_event_for(surface: Surface, message: &str) -> Bytes {
+pub(crate) fn failure_event_for(surface: Surface, message: &str) -> Bytes {
     match surface {
         Surface::Responses => {
             let body = serde_json::json!({"type": "error", "error": {
@@ -755,7 +757,7 @@ pub fn failure_event_for(surface: Surface, message: &str) -> Bytes {
 }
 
 /// The event that ends a committed stream which failed, in the client's wire format.
-pub fn failure_event(wire: Wire, message: &str) -> Bytes {
+pub(crate) fn failure_event(wire: Wire, message: &str) -> Bytes {
     match wire {
         Wire::OpenAi => {
             let body = serde_json::json!({"error": {
@@ -1098,8 +1100,9 @@ mod tests {
             .into_bytes()
     }
 
-    /// SPEC §10 with §3's commit rule on the Responses API's events: lifecycle and
-    /// announcement events are held, the first output commits, `error` and
+    /// docs/responses-api.md#the-responses-api with the commit rule of
+    /// docs/request-lifecycle.md#streams-the-commit-point on the Responses API's events:
+    /// lifecycle and announcement events are held, the first output commits, `error` and
     /// `response.failed` are in-band errors classified by their code.
     #[test]
     fn responses_events_hold_commit_and_fail_by_their_type() {

@@ -41,7 +41,7 @@ impl Surface {
     }
 
     /// Appended to the credential's base URL.
-    pub fn upstream_path(self) -> &'static str {
+    pub(crate) fn upstream_path(self) -> &'static str {
         match self {
             Self::ChatCompletions => "/chat/completions",
             Self::Embeddings => "/embeddings",
@@ -84,7 +84,7 @@ pub struct AttemptView<'a> {
 }
 
 /// A JSON answer the gateway writes itself (errors, admin documents).
-pub fn json_response(
+pub(crate) fn json_response(
     status: http::StatusCode,
     body: impl Into<axum::body::Body>,
 ) -> http::Response<axum::body::Body> {
@@ -98,7 +98,7 @@ pub fn json_response(
 }
 
 /// A document the gateway writes itself (`/v1/models`, the admin port's), pretty.
-pub fn pretty_json(
+pub(crate) fn pretty_json(
     status: http::StatusCode,
     body: &impl Serialize,
 ) -> http::Response<axum::body::Body> {

@@ -1351,7 +1351,7 @@ async fn bedrock_checks_sigv4_and_streams_event_stream_frames() {
     assert!(names.iter().filter(|n| *n == "contentBlockDelta").count() >= 3);
 }
 
-// ---- SPEC §13: streams that fail after N content events, and prefills -----------
+// ---- docs/streaming.md#resume-after-commit: streams that fail after N content events, and prefills -----------
 
 /// The text deltas of an SSE body, in either flavor.
 fn streamed_text(body: &str) -> String {

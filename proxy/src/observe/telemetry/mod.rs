@@ -4,7 +4,7 @@
 //! GenAI semantic-convention attributes; the GenAI metrics go there too
 //! (`otlp_metrics`).
 //!
-//! Trace spans use the target [`TRACE_TARGET`]. Only the OTLP layer listens to it, so
+//! Trace spans use the target `TRACE_TARGET`. Only the OTLP layer listens to it, so
 //! with tracing off those spans are disabled at their call sites and cost nothing
 //! (the log layers' filters are static target filters, cached per call site).
 
@@ -35,16 +35,16 @@ pub enum LogFormat {
 }
 
 /// The `tracing` target of request and attempt spans.
-pub const TRACE_TARGET: &str = "switchback::trace";
+pub(crate) const TRACE_TARGET: &str = "switchback::trace";
 
 /// W3C trace context: the client's trace, continued by the request span and passed on
 /// to providers.
-pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-pub const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub(crate) const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// The request span continues the client's trace when the client sent a
 /// `traceparent` (W3C trace context). Nothing to do when traces are off.
-pub fn continue_trace(span: &tracing::Span, client: &HeaderMap) {
+pub(crate) fn continue_trace(span: &tracing::Span, client: &HeaderMap) {
     if span.is_disabled() || !client.contains_key(TRACEPARENT) {
         return;
     }
@@ -55,7 +55,7 @@ pub fn continue_trace(span: &tracing::Span, client: &HeaderMap) {
 /// The trace context an upstream request carries: with traces on, the attempt
 /// span's (the client's trace when it sent one, else a trace of the proxy's own);
 /// with traces off, the client's `traceparent` and `tracestate` unchanged.
-pub fn propagate(attempt: &tracing::Span, client: &HeaderMap, upstream: &mut HeaderMap) {
+pub(crate) fn propagate(attempt: &tracing::Span, client: &HeaderMap, upstream: &mut HeaderMap) {
     if attempt.is_disabled() {
         for name in [TRACEPARENT, TRACESTATE] {
             if let Some(v) = client.get(&name) {
@@ -135,7 +135,7 @@ pub fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider, TelemetryErr
         .build())
 }
 
-/// The layer that turns [`TRACE_TARGET`] spans into OpenTelemetry spans.
+/// The layer that turns `TRACE_TARGET` spans into OpenTelemetry spans.
 pub fn trace_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Log lines go into a shared buffer that a background thread writes out every
-/// [`FLUSH_EVERY`]: a request never makes a system call or wakes a thread to log.
+/// `FLUSH_EVERY`: a request never makes a system call or wakes a thread to log.
 /// (A channel-per-line writer costs a wake-up and a `write` per request.) Lines beyond
-/// [`MAX_PENDING`] bytes are dropped and counted, so a stalled stdout cannot grow
+/// `MAX_PENDING` bytes are dropped and counted, so a stalled stdout cannot grow
 /// memory or block requests.
 #[derive(Clone)]
 pub struct BatchedWriter {
@@ -102,7 +102,7 @@ impl Batch {
 impl BatchedWriter {
     /// Queue `line` (whole) for the next flush, or count it dropped when too much is
     /// already pending.
-    pub fn append(&self, line: &[u8]) {
+    pub(crate) fn append(&self, line: &[u8]) {
         let mut pending = self
             .shared
             .pending

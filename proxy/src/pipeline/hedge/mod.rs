@@ -1,12 +1,11 @@
-//! First-token hedging (`spec.hedge`, SPEC §13). When a try has nothing to commit
-//! (a stream: its first content event; a unary call: its successful answer) by
-//! `after`, the next eligible target of the walk's order (the one a failover would
-//! try next: not skipped for its key, surface, park, circuit, ramp or a full queue)
-//! is sent the request beside it, if the route's budget allows (`limits::hedge`: at
-//! most `maxPercent` of its requests of the last 60 s) and the hedge would start
-//! before the whole call's budget runs out. The first of the two to commit is the
-//! answer; the other is dropped there and then, which closes its upstream
-//! connection, so its provider stops.
+//! First-token hedging (`spec.hedge`, docs/streaming.md#first-token-hedging). When a try
+//! has nothing to commit (a stream: its first content event; a unary call: its successful
+//! answer) by `after`, the next eligible target of the walk's order (the one a failover
+//! would try next: not skipped for its key, surface, park, circuit, ramp or a full queue)
+//! is sent the request beside it, if the route's budget allows (`limits::hedge`: at most
+//! `maxPercent` of its requests of the last 60 s) and the hedge would start before the
+//! whole call's budget runs out. The first of the two to commit is the answer; the other is
+//! dropped there and then, which closes its upstream connection, so its provider stops.
 //!
 //! One hedge per request. A try that fails while the other runs waits for it; a
 //! hedge that failed leaves the slow try running, and the walk later passes its

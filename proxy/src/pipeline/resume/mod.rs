@@ -1,12 +1,12 @@
-//! Resume after commit (SPEC §13): the body of a stream whose route resumes. The
-//! committed stream underneath (`stream`) does not end itself with the error event
-//! when it breaks, stalls or gets an in-band error the route fails over on: it stops
-//! and tells this body how it ended ([`StreamReport`]). The body asks the next
-//! eligible target to continue the answer (`continuation`: the walk with a prefill)
-//! and splices its events into the same client stream (`transcript`), or, when the
-//! stream cannot be resumed, ends it with the error event as the stream would have.
-//! It counts resumes (route, target, outcome), keeps the replica's figure of the
-//! text held for them, and writes the request's log line when the answer ends.
+//! Resume after commit (docs/streaming.md#resume-after-commit): the body of a stream whose
+//! route resumes. The committed stream underneath (`stream`) does not end itself with the
+//! error event when it breaks, stalls or gets an in-band error the route fails over on: it
+//! stops and tells this body how it ended ([`StreamReport`]). The body asks the next
+//! eligible target to continue the answer (`continuation`: the walk with a prefill) and
+//! splices its events into the same client stream (`transcript`), or, when the stream
+//! cannot be resumed, ends it with the error event as the stream would have. It counts
+//! resumes (route, target, outcome), keeps the replica's figure of the text held for them,
+//! and writes the request's log line when the answer ends.
 //!
 //! Nothing here runs for a route without resume, or for a request that is not a
 //! chat or messages stream: its streams are the plain committed stream, and the
@@ -154,7 +154,8 @@ pub(crate) struct Resumable {
     /// Text held, as counted in the replica's figure (`Gateway::resume_held`).
     counted: usize,
     ended: bool,
-    /// An attempt's usage was estimated (SPEC §15), as the log line says.
+    /// An attempt's usage was estimated (docs/troubleshooting.md#usage-marked-estimated),
+    /// as the log line says.
     estimated: bool,
 }
 

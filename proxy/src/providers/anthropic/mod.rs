@@ -4,7 +4,8 @@
 //! provider (the reverse); also what Claude on Vertex AI answers in, with its
 //! `rawPredict` body and Google-shaped refusals), the provider's adapter
 //! (`adapter`: the messages URL, `x-api-key` and `anthropic-version`), and the
-//! prefill that continues an answer (`prefill`, SPEC §13; Claude on Vertex's too).
+//! prefill that continues an answer (`prefill`, docs/streaming.md#resume-after-commit;
+//! Claude on Vertex's too).
 
 pub(super) mod adapter;
 mod answer;

@@ -1,8 +1,9 @@
-//! Anthropic's prefill (SPEC §13): an answer continued by appending the text the
-//! client already has as the final assistant message. Anthropic refuses a final
-//! assistant message that ends in whitespace, so trailing whitespace is left out (the
-//! client has it; the continuation's leading whitespace is not sent again). Used for
-//! `anthropic` targets and Claude on Vertex (`rawPredict` takes the same messages).
+//! Anthropic's prefill (docs/streaming.md#resume-after-commit): an answer continued by
+//! appending the text the client already has as the final assistant message. Anthropic
+//! refuses a final assistant message that ends in whitespace, so trailing whitespace is
+//! left out (the client has it; the continuation's leading whitespace is not sent again).
+//! Used for `anthropic` targets and Claude on Vertex (`rawPredict` takes the same
+//! messages).
 
 use bytes::Bytes;
 use serde_json::{Value, json};

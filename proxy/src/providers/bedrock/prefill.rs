@@ -1,7 +1,8 @@
-//! Claude on Bedrock continues a prefill like Anthropic's API (SPEC §13): the text
-//! the client already has, as the final assistant turn of the Converse request
-//! (`{"role":"assistant","content":[{"text":...}]}`), without trailing whitespace,
-//! which Claude refuses. Other Bedrock models are not asked to.
+//! Claude on Bedrock continues a prefill like Anthropic's API
+//! (docs/streaming.md#resume-after-commit): the text the client already has, as the final
+//! assistant turn of the Converse request
+//! (`{"role":"assistant","content":[{"text":...}]}`), without trailing whitespace, which
+//! Claude refuses. Other Bedrock models are not asked to.
 
 use bytes::Bytes;
 use serde_json::{Value, json};

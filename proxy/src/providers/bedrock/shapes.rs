@@ -158,10 +158,10 @@ pub(crate) fn with_error_type(header: Option<&str>, body: &[u8]) -> bytes::Bytes
 }
 
 /// The status that classes a Bedrock error as the gateway's failure classes expect
-/// (SPEC §3): the upstream's, except for the types whose status says less than their
-/// name. `ModelNotReadyException` (a 429 while the model loads) and
-/// `ServiceUnavailableException` are overload (503); `ModelErrorException` and
-/// `ModelStreamErrorException` (424: the model failed, not the request) are server
+/// (docs/request-lifecycle.md#streams-the-commit-point): the upstream's, except for the
+/// types whose status says less than their name. `ModelNotReadyException` (a 429 while the
+/// model loads) and `ServiceUnavailableException` are overload (503); `ModelErrorException`
+/// and `ModelStreamErrorException` (424: the model failed, not the request) are server
 /// errors (502); `ModelTimeoutException` is a timeout (408).
 pub(crate) fn class_status(status: u16, error_type: &str) -> u16 {
     match error_type {

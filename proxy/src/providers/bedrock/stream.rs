@@ -234,10 +234,11 @@ impl StreamDecoder {
     }
 }
 
-/// What one event of a ConverseStream's opening means for the commit (SPEC §3):
-/// `messageStart`, a `contentBlockStart` that is not a tool call, an empty delta,
-/// `contentBlockStop` and `metadata` hold back; text, a tool call or the stop
-/// commit; an exception frame (an `event: error`) is an error.
+/// What one event of a ConverseStream's opening means for the commit
+/// (docs/request-lifecycle.md#streams-the-commit-point): `messageStart`, a
+/// `contentBlockStart` that is not a tool call, an empty delta, `contentBlockStop` and
+/// `metadata` hold back; text, a tool call or the stop commit; an exception frame (an
+/// `event: error`) is an error.
 pub(crate) fn opening(event: &[u8]) -> Opening {
     let f = sse::fields(event);
     let Some(data) = f.data else {

@@ -199,12 +199,12 @@ impl StreamDecoder {
     }
 }
 
-/// What one event of a Gemini stream's opening means for the commit (SPEC §3): a
-/// chunk without text (a thought's included), a function call, a finish reason or
-/// a block holds back; an
-/// in-band `{"error": ...}` is an error; a blocked prompt is an error of class
-/// `contentFilter` (reported with status 400, as the same refusal would be as a
-/// plain answer elsewhere), relayed to the client unless the route fails over on it.
+/// What one event of a Gemini stream's opening means for the commit
+/// (docs/request-lifecycle.md#streams-the-commit-point): a chunk without text (a thought's
+/// included), a function call, a finish reason or a block holds back; an in-band `{"error":
+/// ...}` is an error; a blocked prompt is an error of class `contentFilter` (reported with
+/// status 400, as the same refusal would be as a plain answer elsewhere), relayed to the
+/// client unless the route fails over on it.
 pub(crate) fn opening(event: &[u8]) -> Opening {
     let f = sse::fields(event);
     let Some(data) = f.data else {

@@ -1,9 +1,9 @@
-//! The OpenAI-compatible prefill convention of vLLM and SGLang (SPEC §13): the text
-//! the client already has as the final assistant message, with
-//! `continue_final_message: true` (continue it, do not start a new turn) and
-//! `add_generation_prompt: false` (which the servers require with it). Only for
-//! `openai-compatible` credentials that declare `prefill: true`; the whole text is
-//! sent, trailing whitespace included.
+//! The OpenAI-compatible prefill convention of vLLM and SGLang
+//! (docs/streaming.md#resume-after-commit): the text the client already has as the final
+//! assistant message, with `continue_final_message: true` (continue it, do not start a new
+//! turn) and `add_generation_prompt: false` (which the servers require with it). Only for
+//! `openai-compatible` credentials that declare `prefill: true`; the whole text is sent,
+//! trailing whitespace included.
 
 use bytes::Bytes;
 use serde_json::{Value, json};

@@ -1,7 +1,7 @@
 //! Translation between chat APIs: requests, unary responses, error bodies and
 //! streams, so a route can answer an OpenAI-SDK client from an Anthropic, Gemini or
 //! Bedrock target and an Anthropic-SDK client from an OpenAI (or OpenAI-compatible)
-//! one. It owns the pairing of a client's API with an upstream's ([`Translation`]),
+//! one. It owns the pairing of a client's API with an upstream's (`Translation`),
 //! never an API's shapes (each dialect's, in its provider's folder) nor anything of
 //! routes, credentials or the network.
 //!
@@ -22,7 +22,7 @@
 //! never comes here: its bodies are relayed with only `model` rewritten.
 //!
 //! [`Direction`] names the pairings (for tests, benchmarks and docs); the pipeline
-//! makes its [`Translation`] from the client's wire and the dialect a provider
+//! makes its `Translation` from the client's wire and the dialect a provider
 //! adapter says its upstream speaks. How each upstream API maps to the form is told
 //! in its provider's folder (`gemini`, `bedrock`); the pairs of the two client APIs
 //! below.
@@ -31,7 +31,7 @@
 //!
 //! | call | input | output |
 //! |---|---|---|
-//! | [`Translation::to`] | client wire, upstream dialect | the pairing |
+//! | `Translation::to` | client wire, upstream dialect | the pairing |
 //! | [`Direction::for_target`] | client surface, target provider | `Some(direction)` when translation is needed and possible |
 //! | [`request`] | the client's body | the upstream's body, `model` set to the target's model |
 //! | [`include_usage`] | the client's body | whether an OpenAI client asked for the stream's usage chunk |
@@ -185,9 +185,9 @@ use super::{anthropic, bedrock, gemini, openai, vocab};
 use crate::wire::surface::{Surface, Wire};
 
 pub use super::dialect::{Defaults, TranslateError};
-pub use super::form::Fetched;
+pub(crate) use super::form::Fetched;
 pub use stream::StreamTranslator;
-pub use translation::Translation;
+pub(crate) use translation::Translation;
 
 /// The pairings, named: client wire → upstream wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,11 +251,6 @@ impl Direction {
         self.translation().client_wire()
     }
 
-    /// Whether the upstream is Gemini.
-    pub fn to_gemini(self) -> bool {
-        matches!(self, Self::OpenAiToGemini | Self::AnthropicToGemini)
-    }
-
     /// Whether the upstream is Bedrock.
     pub fn to_bedrock(self) -> bool {
         matches!(self, Self::OpenAiToBedrock | Self::AnthropicToBedrock)
@@ -304,7 +299,7 @@ pub fn request(
 /// [`request`], with the images and documents the gateway fetched for a target that
 /// cannot fetch them itself. A URL still missing is refused naming it
 /// ([`TranslateError::fetch`]): fetch it and call again.
-pub fn request_with(
+pub(crate) fn request_with(
     translation: impl Into<Translation>,
     body: &[u8],
     upstream_model: &str,
@@ -366,7 +361,7 @@ pub fn error(
 
 /// A 2xx unary answer that is no answer: the upstream blocked the prompt (class
 /// `contentFilter`).
-pub fn is_blocked(translation: impl Into<Translation>, upstream_body: &[u8]) -> bool {
+pub(crate) fn is_blocked(translation: impl Into<Translation>, upstream_body: &[u8]) -> bool {
     translation.into().upstream.is_blocked(upstream_body)
 }
 

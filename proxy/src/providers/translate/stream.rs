@@ -54,12 +54,6 @@ impl StreamTranslator {
         self.translation.upstream()
     }
 
-    /// Whether the client stream is complete (terminated normally or by an error
-    /// event): later events are ignored.
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
     /// Translate ONE complete upstream event, appending the client events to `out`.
     pub fn event(&mut self, upstream_event: &[u8], out: &mut BytesMut) {
         if self.done {

@@ -7,7 +7,7 @@
 //!   carries `anthropic_version` and no `model`: the model is in the URL, see
 //!   `anthropic::to_raw_predict`); any other model is Google's, served through
 //!   `generateContent` / `streamGenerateContent?alt=sse` with the Gemini wire.
-//!   [`Publisher`] says which, [`url`] where it goes. Vertex's own refusals are
+//!   `Publisher` says which, [`url`] where it goes. Vertex's own refusals are
 //!   Google-shaped whichever publisher's model was called: relayed to an Anthropic
 //!   client in Anthropic's shape ([`anthropic_error`]).
 //! * **Tokens.** A service-account key (the Secret's `serviceAccount.json` unless
@@ -15,7 +15,7 @@
 //!   refreshed before it expires (`token`); each request is authorised with it
 //!   ([`Endpoint::authorise`]). A failed exchange is an `authError`.
 //! * **Prefills.** Claude continues a broken stream's answer as on Anthropic's API
-//!   (`anthropic::prefill`); Google's models cannot (SPEC §13).
+//!   (`anthropic::prefill`); Google's models cannot (docs/streaming.md#resume-after-commit).
 
 mod token;
 
@@ -37,7 +37,7 @@ use crate::wire::surface::Surface;
 
 /// Whose model a Vertex target names: it decides the URL and the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Publisher {
+pub(crate) enum Publisher {
     /// `claude*`: `publishers/anthropic`, Anthropic Messages through `rawPredict`.
     Anthropic,
     /// Everything else (`gemini-*`): `publishers/google`, `generateContent`.
@@ -220,7 +220,7 @@ impl Endpoint for VertexEndpoint {
 
     /// The credential's token, cached or exchanged (through the credential's own
     /// client, so its network guard). Any failure to get one is an `authError`
-    /// (SPEC §10), logged without key material. Boxed: the exchange is a large
+    /// (docs/providers.md#vertex), logged without key material. Boxed: the exchange is a large
     /// future, and held inline it would grow every attempt's state for the one
     /// provider that needs it.
     fn authorise<'a>(&'a self, request: Unsigned<'a>) -> Authorising<'a> {

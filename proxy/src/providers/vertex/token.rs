@@ -13,7 +13,7 @@
 //! requests wait, for one exchange they share (the refresh lock; whoever finds the
 //! token refreshed behind it returns that one). A failed exchange then (an error
 //! status, an answer that is not a token, a transport error or timeout) is an
-//! `authError` for the attempt (SPEC §10) and caches nothing.
+//! `authError` for the attempt (docs/providers.md#vertex) and caches nothing.
 //!
 //! The private key, the assertion and the access token are held as [`Secret`]s and
 //! never appear in a message; a token exchange's error names the status or the
@@ -55,7 +55,8 @@ const MAX_TOKEN_ANSWER: usize = 64 * 1024;
 
 /// The longest a token is trusted for, whatever `expires_in` says: Google's access
 /// tokens live an hour (12 h at most). Bounding it keeps `Instant + expires_in` from
-/// overflowing on a hostile answer (SPEC §8: every upstream number is bounded).
+/// overflowing on a hostile answer (docs/providers.md#vertex: an `expires_in` above 12
+/// hours is taken as 12 hours).
 pub const MAX_TOKEN_LIFE: Duration = Duration::from_secs(12 * 3600);
 /// Why no token could be had: every one is an `authError` for the attempt. The
 /// messages name what failed, never key material or the token endpoint's body.
@@ -102,7 +103,7 @@ impl Signer {
 
     /// The signed JWT: `iss` the service account, `scope` cloud-platform, `aud` the
     /// token URI, issued at `now` (seconds since the epoch) for one hour.
-    pub fn assertion(&self, now: u64) -> Result<Secret<String>, TokenError> {
+    pub(crate) fn assertion(&self, now: u64) -> Result<Secret<String>, TokenError> {
         let header = base64url(br#"{"alg":"RS256","typ":"JWT"}"#);
         let claims = serde_json::json!({
             "iss": self.client_email,
