@@ -26,6 +26,7 @@
 //! park and rejection ends (`limits::keys`), and [`Probes::set_delegated`], which
 //! tells this replica that another one probes the target.
 
+pub mod fleet;
 mod probe;
 
 use std::collections::HashSet;

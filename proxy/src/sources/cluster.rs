@@ -391,7 +391,8 @@ pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch 
         watcher(Api::namespaced(client.clone(), namespace), config),
     )
     .default_backoff();
-    let tasks = vec![
+    let mut tasks = super::fleet_view::watch(gw.clone(), client.clone(), namespace);
+    tasks.extend([
         tokio::spawn(index_events.for_each(drain(changed.clone()))),
         tokio::spawn(apply_loop(
             gw,
@@ -400,7 +401,7 @@ pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch 
             index,
             changed,
         )),
-    ];
+    ]);
     ClusterWatch { tasks }
 }
 
