@@ -36,12 +36,27 @@ struct Seen<'a> {
 type TargetKey = (ObjectId, Option<String>);
 
 /// The view of `reports` (the ready replicas' stats of one round) at `now_ms`, without
-/// its expiry (set when written).
-pub fn view(reports: &[&StatsReport], now_ms: u64) -> FleetView {
+/// its expiry (set when written). An opening already in `previous` keeps the end it
+/// was told with: the opener's own end moves with each of its probes, and the view
+/// is not rewritten for that.
+pub fn view(reports: &[&StatsReport], now_ms: u64, previous: Option<&FleetView>) -> FleetView {
+    let mut targets = targets(reports);
+    for t in targets
+        .iter_mut()
+        .filter(|t| t.circuit == FleetCircuit::Open)
+    {
+        let told = previous.into_iter().flat_map(|p| &p.targets).find(|p| {
+            (&p.credential, &p.model, p.circuit, &p.since)
+                == (&t.credential, &t.model, t.circuit, &t.since)
+        });
+        if let Some(told) = told {
+            t.until = told.until.clone();
+        }
+    }
     FleetView {
         version: VIEW_VERSION,
         expires_at: String::new(),
-        targets: targets(reports),
+        targets,
         keys: keys(reports, now_ms),
     }
 }
@@ -229,7 +244,11 @@ mod tests {
     }
 
     fn of(reports: &[StatsReport]) -> FleetView {
-        view(&reports.iter().collect::<Vec<_>>(), T0 + 10_000)
+        after(reports, None)
+    }
+
+    fn after(reports: &[StatsReport], previous: Option<&FleetView>) -> FleetView {
+        view(&reports.iter().collect::<Vec<_>>(), T0 + 10_000, previous)
     }
 
     #[test]
@@ -261,12 +280,29 @@ mod tests {
     fn replicas_that_adopted_the_open_circuit_do_not_change_the_view() {
         let opener = replica("c", target(true, T0 + 1_000, Some(T0 + 31_500), 1));
         let before = of(&[opener.clone(), replica("a", target(false, T0, None, 0))]);
-        let after = of(&[
+        let adopted = of(&[
             opener,
             // Adopted later: open since its adoption, its own end.
             replica("a", target(true, T0 + 3_000, Some(T0 + 31_503), 1)),
         ]);
-        assert_eq!(before, after);
+        assert_eq!(before, adopted);
+    }
+
+    #[test]
+    fn the_openers_next_probe_does_not_rewrite_the_view() {
+        let told = of(&[replica("a", target(true, T0, Some(T0 + 3_000), 1))]);
+        // The opener probed and failed: its end moved on.
+        let now = after(
+            &[replica("a", target(true, T0, Some(T0 + 5_000), 1))],
+            Some(&told),
+        );
+        assert_eq!(now, told);
+        // A new opening (after a close) is told with its own end.
+        let reopened = after(
+            &[replica("a", target(true, T0 + 9_000, Some(T0 + 12_000), 2))],
+            Some(&told),
+        );
+        assert_eq!(reopened.targets[0].until, Some(format_ms(T0 + 12_000)));
     }
 
     #[test]

@@ -2062,6 +2062,323 @@ async fn key_pools_and_probes_reach_status() {
     drop(stack);
 }
 
+/// A replica's `/admin/v1/stats`.
+async fn stats_of(stack: &Stack, replica: usize) -> Value {
+    let text = stack
+        .get_text(format!(
+            "{}/admin/v1/stats",
+            stack.proxies[replica].admin_url()
+        ))
+        .await;
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+/// What `replica` reports of the route's first target (its circuit, whether it
+/// probes) and of the pool's key `k2`.
+async fn fleet_facts(stack: &Stack, replica: usize) -> (String, bool, String) {
+    let s = stats_of(stack, replica).await;
+    let t = &s["routes"][0]["targets"][0];
+    let k2 = s["credentials"]
+        .as_array()
+        .and_then(|cs| {
+            cs.iter()
+                .flat_map(|c| c["keys"].as_array().cloned().unwrap_or_default())
+                .find(|k| k["name"] == "k2")
+        })
+        .unwrap_or(Value::Null);
+    (
+        t["circuit"].as_str().unwrap_or_default().to_string(),
+        t["probing"] == true,
+        k2["state"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// Probes the simulator received (`x-request-id: switchback-probe`), and the client
+/// requests, since the last look.
+fn probes_and_requests(sim: &SimProvider) -> (usize, usize) {
+    let received = sim.take_received();
+    let probes = received
+        .iter()
+        .filter(|r| r.header("x-request-id") == Some("switchback-probe"))
+        .count();
+    (probes, received.len() - probes)
+}
+
+/// Issue 32 item 5 (`docs/request-lifecycle.md#one-view-across-replicas`): three
+/// replicas, one operator; what one replica finds (a rejected key, an open circuit)
+/// holds on the others within 5 s without their sending anything, one replica alone
+/// probes the open circuit, all three return within 5 s of its first success; with
+/// the operator gone the view expires and each replica goes by its own findings.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_view_across_three_replicas() {
+    if !enabled("one_view_across_three_replicas") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let (gw, a) = (
+        format!("sb-e2e-fleet-gw-{id}"),
+        format!("sb-e2e-fleet-{id}"),
+    );
+    let _namespaces = Namespaces::create(&[gw.clone(), a.clone()]);
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let mut stack = Stack::start(&gw, 3, &["--fleet-view-ttl", "6s"]);
+    apply(&format!(
+        "{}---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: pool-keys, namespace: {a} }}\nstringData: {{ k1: sk-fleet-one, k2: sk-fleet-two }}\n\
+         ---\napiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\nmetadata: {{ name: pool, namespace: {a} }}\n\
+         spec: {{ provider: openai-compatible, baseURL: \"{}\", secretRef: {{ name: pool-keys, keys: [k1, k2] }}, allowPrivateNetwork: true }}\n{}{}",
+        secret(&a, "sk-backup"),
+        primary.base_url(),
+        credential(&a, "backup", &backup.base_url()).replace("key: backup", "key: steady"),
+        route(
+            &a,
+            "smart",
+            "smart",
+            "[ { credentialRef: { name: pool } }, { credentialRef: { name: backup } } ]",
+        )
+        .replace(
+            "consecutiveFailures: 2, openFor: 8s }",
+            "consecutiveFailures: 1, openFor: 3s, probeInterval: 2s }"
+        ),
+    ));
+    wait_programmed(&a, "smart");
+    for i in 0..3 {
+        let r = stack.chat_on(i, "smart").await;
+        assert_eq!(served_by(&r), format!("{a}/pool"), "replica {i}");
+    }
+    let writes =
+        || stack.operator_metric("switchback_operator_config_writes_total{kind=\"FleetView\"}");
+    let writes_at_start = writes().await;
+
+    // 1. k2 answers 401 on replica 0's traffic: set aside there, then on 1 and 2,
+    // which never send it.
+    primary.set_key_behavior(
+        "sk-fleet-two",
+        Some(Behavior::Status {
+            status: 401,
+            body: None,
+            retry_after: None,
+        }),
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            served_by(&stack.chat_on(0, "smart").await),
+            format!("{a}/pool")
+        );
+    }
+    assert_eq!(fleet_facts(&stack, 0).await.2, "Rejected");
+    let rejected = Instant::now();
+    eventually_async(
+        "k2 set aside on replicas 1 and 2",
+        Duration::from_secs(5),
+        || async {
+            for i in 1..3 {
+                if fleet_facts(&stack, i).await.2 != "Rejected" {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "k2 set aside on every replica {:?} after its 401",
+        rejected.elapsed()
+    );
+    primary.take_received();
+    for i in 1..3 {
+        for _ in 0..4 {
+            assert_eq!(
+                served_by(&stack.chat_on(i, "smart").await),
+                format!("{a}/pool")
+            );
+        }
+    }
+    let keys: Vec<String> = primary
+        .take_received()
+        .iter()
+        .filter_map(|r| r.key().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        keys,
+        vec!["sk-fleet-one".to_string(); 8],
+        "replicas 1 and 2 never send k2"
+    );
+    primary.set_key_behavior("sk-fleet-two", None);
+
+    // 2. The primary fails on replica 0's traffic: its circuit opens there, and on 1
+    // and 2 within 5 s, which then send it nothing.
+    primary.set_default(Behavior::ServerError(503));
+    assert_eq!(
+        served_by(&stack.chat_on(0, "smart").await),
+        format!("{a}/backup")
+    );
+    let opened = Instant::now();
+    eventually_async(
+        "the circuit open on every replica",
+        Duration::from_secs(5),
+        || async {
+            for i in 0..3 {
+                if fleet_facts(&stack, i).await.0 != "Open" {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "circuit open on every replica {:?} after the failure",
+        opened.elapsed()
+    );
+    probes_and_requests(&primary);
+    for i in 1..3 {
+        for _ in 0..4 {
+            let r = stack.chat_on(i, "smart").await;
+            assert_eq!(r.status(), 200);
+            assert_eq!(served_by(&r), format!("{a}/backup"), "replica {i}");
+        }
+    }
+    assert_eq!(
+        probes_and_requests(&primary).1,
+        0,
+        "no client request reached the primary"
+    );
+
+    // 3. One replica alone probes it: at most one probe per interval (2 s) reaches it.
+    let probers = eventually_async("one prober", Duration::from_secs(5), || async {
+        let mut probing = Vec::new();
+        for i in 0..3 {
+            if fleet_facts(&stack, i).await.1 {
+                probing.push(i);
+            }
+        }
+        (probing.len() == 1).then_some(probing)
+    })
+    .await;
+    probes_and_requests(&primary);
+    let steady = writes().await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (probes, requests) = probes_and_requests(&primary);
+    let steady_writes = writes().await - steady;
+    println!(
+        "while open: replica {probers:?} probes, {probes} probes in 8 s, {steady_writes} view writes in 8 s"
+    );
+    assert_eq!(requests, 0);
+    assert!(
+        (1..=5).contains(&probes),
+        "one prober every 2 s, not three: {probes}"
+    );
+    assert!(
+        steady_writes <= 4.0,
+        "refreshed every 3 s, not per replica: {steady_writes}"
+    );
+
+    // 4. It recovers: the first successful probe closes it everywhere within 5 s.
+    primary.set_default(Behavior::Answer);
+    let first_success = eventually(
+        "the first successful probe",
+        Duration::from_secs(10),
+        || (probes_and_requests(&primary).0 > 0).then(Instant::now),
+    )
+    .await;
+    eventually_async(
+        "closed on every replica",
+        Duration::from_secs(5),
+        || async {
+            for i in 0..3 {
+                if fleet_facts(&stack, i).await.0 != "Closed" {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "closed on every replica {:?} after the first success",
+        first_success.elapsed()
+    );
+    for i in 0..3 {
+        assert_eq!(
+            served_by(&stack.chat_on(i, "smart").await),
+            format!("{a}/pool")
+        );
+    }
+    let total = writes().await - writes_at_start;
+    println!("fleet view writes over the story: {total}");
+    assert!(
+        total >= 2.0,
+        "written at least on opening and close: {total}"
+    );
+
+    // 5. The operator goes (as the API server going would): the view expires within
+    // its 6 s and each replica probes, and closes, on its own.
+    primary.set_default(Behavior::ServerError(503));
+    assert_eq!(
+        served_by(&stack.chat_on(0, "smart").await),
+        format!("{a}/backup")
+    );
+    eventually_async("one prober again", Duration::from_secs(5), || async {
+        let mut probing = 0;
+        for i in 0..3 {
+            let (circuit, probes, _) = fleet_facts(&stack, i).await;
+            if circuit != "Open" {
+                return None;
+            }
+            probing += usize::from(probes);
+        }
+        (probing == 1).then_some(())
+    })
+    .await;
+    stack.operator.stop();
+    eventually_async(
+        "every replica probing on its own",
+        Duration::from_secs(12),
+        || async {
+            for i in 0..3 {
+                if !fleet_facts(&stack, i).await.1 {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    for i in 0..3 {
+        let r = stack.chat_on(i, "smart").await;
+        assert_eq!(r.status(), 200, "replica {i} serves on its own view");
+        assert_eq!(served_by(&r), format!("{a}/backup"));
+    }
+    primary.set_default(Behavior::Answer);
+    eventually_async(
+        "each replica's own probe closes it",
+        Duration::from_secs(10),
+        || async {
+            for i in 0..3 {
+                if fleet_facts(&stack, i).await.0 != "Closed" {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    let log = std::fs::read_to_string(&stack.proxies[1].log).unwrap_or_default();
+    assert!(log.contains("lapsed"), "the replica says its view lapsed");
+    let view = get_json(&["configmap", "-n", &gw, "switchback-health"]).expect("the view");
+    let text = view.to_string();
+    assert!(
+        !text.contains("sk-fleet"),
+        "no key value in the view: {text}"
+    );
+    let all = stack.everything_they_say().await;
+    assert!(!all.contains("sk-fleet-two"), "k2's value leaked");
+    drop(stack);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_and_cel_refusals_name_the_field() {
     if !enabled("schema_and_cel_refusals_name_the_field") {

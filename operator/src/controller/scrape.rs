@@ -162,7 +162,7 @@ async fn write_fleet_view(
         .collect();
     let now_ms = Timestamp::now().as_millisecond() as u64;
     let ttl_ms = ttl.as_millis() as u64;
-    let content = fleet::view(&reports, now_ms);
+    let content = fleet::view(&reports, now_ms, written.as_ref().map(|w| &w.content));
     if !fleet::due(written.as_ref(), &content, now_ms, ttl_ms) {
         return;
     }
