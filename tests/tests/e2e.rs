@@ -2124,7 +2124,8 @@ async fn one_view_across_three_replicas() {
     let _namespaces = Namespaces::create(&[gw.clone(), a.clone()]);
     let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
     let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
-    let mut stack = Stack::start(&gw, 3, &["--fleet-view-ttl", "6s"]);
+    let private = allow_private(&[&a]);
+    let mut stack = Stack::start(&gw, 3, &["--fleet-view-ttl", "6s", &private]);
     apply(&format!(
         "{}---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: pool-keys, namespace: {a} }}\nstringData: {{ k1: sk-fleet-one, k2: sk-fleet-two }}\n\
          ---\napiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\nmetadata: {{ name: pool, namespace: {a} }}\n\

@@ -65,6 +65,10 @@ pub fn apply(gw: &Gateway, view: Option<&FleetView>, now: Instant) -> Applied {
             v.circuit == FleetCircuit::Open
                 && v.prober.as_deref().is_some_and(|p| p != gw.instance_id)
         });
+        if t.state.probes.delegated() && !delegated {
+            // Handed back: the schedule may have put this target aside for good.
+            gw.health.wake();
+        }
         t.state.probes.set_delegated(delegated);
         applied.delegated += usize::from(delegated);
         if let Some(v) = told {
@@ -376,6 +380,9 @@ spec:
         );
         assert_eq!(apply(&gw, Some(&v), now).opened, 1);
         assert!(t.probes.delegated());
+        // The opening woke the schedule; take that wake-up.
+        let woken = || tokio::time::timeout(Duration::ZERO, gw.health.wake.notified());
+        assert!(woken().await.is_ok());
         // The operator is gone: nobody refreshes the view; 20 s later it is void.
         tokio::time::advance(Duration::from_secs(20)).await;
         let later = Instant::now();
@@ -388,6 +395,7 @@ spec:
             }
         );
         assert!(!t.probes.delegated(), "this replica probes again");
+        assert!(woken().await.is_ok(), "the schedule looks at it again");
         assert!(t.breaker.begin_probe(later), "its own probe is due");
         // No view at all: the same.
         t.probes.set_delegated(true);
