@@ -140,7 +140,16 @@ fn adopt_keys(gw: &Gateway, view: &FleetView, wall_ms: u64) -> usize {
         if let Some(until) = here(&k.parked_until) {
             key.state.park_until(until);
         }
-        if let Some(until) = here(&k.rejected_until) {
+        // A rejection that began before this replica loaded the key's value was about
+        // an older value (the key was rotated since): a new value starts afresh.
+        let began = k
+            .rejected_until
+            .as_deref()
+            .and_then(parse_ms)
+            .map(|u| u.saturating_sub(credential.spec.key_rejected_for_ms));
+        if let Some(until) = here(&k.rejected_until)
+            && began.is_some_and(|b| b >= key.state.loaded_at_ms)
+        {
             key.state.reject_until(until);
         }
         n += 1;
@@ -324,6 +333,8 @@ spec:
     #[tokio::test(start_paused = true)]
     async fn keys_are_set_aside_by_name_until_the_fleets_end() {
         let gw = gateway();
+        // The rejection below began a moment after this replica loaded the keys.
+        tokio::time::advance(Duration::from_secs(1)).await;
         let now = Instant::now();
         let w = wall(&gw, now);
         let keys = vec![
@@ -358,6 +369,20 @@ spec:
             (Shown::Rejected, Some(now_ms + 300_000))
         );
         assert_eq!(pool.pick(now_ms), Some(0), "requests take k1 alone");
+        // A rejection that began before k1's value was loaded here (5 minutes before
+        // its end, keyRejectedFor's default) was about an older value: not adopted.
+        let loaded = pool.get(0).state.loaded_at_ms;
+        let stale = vec![KeyView {
+            credential: id("primary"),
+            name: "k1".into(),
+            parked_until: None,
+            rejected_until: Some(format_ms(loaded + 300_000 - 2_000)),
+        }];
+        assert_eq!(
+            apply(&gw, Some(&view(&gw, now, vec![], stale)), now).keys,
+            1
+        );
+        assert_eq!(pool.get(0).state.shown(now_ms), (Shown::Active, None));
         tokio::time::advance(Duration::from_secs(301)).await;
         assert!(pool.get(1).state.usable(gw.now_ms()), "the end ends it");
     }
