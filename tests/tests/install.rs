@@ -614,6 +614,10 @@ fn the_proxy_reads_only_what_it_serves(ns: &str, release: &str, team: &str) {
         ("list", "configmaps".to_string(), "no"),
         ("get", "configmap/kube-root-ca.crt".to_string(), "no"),
         ("get", "configmap/switchback-index".to_string(), "yes"),
+        // The fleet's health view: read and watched by name, never written.
+        ("get", "configmap/switchback-health".to_string(), "yes"),
+        ("watch", "configmap/switchback-health".to_string(), "yes"),
+        ("update", "configmap/switchback-health".to_string(), "no"),
         ("get", keys.clone(), "yes"),
         ("get", part.clone(), "yes"),
         ("update", part, "no"),
