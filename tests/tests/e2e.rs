@@ -2064,18 +2064,18 @@ async fn key_pools_and_probes_reach_status() {
 
 /// A replica's `/admin/v1/stats`.
 async fn stats_of(stack: &Stack, replica: usize) -> Value {
-    let text = stack
-        .get_text(format!(
-            "{}/admin/v1/stats",
-            stack.proxies[replica].admin_url()
-        ))
-        .await;
-    serde_json::from_str(&text).unwrap_or(Value::Null)
+    let url = format!("{}/admin/v1/stats", stack.proxies[replica].admin_url());
+    serde_json::from_str(&stack.get_text(url).await).unwrap_or(Value::Null)
 }
 
-/// What `replica` reports of the route's first target (its circuit, whether it
-/// probes) and of the pool's key `k2`.
-async fn fleet_facts(stack: &Stack, replica: usize) -> (String, bool, String) {
+/// What a replica reports of the route's first target and of the pool's key `k2`.
+struct Facts {
+    circuit: String,
+    probing: bool,
+    k2: String,
+}
+
+async fn fleet_facts(stack: &Stack, replica: usize) -> Facts {
     let s = stats_of(stack, replica).await;
     let t = &s["routes"][0]["targets"][0];
     let k2 = s["credentials"]
@@ -2086,11 +2086,56 @@ async fn fleet_facts(stack: &Stack, replica: usize) -> (String, bool, String) {
                 .find(|k| k["name"] == "k2")
         })
         .unwrap_or(Value::Null);
-    (
-        t["circuit"].as_str().unwrap_or_default().to_string(),
-        t["probing"] == true,
-        k2["state"].as_str().unwrap_or_default().to_string(),
-    )
+    Facts {
+        circuit: t["circuit"].as_str().unwrap_or_default().to_string(),
+        probing: t["probing"] == true,
+        k2: k2["state"].as_str().unwrap_or_default().to_string(),
+    }
+}
+
+/// Waits (at most `within`) until what each of `replicas` reports satisfies `holds`.
+async fn until_every(
+    stack: &Stack,
+    replicas: std::ops::Range<usize>,
+    what: &str,
+    within: Duration,
+    holds: impl Fn(&Facts) -> bool,
+) {
+    let holds = &holds;
+    eventually_async(what, within, || {
+        let replicas = replicas.clone();
+        async move {
+            for i in replicas {
+                if !holds(&fleet_facts(stack, i).await) {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await
+}
+
+/// How many replicas say they probe the target now.
+async fn probing_replicas(stack: &Stack) -> Vec<usize> {
+    let mut probing = Vec::new();
+    for i in 0..stack.proxies.len() {
+        if fleet_facts(stack, i).await.probing {
+            probing.push(i);
+        }
+    }
+    probing
+}
+
+/// Four requests on each of `replicas`, every one answered by `target`.
+async fn all_served_by(stack: &Stack, replicas: std::ops::Range<usize>, target: &str) {
+    for i in replicas {
+        for _ in 0..4 {
+            let r = stack.chat_on(i, "smart").await;
+            assert_eq!(r.status(), 200, "replica {i}");
+            assert_eq!(served_by(&r), target, "replica {i}");
+        }
+    }
 }
 
 /// Probes the simulator received (`x-request-id: switchback-probe`), and the client
@@ -2145,9 +2190,13 @@ async fn one_view_across_three_replicas() {
         ),
     ));
     wait_programmed(&a, "smart");
+    let (pool, backup_target) = (format!("{a}/pool"), format!("{a}/backup"));
     for i in 0..3 {
-        let r = stack.chat_on(i, "smart").await;
-        assert_eq!(served_by(&r), format!("{a}/pool"), "replica {i}");
+        assert_eq!(
+            served_by(&stack.chat_on(i, "smart").await),
+            pool,
+            "replica {i}"
+        );
     }
     let writes =
         || stack.operator_metric("switchback_operator_config_writes_total{kind=\"FleetView\"}");
@@ -2155,33 +2204,24 @@ async fn one_view_across_three_replicas() {
 
     // 1. k2 answers 401 on replica 0's traffic: set aside there, then on 1 and 2,
     // which never send it.
-    primary.set_key_behavior(
-        "sk-fleet-two",
-        Some(Behavior::Status {
-            status: 401,
-            body: None,
-            retry_after: None,
-        }),
-    );
+    let unauthorized = Behavior::Status {
+        status: 401,
+        body: None,
+        retry_after: None,
+    };
+    primary.set_key_behavior("sk-fleet-two", Some(unauthorized));
     for _ in 0..2 {
-        assert_eq!(
-            served_by(&stack.chat_on(0, "smart").await),
-            format!("{a}/pool")
-        );
+        assert_eq!(served_by(&stack.chat_on(0, "smart").await), pool);
     }
-    assert_eq!(fleet_facts(&stack, 0).await.2, "Rejected");
+    assert_eq!(fleet_facts(&stack, 0).await.k2, "Rejected");
     let rejected = Instant::now();
-    eventually_async(
+    let within = Duration::from_secs(5);
+    until_every(
+        &stack,
+        1..3,
         "k2 set aside on replicas 1 and 2",
-        Duration::from_secs(5),
-        || async {
-            for i in 1..3 {
-                if fleet_facts(&stack, i).await.2 != "Rejected" {
-                    return None;
-                }
-            }
-            Some(())
-        },
+        within,
+        |f| f.k2 == "Rejected",
     )
     .await;
     println!(
@@ -2189,14 +2229,7 @@ async fn one_view_across_three_replicas() {
         rejected.elapsed()
     );
     primary.take_received();
-    for i in 1..3 {
-        for _ in 0..4 {
-            assert_eq!(
-                served_by(&stack.chat_on(i, "smart").await),
-                format!("{a}/pool")
-            );
-        }
-    }
+    all_served_by(&stack, 1..3, &pool).await;
     let keys: Vec<String> = primary
         .take_received()
         .iter()
@@ -2212,22 +2245,14 @@ async fn one_view_across_three_replicas() {
     // 2. The primary fails on replica 0's traffic: its circuit opens there, and on 1
     // and 2 within 5 s, which then send it nothing.
     primary.set_default(Behavior::ServerError(503));
-    assert_eq!(
-        served_by(&stack.chat_on(0, "smart").await),
-        format!("{a}/backup")
-    );
+    assert_eq!(served_by(&stack.chat_on(0, "smart").await), backup_target);
     let opened = Instant::now();
-    eventually_async(
+    until_every(
+        &stack,
+        0..3,
         "the circuit open on every replica",
-        Duration::from_secs(5),
-        || async {
-            for i in 0..3 {
-                if fleet_facts(&stack, i).await.0 != "Open" {
-                    return None;
-                }
-            }
-            Some(())
-        },
+        within,
+        |f| f.circuit == "Open",
     )
     .await;
     println!(
@@ -2235,13 +2260,7 @@ async fn one_view_across_three_replicas() {
         opened.elapsed()
     );
     probes_and_requests(&primary);
-    for i in 1..3 {
-        for _ in 0..4 {
-            let r = stack.chat_on(i, "smart").await;
-            assert_eq!(r.status(), 200);
-            assert_eq!(served_by(&r), format!("{a}/backup"), "replica {i}");
-        }
-    }
+    all_served_by(&stack, 1..3, &backup_target).await;
     assert_eq!(
         probes_and_requests(&primary).1,
         0,
@@ -2249,14 +2268,8 @@ async fn one_view_across_three_replicas() {
     );
 
     // 3. One replica alone probes it: at most one probe per interval (2 s) reaches it.
-    let probers = eventually_async("one prober", Duration::from_secs(5), || async {
-        let mut probing = Vec::new();
-        for i in 0..3 {
-            if fleet_facts(&stack, i).await.1 {
-                probing.push(i);
-            }
-        }
-        (probing.len() == 1).then_some(probing)
+    let probers = eventually_async("one prober", within, || async {
+        Some(probing_replicas(&stack).await).filter(|p| p.len() == 1)
     })
     .await;
     probes_and_requests(&primary);
@@ -2285,29 +2298,15 @@ async fn one_view_across_three_replicas() {
         || (probes_and_requests(&primary).0 > 0).then(Instant::now),
     )
     .await;
-    eventually_async(
-        "closed on every replica",
-        Duration::from_secs(5),
-        || async {
-            for i in 0..3 {
-                if fleet_facts(&stack, i).await.0 != "Closed" {
-                    return None;
-                }
-            }
-            Some(())
-        },
-    )
+    until_every(&stack, 0..3, "closed on every replica", within, |f| {
+        f.circuit == "Closed"
+    })
     .await;
     println!(
         "closed on every replica {:?} after the first success",
         first_success.elapsed()
     );
-    for i in 0..3 {
-        assert_eq!(
-            served_by(&stack.chat_on(i, "smart").await),
-            format!("{a}/pool")
-        );
-    }
+    all_served_by(&stack, 0..3, &pool).await;
     let total = writes().await - writes_at_start;
     println!("fleet view writes over the story: {total}");
     assert!(
@@ -2318,53 +2317,32 @@ async fn one_view_across_three_replicas() {
     // 5. The operator goes (as the API server going would): the view expires within
     // its 6 s and each replica probes, and closes, on its own.
     primary.set_default(Behavior::ServerError(503));
-    assert_eq!(
-        served_by(&stack.chat_on(0, "smart").await),
-        format!("{a}/backup")
-    );
-    eventually_async("one prober again", Duration::from_secs(5), || async {
-        let mut probing = 0;
-        for i in 0..3 {
-            let (circuit, probes, _) = fleet_facts(&stack, i).await;
-            if circuit != "Open" {
-                return None;
-            }
-            probing += usize::from(probes);
-        }
-        (probing == 1).then_some(())
+    assert_eq!(served_by(&stack.chat_on(0, "smart").await), backup_target);
+    until_every(&stack, 0..3, "open again everywhere", within, |f| {
+        f.circuit == "Open"
+    })
+    .await;
+    eventually_async("one prober again", within, || async {
+        (probing_replicas(&stack).await.len() == 1).then_some(())
     })
     .await;
     stack.operator.stop();
-    eventually_async(
+    until_every(
+        &stack,
+        0..3,
         "every replica probing on its own",
         Duration::from_secs(12),
-        || async {
-            for i in 0..3 {
-                if !fleet_facts(&stack, i).await.1 {
-                    return None;
-                }
-            }
-            Some(())
-        },
+        |f| f.probing,
     )
     .await;
-    for i in 0..3 {
-        let r = stack.chat_on(i, "smart").await;
-        assert_eq!(r.status(), 200, "replica {i} serves on its own view");
-        assert_eq!(served_by(&r), format!("{a}/backup"));
-    }
+    all_served_by(&stack, 0..3, &backup_target).await;
     primary.set_default(Behavior::Answer);
-    eventually_async(
+    until_every(
+        &stack,
+        0..3,
         "each replica's own probe closes it",
         Duration::from_secs(10),
-        || async {
-            for i in 0..3 {
-                if fleet_facts(&stack, i).await.0 != "Closed" {
-                    return None;
-                }
-            }
-            Some(())
-        },
+        |f| f.circuit == "Closed",
     )
     .await;
     let log = std::fs::read_to_string(&stack.proxies[1].log).unwrap_or_default();

@@ -26,6 +26,10 @@ use crate::limits::circuit::{State, Transition};
 /// probes it this long after it hears of it.
 const MIN_OPEN: Duration = Duration::from_secs(1);
 
+/// The view's ends are rounded down to the second (`operator/src/fleet.rs`): a
+/// rejection may have begun up to this much later than its end says.
+const ENDS_ROUNDED_MS: u64 = 1_000;
+
 /// What one application of the view did, for logs and tests.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Applied {
@@ -148,7 +152,7 @@ fn adopt_keys(gw: &Gateway, view: &FleetView, wall_ms: u64) -> usize {
             .and_then(parse_ms)
             .map(|u| u.saturating_sub(credential.spec.key_rejected_for_ms));
         if let Some(until) = here(&k.rejected_until)
-            && began.is_some_and(|b| b >= key.state.loaded_at_ms)
+            && began.is_some_and(|b| b + ENDS_ROUNDED_MS >= key.state.loaded_at_ms)
         {
             key.state.reject_until(until);
         }
@@ -241,6 +245,18 @@ spec:
         }
     }
 
+    /// A view saying the primary opened elsewhere at `now`, due to be probed `for_ms`
+    /// later by another replica.
+    fn opened_elsewhere(gw: &Gateway, now: Instant, for_ms: u64) -> FleetView {
+        let at = wall(gw, now);
+        view(
+            gw,
+            now,
+            vec![open_since(at, at + for_ms, "another")],
+            vec![],
+        )
+    }
+
     fn primary(gw: &Gateway) -> Arc<crate::config::target::TargetState> {
         gw.snapshot().route_list[0].targets[0].state.clone()
     }
@@ -251,16 +267,7 @@ spec:
         tokio::time::advance(Duration::from_secs(5)).await;
         let later = Instant::now();
         let t = primary(&gw);
-        let v = view(
-            &gw,
-            later,
-            vec![open_since(
-                wall(&gw, later),
-                wall(&gw, later) + 10_000,
-                "another",
-            )],
-            vec![],
-        );
+        let v = opened_elsewhere(&gw, later, 10_000);
         let applied = apply(&gw, Some(&v), later);
         assert_eq!(
             (applied.holds, applied.opened, applied.delegated),
@@ -376,7 +383,7 @@ spec:
             credential: id("primary"),
             name: "k1".into(),
             parked_until: None,
-            rejected_until: Some(format_ms(loaded + 300_000 - 2_000)),
+            rejected_until: Some(format_ms(loaded + 300_000 - 2_001)),
         }];
         assert_eq!(
             apply(&gw, Some(&view(&gw, now, vec![], stale)), now).keys,
@@ -393,16 +400,7 @@ spec:
         tokio::time::advance(Duration::from_secs(1)).await;
         let now = Instant::now();
         let t = primary(&gw);
-        let v = view(
-            &gw,
-            now,
-            vec![open_since(
-                wall(&gw, now),
-                wall(&gw, now) + 2_000,
-                "another",
-            )],
-            vec![],
-        );
+        let v = opened_elsewhere(&gw, now, 2_000);
         assert_eq!(apply(&gw, Some(&v), now).opened, 1);
         assert!(t.probes.delegated());
         // The opening woke the schedule; take that wake-up.

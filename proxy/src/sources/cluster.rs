@@ -885,16 +885,7 @@ mod tests {
                         open_watches.push(send);
                         continue;
                     }
-                    let list = json!({
-                        "apiVersion": "v1", "kind": "ConfigMapList",
-                        "metadata": {"resourceVersion": "10"},
-                        "items": health.iter().collect::<Vec<_>>(),
-                    });
-                    send.send_response(
-                        Response::builder()
-                            .body(Body::from(serde_json::to_vec(&list).unwrap()))
-                            .unwrap(),
-                    );
+                    send.send_response(list_of(health.as_ref()));
                     continue;
                 }
                 if path == maps {
@@ -910,16 +901,7 @@ mod tests {
                         }
                         continue;
                     }
-                    let list = json!({
-                        "apiVersion": "v1", "kind": "ConfigMapList",
-                        "metadata": {"resourceVersion": "10"},
-                        "items": index.iter().collect::<Vec<_>>(),
-                    });
-                    send.send_response(
-                        Response::builder()
-                            .body(Body::from(serde_json::to_vec(&list).unwrap()))
-                            .unwrap(),
-                    );
+                    send.send_response(list_of(index.as_ref()));
                     continue;
                 }
                 let name = path.rsplit('/').next().unwrap().to_string();
@@ -961,6 +943,18 @@ mod tests {
             }
         });
         (client, server)
+    }
+
+    /// A ConfigMap list answer of `item` (or none), as a by-name list gets.
+    fn list_of(item: Option<&ConfigMap>) -> Response<Body> {
+        let list = json!({
+            "apiVersion": "v1", "kind": "ConfigMapList",
+            "metadata": {"resourceVersion": "10"},
+            "items": item.into_iter().collect::<Vec<_>>(),
+        });
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&list).unwrap()))
+            .unwrap()
     }
 
     /// Waits (at most 5 s) until `done` holds.
