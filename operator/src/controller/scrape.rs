@@ -146,7 +146,7 @@ async fn scrape_all(
 /// Writes the fleet's health view ([`fleet`]) of this round's ready replicas when it
 /// is due: changed, or to be refreshed before it expires. A failed write is tried
 /// again next round.
-async fn write_fleet_view(
+pub(super) async fn write_fleet_view(
     ctx: &Context,
     scrapes: &[Scrape],
     ttl: Duration,
