@@ -1,7 +1,7 @@
 //! The scrape loop: a round at a time, reads every proxy replica's stats (found and
 //! read by [`crate::scrape`]), aggregates them, and hands what changed to the
 //! controllers: the routes and clients to re-queue, the overlay to re-deliver, the
-//! circuit Events to publish.
+//! circuit Events to publish; and writes the fleet's health view (`fleet`) when due.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
