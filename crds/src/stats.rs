@@ -257,7 +257,8 @@ pub struct TargetStats {
     pub last_failure: Option<LastFailure>,
     pub latency: Latency,
     /// The replica probes this target in the background now: its circuit is open and
-    /// its route probes (`circuitBreaker.probeInterval`), or it has a `healthCheck`.
+    /// its route probes (`circuitBreaker.probeInterval`), or it has a `healthCheck`;
+    /// and the fleet's health view does not leave it to another replica.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub probing: bool,
     /// Probes sent (of an open circuit, and health checks), by outcome: `success` or
