@@ -53,6 +53,9 @@ pub fn apply(gw: &Gateway, view: Option<&FleetView>, now: Instant) -> Applied {
         holds: view.is_some(),
         ..Applied::default()
     };
+    gw.health
+        .view_holds
+        .store(applied.holds, std::sync::atomic::Ordering::Relaxed);
     let targets: HashMap<(&ObjectId, Option<&str>), &TargetView> = view
         .iter()
         .flat_map(|v| &v.targets)
@@ -403,6 +406,15 @@ spec:
         let v = opened_elsewhere(&gw, now, 2_000);
         assert_eq!(apply(&gw, Some(&v), now).opened, 1);
         assert!(t.probes.delegated());
+        let metrics = crate::admin::metrics::render(&crate::admin::metrics::registry(gw.clone()));
+        assert!(
+            metrics.contains("switchback_fleet_view_holds 1"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("switchback_probes_delegated 1"),
+            "{metrics}"
+        );
         // The opening woke the schedule; take that wake-up.
         let woken = || tokio::time::timeout(Duration::ZERO, gw.health.wake.notified());
         assert!(woken().await.is_ok());
@@ -418,6 +430,15 @@ spec:
             }
         );
         assert!(!t.probes.delegated(), "this replica probes again");
+        let metrics = crate::admin::metrics::render(&crate::admin::metrics::registry(gw.clone()));
+        assert!(
+            metrics.contains("switchback_fleet_view_holds 0"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("switchback_probes_delegated 0"),
+            "{metrics}"
+        );
         assert!(woken().await.is_ok(), "the schedule looks at it again");
         assert!(t.breaker.begin_probe(later), "its own probe is due");
         // No view at all: the same.

@@ -50,6 +50,8 @@ const IDLE: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub struct Health {
     wake: Notify,
+    /// The fleet's health view holds on this replica now (`fleet`), for `/metrics`.
+    pub view_holds: AtomicBool,
 }
 
 impl Health {
