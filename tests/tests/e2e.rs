@@ -2116,6 +2116,12 @@ async fn until_every(
     .await
 }
 
+/// A replica's `/metrics`.
+async fn metrics_of(stack: &Stack, replica: usize) -> String {
+    let url = format!("{}/metrics", stack.proxies[replica].admin_url());
+    stack.get_text(url).await
+}
+
 /// How many replicas say they probe the target now.
 async fn probing_replicas(stack: &Stack) -> Vec<usize> {
     let mut probing = Vec::new();
@@ -2305,6 +2311,18 @@ async fn one_view_across_three_replicas() {
         Some(probing_replicas(&stack).await).filter(|p| p.len() == 1)
     })
     .await;
+    for i in 0..3 {
+        let text = metrics_of(&stack, i).await;
+        assert!(
+            text.contains("switchback_fleet_view_holds 1"),
+            "replica {i}"
+        );
+        let delegated = if probers.contains(&i) { 0 } else { 1 };
+        assert!(
+            text.contains(&format!("switchback_probes_delegated {delegated}")),
+            "replica {i}"
+        );
+    }
     probes_and_requests(&primary);
     let steady = writes().await;
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -2374,6 +2392,13 @@ async fn one_view_across_three_replicas() {
     )
     .await;
     all_served_by(&stack, 0..3, &backup_target).await;
+    for i in 0..3 {
+        let text = metrics_of(&stack, i).await;
+        assert!(
+            text.contains("switchback_fleet_view_holds 0"),
+            "replica {i}: lapsed"
+        );
+    }
     primary.set_default(Behavior::Answer);
     let own = Duration::from_secs(10);
     until_every(
