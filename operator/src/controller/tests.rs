@@ -1217,6 +1217,17 @@ fn open_on_one_replica(since_ms: u64) -> crate::aggregate::Scrape {
     }
 }
 
+/// One scrape round's write of the fleet's view, failing if it makes a call the
+/// script does not expect.
+async fn write_round(
+    ctx: &Context,
+    scrapes: &[crate::aggregate::Scrape],
+    ttl: Duration,
+    written: &mut Option<crate::fleet::Written>,
+) {
+    quick(super::scrape::write_fleet_view(ctx, scrapes, ttl, written)).await
+}
+
 /// The fleet's health view (`fleet`): one ConfigMap by server-side apply, written
 /// when its content changes, not again while it holds; a failed write is tried again
 /// next round.
@@ -1239,13 +1250,7 @@ async fn the_fleet_view_is_applied_once_per_change_and_retried_after_a_failure()
                 json!({"kind": "Status", "status": "Failure", "code": 500}),
             )
         })]);
-    quick(super::scrape::write_fleet_view(
-        &t.ctx,
-        &scrapes,
-        ttl,
-        &mut written,
-    ))
-    .await;
+    write_round(&t.ctx, &scrapes, ttl, &mut written).await;
     finish(server).await;
     assert!(written.is_none());
     let server = t.api.run(vec![Expect::new(Method::PATCH, path, |body| {
@@ -1265,33 +1270,15 @@ async fn the_fleet_view_is_applied_once_per_change_and_retried_after_a_failure()
         assert!(!view.expires_at.is_empty());
         (200, b)
     })]);
-    quick(super::scrape::write_fleet_view(
-        &t.ctx,
-        &scrapes,
-        ttl,
-        &mut written,
-    ))
-    .await;
+    write_round(&t.ctx, &scrapes, ttl, &mut written).await;
     finish(server).await;
     assert!(written.is_some());
     // The same round again: nothing to write (no script: a call would hang).
     let server = t.api.run(vec![]);
-    quick(super::scrape::write_fleet_view(
-        &t.ctx,
-        &scrapes,
-        ttl,
-        &mut written,
-    ))
-    .await;
+    write_round(&t.ctx, &scrapes, ttl, &mut written).await;
     finish(server).await;
     // No view at all with a zero TTL.
     let mut none = None;
-    quick(super::scrape::write_fleet_view(
-        &t.ctx,
-        &scrapes,
-        Duration::ZERO,
-        &mut none,
-    ))
-    .await;
+    write_round(&t.ctx, &scrapes, Duration::ZERO, &mut none).await;
     assert!(none.is_none());
 }
