@@ -11,6 +11,7 @@ pub mod crdgen;
 pub mod credential;
 pub mod delivery;
 pub mod duration;
+pub mod fleet;
 pub mod keyhash;
 pub mod network;
 pub mod revision;

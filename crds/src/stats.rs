@@ -248,6 +248,11 @@ pub struct TargetStats {
     /// RFC 3339: when the circuit entered its current state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_since: Option<String>,
+    /// Times its circuit has opened since the replica started (here or adopted from
+    /// the fleet's view): a `Closed` circuit with none never opened, so its
+    /// `circuitSince` is the replica's start, not a success. Left out when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub circuit_opened: u64,
     /// RFC 3339, while the target is parked after a 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked_until: Option<String>,
@@ -255,7 +260,8 @@ pub struct TargetStats {
     pub last_failure: Option<LastFailure>,
     pub latency: Latency,
     /// The replica probes this target in the background now: its circuit is open and
-    /// its route probes (`circuitBreaker.probeInterval`), or it has a `healthCheck`.
+    /// its route probes (`circuitBreaker.probeInterval`), or it has a `healthCheck`;
+    /// and the fleet's health view does not leave it to another replica.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub probing: bool,
     /// Probes sent (of an open circuit, and health checks), by outcome: `success` or

@@ -117,6 +117,13 @@ pub struct RunArgs {
     #[arg(long, env = "SWITCHBACK_SCRAPE_INTERVAL", value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     pub scrape_interval: Duration,
 
+    /// How long the fleet's health view (ConfigMap switchback-health: circuits and
+    /// keys one replica found, told to all) holds once written; refreshed every half
+    /// of it while it says anything. A proxy that holds an older one goes by its own
+    /// findings. `0s`: no view is written. A Gateway API duration.
+    #[arg(long, env = "SWITCHBACK_FLEET_VIEW_TTL", value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
+    pub fleet_view_ttl: Duration,
+
     /// Minimum time between two status writes of one route whose conditions did not
     /// change (traffic counters and circuit state only). Condition changes are written
     /// at once, within the global budget.
@@ -323,6 +330,7 @@ mod tests {
         assert!(cli.command.is_none());
         assert_eq!(cli.run.status_interval, Duration::from_secs(10));
         assert_eq!(cli.run.scrape_interval, Duration::from_secs(2));
+        assert_eq!(cli.run.fleet_view_ttl, Duration::from_secs(20));
         assert_eq!(cli.run.stats_window, Duration::from_secs(300));
         assert!(cli.run.leader_election);
         let cli = Cli::try_parse_from([

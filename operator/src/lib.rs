@@ -10,6 +10,7 @@ pub mod circuit_events;
 pub mod cli;
 pub mod controller;
 pub mod explain;
+pub mod fleet;
 pub mod leader;
 pub mod metrics;
 pub mod publish;

@@ -239,6 +239,7 @@ fn settings(
         interval: args.scrape_interval,
         window: args.stats_window,
         admin_token,
+        fleet_view_ttl: args.fleet_view_ttl,
     };
     (settings, scrape)
 }

@@ -2074,6 +2074,375 @@ async fn key_pools_and_probes_reach_status() {
     drop(stack);
 }
 
+/// A replica's `/admin/v1/stats`.
+async fn stats_of(stack: &Stack, replica: usize) -> Value {
+    let url = format!("{}/admin/v1/stats", stack.proxies[replica].admin_url());
+    serde_json::from_str(&stack.get_text(url).await).unwrap_or(Value::Null)
+}
+
+/// What a replica reports of the route's first target and of the pool's key `k2`.
+struct Facts {
+    circuit: String,
+    probing: bool,
+    k2: String,
+}
+
+async fn fleet_facts(stack: &Stack, replica: usize) -> Facts {
+    let s = stats_of(stack, replica).await;
+    let t = &s["routes"][0]["targets"][0];
+    let k2 = s["credentials"]
+        .as_array()
+        .and_then(|cs| {
+            cs.iter()
+                .flat_map(|c| c["keys"].as_array().cloned().unwrap_or_default())
+                .find(|k| k["name"] == "k2")
+        })
+        .unwrap_or(Value::Null);
+    Facts {
+        circuit: t["circuit"].as_str().unwrap_or_default().to_string(),
+        probing: t["probing"] == true,
+        k2: k2["state"].as_str().unwrap_or_default().to_string(),
+    }
+}
+
+/// Waits (at most `within`) until what each of `replicas` reports satisfies `holds`.
+async fn until_every(
+    stack: &Stack,
+    replicas: std::ops::Range<usize>,
+    what: &str,
+    within: Duration,
+    holds: impl Fn(&Facts) -> bool,
+) {
+    let holds = &holds;
+    eventually_async(what, within, || {
+        let replicas = replicas.clone();
+        async move {
+            for i in replicas {
+                if !holds(&fleet_facts(stack, i).await) {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await
+}
+
+/// A replica's `/metrics`.
+async fn metrics_of(stack: &Stack, replica: usize) -> String {
+    let url = format!("{}/metrics", stack.proxies[replica].admin_url());
+    stack.get_text(url).await
+}
+
+/// How many replicas say they probe the target now.
+async fn probing_replicas(stack: &Stack) -> Vec<usize> {
+    let mut probing = Vec::new();
+    for i in 0..stack.proxies.len() {
+        if fleet_facts(stack, i).await.probing {
+            probing.push(i);
+        }
+    }
+    probing
+}
+
+/// Four requests on each of `replicas`, every one answered by `target`.
+async fn all_served_by(stack: &Stack, replicas: std::ops::Range<usize>, target: &str) {
+    for i in replicas {
+        for _ in 0..4 {
+            let r = stack.chat_on(i, "smart").await;
+            assert_eq!(r.status(), 200, "replica {i}");
+            assert_eq!(served_by(&r), target, "replica {i}");
+        }
+    }
+}
+
+/// Probes the simulator received (`x-request-id: switchback-probe`), and the client
+/// requests, since the last look.
+fn probes_and_requests(sim: &SimProvider) -> (usize, usize) {
+    let received = sim.take_received();
+    let probes = received
+        .iter()
+        .filter(|r| r.header("x-request-id") == Some("switchback-probe"))
+        .count();
+    (probes, received.len() - probes)
+}
+
+/// The loopback API server of `../shared/k8s` (K8S_DIR, where KUBECONFIG names it)
+/// stopped with SIGSTOP: it holds every connection and answers nothing, as an API
+/// server out of reach does. It answers again (SIGCONT) when this drops, a failed
+/// assertion included.
+struct FrozenApiServer(u32);
+
+impl FrozenApiServer {
+    fn freeze() -> Option<FrozenApiServer> {
+        let dir = std::env::var("K8S_DIR").unwrap_or_else(|_| "/tmp/k8s".into());
+        let kubeconfig = std::env::var("KUBECONFIG").unwrap_or_default();
+        if !kubeconfig.starts_with(&format!("{dir}/")) {
+            return None;
+        }
+        let pid = std::fs::read_to_string(Path::new(&dir).join("run/kube-apiserver.pid")).ok()?;
+        let pid: u32 = pid.trim().parse().ok()?;
+        let stopped = std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .ok()?
+            .success();
+        stopped.then_some(FrozenApiServer(pid))
+    }
+}
+
+impl Drop for FrozenApiServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// Issue 32 item 5 (`docs/request-lifecycle.md#one-view-across-replicas`): three
+/// replicas, one operator; what one replica finds (a rejected key, an open circuit)
+/// holds on the others within 5 s without their sending anything, one replica alone
+/// probes the open circuit, all three return within 5 s of its first success; with
+/// the API server answering nothing (or, on another cluster, the operator gone) the
+/// view expires and each replica goes by its own findings.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_view_across_three_replicas() {
+    if !enabled("one_view_across_three_replicas") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    install_crds();
+    let id = suffix();
+    let (gw, a) = (
+        format!("sb-e2e-fleet-gw-{id}"),
+        format!("sb-e2e-fleet-{id}"),
+    );
+    let _namespaces = Namespaces::create(&[gw.clone(), a.clone()]);
+    let primary = SimProvider::start_named("primary", Flavor::OpenAi).await;
+    let backup = SimProvider::start_named("backup", Flavor::OpenAi).await;
+    let private = allow_private(&[&a]);
+    let mut stack = Stack::start(&gw, 3, &["--fleet-view-ttl", "6s", &private]);
+    apply(&format!(
+        "{}---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: pool-keys, namespace: {a} }}\nstringData: {{ k1: sk-fleet-one, k2: sk-fleet-two }}\n\
+         ---\napiVersion: switchback.dev/v1alpha1\nkind: ProviderCredential\nmetadata: {{ name: pool, namespace: {a} }}\n\
+         spec: {{ provider: openai-compatible, baseURL: \"{}\", secretRef: {{ name: pool-keys, keys: [k1, k2] }}, allowPrivateNetwork: true }}\n{}{}",
+        secret(&a, "sk-backup"),
+        primary.base_url(),
+        credential(&a, "backup", &backup.base_url()).replace("key: backup", "key: steady"),
+        route(
+            &a,
+            "smart",
+            "smart",
+            "[ { credentialRef: { name: pool } }, { credentialRef: { name: backup } } ]",
+        )
+        .replace(
+            "consecutiveFailures: 2, openFor: 8s }",
+            "consecutiveFailures: 1, openFor: 3s, probeInterval: 2s }"
+        ),
+    ));
+    wait_programmed(&a, "smart");
+    let (pool, backup_target) = (format!("{a}/pool"), format!("{a}/backup"));
+    for i in 0..3 {
+        assert_eq!(
+            served_by(&stack.chat_on(i, "smart").await),
+            pool,
+            "replica {i}"
+        );
+    }
+    let writes =
+        || stack.operator_metric("switchback_operator_config_writes_total{kind=\"FleetView\"}");
+    let writes_at_start = writes().await;
+
+    // 1. k2 answers 401 on replica 0's traffic: set aside there, then on 1 and 2,
+    // which never send it.
+    let unauthorized = Behavior::Status {
+        status: 401,
+        body: None,
+        retry_after: None,
+    };
+    primary.set_key_behavior("sk-fleet-two", Some(unauthorized));
+    for _ in 0..2 {
+        assert_eq!(served_by(&stack.chat_on(0, "smart").await), pool);
+    }
+    assert_eq!(fleet_facts(&stack, 0).await.k2, "Rejected");
+    let rejected = Instant::now();
+    let within = Duration::from_secs(5);
+    until_every(
+        &stack,
+        1..3,
+        "k2 set aside on replicas 1 and 2",
+        within,
+        |f| f.k2 == "Rejected",
+    )
+    .await;
+    println!(
+        "k2 set aside on every replica {:?} after its 401",
+        rejected.elapsed()
+    );
+    primary.take_received();
+    all_served_by(&stack, 1..3, &pool).await;
+    let keys: Vec<String> = primary
+        .take_received()
+        .iter()
+        .filter_map(|r| r.key().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        keys,
+        vec!["sk-fleet-one".to_string(); 8],
+        "replicas 1 and 2 never send k2"
+    );
+    primary.set_key_behavior("sk-fleet-two", None);
+
+    // 2. The primary fails on replica 0's traffic: its circuit opens there, and on 1
+    // and 2 within 5 s, which then send it nothing.
+    primary.set_default(Behavior::ServerError(503));
+    assert_eq!(served_by(&stack.chat_on(0, "smart").await), backup_target);
+    let opened = Instant::now();
+    until_every(
+        &stack,
+        0..3,
+        "the circuit open on every replica",
+        within,
+        |f| f.circuit == "Open",
+    )
+    .await;
+    println!(
+        "circuit open on every replica {:?} after the failure",
+        opened.elapsed()
+    );
+    probes_and_requests(&primary);
+    all_served_by(&stack, 1..3, &backup_target).await;
+    assert_eq!(
+        probes_and_requests(&primary).1,
+        0,
+        "no client request reached the primary"
+    );
+
+    // 3. One replica alone probes it: at most one probe per interval (2 s) reaches it.
+    let probers = eventually_async("one prober", within, || async {
+        Some(probing_replicas(&stack).await).filter(|p| p.len() == 1)
+    })
+    .await;
+    for i in 0..3 {
+        let text = metrics_of(&stack, i).await;
+        assert!(
+            text.contains("switchback_fleet_view_holds 1"),
+            "replica {i}"
+        );
+        let delegated = if probers.contains(&i) { 0 } else { 1 };
+        assert!(
+            text.contains(&format!("switchback_probes_delegated {delegated}")),
+            "replica {i}"
+        );
+    }
+    probes_and_requests(&primary);
+    let steady = writes().await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (probes, requests) = probes_and_requests(&primary);
+    let steady_writes = writes().await - steady;
+    println!(
+        "while open: replica {probers:?} probes, {probes} probes in 8 s, {steady_writes} view writes in 8 s"
+    );
+    assert_eq!(requests, 0);
+    assert!(
+        (1..=5).contains(&probes),
+        "one prober every 2 s, not three: {probes}"
+    );
+    assert!(
+        steady_writes <= 4.0,
+        "refreshed every 3 s, not per replica: {steady_writes}"
+    );
+
+    // 4. It recovers: the first successful probe closes it everywhere within 5 s.
+    primary.set_default(Behavior::Answer);
+    let first_success = eventually(
+        "the first successful probe",
+        Duration::from_secs(10),
+        || (probes_and_requests(&primary).0 > 0).then(Instant::now),
+    )
+    .await;
+    until_every(&stack, 0..3, "closed on every replica", within, |f| {
+        f.circuit == "Closed"
+    })
+    .await;
+    println!(
+        "closed on every replica {:?} after the first success",
+        first_success.elapsed()
+    );
+    all_served_by(&stack, 0..3, &pool).await;
+    let total = writes().await - writes_at_start;
+    println!("fleet view writes over the story: {total}");
+    assert!(
+        total >= 2.0,
+        "written at least on opening and close: {total}"
+    );
+
+    // 5. The API server stops answering (frozen, where it is the loopback server; else
+    // the operator goes, which the replicas see the same way): the view expires within
+    // its 6 s and each replica probes, and closes, on its own, serving throughout.
+    primary.set_default(Behavior::ServerError(503));
+    assert_eq!(served_by(&stack.chat_on(0, "smart").await), backup_target);
+    until_every(&stack, 0..3, "open again everywhere", within, |f| {
+        f.circuit == "Open"
+    })
+    .await;
+    eventually_async("one prober again", within, || async {
+        (probing_replicas(&stack).await.len() == 1).then_some(())
+    })
+    .await;
+    let frozen = FrozenApiServer::freeze();
+    if frozen.is_none() {
+        stack.operator.stop();
+    }
+    let lapse = Duration::from_secs(12);
+    until_every(
+        &stack,
+        0..3,
+        "every replica probing on its own",
+        lapse,
+        |f| f.probing,
+    )
+    .await;
+    all_served_by(&stack, 0..3, &backup_target).await;
+    for i in 0..3 {
+        let text = metrics_of(&stack, i).await;
+        assert!(
+            text.contains("switchback_fleet_view_holds 0"),
+            "replica {i}: lapsed"
+        );
+    }
+    primary.set_default(Behavior::Answer);
+    let own = Duration::from_secs(10);
+    until_every(
+        &stack,
+        0..3,
+        "each replica's own probe closes it",
+        own,
+        |f| f.circuit == "Closed",
+    )
+    .await;
+    println!(
+        "with the {} gone, every replica probed and closed the circuit on its own",
+        if frozen.is_some() {
+            "API server"
+        } else {
+            "operator"
+        }
+    );
+    drop(frozen);
+    let log = std::fs::read_to_string(&stack.proxies[1].log).unwrap_or_default();
+    assert!(log.contains("lapsed"), "the replica says its view lapsed");
+    let view = get_json(&["configmap", "-n", &gw, "switchback-health"]).expect("the view");
+    let text = view.to_string();
+    assert!(
+        !text.contains("sk-fleet"),
+        "no key value in the view: {text}"
+    );
+    let all = stack.everything_they_say().await;
+    assert!(!all.contains("sk-fleet-two"), "k2's value leaked");
+    drop(stack);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_and_cel_refusals_name_the_field() {
     if !enabled("schema_and_cel_refusals_name_the_field") {

@@ -511,6 +511,7 @@ async fn the_readme_quickstart_on_a_helm_install() {
         assert!(encoded.len() >= len * 4 / 3, "{secret}.{key}");
     }
     a_rotated_key_reaches_the_proxies(&mut shell, &sim, port).await;
+    the_fleets_view_reaches_the_proxies(&kubelet, release, ns).await;
     // Every process ran as its Deployment's ServiceAccount, and was denied nothing.
     kubelet.with_pods(&format!("{release}-operator"), |pods| {
         assert_eq!(pods.len(), 1);
@@ -549,6 +550,98 @@ async fn the_readme_quickstart_on_a_helm_install() {
     drop(shell);
     drop(kubelet);
     uninstall(&helm, release, ns, &["team-a"]);
+}
+
+/// The fleet's health view reaches the proxies running as their ServiceAccount, which
+/// watch it by name (issue 32 item 5): a view written by hand that opens the healthy
+/// `team-a/main` target's circuit, its probes left to a replica that does not exist,
+/// is adopted by both replicas within 10 s.
+async fn the_fleets_view_reaches_the_proxies(kubelet: &Kubelet, release: &str, ns: &str) {
+    use base64::Engine;
+    use switchback_crds::fleet::{FleetCircuit, FleetView, TargetView, VIEW_VERSION, format_ms};
+    let secret = get_json(&["secret", "-n", ns, &format!("{release}-admin-token")])
+        .expect("the admin token");
+    let token = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"]["token"].as_str().unwrap())
+        .unwrap();
+    let token = String::from_utf8(token).unwrap().trim().to_string();
+    let admins: Vec<u16> = kubelet.with_pods(&format!("{release}-proxy"), |pods| {
+        pods.iter().map(|p| p.port("admin")).collect()
+    });
+    let http = reqwest::Client::new();
+    // The `main` target of route smart, as replica `port` reports it.
+    let main_target = |port: u16| {
+        let (http, token) = (http.clone(), token.clone());
+        async move {
+            let url = format!("http://127.0.0.1:{port}/admin/v1/stats");
+            let stats: Value = http
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let route = stats["routes"]
+                .as_array()?
+                .iter()
+                .find(|r| r["route"]["name"] == "smart")?;
+            route["targets"]
+                .as_array()?
+                .iter()
+                .find(|t| t["credential"]["name"] == "main")
+                .cloned()
+        }
+    };
+    let main = main_target(admins[0])
+        .await
+        .expect("route smart's target main");
+    for &port in &admins {
+        let t = main_target(port).await.expect("route smart's target main");
+        assert_eq!(t["circuit"], "Closed", "before the view: {t}");
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let view = FleetView {
+        version: VIEW_VERSION,
+        expires_at: format_ms(now + 60_000),
+        targets: vec![TargetView {
+            credential: serde_json::from_value(main["credential"].clone()).unwrap(),
+            model: main["model"].as_str().map(str::to_string),
+            circuit: FleetCircuit::Open,
+            since: format_ms(now),
+            until: Some(format_ms(now + 60_000)),
+            prober: Some("a-replica-that-does-not-exist".into()),
+        }],
+        keys: Vec::new(),
+    };
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "switchback-health", "namespace": ns},
+        "data": {"view.json": serde_json::to_string(&view).unwrap()},
+    });
+    let (applied, _, err) =
+        switchback_tests::kubectl::kubectl(&["apply", "-f", "-"], Some(&cm.to_string()));
+    assert!(applied, "{err}");
+    let start = Instant::now();
+    for &port in &admins {
+        loop {
+            let t = main_target(port).await.unwrap_or_default();
+            if t["circuit"] == "Open" {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "replica on admin port {port} did not adopt the view: {t}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    println!("the view reached both replicas in {:?}", start.elapsed());
+    kubectl_ok(&["delete", "configmap", "-n", ns, "switchback-health"]);
 }
 
 /// A provider key rotated in the user's Secret is served: the operator writes a new
@@ -619,6 +712,10 @@ fn the_proxy_reads_only_what_it_serves(ns: &str, release: &str, team: &str) {
         ("list", "configmaps".to_string(), "no"),
         ("get", "configmap/kube-root-ca.crt".to_string(), "no"),
         ("get", "configmap/switchback-index".to_string(), "yes"),
+        // The fleet's health view: read and watched by name, never written.
+        ("get", "configmap/switchback-health".to_string(), "yes"),
+        ("watch", "configmap/switchback-health".to_string(), "yes"),
+        ("update", "configmap/switchback-health".to_string(), "no"),
         ("get", keys.clone(), "yes"),
         ("get", part.clone(), "yes"),
         ("update", part, "no"),

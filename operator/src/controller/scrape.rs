@@ -1,7 +1,7 @@
 //! The scrape loop: a round at a time, reads every proxy replica's stats (found and
 //! read by [`crate::scrape`]), aggregates them, and hands what changed to the
 //! controllers: the routes and clients to re-queue, the overlay to re-deliver, the
-//! circuit Events to publish.
+//! circuit Events to publish; and writes the fleet's health view (`fleet`) when due.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,8 +20,15 @@ use crate::aggregate::{Aggregator, Scrape, Snapshot, Transition};
 use switchback_crds::admintoken::AdminToken;
 
 use crate::circuit_events::CircuitEvents;
+use crate::fleet;
 use crate::metrics::ResultLabels;
 use crate::scrape::{self, Found, Refusals, Replicas};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use switchback_crds::delivery;
+use switchback_crds::fleet::{DATA_KEY, VIEW_NAME};
 
 /// How the proxies are found and their stats read.
 #[derive(Clone, Debug)]
@@ -31,6 +38,9 @@ pub struct ScrapeOptions {
     pub window: Duration,
     /// The proxies' admin token (a file or a Secret), sent on every scrape.
     pub admin_token: Option<crate::bootstrap::AdminTokenSource>,
+    /// How long the fleet's health view holds (`--fleet-view-ttl`); zero: none is
+    /// written.
+    pub fleet_view_ttl: Duration,
 }
 
 /// Scrapes the proxies forever: aggregate, queue routes and clients whose facts
@@ -48,6 +58,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
     let mut agg = Aggregator::new(opts.window.as_millis() as u64, started);
     let mut events = CircuitEvents::default();
     let mut refusals = Refusals::default();
+    let mut fleet_written: Option<fleet::Written> = None;
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -74,6 +85,7 @@ pub async fn scrape_loop(ctx: Arc<Context>, opts: ScrapeOptions) {
         .await;
         let before = ctx.proxies();
         let transitions = agg.observe(Timestamp::now().as_millisecond() as u64, &scrapes);
+        write_fleet_view(&ctx, &scrapes, opts.fleet_view_ttl, &mut fleet_written).await;
         forget_deleted(&ctx, &mut agg, &mut events);
         let mut after = agg.snapshot().clone();
         after.round = round;
@@ -129,6 +141,55 @@ async fn scrape_all(
     let read = scrapes.iter().filter(|s| s.result.is_ok()).count();
     ctx.metrics.proxy_replicas_seen(read, scrapes.len() - read);
     scrapes
+}
+
+/// Writes the fleet's health view ([`fleet`]) of this round's ready replicas when it
+/// is due: changed, or to be refreshed before it expires. A failed write is tried
+/// again next round.
+pub(super) async fn write_fleet_view(
+    ctx: &Context,
+    scrapes: &[Scrape],
+    ttl: Duration,
+    written: &mut Option<fleet::Written>,
+) {
+    if ttl.is_zero() {
+        return;
+    }
+    let reports: Vec<_> = scrapes
+        .iter()
+        .filter_map(|s| s.result.as_ref().ok())
+        .filter(|r| !r.draining)
+        .collect();
+    let now_ms = Timestamp::now().as_millisecond() as u64;
+    let ttl_ms = ttl.as_millis() as u64;
+    let content = fleet::view(&reports, now_ms, written.as_ref().map(|w| &w.content));
+    if !fleet::due(written.as_ref(), &content, now_ms, ttl_ms) {
+        return;
+    }
+    let view = fleet::stamped(&content, now_ms, ttl_ms);
+    let gw = &ctx.settings.gateway_namespace;
+    let cm = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": VIEW_NAME,
+            "namespace": gw,
+            "labels": { delivery::MANAGED_BY_LABEL: delivery::MANAGED_BY },
+        },
+        "data": { DATA_KEY: serde_json::to_string(&view).unwrap_or_default() },
+    });
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), gw);
+    let params = PatchParams::apply(super::MANAGER).force();
+    match api.patch(VIEW_NAME, &params, &Patch::Apply(&cm)).await {
+        Ok(_) => {
+            ctx.wrote(&ctx.metrics.config_writes, "FleetView");
+            *written = Some(fleet::Written {
+                content,
+                at_ms: now_ms,
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "writing the fleet's health view {VIEW_NAME}"),
+    }
 }
 
 /// Forgets what is kept about deleted routes and clients, but only against synced

@@ -1190,3 +1190,95 @@ async fn what_is_left_of_a_budget_is_rendered_as_of_its_round_while_it_matters()
         "the ConfigMap of the client's namespace carries it"
     );
 }
+
+/// One replica's report: route smart's target `team-a/openai` with its circuit open
+/// since `since_ms`.
+fn open_on_one_replica(since_ms: u64) -> crate::aggregate::Scrape {
+    use switchback_crds::fleet::format_ms;
+    use switchback_crds::stats::{CircuitState, RouteStats, StatsReport, TargetState, TargetStats};
+    crate::aggregate::Scrape {
+        endpoint: "http://10.0.0.1:9090".into(),
+        result: Ok(StatsReport {
+            instance_id: "replica-a".into(),
+            routes: vec![RouteStats {
+                route: ObjectId::new("team-a", "smart"),
+                targets: vec![TargetStats {
+                    credential: ObjectId::new("team-a", "openai"),
+                    circuit: CircuitState::Open,
+                    state: Some(TargetState::CircuitOpen),
+                    circuit_since: Some(format_ms(since_ms)),
+                    circuit_opened: 1,
+                    ..TargetStats::default()
+                }],
+                ..RouteStats::default()
+            }],
+            ..StatsReport::default()
+        }),
+    }
+}
+
+/// One scrape round's write of the fleet's view, failing if it makes a call the
+/// script does not expect.
+async fn write_round(
+    ctx: &Context,
+    scrapes: &[crate::aggregate::Scrape],
+    ttl: Duration,
+    written: &mut Option<crate::fleet::Written>,
+) {
+    quick(super::scrape::write_fleet_view(ctx, scrapes, ttl, written)).await
+}
+
+/// The fleet's health view (`fleet`): one ConfigMap by server-side apply, written
+/// when its content changes, not again while it holds; a failed write is tried again
+/// next round.
+#[tokio::test]
+async fn the_fleet_view_is_applied_once_per_change_and_retried_after_a_failure() {
+    use switchback_crds::fleet::{FleetCircuit, FleetView};
+    let t = Context::test();
+    let ttl = Duration::from_secs(20);
+    let mut written = None;
+    let scrapes = [open_on_one_replica(
+        Timestamp::now().as_millisecond() as u64 - 1_000,
+    )];
+    let path = format!("/api/v1/namespaces/{GATEWAY}/configmaps/switchback-health{SSA}");
+    // The API server fails the first write: nothing is taken as written.
+    let server = t
+        .api
+        .run(vec![Expect::new(Method::PATCH, path.clone(), |_| {
+            (
+                500,
+                json!({"kind": "Status", "status": "Failure", "code": 500}),
+            )
+        })]);
+    write_round(&t.ctx, &scrapes, ttl, &mut written).await;
+    finish(server).await;
+    assert!(written.is_none());
+    let server = t.api.run(vec![Expect::new(Method::PATCH, path, |body| {
+        let b = body.unwrap();
+        assert_eq!(b["kind"], "ConfigMap");
+        assert_eq!(b["metadata"]["namespace"], GATEWAY);
+        assert_eq!(
+            b["metadata"]["labels"],
+            json!({"app.kubernetes.io/managed-by": "switchback-operator"}),
+            "not the delivery's label: the delivery neither watches nor deletes it"
+        );
+        let view: FleetView =
+            serde_json::from_str(b["data"]["view.json"].as_str().unwrap()).unwrap();
+        assert_eq!(view.targets.len(), 1);
+        assert_eq!(view.targets[0].circuit, FleetCircuit::Open);
+        assert_eq!(view.targets[0].prober.as_deref(), Some("replica-a"));
+        assert!(!view.expires_at.is_empty());
+        (200, b)
+    })]);
+    write_round(&t.ctx, &scrapes, ttl, &mut written).await;
+    finish(server).await;
+    assert!(written.is_some());
+    // The same round again: nothing to write (no script: a call would hang).
+    let server = t.api.run(vec![]);
+    write_round(&t.ctx, &scrapes, ttl, &mut written).await;
+    finish(server).await;
+    // No view at all with a zero TTL.
+    let mut none = None;
+    write_round(&t.ctx, &scrapes, Duration::ZERO, &mut none).await;
+    assert!(none.is_none());
+}

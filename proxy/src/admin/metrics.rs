@@ -25,6 +25,8 @@
 //! | `switchback_attempt_duration_seconds` | histogram | `route`, `target`, `model` |
 //! | `switchback_time_to_first_byte_seconds` | histogram | `route`, `target`, `model`: committed streams, to the first content event |
 //! | `switchback_config_generation` | gauge | configs applied since start |
+//! | `switchback_fleet_view_holds` | gauge | 1 while the fleet's health view holds on this replica, 0 when it lapsed or there is none (`health::fleet`) |
+//! | `switchback_probes_delegated` | gauge | targets whose open circuit the fleet's view leaves another replica to probe |
 //! | `switchback_config_reloads_total` | counter | `result` (`applied`, `refused`) |
 //! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget; fetched media (docs/translation.md#documents-and-media): `fetch_media_timeout`: fetches that took too long, `max_fetched_urls`: URLs past the request's count) |
 //! | `switchback_limit_refusals_total` | counter | `limit` (the flag: `header_read_timeout`, `body_read_timeout`, `idle_timeout`, `max_connections`: times new connections had to wait, `max_body_bytes`, `max_inflight_body_bytes`, `max_header_bytes`: heads answered 431, `max_inflight_header_bytes`: connections closed because their unfinished head did not fit, `client_write_timeout`: clients disconnected for not reading, `max_hops`: requests refused for their `x-switchback-hops` (508, or 400 unreadable), `admin_max_connections`: admin connections closed or refused at the cap, `admin_idle_timeout`; `header_read_timeout`, `max_header_bytes` and `client_write_timeout` count both ports; provider answers: `max_event_bytes`: SSE events over it, before or after commit, `max_response_bytes`: unary answers over it, `max_inflight_response_bytes`: unary answers that did not fit in the answer budget) |
@@ -140,6 +142,7 @@ impl Collector for Metrics {
         keys(&mut enc, gw)?;
         latencies(&mut enc, routes)?;
         config_loads(&mut enc, gw)?;
+        fleet(&mut enc, gw, routes)?;
         clients(&mut enc, gw)?;
         limits(
             &mut enc,
@@ -487,6 +490,32 @@ fn config_loads(enc: &mut DescriptorEncoder<'_>, gw: &Gateway) -> Fmt {
         }
     }
     Ok(())
+}
+
+/// The fleet's health view (`health::fleet`): whether it holds here, and how many
+/// targets' probes this replica leaves to another.
+fn fleet(enc: &mut DescriptorEncoder<'_>, gw: &Gateway, routes: &[Arc<RouteRt>]) -> Fmt {
+    let holds = gw.health.view_holds.load(Ordering::Relaxed);
+    let m = enc.encode_descriptor(
+        "switchback_fleet_view_holds",
+        "1 while the fleet's health view (switchback-health) holds on this replica",
+        None,
+        MetricType::Gauge,
+    )?;
+    ConstGauge::new(i64::from(holds)).encode(m)?;
+    let mut seen = std::collections::HashSet::new();
+    let delegated = routes
+        .iter()
+        .flat_map(|r| &r.targets)
+        .filter(|t| seen.insert(Arc::as_ptr(&t.state)) && t.state.probes.delegated())
+        .count();
+    let m = enc.encode_descriptor(
+        "switchback_probes_delegated",
+        "Targets whose open circuit this replica leaves another replica to probe",
+        None,
+        MetricType::Gauge,
+    )?;
+    ConstGauge::new(delegated as i64).encode(m)
 }
 
 /// Per LLMClient (docs/tenancy.md#usage): its tokens by route, and its requests refused with 429.

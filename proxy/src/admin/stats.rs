@@ -216,6 +216,7 @@ fn target_stats(
             Reported::HalfOpen => doc::CircuitState::HalfOpen,
         },
         circuit_since: Some(rfc3339(since)),
+        circuit_opened: t.state.breaker.opened(),
         parked_until: (parked > now_ms)
             .then(|| rfc3339(wall + Duration::from_millis(parked - now_ms))),
         last_failure: t.state.last_failure().map(|f| doc::LastFailure {
@@ -228,7 +229,9 @@ fn target_stats(
             p50_ms: t.state.latency.quantile_ms(0.5),
             p99_ms: t.state.latency.quantile_ms(0.99),
         },
-        probing: t.state.breaker.probing() || t.spec.health_check.is_some(),
+        // Left to another replica by the fleet's view: not probed here.
+        probing: (t.state.breaker.probing() || t.spec.health_check.is_some())
+            && !t.state.probes.delegated(),
         probes: probe_counts(t),
         last_probe: t.state.probes.last().map(|(failure, at)| doc::ProbeRecord {
             outcome: failure.map_or("success", Reason::as_str).to_string(),

@@ -560,7 +560,11 @@ fn prepare_credential(
             name,
             headers,
             secret: prepared.secret,
-            state: maps.keys.entry(slot).or_default().clone(),
+            state: maps
+                .keys
+                .entry(slot)
+                .or_insert_with(|| Arc::new(KeyState::loaded_now()))
+                .clone(),
         });
     }
     let Some(endpoint) = endpoint else {

@@ -4,8 +4,9 @@
 //! target, kept across reloads, and updated from the request path with atomics (the
 //! last failure's short lock is never held across an await).
 //!
-//! **Fed by the fleet** (issue 32 item 5, built on this): what one replica finds may be
-//! told to the others, and what they found applied here, through this state alone,
+//! **Fed by the fleet** (issue 32 item 5: the operator's view, applied by
+//! `health::fleet`): what one replica finds is told to the others, and what they found
+//! applied here, through this state alone,
 //! found by the live snapshot (`route_list[..].targets[..].state`, and a credential's
 //! keys in `credentials[id].keys`):
 //!

@@ -26,6 +26,7 @@
 //! park and rejection ends (`limits::keys`), and [`Probes::set_delegated`], which
 //! tells this replica that another one probes the target.
 
+pub mod fleet;
 mod probe;
 
 use std::collections::HashSet;
@@ -49,6 +50,8 @@ const IDLE: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub struct Health {
     wake: Notify,
+    /// The fleet's health view holds on this replica now (`fleet`), for `/metrics`.
+    pub view_holds: AtomicBool,
 }
 
 impl Health {

@@ -131,6 +131,11 @@ impl Breaker {
         }
     }
 
+    /// Times it has opened (here, or adopted from the fleet).
+    pub fn opened(&self) -> u64 {
+        self.lock().opened
+    }
+
     /// Whether requests skip the target now.
     pub fn is_open(&self, now: Instant) -> bool {
         let g = self.lock();

@@ -36,9 +36,24 @@ pub struct KeyState {
     pub rate_limited: AtomicU64,
     /// 401s and 403s that rejected it.
     pub rejected: AtomicU64,
+    /// Wall-clock milliseconds when this replica loaded this value (0: unknown): a
+    /// rejection the fleet reports from before it was about an older value
+    /// (`health::fleet`).
+    pub loaded_at_ms: u64,
 }
 
 impl KeyState {
+    /// A key's state for a value loaded now.
+    pub fn loaded_now() -> Self {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Self {
+            loaded_at_ms: now,
+            ..Self::default()
+        }
+    }
+
     /// Park it until `until_ms` (never shortening a park).
     pub fn park_until(&self, until_ms: u64) {
         self.parked_until_ms.fetch_max(until_ms, Ordering::Relaxed);

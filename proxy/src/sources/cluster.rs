@@ -392,7 +392,8 @@ pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch 
         watcher(Api::namespaced(client.clone(), namespace), config),
     )
     .default_backoff();
-    let tasks = vec![
+    let mut tasks = super::fleet_view::watch(gw.clone(), client.clone(), namespace);
+    tasks.extend([
         tokio::spawn(index_events.for_each(drain(changed.clone()))),
         tokio::spawn(apply_loop(
             gw,
@@ -401,7 +402,7 @@ pub fn watch(gw: Arc<Gateway>, client: Client, namespace: &str) -> ClusterWatch 
             index,
             changed,
         )),
-    ];
+    ]);
     ClusterWatch { tasks }
 }
 
@@ -846,6 +847,7 @@ mod tests {
         objects: Vec<NamespaceObjects>,
         forbidden: Option<String>,
         empty_index: Option<tokio::sync::oneshot::Receiver<()>>,
+        health: Option<ConfigMap>,
     ) -> (Client, tokio::task::JoinHandle<()>) {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
@@ -877,6 +879,16 @@ mod tests {
                 let maps = format!("/api/v1/namespaces/{GW}/configmaps");
                 let secrets = format!("/api/v1/namespaces/{GW}/secrets");
                 let (path, query) = uri.split_once('?').unwrap_or((&uri, ""));
+                if path == maps && query.contains("fieldSelector=metadata.name%3Dswitchback-health")
+                {
+                    // The fleet's health view, by name: listed, then watched.
+                    if query.contains("watch=true") {
+                        open_watches.push(send);
+                        continue;
+                    }
+                    send.send_response(list_of(health.as_ref()));
+                    continue;
+                }
                 if path == maps {
                     assert!(
                         query.contains("fieldSelector=metadata.name%3Dswitchback-index"),
@@ -890,16 +902,7 @@ mod tests {
                         }
                         continue;
                     }
-                    let list = json!({
-                        "apiVersion": "v1", "kind": "ConfigMapList",
-                        "metadata": {"resourceVersion": "10"},
-                        "items": index.iter().collect::<Vec<_>>(),
-                    });
-                    send.send_response(
-                        Response::builder()
-                            .body(Body::from(serde_json::to_vec(&list).unwrap()))
-                            .unwrap(),
-                    );
+                    send.send_response(list_of(index.as_ref()));
                     continue;
                 }
                 let name = path.rsplit('/').next().unwrap().to_string();
@@ -943,6 +946,18 @@ mod tests {
         (client, server)
     }
 
+    /// A ConfigMap list answer of `item` (or none), as a by-name list gets.
+    fn list_of(item: Option<&ConfigMap>) -> Response<Body> {
+        let list = json!({
+            "apiVersion": "v1", "kind": "ConfigMapList",
+            "metadata": {"resourceVersion": "10"},
+            "items": item.into_iter().collect::<Vec<_>>(),
+        });
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&list).unwrap()))
+            .unwrap()
+    }
+
     /// Waits (at most 5 s) until `done` holds.
     async fn until(what: &str, done: impl Fn() -> bool) {
         tokio::time::timeout(Duration::from_secs(5), async {
@@ -967,7 +982,7 @@ mod tests {
         let a = one_part("team-a", &[("smart", "smart")]);
         let index = index::index_config_map(GW, &index_of(&[("team-a", &a)]));
         let part = a.parts[0].metadata.name.clone();
-        let (client, server) = fake_api(Some(index), vec![a], part, None);
+        let (client, server) = fake_api(Some(index), vec![a], part, None, None);
         let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
         let _watch = watch(gw.clone(), client, GW);
         until("the gateway becomes ready", || gw.is_ready()).await;
@@ -989,7 +1004,7 @@ mod tests {
     /// `--allow-empty-config` serves it too.
     #[tokio::test]
     async fn a_first_delivery_with_no_route_is_served_in_a_fresh_cluster_install() {
-        let (client, server) = fake_api(None, Vec::new(), None, None);
+        let (client, server) = fake_api(None, Vec::new(), None, None, None);
         let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
         let _watch = watch(gw.clone(), client, GW);
         until("the empty delivery is refused", || refusal(&gw).is_some()).await;
@@ -1002,7 +1017,7 @@ mod tests {
         server.abort();
 
         for (empty_until_routed, allow_empty_config) in [(true, false), (false, true)] {
-            let (client, server) = fake_api(None, Vec::new(), None, None);
+            let (client, server) = fake_api(None, Vec::new(), None, None, None);
             let mut served = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
             served.empty_until_routed = empty_until_routed;
             served.allow_empty_config = allow_empty_config;
@@ -1024,7 +1039,7 @@ mod tests {
         let a = one_part("team-a", &[("smart", "smart")]);
         let index = index::index_config_map(GW, &index_of(&[("team-a", &a)]));
         let (empty, emptied) = tokio::sync::oneshot::channel();
-        let (client, server) = fake_api(Some(index), vec![a], None, Some(emptied));
+        let (client, server) = fake_api(Some(index), vec![a], None, Some(emptied), None);
         let mut gw = Gateway::new(1024, "cluster:switchback".into(), 1).unwrap();
         // As in cluster mode: an empty first config would be served, an emptying edit not.
         gw.empty_until_routed = true;
@@ -1043,5 +1058,71 @@ mod tests {
         assert_eq!(gw.report().generation, 1);
         drop(_watch);
         server.abort();
+    }
+
+    /// The fleet's health view (issue 32 item 5) is watched by name beside the index
+    /// and applied: its circuit opens here and its probes are left to the replica it
+    /// names. Then the API server stops answering: the view is not refreshed, expires,
+    /// and this replica serves on its own findings, probing again itself.
+    #[tokio::test]
+    async fn the_fleets_view_is_applied_and_lapses_when_the_api_server_stops_answering() {
+        use switchback_crds::fleet::{
+            FleetCircuit, FleetView, TargetView, VIEW_VERSION, format_ms,
+        };
+        let a = one_part("team-a", &[("smart", "smart")]);
+        let index = index::index_config_map(GW, &index_of(&[("team-a", &a)]));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let view = FleetView {
+            version: VIEW_VERSION,
+            expires_at: format_ms(now + 3_000),
+            targets: vec![TargetView {
+                credential: ObjectId::new("team-a", "openai"),
+                model: None,
+                circuit: FleetCircuit::Open,
+                // Opened elsewhere after this replica started (its circuits' start).
+                since: format_ms(now + 500),
+                until: Some(format_ms(now + 60_000)),
+                prober: Some("another-replica".into()),
+            }],
+            keys: Vec::new(),
+        };
+        let health = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(switchback_crds::fleet::VIEW_NAME.into()),
+                namespace: Some(GW.into()),
+                resource_version: Some("9".into()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                switchback_crds::fleet::DATA_KEY.to_string(),
+                serde_json::to_string(&view).unwrap(),
+            )])),
+            ..Default::default()
+        };
+        let (client, server) = fake_api(Some(index), vec![a], None, None, Some(health));
+        let gw = Arc::new(Gateway::new(1024, "cluster:switchback".into(), 1).unwrap());
+        let _watch = watch(gw.clone(), client, GW);
+        until("the gateway becomes ready", || gw.is_ready()).await;
+        let state = || gw.snapshot().route_list[0].targets[0].state.clone();
+        // Its `since` is half a second ahead: adopted once this replica's start is older.
+        until(
+            "the fleet's opening adopted, its probes left to another",
+            || state().probes.delegated() && state().breaker.opened() == 1,
+        )
+        .await;
+        server.abort();
+        until("the view lapsed: this replica probes again", || {
+            !state().probes.delegated()
+        })
+        .await;
+        assert!(gw.is_ready(), "serving on its own findings");
+        assert!(
+            state().breaker.is_open(tokio::time::Instant::now()),
+            "the opening it adopted stands until its own probe"
+        );
+        drop(_watch);
     }
 }
