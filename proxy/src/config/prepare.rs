@@ -25,8 +25,8 @@ use crate::limits::clients::{
 };
 use crate::limits::concurrency::Limiter;
 use crate::limits::hedge::HedgeBudget;
-use crate::observe::cost::{Pricing, UsdCounter};
 use crate::limits::keys::{KeyPool as Pool, KeyState, PoolKey};
+use crate::observe::cost::{Pricing, UsdCounter};
 use crate::observe::counters::{RouteCounters, RouteTargetCounters};
 use crate::providers::{self, Kept};
 use crate::upstream::Clients;
