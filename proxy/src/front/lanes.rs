@@ -49,11 +49,12 @@ pub(crate) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::
 pub(crate) fn serve(
     listeners: Vec<std::net::TcpListener>,
     app: Router,
+    gw: std::sync::Arc<crate::gateway::Gateway>,
     front: std::sync::Arc<Front>,
 ) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     let (stopped, mut first) = tokio::sync::mpsc::channel::<()>(listeners.len());
     for (lane, listener) in listeners.into_iter().enumerate() {
-        let (app, stopped, front) = (app.clone(), stopped.clone(), front.clone());
+        let (app, gw, stopped, front) = (app.clone(), gw.clone(), stopped.clone(), front.clone());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -63,7 +64,7 @@ pub(crate) fn serve(
                 crate::upstream::enter_lane(lane);
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => crate::front::conn::serve(l, app, front.clone()).await,
+                        Ok(l) => crate::front::conn::serve(l, app, Some(gw), front.clone()).await,
                         Err(e) => tracing::error!(error = %e, lane, "data listener stopped"),
                     }
                     let _ = stopped.try_send(());

@@ -47,6 +47,35 @@ pub fn data_router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
+/// An answer of the data port made without the router.
+pub(crate) type DirectAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Response<Body>> + Send>>;
+
+/// The data port's POST endpoints, answered without the router: the same handler
+/// the router would call, without its path match, extractors and layers
+/// (docs/benchmark.md#where-a-requests-cpu-goes). Anything else (another path or
+/// method, `GET /v1/models`) is given back for [`data_router`], which still answers
+/// every route.
+pub(crate) fn direct(
+    gw: &Arc<Gateway>,
+    request: http::Request<hyper::body::Incoming>,
+) -> Result<DirectAnswer, http::Request<hyper::body::Incoming>> {
+    if request.method() != http::Method::POST {
+        return Err(request);
+    }
+    let surface = match request.uri().path() {
+        "/v1/chat/completions" => Surface::ChatCompletions,
+        "/v1/embeddings" => Surface::Embeddings,
+        "/v1/messages" => Surface::Messages,
+        "/v1/responses" => Surface::Responses,
+        _ => return Err(request),
+    };
+    let gw = gw.clone();
+    Ok(Box::pin(async move {
+        handle(&gw, surface, request.map(Body::new)).await
+    }))
+}
+
 /// A path (404) or method (405) the data port does not serve, in the OpenAI shape,
 /// with the headers every answer carries.
 async fn not_served(gw: Arc<Gateway>, headers: HeaderMap, status: StatusCode) -> Response<Body> {
