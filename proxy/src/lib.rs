@@ -270,12 +270,11 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
             gw.front.clone(),
         )),
         Data::Lanes(listeners) => {
-            let stopped = lanes::serve(listeners, data_app, gw.clone(), gw.front.clone()).map_err(
-                |source| StartError::Listen {
+            let stopped = lanes::serve(listeners, data_app, Some(gw.clone()), gw.front.clone())
+                .map_err(|source| StartError::Listen {
                     addr: opts.listen,
                     source,
-                },
-            )?;
+                })?;
             // Ends when the first serving thread does (normally never).
             tokio::spawn(stopped)
         }
