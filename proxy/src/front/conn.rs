@@ -324,18 +324,16 @@ impl hyper::service::Service<Request<Incoming>> for Service {
     fn call(&self, req: Request<Incoming>) -> Respond {
         self.shared.active.fetch_add(1, Ordering::Relaxed);
         let active = Some(Active(self.shared.clone()));
-        let req = match &self.direct {
-            Some(gw) => match crate::http::direct(gw, req) {
-                Ok(answer) => {
-                    return Respond {
-                        inner: Answer::Direct { answer },
-                        active,
-                    };
-                }
-                Err(req) => req,
-            },
-            None => req,
-        };
+        if let Some(gw) = &self.direct
+            && let Some(surface) = crate::http::direct_surface(&req)
+        {
+            return Respond {
+                inner: Answer::Direct {
+                    answer: crate::http::direct(gw, surface, req),
+                },
+                active,
+            };
+        }
         let mut app = self.app.clone();
         Respond {
             inner: Answer::Routed {
