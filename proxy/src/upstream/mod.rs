@@ -179,42 +179,26 @@ mod tests {
     /// cache, each host its own.
     #[test]
     fn host_header_is_hyper_utils() {
-        let host =
-            |u: &str| host_header(&u.parse().unwrap()).map(|v| v.to_str().unwrap().to_owned());
-        assert_eq!(
-            host("http://127.0.0.1:4000/v1/chat").as_deref(),
-            Some("127.0.0.1:4000")
-        );
-        assert_eq!(
-            host("http://127.0.0.1:4000/v1/x").as_deref(),
-            Some("127.0.0.1:4000")
-        );
-        assert_eq!(
-            host("https://api.openai.com/v1/chat").as_deref(),
-            Some("api.openai.com")
-        );
-        assert_eq!(
-            host("https://api.openai.com:443/v1").as_deref(),
-            Some("api.openai.com")
-        );
-        assert_eq!(
-            host("https://api.openai.com:8443/v1").as_deref(),
-            Some("api.openai.com:8443")
-        );
-        assert_eq!(
-            host("http://llm.internal:80/v1").as_deref(),
-            Some("llm.internal")
-        );
-        assert_eq!(
-            host("http://llm.internal:443/v1").as_deref(),
-            Some("llm.internal:443")
-        );
-        assert_eq!(
-            host("https://llm.internal:80/v1").as_deref(),
-            Some("llm.internal:80")
-        );
-        assert_eq!(host("http://[::1]:9000/v1").as_deref(), Some("[::1]:9000"));
-        assert_eq!(host("/v1/chat"), None);
+        let cases = [
+            ("http://127.0.0.1:4000/v1/chat", Some("127.0.0.1:4000")),
+            // Again, from the cache.
+            ("http://127.0.0.1:4000/v1/x", Some("127.0.0.1:4000")),
+            ("https://api.openai.com/v1/chat", Some("api.openai.com")),
+            ("https://api.openai.com:443/v1", Some("api.openai.com")),
+            (
+                "https://api.openai.com:8443/v1",
+                Some("api.openai.com:8443"),
+            ),
+            ("http://llm.internal:80/v1", Some("llm.internal")),
+            ("http://llm.internal:443/v1", Some("llm.internal:443")),
+            ("https://llm.internal:80/v1", Some("llm.internal:80")),
+            ("http://[::1]:9000/v1", Some("[::1]:9000")),
+            ("/v1/chat", None),
+        ];
+        for (uri, want) in cases {
+            let got = host_header(&uri.parse().unwrap());
+            assert_eq!(got.as_ref().map(|v| v.to_str().unwrap()), want, "{uri}");
+        }
     }
 
     /// SPEC §14: a credential the platform did not allow private networks is served
