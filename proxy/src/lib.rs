@@ -288,14 +288,17 @@ pub async fn start(opts: Options) -> Result<Running, StartError> {
         gw.admin_front.clone(),
     ));
     let data_task = match ports.data {
-        Data::One(data) => tokio::spawn(front::conn::serve(data, data_app, gw.front.clone())),
+        Data::One(data) => tokio::spawn(front::conn::serve(
+            data,
+            data_app,
+            Some(gw.clone()),
+            gw.front.clone(),
+        )),
         Data::Lanes(listeners) => {
-            let stopped =
-                lanes::serve(listeners, data_app, gw.front.clone()).map_err(|source| {
-                    StartError::Listen {
-                        addr: opts.listen,
-                        source,
-                    }
+            let stopped = lanes::serve(listeners, data_app, Some(gw.clone()), gw.front.clone())
+                .map_err(|source| StartError::Listen {
+                    addr: opts.listen,
+                    source,
                 })?;
             // Ends when the first serving thread does (normally never).
             tokio::spawn(stopped)

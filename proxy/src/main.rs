@@ -138,4 +138,72 @@ impl ShutdownSignals {
 }
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Allocator = Allocator;
+
+/// mimalloc, asked for an alignment only when malloc's own does not do. The
+/// `mimalloc` crate's allocator calls `mi_malloc_aligned` for every allocation, and
+/// mimalloc 3 serves that from its fast path only when a free block happens to be
+/// aligned and under 1 KiB; any other (a request's larger futures and buffers) is
+/// over-allocated and marked for an unaligning free: ~9 a request, ~4k instructions
+/// (docs/benchmark.md#where-a-requests-cpu-goes). `mi_malloc` aligns every block of
+/// at least 16 bytes to 16, and a smaller one to its size rounded up to 8, so an
+/// alignment of at most 16 that the size is a multiple of needs nothing more.
+struct Allocator;
+
+/// The alignment every `mi_malloc` block of at least this size has.
+const MI_MAX_ALIGN: usize = 16;
+
+/// Whether `mi_malloc` (or `mi_realloc`) of `size` bytes is aligned to `align`.
+#[inline]
+fn malloc_aligns(size: usize, align: usize) -> bool {
+    align <= MI_MAX_ALIGN && align <= size
+}
+
+// SAFETY: every block comes from mimalloc and goes back to it; the aligned calls are
+// used whenever `mi_malloc`'s own alignment would not satisfy the layout.
+unsafe impl std::alloc::GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use libmimalloc_sys::{mi_malloc, mi_malloc_aligned};
+        // SAFETY: plain mimalloc calls with the layout's size (and alignment).
+        unsafe {
+            if malloc_aligns(layout.size(), layout.align()) {
+                mi_malloc(layout.size()).cast()
+            } else {
+                mi_malloc_aligned(layout.size(), layout.align()).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use libmimalloc_sys::{mi_zalloc, mi_zalloc_aligned};
+        // SAFETY: as `alloc`.
+        unsafe {
+            if malloc_aligns(layout.size(), layout.align()) {
+                mi_zalloc(layout.size()).cast()
+            } else {
+                mi_zalloc_aligned(layout.size(), layout.align()).cast()
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from this allocator, so from mimalloc.
+        unsafe { libmimalloc_sys::mi_free(ptr.cast()) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        use libmimalloc_sys::{mi_realloc, mi_realloc_aligned};
+        // SAFETY: `ptr` came from this allocator; the new block keeps the alignment.
+        unsafe {
+            if malloc_aligns(new_size, layout.align()) {
+                mi_realloc(ptr.cast(), new_size).cast()
+            } else {
+                mi_realloc_aligned(ptr.cast(), new_size, layout.align()).cast()
+            }
+        }
+    }
+}

@@ -91,7 +91,12 @@
 //!   nginx, against the same direct cell;
 //! - the verdict, per profile, compares the unary cells with the budget: added p99 at
 //!   concurrency 64 < 1 ms, and throughput through the proxy >= 50% of direct, and
-//!   prints nginx's throughput beside it.
+//!   prints nginx's throughput beside it;
+//! - `proxy memory`, last: the proxy's `VmRSS` and `VmHWM` at rest (after `/readyz`,
+//!   before any request), then with `BENCH_OPEN_STREAMS` streams (default 1,000; `0`
+//!   skips it) open at once after all cells: each on its own connection, the simulator
+//!   sending an event every 500 ms, read once every stream has its first text (so each
+//!   is committed: client connection, upstream connection and relay all live).
 //!
 //! Two switches for working on one figure: `BENCH_ONLY=instant,unary,64` runs a subset of
 //! the cells (profiles, modes and/or concurrency levels), `BENCH_AUTH=on` adds an
@@ -263,6 +268,8 @@ spec:
 
     let gen_rt = runtime("load", end_cores)?;
     gen_rt.block_on(wait_ready(admin_addr, &mut proxy))?;
+    // Before any request: what the proxy holds at rest.
+    let idle = Memory::read(&proxy);
     gen_rt.block_on(smoke_test(sim.addr(), data_addr, &proxy))?;
     if let Some(other) = Versus::from_env()? {
         let mut other = other.start(&layout, &manifest, dir.path(), &gen_rt, sim.addr())?;
@@ -387,12 +394,18 @@ spec:
     let peak_rss_kib = proxy.peak_rss_kib();
     let rss_now_kib = proxy.status_kib("VmRSS:");
     let metric_requests = gen_rt.block_on(requests_metric(admin_addr));
+    // Counted before the memory check's streams add theirs.
+    let log_lines = proxy.request_log_lines();
+    let open = match open_streams_wanted()? {
+        0 => None,
+        n => Some(gen_rt.block_on(open_streams(&sim, data_addr, n, &proxy))?),
+    };
+    let memory = memory_report(&idle, open.as_ref());
     proxy.stop();
     let nginx_line = nginx.map(|mut n| {
         n.stop();
         n.describe()
     });
-    let log_lines = proxy.request_log_lines();
     let load_after = load_average();
 
     print!(
@@ -414,6 +427,7 @@ spec:
             },
         })
     );
+    println!("\nproxy memory: {memory}");
     Ok(())
 }
 
@@ -2274,6 +2288,118 @@ fn verdict(run: &ProfileRun) -> String {
         );
     }
     o
+}
+
+// ---------------------------------------------------------------------------------
+// Memory: at rest, and with many streams open
+// ---------------------------------------------------------------------------------
+
+/// The proxy's resident memory at one moment: now (`VmRSS`) and its peak so far
+/// (`VmHWM`), in KiB.
+struct Memory {
+    rss_kib: Option<u64>,
+    peak_kib: Option<u64>,
+}
+
+impl Memory {
+    fn read(proxy: &ProxyChild) -> Memory {
+        Memory {
+            rss_kib: proxy.status_kib("VmRSS:"),
+            peak_kib: proxy.peak_rss_kib(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "RSS {}, peak (VmHWM) {}",
+            mib(self.rss_kib),
+            mib(self.peak_kib)
+        )
+    }
+}
+
+/// `BENCH_OPEN_STREAMS`: how many streams the memory check holds open at once
+/// (default [`DEFAULT_OPEN_STREAMS`]; `0` skips the check).
+fn open_streams_wanted() -> Result<usize, String> {
+    match std::env::var("BENCH_OPEN_STREAMS") {
+        Err(_) => Ok(DEFAULT_OPEN_STREAMS),
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("BENCH_OPEN_STREAMS={v:?}: expected a number of streams")),
+    }
+}
+
+/// The figure: the proxy's memory with 1,000 streams in flight.
+const DEFAULT_OPEN_STREAMS: usize = 1000;
+
+/// A stream slow enough to stay open while every other one is opened and the
+/// memory read: one event every [`OPEN_STREAM_INTERVAL`].
+const OPEN_STREAM_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Opens `n` streams through the proxy at once (one connection each), waits until
+/// every one has its first text (so each is committed: its client connection, its
+/// upstream connection and its relay are all live), reads the proxy's memory, then
+/// drops them all.
+async fn open_streams(
+    sim: &SimProvider,
+    data: SocketAddr,
+    n: usize,
+    proxy: &ProxyChild,
+) -> Result<(usize, Memory), String> {
+    sim.set_default(Behavior::Stream {
+        chunks: STREAM_CHUNKS,
+        interval: OPEN_STREAM_INTERVAL,
+    });
+    let body = Bytes::from(chat_body(ROUTE, true).to_string());
+    let (opened, mut all_open) = tokio::sync::mpsc::channel::<()>(n);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let mut streams = JoinSet::new();
+    for _ in 0..n {
+        let (body, opened, release) = (body.clone(), opened.clone(), release.clone());
+        streams.spawn(async move {
+            let mut conn = connect(data).await?;
+            let response = conn.send_request(chat_request(data, body)?).await?;
+            if response.status() != StatusCode::OK {
+                return Err(format!("status {}", response.status()).into());
+            }
+            let mut body = response.into_body();
+            // The first frame with bytes: the stream is committed.
+            while let Some(frame) = body.frame().await {
+                if frame?.data_ref().is_some_and(|d| !d.is_empty()) {
+                    break;
+                }
+            }
+            let _ = opened.send(()).await;
+            release.notified().await;
+            Ok::<(), BoxError>(())
+        });
+    }
+    drop(opened);
+    let deadline = Instant::now() + Duration::from_secs(10) * STREAM_CHUNKS as u32 / 2;
+    let mut open = 0;
+    while open < n {
+        match timeout_at(deadline, all_open.recv()).await {
+            Ok(Some(())) => open += 1,
+            // Every task ended (or the time ran out) before all were open.
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let memory = Memory::read(proxy);
+    release.notify_waiters();
+    streams.abort_all();
+    while streams.join_next().await.is_some() {}
+    Ok((open, memory))
+}
+
+fn memory_report(idle: &Memory, open: Option<&(usize, Memory)>) -> String {
+    let mut s = format!("at rest after start: {}", idle.describe());
+    match open {
+        Some((n, m)) => {
+            let _ = write!(s, "; with {n} streams open at once: {}", m.describe());
+        }
+        None => s.push_str("; open streams not measured (BENCH_OPEN_STREAMS=0)"),
+    }
+    s
 }
 
 #[cfg(test)]

@@ -46,9 +46,16 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::{Front, Refusals};
+use crate::gateway::Gateway;
 
-/// Serves the data router on `listener` until the gateway stops accepting.
-pub(crate) async fn serve(listener: tokio::net::TcpListener, app: Router, front: Arc<Front>) {
+/// Serves the data router on `listener` until the gateway stops accepting; with
+/// `direct`, the data port's own endpoints skip the router ([`crate::http::direct`]).
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    direct: Option<Arc<Gateway>>,
+    front: Arc<Front>,
+) {
     let mut stop = front.stop_accepting.notified();
     loop {
         if front.stop_accepting.is_set() {
@@ -80,9 +87,9 @@ pub(crate) async fn serve(listener: tokio::net::TcpListener, app: Router, front:
         };
         // Small writes (SSE events, short JSON) go out at once.
         let _ = tcp.set_nodelay(true);
-        let (app, front) = (app.clone(), front.clone());
+        let (app, direct, front) = (app.clone(), direct.clone(), front.clone());
         tokio::spawn(async move {
-            connection(tcp, app, front).await;
+            serve_connection(tcp, App { app, direct }, front, Arc::default()).await;
             drop(permit);
         });
     }
@@ -104,21 +111,35 @@ async fn accept_error(e: std::io::Error) {
 /// Serves one connection (HTTP/1.1, or HTTP/2 with prior knowledge) to its end. Once
 /// the gateway stops accepting, the connection finishes the request it is on and
 /// closes.
+#[cfg(test)]
 pub(crate) async fn connection<T>(io: T, app: Router, front: Arc<Front>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let app = App { app, direct: None };
     serve_connection(io, app, front, Arc::default()).await;
+}
+
+/// A port's router, and for the data port the gateway its endpoints are served from
+/// without the router.
+struct App {
+    app: Router,
+    direct: Option<Arc<Gateway>>,
 }
 
 /// [`connection`], with its [`Shared`] made by the caller (the admin port lists it in
 /// its roster as it accepts it).
-async fn serve_connection<T>(io: T, app: Router, front: Arc<Front>, shared: Arc<Shared>)
+async fn serve_connection<T>(io: T, app: App, front: Arc<Front>, shared: Arc<Shared>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let io = ClientIo::new(io, shared.clone(), front.clone());
-    let service = Service { app, shared };
+    let App { app, direct } = app;
+    let service = Service {
+        app,
+        direct,
+        shared,
+    };
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // The head is read into hyper's buffer, which never grows past this: a longer
     // one is answered 431 and the connection closed.
@@ -191,7 +212,7 @@ pub(crate) async fn serve_admin(listener: tokio::net::TcpListener, app: Router, 
         let (app, front) = (app.clone(), front.clone());
         let (shared, listed) = roster.list(&front);
         tokio::spawn(async move {
-            serve_connection(tcp, app, front, shared).await;
+            serve_connection(tcp, App { app, direct: None }, front, shared).await;
             drop((listed, permit));
         });
     }
@@ -291,6 +312,7 @@ impl Drop for Active {
 #[derive(Clone)]
 struct Service {
     app: Router,
+    direct: Option<Arc<Gateway>>,
     shared: Arc<Shared>,
 }
 
@@ -301,11 +323,23 @@ impl hyper::service::Service<Request<Incoming>> for Service {
 
     fn call(&self, req: Request<Incoming>) -> Respond {
         self.shared.active.fetch_add(1, Ordering::Relaxed);
-        let active = Active(self.shared.clone());
+        let active = Some(Active(self.shared.clone()));
+        if let Some(gw) = &self.direct
+            && let Some(surface) = crate::http::direct_surface(&req)
+        {
+            return Respond {
+                inner: Answer::Direct {
+                    answer: crate::http::direct(gw, surface, req),
+                },
+                active,
+            };
+        }
         let mut app = self.app.clone();
         Respond {
-            inner: tower_service::Service::call(&mut app, req),
-            active: Some(active),
+            inner: Answer::Routed {
+                routed: tower_service::Service::call(&mut app, req),
+            },
+            active,
         }
     }
 }
@@ -313,8 +347,31 @@ impl hyper::service::Service<Request<Incoming>> for Service {
 pin_project_lite::pin_project! {
     struct Respond {
         #[pin]
-        inner: axum::routing::future::RouteFuture<Infallible>,
+        inner: Answer,
         active: Option<Active>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The answer being made: by the router, or by the data port's endpoint directly
+    /// (the router's matching, extractors and layers cost ~3k instructions a request:
+    /// docs/benchmark.md#where-a-requests-cpu-goes).
+    #[project = AnswerProj]
+    enum Answer {
+        Routed { #[pin] routed: axum::routing::future::RouteFuture<Infallible> },
+        Direct { answer: crate::http::DirectAnswer },
+    }
+}
+
+impl Future for Answer {
+    type Output = Response<Body>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<Body>> {
+        match self.project() {
+            AnswerProj::Routed { routed } => routed.poll(cx).map(|Ok(r)| r),
+            AnswerProj::Direct { answer } => answer.as_mut().poll(cx),
+        }
     }
 }
 
@@ -323,7 +380,7 @@ impl Future for Respond {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let Ok(response) = ready!(this.inner.poll(cx));
+        let response = ready!(this.inner.poll(cx));
         let active = this.active.take();
         Poll::Ready(Ok(response.map(|body| Tracked {
             body,

@@ -45,15 +45,17 @@ pub(crate) fn listeners(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::
 
 /// Starts one thread per listener; the returned future ends when the first of them
 /// stops accepting. A lane that stopped accepting for a shutdown keeps running the
-/// connections it has until the process exits (the drain decides when).
+/// connections it has until the process exits (the drain decides when). With `gw`,
+/// the data port's own endpoints skip the router (`crate::http::direct`).
 pub(crate) fn serve(
     listeners: Vec<std::net::TcpListener>,
     app: Router,
+    gw: Option<std::sync::Arc<crate::gateway::Gateway>>,
     front: std::sync::Arc<Front>,
 ) -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     let (stopped, mut first) = tokio::sync::mpsc::channel::<()>(listeners.len());
     for (lane, listener) in listeners.into_iter().enumerate() {
-        let (app, stopped, front) = (app.clone(), stopped.clone(), front.clone());
+        let (app, gw, stopped, front) = (app.clone(), gw.clone(), stopped.clone(), front.clone());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -63,7 +65,7 @@ pub(crate) fn serve(
                 crate::upstream::enter_lane(lane);
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => crate::front::conn::serve(l, app, front.clone()).await,
+                        Ok(l) => crate::front::conn::serve(l, app, gw, front.clone()).await,
                         Err(e) => tracing::error!(error = %e, lane, "data listener stopped"),
                     }
                     let _ = stopped.try_send(());
@@ -108,7 +110,7 @@ mod tests {
         );
         let ls = listeners("127.0.0.1:0".parse().unwrap(), 2).unwrap();
         let addr = ls[0].local_addr().unwrap();
-        let _stopped = serve(ls, app, Default::default()).unwrap();
+        let _stopped = serve(ls, app, None, Default::default()).unwrap();
         let mut seen = std::collections::BTreeSet::new();
         // New connections each time: the kernel spreads them over the two sockets.
         for _ in 0..64 {

@@ -47,6 +47,38 @@ pub(crate) fn data_router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
+/// An answer of the data port made without the router.
+pub(crate) type DirectAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Response<Body>> + Send>>;
+
+/// The data port's POST endpoints, answered without the router: the same handler
+/// the router would call, without its path match, extractors and layers
+/// (docs/benchmark.md#where-a-requests-cpu-goes). Anything else (another path or
+/// method, `GET /v1/models`) is `None`, for [`data_router`], which still answers
+/// every route.
+pub(crate) fn direct_surface(request: &http::Request<hyper::body::Incoming>) -> Option<Surface> {
+    if request.method() != http::Method::POST {
+        return None;
+    }
+    match request.uri().path() {
+        "/v1/chat/completions" => Some(Surface::ChatCompletions),
+        "/v1/embeddings" => Some(Surface::Embeddings),
+        "/v1/messages" => Some(Surface::Messages),
+        "/v1/responses" => Some(Surface::Responses),
+        _ => None,
+    }
+}
+
+/// The answer to a request [`direct_surface`] placed.
+pub(crate) fn direct(
+    gw: &Arc<Gateway>,
+    surface: Surface,
+    request: http::Request<hyper::body::Incoming>,
+) -> DirectAnswer {
+    let gw = gw.clone();
+    Box::pin(async move { handle(&gw, surface, request.map(Body::new)).await })
+}
+
 /// A path (404) or method (405) the data port does not serve, in the OpenAI shape,
 /// with the headers every answer carries.
 async fn not_served(gw: Arc<Gateway>, headers: HeaderMap, status: StatusCode) -> Response<Body> {

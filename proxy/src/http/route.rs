@@ -482,8 +482,8 @@ fn finish(
     h.reserve(6);
     h.insert(X_ROUTE, route.route_header.clone());
     h.insert(X_GENERATION, route.generation_header.clone());
-    h.insert(X_ATTEMPTS, HeaderValue::from(counts.attempts));
-    h.insert(X_FALLBACKS, HeaderValue::from(counts.fallbacks));
+    h.insert(X_ATTEMPTS, count_header(counts.attempts));
+    h.insert(X_FALLBACKS, count_header(counts.fallbacks));
     if let Some(t) = counts.target {
         h.insert(X_TARGET, t);
     }
@@ -491,6 +491,15 @@ fn finish(
         h.insert(X_MODEL, m);
     }
     response
+}
+
+/// A count as a header value: a small one (every request's, nearly) from the static
+/// table of `x-switchback-hops`, so no allocation; a larger one written out.
+fn count_header(n: u32) -> HeaderValue {
+    match u8::try_from(n) {
+        Ok(small) if small <= crate::wire::hops::MAX => crate::wire::hops::value(small),
+        _ => HeaderValue::from(n),
+    }
 }
 
 /// A client's stream body holding the client's concurrency slot until it ends.
@@ -516,5 +525,17 @@ impl hyper::body::Body for HoldingSlot {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `x-switchback-attempts` and `x-switchback-fallbacks` say the count, small (from
+    /// the static table) or not.
+    #[test]
+    fn counts_are_written_whatever_their_size() {
+        for n in [0u32, 1, 9, 31, 32, 33, 255, 256, 70_000] {
+            assert_eq!(super::count_header(n).to_str().unwrap(), n.to_string());
+        }
     }
 }

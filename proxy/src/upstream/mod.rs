@@ -91,6 +91,44 @@ impl Lanes {
 
 type Connector = HttpsConnector<HttpConnector<Resolver>>;
 
+/// The `Host` header of a request to `uri`, as hyper-util writes it when a request
+/// has none (the host, and the port unless it is the scheme's own), from a small
+/// cache per thread: hyper-util formats and allocates it for every request
+/// (~2.3k instructions a proxied request, a `format!` when the port is not the
+/// default: docs/benchmark.md#where-a-requests-cpu-goes). `None` without a host.
+pub fn host_header(uri: &http::Uri) -> Option<http::HeaderValue> {
+    /// Distinct upstream hosts remembered per thread; past it, new ones are made
+    /// each time (as hyper-util would), never evicting the first ones.
+    const CACHED: usize = 32;
+    thread_local! {
+        static HOSTS: std::cell::RefCell<Vec<(bool, http::uri::Authority, http::HeaderValue)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let authority = uri.authority()?;
+    let secure = matches!(uri.scheme_str(), Some("https" | "wss"));
+    let hit = HOSTS.with_borrow(|hosts| {
+        hosts
+            .iter()
+            .find(|(s, a, _)| *s == secure && a.as_str() == authority.as_str())
+            .map(|(_, _, v)| v.clone())
+    });
+    if hit.is_some() {
+        return hit;
+    }
+    let host = authority.host();
+    let value = match (authority.port_u16(), secure) {
+        (Some(443), true) | (Some(80), false) | (None, _) => http::HeaderValue::from_str(host),
+        (Some(port), _) => http::HeaderValue::from_str(&format!("{host}:{port}")),
+    }
+    .ok()?;
+    HOSTS.with_borrow_mut(|hosts| {
+        if hosts.len() < CACHED {
+            hosts.push((secure, authority.clone(), value.clone()));
+        }
+    });
+    Some(value)
+}
+
 fn connector(resolver: Resolver) -> std::io::Result<Connector> {
     let mut http = HttpConnector::new_with_resolver(resolver);
     // `https://` URLs go through the TLS wrapper, which needs these passed through.
@@ -134,6 +172,33 @@ pub async fn read_cut(response: Incoming, cap: usize) -> Result<Bytes, hyper::Er
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `Host` an upstream request carries is what hyper-util would have written:
+    /// the port only when it is not the scheme's own, the same value again from the
+    /// cache, each host its own.
+    #[test]
+    fn host_header_is_hyper_utils() {
+        let cases = [
+            ("http://127.0.0.1:4000/v1/chat", Some("127.0.0.1:4000")),
+            // Again, from the cache.
+            ("http://127.0.0.1:4000/v1/x", Some("127.0.0.1:4000")),
+            ("https://api.openai.com/v1/chat", Some("api.openai.com")),
+            ("https://api.openai.com:443/v1", Some("api.openai.com")),
+            (
+                "https://api.openai.com:8443/v1",
+                Some("api.openai.com:8443"),
+            ),
+            ("http://llm.internal:80/v1", Some("llm.internal")),
+            ("http://llm.internal:443/v1", Some("llm.internal:443")),
+            ("https://llm.internal:80/v1", Some("llm.internal:80")),
+            ("http://[::1]:9000/v1", Some("[::1]:9000")),
+            ("/v1/chat", None),
+        ];
+        for (uri, want) in cases {
+            let got = host_header(&uri.parse().unwrap());
+            assert_eq!(got.as_ref().map(|v| v.to_str().unwrap()), want, "{uri}");
+        }
+    }
 
     /// docs/security.md#where-the-proxies-connect: a credential the platform did not allow
     /// private networks is served through `public`, whose resolver refuses, at connection
