@@ -791,9 +791,9 @@ fn cluster_mode_grants_exactly_what_the_operator_calls() {
     );
 }
 
-/// The proxy reads the index by name, and through the reader Role (rules left to the
-/// operator, `--proxy-reader-role`) what the index names: no Secret or other
-/// ConfigMap of its namespace.
+/// The proxy reads the index and the fleet's health view by name, and through the
+/// reader Role (rules left to the operator, `--proxy-reader-role`) what the index
+/// names: no Secret or other ConfigMap of its namespace.
 fn proxy_reads_the_index_and_what_the_operator_grants(o: &Objects) {
     assert_eq!(
         rules(o.find("Role", "gw/sb-proxy")),
@@ -801,7 +801,7 @@ fn proxy_reads_the_index_and_what_the_operator_grants(o: &Objects) {
             &[""],
             &["configmaps"],
             &["get", "list", "watch"],
-            &["switchback-index"]
+            &["switchback-index", "switchback-health"]
         )]
     );
     let reader = o.find("Role", "gw/sb-proxy-reader");
