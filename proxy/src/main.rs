@@ -142,8 +142,9 @@ impl ShutdownSignals {
 /// 2 MiB pages on its arenas (`madvise`), and a 2 MiB page is resident whole once one
 /// block in it is touched. With 1,000 streams open, 80 of the proxy's 104 MiB were
 /// huge pages and issue 33's 100 MiB target was missed; without them it holds
-/// 65-72 MiB (20 at rest, not 27), at no CPU cost measured (docs/benchmark.md#memory).
-/// mimalloc's own `MIMALLOC_ALLOW_THP`, when an operator sets it, still decides.
+/// 65-72 MiB (20 at rest, not 27), for about 1 % more CPU per request
+/// (docs/benchmark.md#memory). mimalloc's own `MIMALLOC_ALLOW_THP`, when an operator
+/// sets it, still decides.
 fn no_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
