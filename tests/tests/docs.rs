@@ -455,22 +455,20 @@ fn every_anchor_names_a_heading_of_its_page() {
 
 /// Every function name below `dir` (`fn name`), skipping build output.
 fn function_names(dir: &Path, out: &mut std::collections::BTreeSet<String>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if path.is_dir() {
-            if !name.starts_with('.') && name != "target" {
-                function_names(&path, out);
-            }
-        } else if name.ends_with(".rs") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            for rest in text.split("fn ").skip(1) {
-                let ident: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                out.insert(ident);
-            }
+    let mut sources = Vec::new();
+    files_below(
+        dir,
+        &|p| p.extension().is_some_and(|e| e == "rs"),
+        &mut sources,
+    );
+    for path in sources {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for rest in text.split("fn ").skip(1) {
+            let ident: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            out.insert(ident);
         }
     }
 }
