@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body_util::BodyDataStream;
-use hyper::body::Incoming;
+use crate::upstream::Incoming;
 use tokio::time::Instant;
 
 use super::attempt::{Attempt, Attempted, Failure, UpstreamAnswer, timed_out};
@@ -270,7 +270,7 @@ pub(super) struct Unanswered<'a, 'c> {
 }
 
 /// The upstream response on its way (hyper-util's future: boxed, so `Unpin`).
-pub(super) type ResponseFuture = hyper_util::client::legacy::ResponseFuture;
+pub(super) type ResponseFuture = crate::upstream::ResponseFuture;
 
 impl<'a, 'c> Unanswered<'a, 'c> {
     pub(super) fn new(a: &Attempt<'a, 'c>) -> Self {

@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use bytes::Bytes;
-use hyper::body::Incoming;
+use crate::upstream::Incoming;
 use tokio::time::{Instant, timeout_at};
 
 use super::answer::{Capping, Unanswered};

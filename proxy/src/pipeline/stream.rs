@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http_body_util::BodyDataStream;
-use hyper::body::Incoming;
+use crate::upstream::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until};
 
@@ -257,6 +257,13 @@ pub(crate) async fn start_stream(
     deadline: Instant,
     a: StreamAttempt<'_>,
 ) -> Result<(Response<Body>, Arc<LineSlot>), NotCommitted> {
+    // A body that reads its own connection has every chunk already read at hand: no
+    // turns of the event loop to wait for one (see `CommittedStream::poll_next`).
+    let turns = if response.drives_its_connection() {
+        0
+    } else {
+        EMPTY_TURNS
+    };
     let opened = tokio::time::timeout_at(
         deadline,
         open(
@@ -300,7 +307,8 @@ pub(crate) async fn start_stream(
         None => first,
     };
     let line = Arc::new(LineSlot::default());
-    let state = committed(upstream, framer, a, line.clone());
+    let mut state = committed(upstream, framer, a, line.clone());
+    state.hand_over_turns = turns;
     let report = state.report.clone();
     if state.translator.is_some() {
         // The proxy writes a translated stream's events itself, as SSE, whatever
@@ -385,6 +393,7 @@ fn committed<U>(
         done: false,
         report,
         held: false,
+        hand_over_turns: EMPTY_TURNS,
     }
 }
 
@@ -645,6 +654,10 @@ pub(crate) struct Committed<U = Upstream> {
     pub report: Option<Arc<StreamReport>>,
     /// The stream stopped on a failure the client has not been told of (resume).
     pub held: bool,
+    /// Event-loop turns a chunk of forwarded events waits for more of the upstream's
+    /// before it is sent: [`EMPTY_TURNS`] when another task hands the upstream's body
+    /// over, 0 when reading it reads the connection.
+    pub hand_over_turns: u8,
 }
 
 impl<U> Committed<U> {
@@ -1068,7 +1081,7 @@ where
                         // per event. It takes two turns of the event loop to deliver
                         // a chunk already read; after EMPTY_TURNS turns without one,
                         // send: nothing waits for data that has not arrived.
-                        if this.empty_turns < EMPTY_TURNS {
+                        if this.empty_turns < st.hand_over_turns {
                             this.empty_turns += 1;
                             this.pending = out;
                             cx.waker().wake_by_ref();
@@ -1177,6 +1190,8 @@ mod tests {
             done: false,
             report: None,
             held: false,
+            // Scripted like hyper-util's body, handed over by another task.
+            hand_over_turns: EMPTY_TURNS,
         }
     }
 

@@ -6,26 +6,31 @@
 //! failover are the pipeline's, and a provider's redirect is its answer);
 //! callgrind put that at ~26k instructions, a fifth of a proxied request.
 //!
-//! One pooled client per serving thread (a *lane*): hyper-util drives each connection
-//! in a task spawned where the connection was made, so a pool shared by threads hands
-//! requests from one thread to a connection task on another, a wake-up each way.
-//! With a lane per thread, a connection is made, driven and reused by the thread that
-//! serves the request, as in nginx's workers.
+//! `http://` upstreams go over the serving thread's own HTTP/1 connections (`pool`),
+//! each driven by the request and the body that use it. `https://` ones go over one
+//! hyper-util client per serving thread (a *lane*): hyper-util drives each connection
+//! in a task spawned where the connection was made, so a pool shared by threads would
+//! hand requests from one thread to a connection task on another, a wake-up each way.
+//! Either way a connection is made, driven and reused by the thread that serves the
+//! request, as in nginx's workers.
 //!
 //! It knows how to reach a host (pool, TLS, the private-network guard in
 //! `netguard`), never what is sent there: requests are made by the pipeline and
 //! the providers.
 
 pub mod netguard;
+mod pool;
 
 use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use http::Response;
 use futures_util::StreamExt;
 use http_body_util::{BodyDataStream, Full};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as Pooled;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -33,9 +38,98 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::upstream::netguard::Resolver;
 
+pub use pool::Incoming;
+
 /// Request bodies are always whole (the client's body, maybe translated).
 pub type Body = Full<Bytes>;
-pub type Client = Pooled<Connector, Body>;
+
+/// One serving thread's upstream client: `http://` URLs over the thread's own
+/// connections, `https://` ones over hyper-util's pooled client.
+#[derive(Clone, Debug)]
+pub struct Client {
+    tls: Pooled<Connector, Body>,
+    plain: HttpConnector<Resolver>,
+    private: bool,
+}
+
+/// An upstream request on its way: boxed, as hyper-util's own, so that a request in
+/// flight can be handed to another task (`pipeline::answer::Unanswered`).
+pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Incoming>, Error>> + Send>>;
+
+impl Client {
+    /// Sends `request` (an absolute URL) and reads the answer's head.
+    pub fn request(&self, request: http::Request<Body>) -> ResponseFuture {
+        if request.uri().scheme() == Some(&http::uri::Scheme::HTTP) {
+            return Box::pin(pool::request(self.plain.clone(), self.private, request));
+        }
+        let sent = self.tls.request(request);
+        Box::pin(async move {
+            let answer = sent.await.map_err(Error::legacy)?;
+            Ok(answer.map(Incoming::plain))
+        })
+    }
+}
+
+/// Why an upstream request got no answer: the connection could not be made, or the
+/// exchange failed. Its `source` chain has the cause (a refused private address says
+/// so there).
+#[derive(Debug)]
+pub struct Error {
+    what: &'static str,
+    source: Option<BoxError>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Error {
+    fn msg(what: &'static str) -> Self {
+        Error { what, source: None }
+    }
+
+    fn connect(e: impl Into<BoxError>) -> Self {
+        Error {
+            what: "could not connect",
+            source: Some(e.into()),
+        }
+    }
+
+    fn legacy(e: hyper_util::client::legacy::Error) -> Self {
+        Error {
+            what: if e.is_connect() {
+                "could not connect"
+            } else {
+                "the exchange failed"
+            },
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+impl From<hyper::Error> for Error {
+    fn from(e: hyper::Error) -> Self {
+        Error {
+            what: "the exchange failed",
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.source {
+            Some(s) => write!(f, "{}: {s}", self.what),
+            None => f.write_str(self.what),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// The two upstream clients. `public` refuses names that resolve to private
 /// addresses; credentials with `allowPrivateNetwork: true` use `private`.
@@ -51,8 +145,8 @@ impl Clients {
     /// verifier cannot be set up.
     pub fn new(lanes: usize) -> std::io::Result<Clients> {
         Ok(Clients {
-            public: Lanes::new(connector(Resolver { public_only: true })?, lanes),
-            private: Lanes::new(connector(Resolver { public_only: false })?, lanes),
+            public: Lanes::new(Resolver { public_only: true }, lanes)?,
+            private: Lanes::new(Resolver { public_only: false }, lanes)?,
         })
     }
 }
@@ -78,8 +172,15 @@ pub fn lane() -> usize {
 }
 
 impl Lanes {
-    fn new(https: Connector, lanes: usize) -> Lanes {
-        Lanes((0..lanes.max(1)).map(|_| pooled(https.clone())).collect())
+    fn new(resolver: Resolver, lanes: usize) -> std::io::Result<Lanes> {
+        let plain = http_connector(resolver);
+        let tls = connector(plain.clone())?;
+        let client = |_| Client {
+            tls: pooled(tls.clone()),
+            plain: plain.clone(),
+            private: !resolver.public_only,
+        };
+        Ok(Lanes((0..lanes.max(1)).map(client).collect()))
     }
 
     /// The calling thread's client.
@@ -129,12 +230,16 @@ pub fn host_header(uri: &http::Uri) -> Option<http::HeaderValue> {
     Some(value)
 }
 
-fn connector(resolver: Resolver) -> std::io::Result<Connector> {
+fn http_connector(resolver: Resolver) -> HttpConnector<Resolver> {
     let mut http = HttpConnector::new_with_resolver(resolver);
     // `https://` URLs go through the TLS wrapper, which needs these passed through.
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
+    http
+}
+
+fn connector(http: HttpConnector<Resolver>) -> std::io::Result<Connector> {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_provider_and_platform_verifier(Arc::new(
             rustls::crypto::aws_lc_rs::default_provider(),
@@ -146,7 +251,7 @@ fn connector(resolver: Resolver) -> std::io::Result<Connector> {
     Ok(https)
 }
 
-fn pooled(https: Connector) -> Client {
+fn pooled(https: Connector) -> Pooled<Connector, Body> {
     Pooled::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_timer(TokioTimer::new())
