@@ -111,6 +111,9 @@
 //! selected cell gives half the workers to each, at the same time; the report gives each
 //! round's CPU per request of both, and per cell the paired ratio (median, quartiles),
 //! how many rounds this binary was the dearer and a sign test. See [`Versus`].
+//! `BENCH_VERSUS=nginx` does the same with nginx as the other half: the paired CPU
+//! ratio to the reference, which the one-after-the-other cells above give only
+//! through whatever the neighbours did in between.
 //!
 //! Everything runs on one small machine, so the absolute figures are those of a
 //! crowded box: direct cells measure generator + simulator, proxy cells generator +
@@ -276,7 +279,7 @@ spec:
         eprintln!(
             "bench: side by side: {} against {}, both {}; {:.1} s warm-up + {:.1} s per round",
             bin.display(),
-            other.bin.display(),
+            other.name,
             layout.describe(),
             WARMUP.as_secs_f64(),
             measure.as_secs_f64(),
@@ -307,7 +310,7 @@ spec:
                 }
             }
         }
-        other.proxy.stop();
+        other.stop();
         proxy.stop();
         print!("{report}");
         return Ok(());
@@ -907,18 +910,51 @@ const DEFAULT_ROUNDS: usize = 10;
 /// (ABBA) were what this replaced: on a shared host the same binary's CPU per request
 /// moved by half between runs, more than any difference looked for. Side by side, both
 /// meet the same neighbours at the same moment, and each round is one paired ratio.
+///
+/// `BENCH_VERSUS=nginx` puts the reference there instead of a second proxy: nginx
+/// (`BENCH_NGINX`, else found on `PATH`) takes the other half of the workers in the
+/// same windows, so the CPU ratio to nginx is a paired one too.
 struct Versus {
-    bin: PathBuf,
+    /// `None`: nginx.
+    bin: Option<PathBuf>,
     rounds: usize,
 }
 
-/// The second proxy, started and ready.
+/// The second proxy (or nginx), started and ready.
 struct Other {
-    bin: PathBuf,
-    proxy: ProxyChild,
+    name: String,
+    child: OtherChild,
     addr: SocketAddr,
-    pid: u32,
     rounds: usize,
+}
+
+enum OtherChild {
+    Proxy(ProxyChild),
+    Nginx(NginxChild),
+}
+
+impl Other {
+    /// Whose CPU the other half's windows count.
+    fn pids(&self) -> Vec<u32> {
+        match &self.child {
+            OtherChild::Proxy(p) => vec![p.child.id()],
+            OtherChild::Nginx(n) => n.pids(),
+        }
+    }
+
+    fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            OtherChild::Proxy(p) => p.is_running(),
+            OtherChild::Nginx(n) => matches!(n.child.try_wait(), Ok(None)),
+        }
+    }
+
+    fn stop(&mut self) {
+        match &mut self.child {
+            OtherChild::Proxy(p) => p.stop(),
+            OtherChild::Nginx(n) => n.stop(),
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -939,9 +975,13 @@ impl Versus {
         let Some(bin) = std::env::var_os("BENCH_VERSUS").map(PathBuf::from) else {
             return Ok(None);
         };
-        if !bin.is_file() {
+        let bin = if bin.as_os_str() == "nginx" {
+            None
+        } else if bin.is_file() {
+            Some(bin)
+        } else {
             return Err(format!("BENCH_VERSUS={}: no such file", bin.display()));
-        }
+        };
         let rounds = match std::env::var("BENCH_ROUNDS") {
             Err(_) => DEFAULT_ROUNDS,
             Ok(v) => match v.trim().parse::<usize>() {
@@ -963,16 +1003,26 @@ impl Versus {
         // Its own folder: its log is not the first proxy's.
         let own = dir.join("versus");
         std::fs::create_dir_all(&own).map_err(|e| format!("{}: {e}", own.display()))?;
+        let Some(bin) = self.bin else {
+            let program = NginxChild::wanted()?
+                .ok_or_else(|| format!("BENCH_VERSUS=nginx: {}", NginxChild::absent()))?;
+            let nginx = NginxChild::spawn(layout, &program, sim, &own)?;
+            rt.block_on(nginx.wait_ready())?;
+            return Ok(Other {
+                name: nginx.describe(),
+                addr: nginx.addr,
+                child: OtherChild::Nginx(nginx),
+                rounds: self.rounds,
+            });
+        };
         let (addr, admin) = free_ports()?;
-        let mut proxy = ProxyChild::spawn(layout, &self.bin, manifest, addr, admin, &own)?;
+        let mut proxy = ProxyChild::spawn(layout, &bin, manifest, addr, admin, &own)?;
         rt.block_on(wait_ready(admin, &mut proxy))?;
         rt.block_on(smoke_test(sim, addr, &proxy))?;
-        let pid = proxy.child.id();
         Ok(Other {
-            bin: self.bin,
-            proxy,
+            name: bin.display().to_string(),
+            child: OtherChild::Proxy(proxy),
             addr,
-            pid,
             rounds: self.rounds,
         })
     }
@@ -990,13 +1040,13 @@ impl Other {
         let half = (cell.conc / 2).max(1);
         let mut rounds = Vec::with_capacity(self.rounds);
         for n in 1..=self.rounds {
-            let (our_pids, other_pids) = ([our_pid], [self.pid]);
+            let (our_pids, other_pids) = ([our_pid], self.pids());
             let (a, b) = tokio::join!(
                 run_cell(ours, ROUTE, cell.mode, half, measure, &our_pids),
                 run_cell(self.addr, ROUTE, cell.mode, half, measure, &other_pids),
             );
-            if !our_proxy.is_running() || !self.proxy.is_running() {
-                return Err("a proxy exited during the run".into());
+            if !our_proxy.is_running() || !self.is_running() {
+                return Err("a proxy (or nginx) exited during the run".into());
             }
             let (Some(a_cpu), Some(b_cpu)) = (a.cpu_per_request().1, b.cpu_per_request().1) else {
                 return Err(format!(

@@ -7,12 +7,12 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::upstream::Incoming;
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body_util::BodyDataStream;
-use crate::upstream::Incoming;
 use tokio::time::Instant;
 
 use super::attempt::{Attempt, Attempted, Failure, UpstreamAnswer, timed_out};
@@ -32,7 +32,7 @@ use crate::wire::usage;
 /// bytes and their reservation, or why it is unusable (a limit's refusal counted).
 pub(super) fn capped(
     a: &Attempt<'_, '_>,
-    read: Result<Result<Capped, hyper::Error>, tokio::time::error::Elapsed>,
+    read: Result<Result<Capped, crate::upstream::Error>, tokio::time::error::Elapsed>,
 ) -> Result<(Bytes, AnswerHeld), Reason> {
     let refused = &a.gw.refused;
     match read {
@@ -154,7 +154,7 @@ pub(crate) async fn read_capped(
     response: Incoming,
     cap: usize,
     budget: &Arc<Budget>,
-) -> Result<Capped, hyper::Error> {
+) -> Result<Capped, crate::upstream::Error> {
     match Capping::start(response, cap, budget) {
         Ok(mut capping) => capping.read().await,
         Err(refused) => Ok(refused),
@@ -189,7 +189,7 @@ impl Capping {
     }
 
     /// Reads on to the end of the answer.
-    pub(crate) async fn read(&mut self) -> Result<Capped, hyper::Error> {
+    pub(crate) async fn read(&mut self) -> Result<Capped, crate::upstream::Error> {
         loop {
             let Some(chunk) = self.body.next().await.transpose()? else {
                 // Read once to its end: taken again, it has nothing more to give.

@@ -10,10 +10,10 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::upstream::Incoming;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use bytes::Bytes;
-use crate::upstream::Incoming;
 use tokio::time::{Instant, timeout_at};
 
 use super::answer::{Capping, Unanswered};

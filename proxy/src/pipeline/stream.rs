@@ -16,12 +16,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::upstream::Incoming;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use http_body_util::BodyDataStream;
-use crate::upstream::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, sleep_until};
 
@@ -142,9 +142,9 @@ pub(crate) async fn open<U>(
     max_event: usize,
     surface: Surface,
     upstream_api: Option<&'static dyn Dialect>,
-) -> Result<Opened<U>, hyper::Error>
+) -> Result<Opened<U>, crate::upstream::Error>
 where
-    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
+    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin,
 {
     let mut framer = match upstream_api {
         Some(d) => d.framer(max_event),
@@ -881,7 +881,10 @@ impl<U> Committed<U> {
     /// line written, when that is done.
     fn left_by_client(mut self)
     where
-        U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+        U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>>
+            + Unpin
+            + Send
+            + 'static,
     {
         let Some(c) = &self.client else {
             return;
@@ -898,7 +901,7 @@ impl<U> Committed<U> {
     /// Reads the rest of a stream its client left after the content, for its usage.
     async fn read_on(mut self)
     where
-        U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
+        U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin,
     {
         let deadline = Instant::now() + READ_ON;
         let mut sink = BytesMut::new();
@@ -984,7 +987,7 @@ const EMPTY_TURNS: u8 = 3;
 /// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
 pub(crate) struct CommittedStream<U = Upstream>
 where
-    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
 {
     /// Taken when the client goes away first (see [`Committed::left_by_client`]).
     state: Option<Committed<U>>,
@@ -999,7 +1002,7 @@ where
 
 impl<U> CommittedStream<U>
 where
-    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
 {
     /// `held`: the events held back before commit; `first`: the event that
     /// committed. Both are sent first.
@@ -1021,7 +1024,7 @@ where
 
 impl<U> Drop for CommittedStream<U>
 where
-    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
 {
     fn drop(&mut self) {
         if let Some(state) = self.state.take() {
@@ -1032,7 +1035,7 @@ where
 
 impl<U> futures_util::Stream for CommittedStream<U>
 where
-    U: futures_util::Stream<Item = Result<Bytes, hyper::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
 {
     type Item = Result<Bytes, Infallible>;
 
@@ -1151,7 +1154,7 @@ mod tests {
     }
 
     impl futures_util::Stream for Scripted {
-        type Item = Result<Bytes, hyper::Error>;
+        type Item = Result<Bytes, crate::upstream::Error>;
 
         fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
             if self.stall && self.taken > 0 {

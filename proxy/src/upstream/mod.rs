@@ -18,6 +18,7 @@
 //! `netguard`), never what is sent there: requests are made by the pipeline and
 //! the providers.
 
+mod h1;
 pub mod netguard;
 mod pool;
 
@@ -28,8 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::Response;
 use futures_util::StreamExt;
+use http::Response;
 use http_body_util::{BodyDataStream, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as Pooled;
@@ -65,7 +66,7 @@ impl Client {
         let sent = self.tls.request(request);
         Box::pin(async move {
             let answer = sent.await.map_err(Error::legacy)?;
-            Ok(answer.map(Incoming::plain))
+            Ok(answer.map(Incoming::tls))
         })
     }
 }
@@ -84,6 +85,13 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 impl Error {
     fn msg(what: &'static str) -> Self {
         Error { what, source: None }
+    }
+
+    fn io(e: std::io::Error) -> Self {
+        Error {
+            what: "the exchange failed",
+            source: Some(Box::new(e)),
+        }
     }
 
     fn connect(e: impl Into<BoxError>) -> Self {
@@ -261,7 +269,7 @@ fn pooled(https: Connector) -> Pooled<Connector, Body> {
 
 /// Read an answer whole, cut at `cap` bytes (an error body, only classified and
 /// relayed; a token endpoint's answer).
-pub async fn read_cut(response: Incoming, cap: usize) -> Result<Bytes, hyper::Error> {
+pub async fn read_cut(response: Incoming, cap: usize) -> Result<Bytes, Error> {
     let mut buf = BytesMut::new();
     let mut body = BodyDataStream::new(response);
     while let Some(chunk) = body.next().await.transpose()? {

@@ -1,39 +1,36 @@
 //! The serving thread's own plain-HTTP/1 upstream connections (`http://` base URLs:
 //! model servers in the cluster, sidecars, local gateways), kept without a lock and
-//! driven by the request that uses them.
+//! read by the request that uses them.
 //!
 //! Why not hyper-util's pool for these: it runs each connection in a task of its own,
 //! so every request, and every chunk of a stream, crossed a channel and a wake-up
 //! between the request's task and the connection's; it locks its pool and hashes the
 //! pool key on every checkout, and spawns one more task per request to put the
 //! connection back once the answer's body is read. Here a connection is a value: the
-//! request's future polls it until the answer's head is in, the answer's body polls it
-//! for every chunk ([`Incoming`]), and once the body has ended the connection goes back
-//! to this thread's idle list. Nothing polls an idle connection: one the server
-//! closed meanwhile is found closed when it is next taken (polled once first) and
-//! dropped; a request sent on a reused connection that closed before taking it is sent
-//! again on another, as hyper-util does. docs/benchmark.md#where-a-requests-cpu-goes
-//! has what it saves.
+//! request's future writes the request and reads the answer's head (`h1`), the
+//! answer's body reads the rest ([`Incoming`]), and once the body has ended the
+//! connection goes back to this thread's idle list. Nothing reads an idle connection:
+//! one the server closed meanwhile is found closed when it is next taken (a read that
+//! does not wait) and dropped; a request whose write fails on a reused connection is
+//! written again on another (the server had closed it; nothing of it was answered).
+//! docs/benchmark.md#where-a-requests-cpu-goes has what it saves.
 //!
 //! `https://` upstreams stay on hyper-util's client (`super`): TLS, and HTTP/2 by ALPN.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery};
+use http::uri::Authority;
 use hyper::body::{Frame, SizeHint};
-use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service as _;
 
+use super::h1::{self, Conn, Reading};
 use super::netguard::Resolver;
 use super::{Body, Error};
 
@@ -41,19 +38,9 @@ use super::{Body, Error};
 const IDLE_FOR: Duration = Duration::from_secs(90);
 
 /// Idle connections kept per serving thread, over every host: one for each request
-/// in flight at once, for a few hundred at a time per thread. Past it a connection
-/// whose answer has ended is closed instead of kept.
+/// in flight at once, for a few hundred at a time per thread. Past it the oldest idle
+/// one is closed.
 const MAX_IDLE: usize = 512;
-
-type Io = TokioIo<TcpStream>;
-
-/// One HTTP/1 connection: the handle requests are sent through, and the connection
-/// itself, polled by whoever is waiting on it. Kept boxed: hyper's connection state
-/// is about a kilobyte, and it changes hands several times per request.
-struct Conn {
-    tx: http1::SendRequest<Body>,
-    io: http1::Connection<Io, Body>,
-}
 
 /// Which connections may serve a request: the same host and port, made by the same
 /// kind of resolver (a connection the private client made is never the public one's).
@@ -65,7 +52,7 @@ struct Key {
 
 struct Idle {
     key: Key,
-    conn: Box<Conn>,
+    conn: Conn,
     since: Instant,
 }
 
@@ -74,21 +61,26 @@ thread_local! {
     static IDLE: RefCell<VecDeque<Idle>> = const { RefCell::new(VecDeque::new()) };
 }
 
-/// Takes this thread's most recently used idle connection to `key`, if one is left
-/// that is still open. Connections idle too long are closed on the way.
-fn take(key: &Key) -> Option<Box<Conn>> {
+/// Takes this thread's most recently used idle connection to `key` that is still
+/// open. Connections idle too long, or found closed, are closed on the way.
+fn take(key: &Key) -> Option<Conn> {
     IDLE.with_borrow_mut(|idle| {
         let now = Instant::now();
         while idle.front().is_some_and(|i| now - i.since > IDLE_FOR) {
             idle.pop_front();
         }
-        let at = idle.iter().rposition(|i| i.key == *key)?;
-        idle.remove(at).map(|i| i.conn)
+        while let Some(at) = idle.iter().rposition(|i| i.key == *key) {
+            let conn = idle.remove(at)?.conn;
+            if conn.is_open() {
+                return Some(conn);
+            }
+        }
+        None
     })
 }
 
 /// Puts a connection whose exchange has ended back on this thread's idle list.
-fn give_back(key: Key, conn: Box<Conn>) {
+fn give_back(key: Key, conn: Conn) {
     IDLE.with_borrow_mut(|idle| {
         if idle.len() >= MAX_IDLE {
             idle.pop_front();
@@ -108,189 +100,161 @@ pub(super) fn idle_here() -> usize {
 }
 
 /// Sends `request` (an `http://` URL with a host) over one of this thread's
-/// connections to its host, or a new one made with `connector`.
+/// connections to its host, or a new one made with `connector`, and reads the
+/// answer's head.
 pub(super) async fn request(
     connector: HttpConnector<Resolver>,
     private: bool,
-    mut request: http::Request<Body>,
+    request: http::Request<Body>,
 ) -> Result<http::Response<Incoming>, Error> {
-    let uri = request.uri().clone();
-    let authority = uri
+    let (mut parts, body) = request.into_parts();
+    let authority = parts
+        .uri
         .authority()
         .cloned()
         .ok_or_else(|| Error::msg("the upstream URL has no host"))?;
-    let key = Key { private, authority };
-    if let http::header::Entry::Vacant(v) = request.headers_mut().entry(http::header::HOST)
-        && let Some(host) = super::host_header(&uri)
+    if let http::header::Entry::Vacant(v) = parts.headers.entry(http::header::HOST)
+        && let Some(host) = super::host_header(&parts.uri)
     {
         v.insert(host);
     }
+    // A request body is whole: its one frame is there at once.
+    let body = futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(body))
+        .and_then(Result::ok)
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     // HTTP/1 to an origin server: the request line carries the path only.
-    let path = uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    *request.uri_mut() = http::Uri::from(path);
-    loop {
-        let (conn, reused) = match reusable(&key).await {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let head = h1::head(&parts.method, path, &parts.headers, body.len());
+    let key = Key { private, authority };
+    let mut conn = loop {
+        let (mut conn, reused) = match take(&key) {
             Some(conn) => (conn, true),
-            None => (connect(&connector, &uri).await?, false),
+            None => (connect(&connector, &parts.uri).await?, false),
         };
-        match exchange(conn, request).await {
-            Ok((response, conn)) => {
-                let (parts, body) = response.into_parts();
-                let body = Incoming {
-                    body,
-                    conn: conn.map(|c| (key, c)),
-                };
-                return Ok(http::Response::from_parts(parts, body));
+        match h1::write(&mut conn.io, &head, &body).await {
+            Ok(()) => break conn,
+            // Closed by the server while idle: try the next one.
+            Err(e) if reused => {
+                tracing::trace!(error = %e, "a reused upstream connection had closed; writing again");
             }
-            // Not sent: the connection had closed before it took the request. Only
-            // a reused one can have; a new one failing so is the answer.
-            Err((e, Some(unsent))) if reused => {
-                tracing::trace!(error = %e, "a reused upstream connection had closed; sending again");
-                request = unsent;
-            }
-            Err((e, _)) => return Err(Error::from(e)),
+            Err(e) => return Err(Error::io(e)),
         }
-    }
+    };
+    let head = h1::read_head(&mut conn, &parts.method).await?;
+    let reading = Reading::start(head.framing);
+    let mut answer = http::Response::new(Incoming(Inner::Plain(Plain {
+        conn: Some(conn),
+        key,
+        reading,
+        keep_alive: head.keep_alive,
+    })));
+    *answer.status_mut() = head.status;
+    *answer.version_mut() = head.version;
+    *answer.headers_mut() = head.headers;
+    Ok(answer)
 }
 
-/// An idle connection to `key` that is still open: each taken is polled once, which
-/// reads what the server sent while it was idle (a close, mostly).
-async fn reusable(key: &Key) -> Option<Box<Conn>> {
-    while let Some(mut conn) = take(key) {
-        let open = poll_fn(|cx| {
-            Poll::Ready(Pin::new(&mut conn.io).poll(cx).is_pending() && conn.tx.is_ready())
-        })
-        .await;
-        if open {
-            return Some(conn);
-        }
-    }
-    None
-}
-
-async fn connect(connector: &HttpConnector<Resolver>, uri: &http::Uri) -> Result<Box<Conn>, Error> {
-    let io = connector.clone().call(uri.clone()).await.map_err(Error::connect)?;
-    let (tx, io) = http1::Builder::new()
-        .handshake(io)
+async fn connect(connector: &HttpConnector<Resolver>, uri: &http::Uri) -> Result<Conn, Error> {
+    let mut connector = connector.clone();
+    std::future::poll_fn(|cx| connector.poll_ready(cx))
         .await
-        .map_err(Error::from)?;
-    Ok(Box::new(Conn { tx, io }))
+        .map_err(Error::connect)?;
+    let io = connector.call(uri.clone()).await.map_err(Error::connect)?;
+    Ok(Conn::new(io.into_inner()))
 }
 
-/// The request sent and the answer's head read, polling the connection meanwhile:
-/// the answer, and the connection unless it has closed already (its body was then
-/// read whole with the head). On failure, the request too if it was never sent.
-async fn exchange(
-    mut conn: Box<Conn>,
-    request: http::Request<Body>,
-) -> Result<(http::Response<hyper::body::Incoming>, Option<Box<Conn>>), Unsent> {
-    let mut sent = std::pin::pin!(conn.tx.try_send_request(request));
-    let mut conn = Some(conn);
-    let answer = poll_fn(|cx| {
-        // The connection first: it writes the request and reads the answer.
-        if let Some(c) = conn.as_mut()
-            && Pin::new(&mut c.io).poll(cx).is_ready()
-        {
-            // Closed or failed: dropping it fails the request, should it wait.
-            conn = None;
-        }
-        sent.as_mut().poll(cx)
-    })
-    .await;
-    match answer {
-        Ok(response) => Ok((response, conn)),
-        Err(mut e) => {
-            let unsent = e.take_message();
-            Err((e.into_error(), unsent))
-        }
-    }
+/// An answer's body: read from this thread's own connection (`http://`), or handed
+/// over by hyper-util's connection task (`https://`). Dropped before its end, a body
+/// of this thread's closes its connection (what is left of the answer is not read).
+pub struct Incoming(Inner);
+
+enum Inner {
+    Tls(hyper::body::Incoming),
+    Plain(Plain),
 }
 
-type Unsent = (hyper::Error, Option<http::Request<Body>>);
-
-/// An answer's body from one of this thread's connections: reading it polls the
-/// connection, and its end hands the connection back for the next request. Dropped
-/// before its end, it closes the connection (what is left of the answer is not read).
-pub struct Incoming {
-    body: hyper::body::Incoming,
-    conn: Option<(Key, Box<Conn>)>,
+struct Plain {
+    /// `None` once handed back.
+    conn: Option<Conn>,
+    key: Key,
+    reading: Reading,
+    keep_alive: bool,
 }
 
 impl std::fmt::Debug for Incoming {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Incoming")
-            .field("drives_its_connection", &self.conn.is_some())
+            .field("drives_its_connection", &self.drives_its_connection())
             .finish_non_exhaustive()
     }
 }
 
 impl Incoming {
-    pub(super) fn plain(body: hyper::body::Incoming) -> Self {
-        Incoming { body, conn: None }
+    pub(super) fn tls(body: hyper::body::Incoming) -> Self {
+        Incoming(Inner::Tls(body))
     }
 
-    /// Whether reading this body drives its own connection: a chunk the connection
-    /// has read is here without another task having to run first.
+    /// Whether reading this body reads its connection: what the connection has read
+    /// is here without another task having to run first.
     pub fn drives_its_connection(&self) -> bool {
-        self.conn.is_some()
-    }
-
-    /// The body has ended: its connection, ready for another request, goes back.
-    fn ended(&mut self, cx: &mut Context<'_>) {
-        let Some((key, mut conn)) = self.conn.take() else {
-            return;
-        };
-        // The connection takes the next request once it has seen the end of this
-        // exchange, normally in the poll that delivered it; one more poll otherwise.
-        if !conn.tx.is_ready() && Pin::new(&mut conn.io).poll(cx).is_ready() {
-            return;
-        }
-        if conn.tx.is_ready() {
-            give_back(key, conn);
-        }
+        matches!(self.0, Inner::Plain(_))
     }
 }
 
 impl hyper::body::Body for Incoming {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        // The body first: asking it for a frame is what lets the connection read one.
-        let frame = match Pin::new(&mut this.body).poll_frame(cx) {
-            Poll::Ready(frame) => frame,
-            Poll::Pending => {
-                let Some((_, conn)) = this.conn.as_mut() else {
-                    return Poll::Pending;
-                };
-                if Pin::new(&mut conn.io).poll(cx).is_ready() {
-                    // Closed or failed: the body ends or fails with what it has.
-                    this.conn = None;
-                }
-                ready!(Pin::new(&mut this.body).poll_frame(cx))
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let plain = match &mut self.get_mut().0 {
+            Inner::Tls(body) => {
+                return Pin::new(body)
+                    .poll_frame(cx)
+                    .map(|f| f.map(|f| f.map_err(Error::from)));
             }
+            Inner::Plain(plain) => plain,
         };
-        match &frame {
-            None => this.ended(cx),
-            Some(Err(_)) => this.conn = None,
+        let Some(conn) = plain.conn.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let next = std::task::ready!(h1::poll_data(conn, &mut plain.reading, cx));
+        match &next {
             Some(Ok(_)) => {}
+            // The end: the connection takes the next request, unless the answer
+            // said otherwise or left bytes it did not account for.
+            None => {
+                if let Some(conn) = plain.conn.take()
+                    && plain.keep_alive
+                    && conn.buf.is_empty()
+                {
+                    give_back(plain.key.clone(), conn);
+                }
+            }
+            Some(Err(_)) => plain.conn = None,
         }
-        Poll::Ready(frame)
+        Poll::Ready(next.map(|r| r.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.0 {
+            Inner::Tls(body) => body.is_end_stream(),
+            Inner::Plain(p) => p.reading == Reading::Done,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.0 {
+            Inner::Tls(body) => body.size_hint(),
+            Inner::Plain(p) => match p.reading {
+                Reading::Length(n) => SizeHint::with_exact(n),
+                Reading::Done => SizeHint::with_exact(0),
+                _ => SizeHint::default(),
+            },
+        }
     }
 }
 
@@ -305,6 +269,8 @@ mod tests {
         c.set_nodelay(true);
         c
     }
+
+    use tokio::net::TcpStream;
 
     fn post(port: u16, body: &'static str) -> http::Request<Body> {
         http::Request::post(format!("http://127.0.0.1:{port}/v1/chat?x=1"))
@@ -341,10 +307,10 @@ mod tests {
 
     /// Two requests in turn go over one connection, each in origin form with the
     /// `Host` hyper-util would have written; the answer's chunks arrive as the server
-    /// writes them, read by the body alone (nothing else polls the connection), and
-    /// the connection is idle again once the body has ended.
+    /// writes them, read by the body alone, and the connection is idle again once
+    /// the body has ended.
     #[tokio::test]
-    async fn one_connection_serves_requests_in_turn_driven_by_their_bodies() {
+    async fn one_connection_serves_requests_in_turn_read_by_their_bodies() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (heads_tx, mut heads) = tokio::sync::mpsc::unbounded_channel();
@@ -354,23 +320,34 @@ mod tests {
             let mut buf = Vec::new();
             while let Some(req) = read_request(&mut tcp, &mut buf).await {
                 heads_tx.send(req).unwrap();
-                tcp.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
-                    .await
-                    .unwrap();
+                tcp.write_all(
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+                )
+                .await
+                .unwrap();
                 go.recv().await.unwrap();
                 tcp.write_all(b"6\r\n world\r\n0\r\n\r\n").await.unwrap();
             }
             // The only connection the pool made.
-            assert!(tokio::time::timeout(Duration::from_millis(200), listener.accept()).await.is_err());
+            assert!(
+                tokio::time::timeout(Duration::from_millis(200), listener.accept())
+                    .await
+                    .is_err()
+            );
         });
         let connector = client();
         let before = idle_here();
         for body in ["one", "two"] {
-            let answer = request(connector.clone(), true, post(port, body)).await.unwrap();
+            let answer = request(connector.clone(), true, post(port, body))
+                .await
+                .unwrap();
             assert_eq!(answer.status(), 200);
             let head = heads.recv().await.unwrap();
             assert!(head.starts_with("POST /v1/chat?x=1 HTTP/1.1\r\n"), "{head}");
-            assert!(head.contains(&format!("host: 127.0.0.1:{port}\r\n")), "{head}");
+            assert!(
+                head.contains(&format!("host: 127.0.0.1:{port}\r\n")),
+                "{head}"
+            );
             assert!(head.ends_with(&format!("\n\n{body}")), "{head}");
             let mut body = answer.into_body();
             assert!(body.drives_its_connection());
@@ -411,7 +388,9 @@ mod tests {
         });
         let connector = client();
         for _ in 0..2 {
-            let answer = request(connector.clone(), true, post(port, "x")).await.unwrap();
+            let answer = request(connector.clone(), true, post(port, "x"))
+                .await
+                .unwrap();
             let body = answer.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(body, "ok");
             // Let the close reach this side before the next request.
@@ -419,6 +398,90 @@ mod tests {
         }
         assert_eq!(server.await.unwrap(), 2);
         IDLE.with_borrow_mut(VecDeque::clear);
+    }
+
+    /// An answer whose chunk-size lines, chunk data and trailers arrive cut at odd
+    /// places is read whole, data handed over as it arrives; the connection then
+    /// serves the next request, whose answer ends with the connection (no length).
+    #[tokio::test]
+    async fn chunks_cut_anywhere_and_trailers_are_read_and_the_connection_reused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            read_request(&mut tcp, &mut buf).await.unwrap();
+            let pieces: [&[u8]; 7] = [
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-",
+                b"encoding: chunked\r\n\r\n1",
+                b"0;ext=1\r\n0123456789",
+                b"abcdef\r",
+                b"\n3\r\nxyz\r\n0\r\n",
+                b"x-trailer: y\r\n",
+                b"\r\n",
+            ];
+            for p in pieces {
+                tcp.write_all(p).await.unwrap();
+                tcp.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            read_request(&mut tcp, &mut buf).await.unwrap();
+            tcp.write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nto the end")
+                .await
+                .unwrap();
+        });
+        let connector = client();
+        let before = idle_here();
+        let answer = request(connector.clone(), true, post(port, "x"))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "0123456789abcdefxyz");
+        assert_eq!(idle_here(), before + 1);
+        let answer = request(connector, true, post(port, "y")).await.unwrap();
+        assert_eq!(idle_here(), before, "taken again");
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "to the end");
+        assert_eq!(idle_here(), before, "ended by the close: not kept");
+        server.await.unwrap();
+    }
+
+    /// A hostile answer head (too many fields, or too long) fails the request and
+    /// leaves nothing idle.
+    #[tokio::test]
+    async fn an_answer_head_past_its_bounds_fails_the_request() {
+        for huge in [false, true] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let server = tokio::spawn(async move {
+                let (mut tcp, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                read_request(&mut tcp, &mut buf).await.unwrap();
+                let _ = tcp.write_all(b"HTTP/1.1 200 OK\r\n").await;
+                let line = if huge {
+                    format!("x-big: {}\r\n", "y".repeat(8 * 1024))
+                } else {
+                    "x-a: b\r\n".to_owned()
+                };
+                for _ in 0..(h1::MAX_HEADERS + 1).max(h1::MAX_HEAD / line.len() + 1) {
+                    if tcp.write_all(line.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let before = idle_here();
+            let err = request(client(), true, post(port, "x")).await.unwrap_err();
+            let text = err.to_string();
+            let want = if huge {
+                "too large"
+            } else {
+                "too many header fields"
+            };
+            assert!(text.contains(want), "{text}");
+            assert_eq!(idle_here(), before);
+            server.await.unwrap();
+        }
     }
 
     /// A body dropped before its end closes its connection: the server sees EOF, and
@@ -438,9 +501,14 @@ mod tests {
         });
         let connector = client();
         let before = idle_here();
-        let answer = request(connector.clone(), true, post(port, "x")).await.unwrap();
+        let answer = request(connector.clone(), true, post(port, "x"))
+            .await
+            .unwrap();
         let mut body = answer.into_body();
-        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "hello");
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "hello"
+        );
         drop(body);
         assert_eq!(server.await.unwrap(), None, "the connection was closed");
         assert_eq!(idle_here(), before);
