@@ -58,20 +58,15 @@ impl Conn {
         matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// Reads more into the buffer; `Ok(0)` at the connection's end.
+    /// Reads more into the buffer; `Ok(0)` at the connection's end. Through
+    /// `AsyncRead`, not `try_read_buf`: a read shorter than the room given tells tokio
+    /// the socket is drained, so the next read (or [`Self::is_open`]'s) waits for the
+    /// event loop instead of a `recvfrom` that fails with `EAGAIN`, one per request.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        loop {
-            if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
-                self.buf.reserve(READ_SIZE);
-            }
-            match self.io.try_read_buf(&mut self.buf) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    ready!(self.io.poll_read_ready(cx))?;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
-            }
+        if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
+            self.buf.reserve(READ_SIZE);
         }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
     }
 }
 
