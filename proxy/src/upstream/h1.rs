@@ -139,12 +139,7 @@ pub(super) enum Framing {
 }
 
 /// Reads the answer's head (skipping `1xx` interim answers).
-///
-/// Fails with [`HeadError::Unanswered`] when the connection ended (closed or reset)
-/// before one byte of an answer came: on a reused connection, the server closing it
-/// while it was idle.
-pub(super) async fn read_head(conn: &mut Conn, method: &http::Method) -> Result<Head, HeadError> {
-    let mut answered = false;
+pub(super) async fn read_head(conn: &mut Conn, method: &http::Method) -> Result<Head, Error> {
     loop {
         let (len, mut head) = loop {
             if !conn.buf.is_empty()
@@ -153,24 +148,16 @@ pub(super) async fn read_head(conn: &mut Conn, method: &http::Method) -> Result<
                 break found;
             }
             if conn.buf.len() > MAX_HEAD {
-                return Err(Error::msg("the upstream's answer head is too large").into());
+                return Err(Error::msg("the upstream's answer head is too large"));
             }
-            let ended = match std::future::poll_fn(|cx| conn.poll_fill(cx)).await {
-                Ok(0) => Error::msg("the upstream closed the connection before answering"),
-                Ok(_) => {
-                    answered = true;
-                    continue;
-                }
-                Err(e) if !answered && e.kind() == std::io::ErrorKind::ConnectionReset => {
-                    Error::io(e)
-                }
-                Err(e) => return Err(Error::io(e).into()),
-            };
-            return Err(if answered || !conn.buf.is_empty() {
-                HeadError::Failed(ended)
-            } else {
-                HeadError::Unanswered(ended)
-            });
+            let n = std::future::poll_fn(|cx| conn.poll_fill(cx))
+                .await
+                .map_err(Error::io)?;
+            if n == 0 {
+                return Err(Error::msg(
+                    "the upstream closed the connection before answering",
+                ));
+            }
         };
         conn.buf.advance(len);
         if head.status.is_informational() {
@@ -187,20 +174,6 @@ pub(super) async fn read_head(conn: &mut Conn, method: &http::Method) -> Result<
             head.keep_alive = false;
         }
         return Ok(head);
-    }
-}
-
-/// Why no answer head was read.
-#[derive(Debug)]
-pub(super) enum HeadError {
-    /// The connection ended before any byte of an answer.
-    Unanswered(Error),
-    Failed(Error),
-}
-
-impl From<Error> for HeadError {
-    fn from(e: Error) -> Self {
-        HeadError::Failed(e)
     }
 }
 
