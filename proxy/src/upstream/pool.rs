@@ -264,6 +264,13 @@ mod tests {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// A loopback listener standing in for the upstream, and its port.
+    async fn listen() -> (tokio::net::TcpListener, u16) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        (listener, port)
+    }
+
     fn client() -> HttpConnector<Resolver> {
         let mut c = HttpConnector::new_with_resolver(Resolver { public_only: false });
         c.set_nodelay(true);
@@ -311,8 +318,7 @@ mod tests {
     /// the body has ended.
     #[tokio::test]
     async fn one_connection_serves_requests_in_turn_read_by_their_bodies() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let (listener, port) = listen().await;
         let (heads_tx, mut heads) = tokio::sync::mpsc::unbounded_channel();
         let (go_tx, mut go) = tokio::sync::mpsc::unbounded_channel::<()>();
         let server = tokio::spawn(async move {
@@ -369,8 +375,7 @@ mod tests {
     /// and goes over a new one, answered.
     #[tokio::test]
     async fn a_connection_the_server_closed_while_idle_is_not_used_again() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let (listener, port) = listen().await;
         let server = tokio::spawn(async move {
             let mut accepted = 0;
             for _ in 0..2 {
@@ -405,8 +410,7 @@ mod tests {
     /// serves the next request, whose answer ends with the connection (no length).
     #[tokio::test]
     async fn chunks_cut_anywhere_and_trailers_are_read_and_the_connection_reused() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let (listener, port) = listen().await;
         let server = tokio::spawn(async move {
             let (mut tcp, _) = listener.accept().await.unwrap();
             let mut buf = Vec::new();
@@ -452,8 +456,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_head_past_its_bounds_fails_the_request() {
         for huge in [false, true] {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let port = listener.local_addr().unwrap().port();
+            let (listener, port) = listen().await;
             let server = tokio::spawn(async move {
                 let (mut tcp, _) = listener.accept().await.unwrap();
                 let mut buf = Vec::new();
@@ -488,8 +491,7 @@ mod tests {
     /// nothing was put back.
     #[tokio::test]
     async fn a_body_dropped_before_its_end_closes_the_connection() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let (listener, port) = listen().await;
         let server = tokio::spawn(async move {
             let (mut tcp, _) = listener.accept().await.unwrap();
             let mut buf = Vec::new();
