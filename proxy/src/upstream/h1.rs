@@ -108,7 +108,7 @@ pub(super) fn head(
 pub(super) async fn write(io: &mut TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
     let mut bufs = [IoSlice::new(head), IoSlice::new(body)];
     let mut bufs = &mut bufs[..];
-    IoSlice::advance_slices(&mut bufs, 0);
+    // `advance_slices` drops the slices written whole, an empty body's too.
     while !bufs.is_empty() {
         let n = std::future::poll_fn(|cx| Pin::new(&mut *io).poll_write_vectored(cx, bufs)).await?;
         if n == 0 {
