@@ -7,7 +7,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::upstream::Incoming;
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
@@ -24,6 +23,7 @@ use crate::gateway::Gateway;
 use crate::limits::bytes::{Budget, Held};
 use crate::observe::reason::Reason;
 use crate::providers::translate::{self, Translation};
+use crate::upstream::Incoming;
 use crate::wire::json;
 use crate::wire::rewrite::{answer_model, replace_model};
 use crate::wire::usage;

@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::upstream::Incoming;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use bytes::Bytes;
@@ -27,6 +26,7 @@ use crate::providers::classify::{self, classify_status};
 use crate::providers::translate;
 use crate::providers::{Authorising, Unsigned};
 use crate::upstream;
+use crate::upstream::Incoming;
 use crate::wire::headers::{X_HOPS, X_REQUEST_ID};
 use crate::wire::hops;
 

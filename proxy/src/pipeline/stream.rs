@@ -16,7 +16,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::upstream::Incoming;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
@@ -41,6 +40,7 @@ use crate::observe::reason::Reason;
 use crate::providers::Dialect;
 use crate::providers::classify::classify_status;
 use crate::providers::translate::{StreamTranslator, Translation};
+use crate::upstream::Incoming;
 use crate::wire::content;
 use crate::wire::rewrite::{JsonStr, answer_model, replace_model_into};
 use crate::wire::sse::{self, EventTooLarge, Framer, Opening, StreamError};
@@ -307,8 +307,7 @@ pub(crate) async fn start_stream(
         None => first,
     };
     let line = Arc::new(LineSlot::default());
-    let mut state = committed(upstream, framer, a, line.clone());
-    state.hand_over_turns = turns;
+    let state = committed(upstream, framer, turns, a, line.clone());
     let report = state.report.clone();
     if state.translator.is_some() {
         // The proxy writes a translated stream's events itself, as SSE, whatever
@@ -332,6 +331,7 @@ pub(crate) async fn start_stream(
 fn committed<U>(
     upstream: U,
     framer: Framer,
+    hand_over_turns: u8,
     a: StreamAttempt<'_>,
     line: Arc<LineSlot>,
 ) -> Committed<U> {
@@ -393,7 +393,7 @@ fn committed<U>(
         done: false,
         report,
         held: false,
-        hand_over_turns: EMPTY_TURNS,
+        hand_over_turns,
     }
 }
 
