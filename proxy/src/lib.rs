@@ -10,7 +10,7 @@
 //! integration tests (`tests/`) and the `switchback-tests` crate (its tests, examples and
 //! harness) use is `pub`; everything else is crate-private: `pub(crate)`, or `pub` inside
 //! a `pub(crate)` module (`admin`, `gateway`, `health` and `upstream` as a whole, and most
-//! submodules of the others). `sources::cluster` is still `pub`.
+//! submodules of the others: `sources::cluster` and `sources::fleet_view` among them).
 //!
 //! - Running a proxy: [`start`], [`Options`], [`Source`], [`BudgetOptions`],
 //!   [`Running`], [`StartError`]; `cli::Cli` (the binary's flags);

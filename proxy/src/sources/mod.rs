@@ -8,7 +8,7 @@
 //!
 //! It knows nothing of requests, providers or the pipeline.
 
-pub mod cluster;
-pub mod fleet_view;
+pub(crate) mod cluster;
+pub(crate) mod fleet_view;
 pub mod manifest;
 pub mod standalone;

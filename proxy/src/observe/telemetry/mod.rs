@@ -21,7 +21,7 @@ use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, fil
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-pub mod otlp_metrics;
+pub(crate) mod otlp_metrics;
 mod request_lines;
 mod writer;
 pub use request_lines::RequestLines;
