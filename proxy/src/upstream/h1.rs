@@ -250,6 +250,12 @@ fn parse(buf: &[u8]) -> Result<Option<(usize, Head)>, Error> {
         headers.append(name, value);
     }
     let framing = if chunked {
+        // Both framings given (RFC 9112 §6.3): chunked decides, and the connection is
+        // not trusted with another exchange, since a server that sent both may mean the
+        // other one.
+        if length.is_some() {
+            keep_alive = false;
+        }
         Framing::Chunked
     } else if headers.contains_key(http::header::TRANSFER_ENCODING) {
         Framing::Close
@@ -436,7 +442,7 @@ mod tests {
 
     #[test]
     fn a_head_says_how_its_body_ends_and_whether_the_connection_stays() {
-        let cases: [(&[u8], Framing, bool); 7] = [
+        let cases: [(&[u8], Framing, bool); 8] = [
             (
                 b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
                 Framing::Length(5),
@@ -465,6 +471,11 @@ mod tests {
             (
                 b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n",
                 Framing::Length(1),
+                false,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
+                Framing::Chunked,
                 false,
             ),
             (b"HTTP/1.1 200 OK\r\n\r\n", Framing::Close, true),
