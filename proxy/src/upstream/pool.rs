@@ -405,6 +405,84 @@ mod tests {
         IDLE.with_borrow_mut(VecDeque::clear);
     }
 
+    /// A reused connection the server reads the next request from and then closes
+    /// unanswered: that request fails and is not written again on another connection
+    /// (the server may have acted on it, and a model call is not idempotent). Any
+    /// request written again would reach the second connection and be answered.
+    #[tokio::test]
+    async fn a_request_read_and_left_unanswered_is_not_sent_again() {
+        let (listener, port) = listen().await;
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            seen_tx
+                .send(read_request(&mut tcp, &mut buf).await.unwrap())
+                .unwrap();
+            tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            seen_tx
+                .send(read_request(&mut tcp, &mut buf).await.unwrap())
+                .unwrap();
+            drop(tcp);
+            loop {
+                let (mut tcp, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                seen_tx
+                    .send(read_request(&mut tcp, &mut buf).await.unwrap())
+                    .unwrap();
+                tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nresent")
+                    .await
+                    .unwrap();
+            }
+        });
+        let connector = client();
+        let answer = request(connector.clone(), true, post(port, "first"))
+            .await
+            .unwrap();
+        assert_eq!(answer.into_body().collect().await.unwrap().to_bytes(), "ok");
+        // Closed unanswered (or reset): either way an error, not an answer.
+        request(connector, true, post(port, "second"))
+            .await
+            .unwrap_err();
+        server.abort();
+        let _ = server.await;
+        let mut bodies = Vec::new();
+        while let Ok(req) = seen.try_recv() {
+            bodies.push(req.rsplit("\n\n").next().unwrap().to_owned());
+        }
+        assert_eq!(bodies, ["first", "second"]);
+        IDLE.with_borrow_mut(VecDeque::clear);
+    }
+
+    /// An answer framed by both `content-length` and chunked transfer coding is read
+    /// as chunked, and its connection is closed after it, not kept idle.
+    #[tokio::test]
+    async fn an_answer_with_both_framings_is_read_chunked_and_its_connection_closed() {
+        let (listener, port) = listen().await;
+        let server = tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            read_request(&mut tcp, &mut buf).await.unwrap();
+            tcp.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n\
+                  5\r\nhello\r\n0\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            read_request(&mut tcp, &mut buf).await
+        });
+        let before = idle_here();
+        let answer = request(client(), true, post(port, "x")).await.unwrap();
+        assert_eq!(
+            answer.into_body().collect().await.unwrap().to_bytes(),
+            "hello"
+        );
+        assert_eq!(idle_here(), before, "not kept");
+        assert_eq!(server.await.unwrap(), None, "the connection was closed");
+    }
+
     /// An answer whose chunk-size lines, chunk data and trailers arrive cut at odd
     /// places is read whole, data handed over as it arrives; the connection then
     /// serves the next request, whose answer ends with the connection (no length).
