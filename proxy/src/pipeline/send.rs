@@ -163,13 +163,6 @@ fn request_parts(a: &Attempt<'_, '_>) -> Result<(http::Uri, HeaderMap), Reason> 
         // A deployment or model name no URL can carry: nothing was sent.
         return Err(Reason::UnsupportedParameter);
     };
-    // What hyper-util would add, made once per host (a credential's own `Host`
-    // header, or a signature's, stays).
-    if let header::Entry::Vacant(v) = headers.entry(header::HOST)
-        && let Some(host) = upstream::host_header(&uri)
-    {
-        v.insert(host);
-    }
     Ok((uri, headers))
 }
 

@@ -58,12 +58,20 @@ pub struct Client {
 pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Incoming>, Error>> + Send>>;
 
 impl Client {
-    /// Sends `request` (an absolute URL) and reads the answer's head.
+    /// Sends `request` (an absolute URL) and reads the answer's head. A request
+    /// without a `Host` header gets the one hyper-util would write, from
+    /// [`host_header`]'s cache (a credential's own, or a signature's, stays).
     pub fn request(&self, request: http::Request<Body>) -> ResponseFuture {
-        if request.uri().scheme() == Some(&http::uri::Scheme::HTTP) {
-            return Box::pin(pool::request(self.plain.clone(), self.private, request));
+        let (mut parts, body) = request.into_parts();
+        if let http::header::Entry::Vacant(v) = parts.headers.entry(http::header::HOST)
+            && let Some(host) = host_header(&parts.uri)
+        {
+            v.insert(host);
         }
-        let sent = self.tls.request(request);
+        if parts.uri.scheme() == Some(&http::uri::Scheme::HTTP) {
+            return Box::pin(pool::request(self.plain.clone(), self.private, parts, body));
+        }
+        let sent = self.tls.request(http::Request::from_parts(parts, body));
         Box::pin(async move {
             let answer = sent.await.map_err(Error::legacy)?;
             Ok(answer.map(Incoming::tls))
@@ -205,17 +213,21 @@ type Connector = HttpsConnector<HttpConnector<Resolver>>;
 /// cache per thread: hyper-util formats and allocates it for every request
 /// (~2.3k instructions a proxied request, a `format!` when the port is not the
 /// default: docs/benchmark.md#where-a-requests-cpu-goes). `None` without a host.
-pub fn host_header(uri: &http::Uri) -> Option<http::HeaderValue> {
-    /// Distinct upstream hosts remembered per thread; past it, new ones are made
-    /// each time (as hyper-util would), never evicting the first ones.
+fn host_header(uri: &http::Uri) -> Option<http::HeaderValue> {
+    /// Distinct upstream hosts remembered per thread; past it, each new one takes
+    /// the place of the one cached longest, so that a run of one-off hosts (media
+    /// fetched from the URLs clients give) cannot keep the providers' hosts out.
     const CACHED: usize = 32;
+    /// Whether the scheme is secure, the authority, and its `Host` value.
+    type Cached = (bool, http::uri::Authority, http::HeaderValue);
     thread_local! {
-        static HOSTS: std::cell::RefCell<Vec<(bool, http::uri::Authority, http::HeaderValue)>> =
-            const { std::cell::RefCell::new(Vec::new()) };
+        /// The hosts, and where the next one goes once they are `CACHED`.
+        static HOSTS: std::cell::RefCell<(Vec<Cached>, usize)> =
+            const { std::cell::RefCell::new((Vec::new(), 0)) };
     }
     let authority = uri.authority()?;
     let secure = matches!(uri.scheme_str(), Some("https" | "wss"));
-    let hit = HOSTS.with_borrow(|hosts| {
+    let hit = HOSTS.with_borrow(|(hosts, _)| {
         hosts
             .iter()
             .find(|(s, a, _)| *s == secure && a.as_str() == authority.as_str())
@@ -230,9 +242,13 @@ pub fn host_header(uri: &http::Uri) -> Option<http::HeaderValue> {
         (Some(port), _) => http::HeaderValue::from_str(&format!("{host}:{port}")),
     }
     .ok()?;
-    HOSTS.with_borrow_mut(|hosts| {
+    HOSTS.with_borrow_mut(|(hosts, next)| {
+        let entry = (secure, authority.clone(), value.clone());
         if hosts.len() < CACHED {
-            hosts.push((secure, authority.clone(), value.clone()));
+            hosts.push(entry);
+        } else {
+            hosts[*next] = entry;
+            *next = (*next + 1) % CACHED;
         }
     });
     Some(value)

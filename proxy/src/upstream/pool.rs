@@ -99,25 +99,20 @@ pub(super) fn idle_here() -> usize {
     IDLE.with_borrow(VecDeque::len)
 }
 
-/// Sends `request` (an `http://` URL with a host) over one of this thread's
-/// connections to its host, or a new one made with `connector`, and reads the
-/// answer's head.
+/// Sends a request (an `http://` URL with a host; its `Host` header set by
+/// `Client::request`) over one of this thread's connections to its host, or a new
+/// one made with `connector`, and reads the answer's head.
 pub(super) async fn request(
     connector: HttpConnector<Resolver>,
     private: bool,
-    request: http::Request<Body>,
+    parts: http::request::Parts,
+    body: Body,
 ) -> Result<http::Response<Incoming>, Error> {
-    let (mut parts, body) = request.into_parts();
     let authority = parts
         .uri
         .authority()
         .cloned()
         .ok_or_else(|| Error::msg("the upstream URL has no host"))?;
-    if let http::header::Entry::Vacant(v) = parts.headers.entry(http::header::HOST)
-        && let Some(host) = super::host_header(&parts.uri)
-    {
-        v.insert(host);
-    }
     // A request body is whole: its one frame is there at once.
     let body = futures_util::FutureExt::now_or_never(http_body_util::BodyExt::collect(body))
         .and_then(Result::ok)
@@ -271,10 +266,14 @@ mod tests {
         (listener, port)
     }
 
-    fn client() -> HttpConnector<Resolver> {
-        let mut c = HttpConnector::new_with_resolver(Resolver { public_only: false });
-        c.set_nodelay(true);
-        c
+    /// The upstream client a credential allowed private networks uses: `http://`
+    /// URLs come here, with the `Host` header it sets.
+    fn client() -> super::super::Client {
+        super::super::Clients::new(1)
+            .unwrap()
+            .private
+            .here()
+            .clone()
     }
 
     use tokio::net::TcpStream;
@@ -341,12 +340,10 @@ mod tests {
                     .is_err()
             );
         });
-        let connector = client();
+        let client = client();
         let before = idle_here();
         for body in ["one", "two"] {
-            let answer = request(connector.clone(), true, post(port, body))
-                .await
-                .unwrap();
+            let answer = client.request(post(port, body)).await.unwrap();
             assert_eq!(answer.status(), 200);
             let head = heads.recv().await.unwrap();
             assert!(head.starts_with("POST /v1/chat?x=1 HTTP/1.1\r\n"), "{head}");
@@ -391,11 +388,9 @@ mod tests {
             }
             accepted
         });
-        let connector = client();
+        let client = client();
         for _ in 0..2 {
-            let answer = request(connector.clone(), true, post(port, "x"))
-                .await
-                .unwrap();
+            let answer = client.request(post(port, "x")).await.unwrap();
             let body = answer.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(body, "ok");
             // Let the close reach this side before the next request.
@@ -437,15 +432,11 @@ mod tests {
                     .unwrap();
             }
         });
-        let connector = client();
-        let answer = request(connector.clone(), true, post(port, "first"))
-            .await
-            .unwrap();
+        let client = client();
+        let answer = client.request(post(port, "first")).await.unwrap();
         assert_eq!(answer.into_body().collect().await.unwrap().to_bytes(), "ok");
         // Closed unanswered (or reset): either way an error, not an answer.
-        request(connector, true, post(port, "second"))
-            .await
-            .unwrap_err();
+        client.request(post(port, "second")).await.unwrap_err();
         server.abort();
         let _ = server.await;
         let mut bodies = Vec::new();
@@ -474,7 +465,7 @@ mod tests {
             read_request(&mut tcp, &mut buf).await
         });
         let before = idle_here();
-        let answer = request(client(), true, post(port, "x")).await.unwrap();
+        let answer = client().request(post(port, "x")).await.unwrap();
         assert_eq!(
             answer.into_body().collect().await.unwrap().to_bytes(),
             "hello"
@@ -512,16 +503,14 @@ mod tests {
                 .await
                 .unwrap();
         });
-        let connector = client();
+        let client = client();
         let before = idle_here();
-        let answer = request(connector.clone(), true, post(port, "x"))
-            .await
-            .unwrap();
+        let answer = client.request(post(port, "x")).await.unwrap();
         assert_eq!(answer.status(), 200);
         let body = answer.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "0123456789abcdefxyz");
         assert_eq!(idle_here(), before + 1);
-        let answer = request(connector, true, post(port, "y")).await.unwrap();
+        let answer = client.request(post(port, "y")).await.unwrap();
         assert_eq!(idle_here(), before, "taken again");
         let body = answer.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "to the end");
@@ -552,7 +541,7 @@ mod tests {
                 }
             });
             let before = idle_here();
-            let err = request(client(), true, post(port, "x")).await.unwrap_err();
+            let err = client().request(post(port, "x")).await.unwrap_err();
             let text = err.to_string();
             let want = if huge {
                 "too large"
@@ -579,11 +568,9 @@ mod tests {
                 .unwrap();
             read_request(&mut tcp, &mut buf).await
         });
-        let connector = client();
+        let client = client();
         let before = idle_here();
-        let answer = request(connector.clone(), true, post(port, "x"))
-            .await
-            .unwrap();
+        let answer = client.request(post(port, "x")).await.unwrap();
         let mut body = answer.into_body();
         assert_eq!(
             body.frame().await.unwrap().unwrap().into_data().unwrap(),
