@@ -210,7 +210,8 @@ fn parse(buf: &[u8]) -> Result<Option<(usize, Head)>, Error> {
     let mut headers = HeaderMap::with_capacity(answer.headers.len());
     let mut keep_alive = version == Version::HTTP_11;
     let mut length: Option<u64> = None;
-    let mut chunked = false;
+    // `transfer-encoding`: absent, or whether its last coding is chunked.
+    let mut chunked: Option<bool> = None;
     for field in answer.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| Error::msg("the upstream's answer has an invalid header name"))?;
@@ -229,12 +230,13 @@ fn parse(buf: &[u8]) -> Result<Option<(usize, Head)>, Error> {
             length = Some(n);
         } else if name == http::header::TRANSFER_ENCODING {
             // The last coding decides: chunked, or the body runs to the close.
-            chunked = field
+            let last_chunked = field
                 .value
                 .rsplit(|b| *b == b',')
                 .next()
                 .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            if !chunked {
+            chunked = Some(last_chunked);
+            if !last_chunked {
                 keep_alive = false;
             }
         } else if name == http::header::CONNECTION {
@@ -249,21 +251,18 @@ fn parse(buf: &[u8]) -> Result<Option<(usize, Head)>, Error> {
         }
         headers.append(name, value);
     }
-    let framing = if chunked {
-        // Both framings given (RFC 9112 §6.3): chunked decides, and the connection is
-        // not trusted with another exchange, since a server that sent both may mean the
-        // other one.
-        if length.is_some() {
-            keep_alive = false;
+    let framing = match (chunked, length) {
+        (Some(true), length) => {
+            // Both framings given (RFC 9112 §6.3): chunked decides, and the connection
+            // is not trusted with another exchange, since a server that sent both may
+            // mean the other one.
+            if length.is_some() {
+                keep_alive = false;
+            }
+            Framing::Chunked
         }
-        Framing::Chunked
-    } else if headers.contains_key(http::header::TRANSFER_ENCODING) {
-        Framing::Close
-    } else {
-        match length {
-            Some(n) => Framing::Length(n),
-            None => Framing::Close,
-        }
+        (None, Some(n)) => Framing::Length(n),
+        (Some(false), _) | (None, None) => Framing::Close,
     };
     Ok(Some((
         len,
@@ -332,8 +331,7 @@ pub(super) fn poll_data(
                 return Poll::Ready(Some(Ok(data)));
             }
             Reading::Close if !conn.buf.is_empty() => {
-                let n = conn.buf.len();
-                return Poll::Ready(Some(Ok(conn.buf.split_to(n).freeze())));
+                return Poll::Ready(Some(Ok(conn.buf.split().freeze())));
             }
             Reading::ChunkSize => {
                 if let Some(end) = memchr::memchr(b'\n', &conn.buf) {
