@@ -115,6 +115,9 @@ pub(crate) struct Resuming(pub Arc<StreamReport>);
 /// A stream's upstream body, chunk by chunk as it arrives.
 pub(crate) type Upstream = BodyDataStream<Incoming>;
 
+/// What the upstream's stream yields: a piece of the answer as read, or why it stopped.
+pub(crate) type Chunk = Result<Bytes, crate::upstream::Error>;
+
 /// How an upstream stream opened.
 pub(crate) enum Opened<U> {
     /// The first event that is not held back: content, or an in-band error
@@ -144,7 +147,7 @@ pub(crate) async fn open<U>(
     upstream_api: Option<&'static dyn Dialect>,
 ) -> Result<Opened<U>, crate::upstream::Error>
 where
-    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin,
+    U: futures_util::Stream<Item = Chunk> + Unpin,
 {
     let mut framer = match upstream_api {
         Some(d) => d.framer(max_event),
@@ -881,10 +884,7 @@ impl<U> Committed<U> {
     /// line written, when that is done.
     fn left_by_client(mut self)
     where
-        U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>>
-            + Unpin
-            + Send
-            + 'static,
+        U: futures_util::Stream<Item = Chunk> + Unpin + Send + 'static,
     {
         let Some(c) = &self.client else {
             return;
@@ -901,7 +901,7 @@ impl<U> Committed<U> {
     /// Reads the rest of a stream its client left after the content, for its usage.
     async fn read_on(mut self)
     where
-        U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin,
+        U: futures_util::Stream<Item = Chunk> + Unpin,
     {
         let deadline = Instant::now() + READ_ON;
         let mut sink = BytesMut::new();
@@ -987,7 +987,7 @@ const EMPTY_TURNS: u8 = 3;
 /// `idle_since`, and the timer, when it fires early, is pushed to the real deadline.
 pub(crate) struct CommittedStream<U = Upstream>
 where
-    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Chunk> + Unpin + Send + 'static,
 {
     /// Taken when the client goes away first (see [`Committed::left_by_client`]).
     state: Option<Committed<U>>,
@@ -1002,7 +1002,7 @@ where
 
 impl<U> CommittedStream<U>
 where
-    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Chunk> + Unpin + Send + 'static,
 {
     /// `held`: the events held back before commit; `first`: the event that
     /// committed. Both are sent first.
@@ -1024,7 +1024,7 @@ where
 
 impl<U> Drop for CommittedStream<U>
 where
-    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Chunk> + Unpin + Send + 'static,
 {
     fn drop(&mut self) {
         if let Some(state) = self.state.take() {
@@ -1035,7 +1035,7 @@ where
 
 impl<U> futures_util::Stream for CommittedStream<U>
 where
-    U: futures_util::Stream<Item = Result<Bytes, crate::upstream::Error>> + Unpin + Send + 'static,
+    U: futures_util::Stream<Item = Chunk> + Unpin + Send + 'static,
 {
     type Item = Result<Bytes, Infallible>;
 
@@ -1154,7 +1154,7 @@ mod tests {
     }
 
     impl futures_util::Stream for Scripted {
-        type Item = Result<Bytes, crate::upstream::Error>;
+        type Item = Chunk;
 
         fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
             if self.stall && self.taken > 0 {
